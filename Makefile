@@ -1,0 +1,41 @@
+# steplens: `make demo` runs the main job, `make test` runs the tests (both set everything up).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STEPLENS := $(VENV)/bin/steplens
+
+.PHONY: setup demo test test-unit lint stack-up stack-down clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: requirements-dev.txt producer/pyproject.toml stream_jobs/pyproject.toml sinks/pyproject.toml stack/pyproject.toml
+	bash stack/src/steplens/stack/recipes/system_deps.sh
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q -e producer[gpu,torch,fast] -e stream_jobs -e sinks[report] -e stack
+	touch $@
+
+demo: setup
+	$(STEPLENS) demo
+
+stack-up: setup
+	$(STEPLENS) stack up
+
+stack-down:
+	-$(STEPLENS) stack down
+
+# The stack is started once (first time: builds InfluxDB, fetches Kafka and S3 jars).
+test: setup stack-up
+	$(PY) -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests ran"; exit 1; fi; exit $$rc
+
+test-unit: setup
+	$(PY) -m pytest -q tests -m "not stack"
+
+lint: setup
+	$(VENV)/bin/ruff check producer stream_jobs sinks stack tests bench
+	$(VENV)/bin/ruff format --check producer stream_jobs sinks stack tests bench
+	$(VENV)/bin/mypy producer/src/steplens/producer
+
+clean: stack-down
+	rm -rf $(VENV)

@@ -1,0 +1,154 @@
+"""steplens producer: training and hardware telemetry from every rank, never in the way.
+
+    import steplens.producer as sl
+
+    sl.init(run_id="llama-7b-run3", flops_per_token=6 * n_params, peak_flops=989e12)
+    sl.watch(model, optimizer, every=50)
+    for step, batch in enumerate(sl.timed(loader)):
+        loss = train_step(batch)
+        sl.log_step(step, loss=loss, lr=scheduler.get_last_lr()[0], tokens=batch_tokens)
+    sl.shutdown()
+
+Every function here is safe to call before ``init`` or after ``shutdown`` (it does nothing and
+counts the call) and never raises into the training loop; only ``init`` raises ``ValueError`` for
+an invalid keyword. Settings: keyword first, then ``STEPLENS_<NAME>``, then the default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from steplens.producer.monitor import Monitor
+    from steplens.producer.transport import MemoryTransport
+
+__all__ = [
+    "MemoryTransport",
+    "Monitor",
+    "flush",
+    "get_monitor",
+    "init",
+    "log_batch",
+    "log_eval",
+    "log_step",
+    "probe_comm",
+    "shutdown",
+    "timed",
+    "watch",
+]
+
+_monitor: Monitor | None = None
+calls_without_monitor = 0  # calls made before init or after shutdown
+
+
+def __getattr__(name: str) -> Any:  # lazy: `import steplens.producer` stays cheap
+    if name == "Monitor":
+        from steplens.producer.monitor import Monitor
+
+        return Monitor
+    if name == "MemoryTransport":
+        from steplens.producer.transport import MemoryTransport
+
+        return MemoryTransport
+    raise AttributeError(f"module 'steplens.producer' has no attribute {name!r}")
+
+
+def init(run_id: str | None = None, **config: Any) -> Monitor:
+    """Start telemetry for this process (replacing a running one) and return its Monitor."""
+    global _monitor
+    from steplens.producer.monitor import Monitor
+
+    if _monitor is not None:
+        _monitor.shutdown()
+    _monitor = Monitor(run_id, **config)
+    if calls_without_monitor:
+        _monitor.errors["not_running"] = calls_without_monitor
+    return _monitor
+
+
+def get_monitor() -> Monitor | None:
+    return _monitor
+
+
+def _missing() -> None:
+    global calls_without_monitor
+    calls_without_monitor += 1
+
+
+def log_step(
+    step: int,
+    loss: Any = None,
+    lr: Any = None,
+    grad_norm: Any = None,
+    tokens: Any = None,
+    **scalars: Any,
+) -> None:
+    m = _monitor
+    if m is None:
+        return _missing()
+    m.log_step(step, loss, lr, grad_norm, tokens, **scalars)
+    return None
+
+
+def log_eval(step: int, split: str = "val", **metrics: Any) -> None:
+    m = _monitor
+    if m is None:
+        return _missing()
+    m.log_eval(step, split, **metrics)
+    return None
+
+
+def log_batch(
+    step: int,
+    input_ids: Any,
+    attention_mask: Any = None,
+    labels: Any = None,
+    max_len: int | None = None,
+) -> None:
+    m = _monitor
+    if m is None:
+        return _missing()
+    m.log_batch(step, input_ids, attention_mask, labels, max_len)
+    return None
+
+
+def watch(model: Any, optimizer: Any, scheduler: Any = None, every: int = 100) -> None:
+    m = _monitor
+    if m is None:
+        return _missing()
+    m.watch(model, optimizer, scheduler, every)
+    return None
+
+
+def probe_comm(every: int = 100) -> None:
+    m = _monitor
+    if m is None:
+        return _missing()
+    m.probe_comm(every)
+    return None
+
+
+def timed(iterable: Iterable[Any]) -> Iterator[Any]:
+    """Wrap a DataLoader so its waiting time becomes data_time_s (plain iteration without init)."""
+    m = _monitor
+    if m is None:
+        return iter(iterable)
+    return m.timed(iterable)
+
+
+def flush(timeout_s: float = 10.0) -> bool:
+    m = _monitor
+    if m is None:
+        _missing()
+        return False
+    return m.flush(timeout_s)
+
+
+def shutdown(timeout_s: float | None = None) -> None:
+    global _monitor
+    m, _monitor = _monitor, None
+    if m is None:
+        return _missing()
+    m.shutdown(timeout_s)
+    return None

@@ -1,0 +1,1 @@
+"""steplens sinks: InfluxDB (hot), S3 Parquet (cold), query and replay."""

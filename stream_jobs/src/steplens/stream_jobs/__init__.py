@@ -1,0 +1,1 @@
+"""steplens stream jobs: per-run state, signals and alerts from the raw telemetry."""

@@ -1,0 +1,221 @@
+"""Wire schema v1: every kind round-trips; every class of malformed input gets a clear error."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from steplens.producer import schema
+from steplens.producer.schema import DecodeError, Record, SchemaError, decode, encode
+
+names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=20)
+any_float = st.floats(allow_nan=True, allow_infinity=True)
+finite = st.floats(allow_nan=False, allow_infinity=False)
+i64 = st.integers(min_value=-(1 << 62), max_value=1 << 62)
+nat = st.integers(min_value=0, max_value=1 << 62)
+# In free-form objects the strings "NaN"/"Infinity"/"-Infinity" read back as floats (documented).
+free_names = names.filter(lambda s: s not in ("NaN", "Infinity", "-Infinity"))
+scalar = st.one_of(st.none(), st.booleans(), i64, any_float, free_names)
+
+
+def value_for(typ: str) -> st.SearchStrategy[Any]:
+    return {
+        schema.NUM: any_float,
+        schema.FNUM: finite,
+        schema.INT: i64,
+        schema.STR: names,
+        schema.BOOL: st.booleans(),
+        schema.NUM_MAP: st.dictionaries(names, any_float, max_size=5),
+        schema.INT_MAP: st.dictionaries(names, i64, max_size=5),
+        schema.STR_LIST: st.lists(names, max_size=5),
+        schema.NUM_LIST: st.lists(any_float, max_size=5),
+        schema.INT_LIST: st.lists(i64, max_size=5),
+        schema.OBJ_LIST: st.lists(st.dictionaries(names, scalar, max_size=4), max_size=3),
+        schema.OBJ: st.dictionaries(
+            names, st.one_of(scalar, st.lists(scalar, max_size=3)), max_size=4
+        ),
+    }[typ]
+
+
+@st.composite
+def records(draw: st.DrawFn, kind: str | None = None) -> Record:
+    kind = kind or draw(st.sampled_from(sorted(schema.KINDS)))
+    data: dict[str, Any] = {}
+    for name, spec in schema.KINDS[kind].items():
+        if spec.required or draw(st.booleans()):
+            data[name] = draw(value_for(spec.type))
+    if kind == "alert":
+        data["severity"] = draw(st.sampled_from(schema.SEVERITIES))
+        data["state"] = draw(st.sampled_from(schema.ALERT_STATES))
+    return Record(
+        kind=kind,
+        run_id=draw(names),
+        rank=draw(st.integers(min_value=-1, max_value=4096)),
+        local_rank=draw(st.integers(min_value=0, max_value=64)),
+        host=draw(names),
+        pid=draw(nat),
+        seq=draw(nat),
+        time_ns=draw(nat),
+        data=data,
+        step=draw(st.one_of(st.none(), nat)),
+    )
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equality that treats NaN as equal to NaN, recursively."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b) and type(a) is type(b) or (
+        isinstance(a, (int, float)) and isinstance(b, float) and float(a) == b
+    )
+
+
+@pytest.mark.parametrize("kind", sorted(schema.KINDS))
+def test_every_kind_round_trips(kind: str) -> None:
+    @settings(max_examples=60, deadline=None)
+    @given(records(kind))
+    def check(rec: Record) -> None:
+        out = decode(encode(rec))
+        assert isinstance(out, Record), out
+        assert out.kind == rec.kind and out.run_id == rec.run_id and out.seq == rec.seq
+        assert out.rank == rec.rank and out.step == rec.step and out.time_ns == rec.time_ns
+        assert same(rec.data, out.data), (rec.data, out.data)
+
+    check()
+
+
+def test_non_finite_values_survive_the_wire() -> None:
+    rec = schema.make_record(
+        "step",
+        {"loss": math.nan, "grad_norm": math.inf, "scalars": {"x": -math.inf}},
+        run_id="r",
+        step=3,
+    )
+    wire = encode(rec)
+    assert b"NaN" in wire and b"Infinity" in wire
+    json.loads(wire)  # strict JSON, no bare NaN tokens
+    out = decode(wire)
+    assert isinstance(out, Record)
+    assert math.isnan(out.data["loss"]) and out.data["grad_norm"] == math.inf
+    assert out.data["scalars"]["x"] == -math.inf
+
+
+def test_key_is_run_and_rank() -> None:
+    assert schema.record_key("run-1", 3) == b"run-1:3"
+
+
+def good() -> dict[str, Any]:
+    return json.loads(encode(schema.make_record("step", {"loss": 1.0}, run_id="r", step=1)))
+
+
+def mutated(**changes: Any) -> bytes:
+    d = good()
+    for path, value in changes.items():
+        target = d
+        *parents, last = path.split("__")
+        for p in parents:
+            target = target[p]
+        if value is _DELETE:
+            del target[last]
+        else:
+            target[last] = value
+    return json.dumps(d).encode()
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize(
+    ("raw", "path", "words"),
+    [
+        (b"", "", "empty"),
+        (None, "", "empty"),
+        (b"\xff\xfe", "", "not valid JSON"),
+        (b"{not json", "", "not valid JSON"),
+        (b"[1, 2]", "", "expected a JSON object"),
+        (mutated(v=2), "v", "unsupported schema version"),
+        (mutated(v=_DELETE), "v", "unsupported schema version"),
+        (mutated(run_id=_DELETE), "run_id", "missing required field"),
+        (mutated(rank="0"), "rank", "expected an integer"),
+        (mutated(rank=-2), "rank", "must be >= -1"),
+        (mutated(seq=True), "seq", "expected an integer"),
+        (mutated(kind="nope"), "kind", "unknown kind"),
+        (mutated(extra=1), "extra", "unknown envelope field"),
+        (mutated(data__loss="high"), "data.loss", "expected a number"),
+        (mutated(data__lossy=1.0), "data.lossy", "unknown field"),
+        (mutated(data__scalars={"a": "x"}), "data.scalars.a", "expected a number"),
+        (mutated(data__clipped=1), "data.clipped", "expected a boolean"),
+        (mutated(time_ns=1 << 63), "time_ns", "64-bit range"),
+    ],
+)
+def test_malformed_input_gets_a_clear_error(raw: bytes | None, path: str, words: str) -> None:
+    out = decode(raw)
+    assert isinstance(out, DecodeError)
+    assert out.path == path
+    assert words in out.reason
+
+
+def test_non_finite_rejected_where_not_allowed() -> None:
+    d = good()
+    d["kind"] = "hw"
+    d["data"] = {"cpu_percent": "NaN"}
+    out = decode(json.dumps(d).encode())
+    assert isinstance(out, DecodeError) and out.path == "data.cpu_percent"
+    assert "non-finite" in out.reason
+
+
+def test_alert_severity_and_state_are_checked() -> None:
+    base = {
+        "rule": "spike",
+        "severity": "warning",
+        "state": "firing",
+        "scope": "run",
+        "hint": "h",
+        "fingerprint": "f",
+    }
+    ok = schema.make_record("alert", base, run_id="r", rank=schema.RUN_RANK)
+    assert ok.rank == -1
+    with pytest.raises(SchemaError, match="severity"):
+        schema.make_record("alert", {**base, "severity": "panic"}, run_id="r")
+    with pytest.raises(SchemaError, match="state"):
+        schema.make_record("alert", {**base, "state": "maybe"}, run_id="r")
+
+
+def test_oversize_records_are_refused_both_ways() -> None:
+    big = {"sample_hashes": ["a" * 4000] * 300, "n_samples": 300}
+    with pytest.raises(SchemaError, match="over the"):
+        encode(schema.Record("batch", "r", 0, 0, "h", 1, 1, 1, big))
+    out = decode(b"{" + b" " * schema.MAX_RECORD_BYTES + b"}")
+    assert isinstance(out, DecodeError) and "over the" in out.reason
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_decode_never_raises_on_garbage(raw: bytes) -> None:
+    out = decode(raw)
+    assert isinstance(out, (Record, DecodeError))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.recursive(
+        scalar | any_float,
+        lambda children: st.lists(children, max_size=4) | st.dictionaries(names, children),
+        max_leaves=20,
+    )
+)
+def test_decode_never_raises_on_arbitrary_json(obj: Any) -> None:
+    try:
+        raw = json.dumps(obj).encode()
+    except ValueError:
+        return
+    assert isinstance(decode(raw), (Record, DecodeError))
