@@ -11,15 +11,31 @@ import sys
 
 # name -> (module, distribution that provides it, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "stack": ("steplens.stack.commands", "steplens-stack", "start, stop and inspect the local stack"),
+    "stack": (
+        "steplens.stack.commands",
+        "steplens-stack",
+        "start, stop and inspect the local stack",
+    ),
     "topics": ("steplens.stack.commands_topics", "steplens-stack", "create the Kafka topics"),
-    "worker": ("steplens.stream_jobs.cli", "steplens-stream-jobs", "run a Faust worker: signals and alerts"),
-    "detect": ("steplens.stream_jobs.detect_cli", "steplens-stream-jobs", "score a CSV offline with the same detectors"),
+    "worker": (
+        "steplens.stream_jobs.cli",
+        "steplens-stream-jobs",
+        "run a Faust worker: signals and alerts",
+    ),
+    "detect": (
+        "steplens.stream_jobs.detect_cli",
+        "steplens-stream-jobs",
+        "score a CSV offline with the same detectors",
+    ),
     "sink": ("steplens.sinks.cli", "steplens-sinks", "run a sink: influx (hot) or s3 (cold)"),
     "query": ("steplens.sinks.query_cli", "steplens-sinks", "one series across InfluxDB and S3"),
     "replay": ("steplens.sinks.replay_cli", "steplens-sinks", "re-stream cold records into Kafka"),
     "report": ("steplens.sinks.report", "steplens-sinks", "PNG figures and an HTML page for a run"),
-    "demo": ("steplens.stack.demo", "steplens-stack", "the end-to-end demo: stack, workers, sinks, training"),
+    "demo": (
+        "steplens.stack.demo",
+        "steplens-stack",
+        "the end-to-end demo: stack, workers, sinks, training",
+    ),
 }
 
 

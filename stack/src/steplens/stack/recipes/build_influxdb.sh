@@ -12,6 +12,13 @@ for tool in go cargo rustc pkg-config; do
 done
 export GOFLAGS="-mod=mod" GOTOOLCHAIN=local
 mkdir -p "$CACHE/bin" "$CACHE/build" "$OUT"
+# One build at a time, also when this script is run by hand next to `steplens stack up`.
+exec 9>"$OUT/.recipe.lock"
+if ! flock -n 9; then
+  echo "[influxdb] another build of $VERSION is running; waiting for it"
+  flock 9
+fi
+[ -x "$OUT/influxd" ] && { echo "influxd $VERSION already built: $OUT/influxd"; exit 0; }
 echo "[influxdb] installing the pkg-config wrapper $PKGCONFIG_VERSION"
 GOBIN="$CACHE/bin" go install "github.com/influxdata/pkg-config@$PKGCONFIG_VERSION"
 echo "[influxdb] downloading github.com/influxdata/influxdb/v2@v$VERSION"

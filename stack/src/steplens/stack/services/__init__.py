@@ -1,0 +1,1 @@
+"""One module per service of the local stack; each implements :class:`Service`."""

@@ -1,0 +1,88 @@
+"""docker-compose.yml is valid for Debian's docker-compose and describes the same stack."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRETS = {
+    "STEPLENS_INFLUX_TOKEN": "compose-test-token",
+    "STEPLENS_INFLUX_PASSWORD": "compose-test-password",
+    "AWS_ACCESS_KEY_ID": "compose-test-key",
+    "AWS_SECRET_ACCESS_KEY": "compose-test-secret",
+}
+
+
+def _config(extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    if shutil.which("docker-compose") is None:
+        pytest.skip("docker-compose is not installed (apt-get install docker-compose)")
+    env = {k: v for k, v in os.environ.items() if k not in SECRETS} | extra_env
+    return subprocess.run(
+        ["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "config"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_compose_config_validates() -> None:
+    import yaml
+
+    result = _config(SECRETS)
+    assert result.returncode == 0, result.stderr
+    config = yaml.safe_load(result.stdout)
+    services = config["services"]
+    for name in (
+        "kafka",
+        "influxdb",
+        "s3",
+        "grafana",
+        "prometheus",
+        "worker",
+        "sink-influx",
+        "sink-s3",
+    ):
+        assert name in services
+    assert services["worker"]["command"] == ["steplens", "worker"]
+    assert services["sink-s3"]["command"] == ["steplens", "sink", "s3"]
+    published = {
+        p["published"] if isinstance(p, dict) else p
+        for s in services.values()
+        for p in s.get("ports", [])
+    }
+    for port in ("19092", "18086", "19000"):
+        assert any(port in str(p) for p in published), published
+
+
+def test_compose_refuses_to_run_without_secrets() -> None:
+    result = _config({})
+    assert result.returncode != 0
+    assert "STEPLENS_INFLUX_TOKEN" in result.stderr or "AWS_" in result.stderr
+
+
+def test_provisioned_files_exist() -> None:
+    import yaml
+
+    prometheus = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    targets = {
+        t
+        for job in prometheus["scrape_configs"]
+        for sc in job["static_configs"]
+        for t in sc["targets"]
+    }
+    assert targets == {"worker:9464", "sink-influx:9465", "sink-s3:9466"}
+    sources = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/datasources/steplens.yaml").read_text()
+    )
+    assert {d["uid"] for d in sources["datasources"]} == {
+        "steplens-influxdb",
+        "steplens-prometheus",
+    }
