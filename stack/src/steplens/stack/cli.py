@@ -31,6 +31,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "query": ("steplens.sinks.query_cli", "steplens-sinks", "one series across InfluxDB and S3"),
     "replay": ("steplens.sinks.replay_cli", "steplens-sinks", "re-stream cold records into Kafka"),
     "report": ("steplens.sinks.report", "steplens-sinks", "PNG figures and an HTML page for a run"),
+    "mlflow": (
+        "steplens.sinks.mlflow_mirror",
+        "steplens-sinks",
+        "mirror evaluation metrics and alerts into MLflow",
+    ),
     "demo": (
         "steplens.stack.demo",
         "steplens-stack",

@@ -1,0 +1,424 @@
+"""`steplens demo`: the whole product on one machine, with incidents to catch.
+
+Starts the local stack, a stream worker and both sinks as subprocesses, trains a small
+transformer LM as 2 CPU ranks under torchrun (``demo_train``) with scripted incidents, waits
+for the stream jobs to catch up, prints what steplens caught next to what was injected, and
+writes the report (``steplens report``). The stack stays up; `steplens stack down` stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from steplens.stack.demo_incidents import (
+    Incident,
+    Scorecard,
+    alert_step,
+    estimate_steps,
+    load_plan,
+    load_starts,
+    score,
+)
+
+QUICK_STEPS = 240
+MAX_FALSE_LINES = 12
+HANG_AFTER_S = 60.0  # the stream jobs' default: a stall must last longer to be a hang
+QUICK_HANG_AFTER_S = 20.0
+# Prometheus ports of the worker and the sinks (docs/architecture.md); taken ones are replaced
+DEFAULT_PORTS = {"worker": 9464, "sink-influx": 9465, "sink-s3": 9466}
+Progress = Callable[[str], None]
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class Children:
+    """The demo's own subprocesses; each in its own process group, stopped at the end."""
+
+    def __init__(self, log_dir: Path, env: dict[str, str]) -> None:
+        self.log_dir = log_dir
+        self.env = env
+        self.running: list[Child] = []
+
+    def start(self, name: str, args: list[str]) -> Child:
+        log = self.log_dir / f"{name}.log"
+        out: IO[bytes] = log.open("ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "steplens.stack.cli", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=True,
+        )
+        out.close()
+        child = Child(name, proc, log)
+        self.running.append(child)
+        return child
+
+    def check(self) -> Child | None:
+        """The first child that has exited, if any."""
+        return next((c for c in self.running if c.proc.poll() is not None), None)
+
+    def stop_all(self, grace_s: float = 15.0) -> None:
+        for child in self.running:
+            if child.proc.poll() is None:
+                os.killpg(child.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for child in self.running:
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(child.proc.pid, signal.SIGKILL)
+                child.proc.wait(timeout=5)
+        self.running.clear()
+
+
+def wait_port(port: int, child: Child, timeout_s: float, progress: Progress) -> None:
+    """Wait until ``child`` answers on 127.0.0.1:``port`` (its metrics endpoint)."""
+    deadline = time.monotonic() + timeout_s
+    shown = time.monotonic()
+    while time.monotonic() < deadline:
+        if child.proc.poll() is not None:
+            raise RuntimeError(f"{child.name} exited ({child.proc.returncode}):\n{child.tail()}")
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if time.monotonic() - shown > 10:
+            shown = time.monotonic()
+            progress(f"[demo] waiting for {child.name} on 127.0.0.1:{port} ...")
+        time.sleep(0.5)
+    raise RuntimeError(
+        f"{child.name} did not open 127.0.0.1:{port} in {timeout_s:.0f} s:\n{child.tail()}"
+    )
+
+
+def port_or_free(port: int) -> int:
+    """``port`` when nothing listens there on 127.0.0.1, else a free one."""
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        if s.connect_ex(("127.0.0.1", port)) != 0:
+            return port
+    return free_port()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_training(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    plan_file: Path,
+    log_dir: Path,
+    children: Children,
+) -> int:
+    """torchrun with 2 ranks; its lines are shown as they come (they carry the progress)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(args.ranks),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "steplens.stack.demo_train",
+        "--run-id",
+        args.run_id,
+        "--steps",
+        str(args.steps),
+        "--stall-s",
+        str(args.stall_s),
+        "--slow-s",
+        str(args.slow_s),
+        "--incidents-file",
+        str(plan_file),
+    ]
+    train_env = {**env, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    log = (log_dir / "train.log").open("w")
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=train_env,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + args.train_timeout_s
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            log.write(line)
+            if line.startswith("[demo]"):
+                say(line.rstrip())
+            if time.monotonic() > deadline:
+                say(f"[demo] training ran past {args.train_timeout_s:.0f} s; stopping it")
+                os.killpg(proc.pid, signal.SIGTERM)
+                break
+            dead = children.check()
+            if dead is not None:
+                say(f"[demo] {dead.name} exited during training; stopping:\n{dead.tail()}")
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=30)
+                return 1
+        return proc.wait(timeout=30)
+    finally:
+        log.close()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def format_scorecard(plan: list[Incident], card: Scorecard) -> str:
+    lines = ["", "What steplens caught", "=" * 72]
+    for inc in plan:
+        where = "all ranks" if inc.rank is None else f"rank {inc.rank}"
+        hits = card.caught.get(inc.kind, [])
+        mark = "CAUGHT" if hits else "MISSED"
+        lines.append(f"{mark:<7} {inc.kind} (steps {inc.first_step}-{inc.last_step}, {where})")
+        for a in _distinct(hits):
+            lines.append("        " + _alert_line(a))
+        side = card.related.get(inc.kind, [])
+        if side:
+            rules = sorted({str(a.get("rule")) for a in side})
+            lines.append(f"        (+{len(side)} related: {', '.join(rules)})")
+    lines.append("-" * 72)
+    false = _distinct(card.false_alarms)
+    by_rule = Counter(str(a.get("rule")) for a in false)
+    summary = ", ".join(f"{rule} x{n}" for rule, n in by_rule.most_common())
+    lines.append(f"false alarms (outside every incident): {len(false)}  ({summary or 'none'})")
+    for a in false[:MAX_FALSE_LINES]:
+        lines.append("        " + _alert_line(a))
+    if len(false) > MAX_FALSE_LINES:
+        lines.append(f"        ... {len(false) - MAX_FALSE_LINES} more in the report")
+    caught = len(plan) - len(card.missed)
+    n_false = len(false)
+    lines.append(f"caught {caught} of {len(plan)} incidents, {n_false} false alarm(s)")
+    return "\n".join(lines)
+
+
+def _distinct(alerts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per (rule, scope, step): an alert that fires again at the same step once."""
+    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for a in sorted(alerts, key=lambda a: alert_step(a) or 0):
+        seen.setdefault((a.get("rule"), a.get("scope"), alert_step(a)), a)
+    return list(seen.values())
+
+
+def _alert_line(a: dict[str, Any]) -> str:
+    rank = a.get("rank")
+    where = f"rank {rank}" if isinstance(rank, int) and rank >= 0 else a.get("scope", "run")
+    step = alert_step(a)
+    shown = f"~{step}" if a.get("step") is None and step is not None else str(step)
+    return (
+        f"[{a.get('severity', '?'):<8}] step {shown:>5} {where:<8} "
+        f"{a.get('rule', '?')}: {a.get('hint', '')}"
+    )
+
+
+def parse_args(argv: list[str], prog: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=500, help="training steps (default 500)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_STEPS} steps and a 35 s stall (about 3 minutes in all)",
+    )
+    p.add_argument("--run-id", default="", help="default: demo-<random>")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--workers", type=int, default=1, help="stream worker processes")
+    p.add_argument(
+        "--stall-s",
+        type=float,
+        default=None,
+        help="stall length (default: the worker's hang threshold + 15 s)",
+    )
+    p.add_argument("--slow-s", type=float, default=0.5, help="straggler delay per step")
+    p.add_argument("--out", type=Path, default=None, help="report folder")
+    p.add_argument(
+        "--isolated",
+        action="store_true",
+        help="topics of its own (steplens.<run>.*), so other runs on the stack are not read",
+    )
+    p.add_argument("--no-report", action="store_true")
+    p.add_argument(
+        "--settle-s",
+        type=float,
+        default=120.0,
+        help="longest wait for the stream jobs after training",
+    )
+    p.add_argument("--train-timeout-s", type=float, default=900.0)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps = min(args.steps, QUICK_STEPS)
+    args.hang_after_s = QUICK_HANG_AFTER_S if args.quick else HANG_AFTER_S
+    if args.stall_s is None:
+        args.stall_s = args.hang_after_s + 15.0
+    args.run_id = args.run_id or f"demo-{uuid.uuid4().hex[:8]}"
+    return args
+
+
+def main(argv: list[str], prog: str = "steplens demo") -> int:
+    args = parse_args(argv, prog)
+    import steplens.stack
+    from steplens.producer.topics import Topics, ensure_topics
+
+    say("[demo] starting the local stack (the first start builds it: this can take a while)")
+    try:
+        stack_env = steplens.stack.up(progress=lambda line: say(f"[stack] {line}"))
+    except steplens.stack.StackError as exc:
+        say(f"[demo] the local stack did not start: {exc}")
+        return 1
+    env = {
+        **os.environ,
+        **stack_env,
+        "STEPLENS_RUN_ID": args.run_id,
+    }
+    if args.isolated:
+        prefix = f"steplens.{args.run_id}"
+        for key, name in (("RAW", "raw"), ("SIGNALS", "signals"), ("ALERTS", "alerts")):
+            env[f"STEPLENS_TOPIC_{key}"] = f"{prefix}.{name}"
+        env["STEPLENS_TOPIC_DEADLETTER"] = f"{prefix}.deadletter"
+    d = Topics.from_env()
+    topics = Topics(
+        raw=env.get("STEPLENS_TOPIC_RAW", d.raw),
+        signals=env.get("STEPLENS_TOPIC_SIGNALS", d.signals),
+        alerts=env.get("STEPLENS_TOPIC_ALERTS", d.alerts),
+        dead_letters=env.get("STEPLENS_TOPIC_DEADLETTER", d.dead_letters),
+        raw_partitions=d.raw_partitions,
+        other_partitions=d.other_partitions,
+    )
+    ensure_topics(stack_env["STEPLENS_KAFKA_BOOTSTRAP"], topics)
+    home = Path(env.get("STEPLENS_HOME", Path.home() / ".local/state/steplens"))
+    run_dir = home / "demo" / args.run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out or run_dir / "report"
+    say(f"[demo] run {args.run_id}; logs in {run_dir}")
+
+    children = Children(run_dir, env)
+    try:
+        return _run(args, env, topics, run_dir, out=out, children=children)
+    finally:
+        say("[demo] stopping the worker and sinks (the stack stays up: `steplens stack down`)")
+        children.stop_all()
+
+
+def _run(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    topics: Any,
+    run_dir: Path,
+    *,
+    out: Path,
+    children: Children,
+) -> int:
+    from steplens.stack.demo_kafka import RunTail, alert_rows
+
+    ports = {name: port_or_free(port) for name, port in DEFAULT_PORTS.items()}
+    # every 5th step's quiet signal is published too, so the report draws the ARIMA band
+    hang = ["--hang-after", str(args.hang_after_s), "--signal-every", "5"]
+    commands = [
+        ("worker", ["worker", *hang, "--state-dir", str(run_dir / "worker-0")]),
+        ("sink-influx", ["sink", "influx"]),
+        ("sink-s3", ["sink", "s3"]),
+    ]
+    commands += [
+        (f"worker-{i}", ["worker", *hang, "--state-dir", str(run_dir / f"worker-{i}")])
+        for i in range(1, args.workers)
+    ]
+    started = []
+    for name, cmd in commands:
+        port = ports.get(name) or free_port()
+        flag = "--web-port" if cmd[0] == "worker" else "--metrics-port"
+        extra = [flag, str(port)]
+        if args.isolated:  # consumer groups of its own too
+            key = "--app-id" if cmd[0] == "worker" else "--group"
+            extra += [key, f"steplens-demo-{args.run_id}-{cmd[-1] if cmd[0] == 'sink' else 'w'}"]
+        started.append((children.start(name, [*cmd, *extra]), port))
+    for child, port in started:
+        wait_port(port, child, 120.0, say)
+    say("[demo] worker and sinks are up; training starts")
+
+    tail = RunTail(env["STEPLENS_KAFKA_BOOTSTRAP"], [topics.signals, topics.alerts], args.run_id)
+    plan_file = run_dir / "incidents.json"
+    t0 = time.monotonic()
+    rc = run_training(args, env, plan_file, run_dir, children)
+    say(f"[demo] training finished in {time.monotonic() - t0:.0f} s (exit {rc})")
+    if rc != 0:
+        say(f"[demo] training failed; see {run_dir / 'train.log'}")
+        return 1
+    tail.settle(quiet_s=8.0, timeout_s=args.settle_s, progress=say)
+    alerts = alert_rows(tail.of_kind("alert"))
+    signals = tail.of_kind("signal")
+    n_signals = len(signals)
+    estimate_steps(alerts, [(r.time_ns, r.step) for r in signals if r.step is not None])
+    tail.close()
+    plan = load_plan(plan_file)
+    starts = load_starts(plan_file.with_suffix(".starts.jsonl"))
+    card = score(plan, alerts, slack=max(10, args.steps // 40), started_ns=starts)
+    say(format_scorecard(plan, card))
+    say(f"({n_signals} signal records, {len(alerts)} alert records for this run)")
+
+    if args.no_report:
+        return 0
+    say("[demo] writing the report from the stored data ...")
+    report = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "steplens.stack.cli",
+            "report",
+            "--run",
+            args.run_id,
+            "--out",
+            str(out),
+            "--wait-for-step",
+            str(args.steps - 1),
+            "--wait-s",
+            "90",
+        ],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        timeout=600,
+        check=False,
+    )
+    if report.returncode != 0:
+        say(f"[demo] the report failed (exit {report.returncode})")
+        return 1
+    say(f"[demo] report: {out / 'index.html'}")
+    return 0

@@ -1,0 +1,226 @@
+"""The demo's scripted incidents, and how alerts are matched against them afterwards.
+
+The plan is a pure function of the run length, so the training script (which injects the
+incidents) and the demo command (which scores what was caught) agree without talking.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Incident:
+    kind: str  # lr_blowup | corrupted_batch | straggler | duplicates | stall
+    first_step: int
+    last_step: int
+    rank: int | None  # None: every rank
+    description: str
+    # words that appear in the names of rules that should catch it (matched loosely)
+    rule_words: tuple[str, ...] = ()
+    params: dict[str, float] = field(default_factory=dict)
+
+    def covers(self, step: int) -> bool:
+        return self.first_step <= step <= self.last_step
+
+
+def plan_incidents(total_steps: int, stall_s: float = 75.0, slow_s: float = 0.5) -> list[Incident]:
+    """Incidents spread over the second half of a run of ``total_steps`` (at least 120).
+
+    The first third is left clean so every detector has a baseline before anything happens.
+    """
+    if total_steps < 120:
+        raise ValueError("the incident plan needs at least 120 steps")
+
+    def at(fraction: float) -> int:
+        return int(total_steps * fraction)
+
+    blow, corrupt, slow, dup, stall = at(0.40), at(0.52), at(0.62), at(0.76), at(0.90)
+    slow_len = max(12, total_steps // 15)
+    dup_len = max(8, total_steps // 30)
+    return [
+        Incident(
+            "lr_blowup",
+            blow,
+            blow + 3,
+            None,
+            "learning rate x30 for 4 steps: loss and grad norm spike together",
+            ("lr", "loss", "grad", "spike", "diverg", "arima", "schedule"),
+            {"factor": 30.0},
+        ),
+        Incident(
+            "corrupted_batch",
+            corrupt,
+            corrupt,
+            0,
+            "rank 0 reads a corrupted batch: random tokens, over-length rows",
+            ("batch", "length", "data", "loss", "spike", "corrupt", "arima"),
+        ),
+        Incident(
+            "straggler",
+            slow,
+            slow + slow_len - 1,
+            1,
+            f"rank 1 slowed down by {slow_s:.2f} s per step",
+            ("straggl", "slow", "step_time", "data_wait"),
+            {"slow_s": slow_s},
+        ),
+        Incident(
+            "duplicates",
+            dup,
+            dup + dup_len - 1,
+            None,
+            "a burst of duplicated samples: every batch drawn from 4 samples",
+            ("dup", "repeat", "batch", "data", "hash"),
+        ),
+        Incident(
+            "stall",
+            stall,
+            stall,
+            1,
+            f"rank 1 stops stepping for {stall_s:.0f} s (hardware samples continue)",
+            ("hang", "stall", "progress", "heartbeat", "stuck"),
+            {"stall_s": stall_s},
+        ),
+    ]
+
+
+def save_plan(incidents: list[Incident], path: Path) -> None:
+    path.write_text(json.dumps([asdict(i) for i in incidents], indent=1))
+
+
+def load_plan(path: Path) -> list[Incident]:
+    out = []
+    for d in json.loads(path.read_text()):
+        d["rule_words"] = tuple(d.get("rule_words", ()))
+        out.append(Incident(**d))
+    return out
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+@dataclass
+class Scorecard:
+    caught: dict[str, list[dict[str, Any]]]  # incident kind -> alerts that caught it
+    missed: list[Incident]
+    false_alarms: list[dict[str, Any]]
+    # alerts inside an incident's window whose rule is a side effect (e.g. a grad spike when
+    # duplicated batches start): neither a catch nor a false alarm
+    related: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+def alert_step(alert: dict[str, Any]) -> int | None:
+    """The step an alert refers to: where the condition started, else where it fired, else
+    the step estimated from the time it fired (``estimated_step``)."""
+    for key in ("started_step", "step", "estimated_step"):
+        value = alert.get(key)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _rank_of(alert: dict[str, Any]) -> int | None:
+    rank = alert.get("rank")
+    if isinstance(rank, int) and rank >= 0:
+        return rank
+    scope = str(alert.get("scope", ""))
+    if scope.startswith("rank:"):
+        try:
+            return int(scope.split(":", 1)[1])
+        except ValueError:
+            return None
+    return None
+
+
+def _in_window(
+    incident: Incident, alert: dict[str, Any], slack: int, started_ns: int | None
+) -> bool:
+    rank = _rank_of(alert)
+    # a stall holds every rank at the next collective and a straggler slows every rank's
+    # wall-clock step: any rank may report those
+    other_rank = incident.rank is not None and rank is not None and rank != incident.rank
+    if other_rank and incident.kind not in ("stall", "straggler"):
+        return False
+    step = alert_step(alert)
+    if step is not None:
+        return incident.first_step - 2 <= step <= incident.last_step + slack
+    # alerts about time without progress may carry no step: match them by time
+    t = alert.get("time_ns")
+    if started_ns is None or not isinstance(t, int):
+        return False
+    lasts_s = incident.params.get("stall_s", 0.0) + 120.0
+    return started_ns - 5e9 <= t <= started_ns + lasts_s * 1e9
+
+
+def _rule_fits(incident: Incident, alert: dict[str, Any]) -> bool:
+    rule = str(alert.get("rule", "")).lower()
+    return any(w in rule for w in incident.rule_words)
+
+
+def score(
+    incidents: list[Incident],
+    alerts: list[dict[str, Any]],
+    slack: int = 10,
+    started_ns: dict[str, int] | None = None,
+) -> Scorecard:
+    """Match firing alerts to incidents by step window and rank (time window for alerts
+    without any step, from ``started_ns``: incident kind -> wall time it started).
+
+    Inside a window, an alert whose rule fits the incident catches it; another alert there
+    is related (a side effect). An alert outside every window is a false alarm; an incident
+    that no fitting alert caught is missed.
+    """
+    started_ns = started_ns or {}
+    firing = [a for a in alerts if a.get("state", "firing") == "firing"]
+    caught: dict[str, list[dict[str, Any]]] = {i.kind: [] for i in incidents}
+    related: dict[str, list[dict[str, Any]]] = {i.kind: [] for i in incidents}
+    false_alarms = []
+    for alert in firing:
+        windows = [i for i in incidents if _in_window(i, alert, slack, started_ns.get(i.kind))]
+        fits = [i for i in windows if _rule_fits(i, alert)]
+        for inc in fits:
+            caught[inc.kind].append(alert)
+        if not fits and windows:
+            related[windows[0].kind].append(alert)
+        if not windows:
+            false_alarms.append(alert)
+    missed = [i for i in incidents if not caught[i.kind]]
+    return Scorecard(
+        {k: v for k, v in caught.items() if v},
+        missed,
+        false_alarms,
+        {k: v for k, v in related.items() if v},
+    )
+
+
+def estimate_steps(alerts: list[dict[str, Any]], timeline: list[tuple[int, int]]) -> None:
+    """Give alerts without a step an ``estimated_step``: the last step seen before they fired.
+
+    ``timeline``: (time_ns, step) pairs of records with a step, e.g. the run's signals.
+    """
+    points = sorted(timeline)
+    times = [t for t, _ in points]
+    for alert in alerts:
+        t = alert.get("time_ns")
+        if alert_step(alert) is not None or not isinstance(t, int) or not points:
+            continue
+        i = bisect.bisect_right(times, t)
+        if i > 0:
+            alert["estimated_step"] = max(s for _, s in points[:i])
+
+
+def load_starts(path: Path) -> dict[str, int]:
+    """Incident kind -> wall time (ns) it started, from the training run's starts log."""
+    out: dict[str, int] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        if line.strip():
+            d = json.loads(line)
+            out.setdefault(str(d["kind"]), int(d["time_ns"]))
+    return out

@@ -1,0 +1,336 @@
+"""The demo's training run: a small transformer LM on the CPU, instrumented with steplens.
+
+Run it as 2 ranks::
+
+    torchrun --nproc-per-node 2 -m steplens.stack.demo_train --steps 600
+
+Each rank trains on its own stream of the synthetic corpus (``demo_corpus``); gradients are
+averaged with one all-reduce per step (gloo). The scripted incidents of ``demo_incidents`` are
+injected at their steps and announced in the log as they start.
+
+Step time: ``step_time_s`` is the rank's own work in a step (data, forward, backward,
+optimizer), without the time spent waiting for the other ranks at the gradient all-reduce
+(reported as the scalar ``sync_wait_s``). In synchronous data parallelism the wall-clock step
+is the same on every rank, so only the rank's own time shows which rank is the straggler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from steplens.stack.demo_corpus import PAD, VOCAB, Grammar, make_batch
+from steplens.stack.demo_incidents import Incident, plan_incidents, save_plan
+
+# Nominal peak of one CPU core for the MFU figure (the demo runs one thread per rank).
+CPU_PEAK_FLOPS = 5.0e10
+
+
+class TinyLM(nn.Module):
+    """Decoder-only transformer: token + position embeddings, pre-norm blocks, tied head."""
+
+    def __init__(
+        self, vocab: int, seq_len: int, d_model: int = 64, n_layers: int = 2, n_heads: int = 4
+    ) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(seq_len, d_model)
+        layer = nn.TransformerEncoderLayer(
+            d_model, n_heads, 4 * d_model, dropout=0.0, batch_first=True, norm_first=True
+        )
+        self.blocks = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d_model)
+        self.causal: torch.Tensor
+        self.register_buffer(
+            "causal", nn.Transformer.generate_square_subsequent_mask(seq_len), persistent=False
+        )
+        for emb in (self.tok, self.pos):
+            nn.init.normal_(emb.weight, std=0.02)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        n = ids.shape[1]
+        x = self.tok(ids) + self.pos(torch.arange(n, device=ids.device))
+        x = self.blocks(x, mask=self.causal[:n, :n], is_causal=True)
+        return self.norm(x) @ self.tok.weight.T
+
+
+def lm_loss(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Next-token cross entropy over non-padding targets; also the number of target tokens."""
+    logits = model(ids[:, :-1])
+    targets = ids[:, 1:]
+    loss = nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=PAD
+    )
+    return loss, int((targets != PAD).sum())
+
+
+def cosine_lr(step: int, peak: float, floor: float, warmup: int, total: int) -> float:
+    """The declared schedule: linear warm-up, then cosine from ``peak`` down to ``floor``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * progress))
+
+
+class Incidents:
+    """Decides, step by step, what goes wrong on this rank; announces each incident once."""
+
+    def __init__(self, plan: list[Incident], rank: int, log_file: Path | None) -> None:
+        self.plan = plan
+        self.rank = rank
+        self.log_file = log_file
+        self.announced: set[str] = set()
+
+    def active(self, kind: str, step: int) -> Incident | None:
+        for inc in self.plan:
+            if inc.kind == kind and inc.covers(step):
+                return inc
+        return None
+
+    def announce(self, step: int) -> None:
+        for inc in self.plan:
+            if inc.first_step == step and inc.kind not in self.announced:
+                self.announced.add(inc.kind)
+                if self.rank != 0:
+                    continue
+                where = "every rank" if inc.rank is None else f"rank {inc.rank}"
+                print(
+                    f"[demo] INCIDENT {inc.kind} starts at step {step} on {where}: "
+                    f"{inc.description}",
+                    flush=True,
+                )
+                if self.log_file is not None:
+                    with self.log_file.open("a") as f:
+                        f.write(
+                            json.dumps({"kind": inc.kind, "step": step, "time_ns": time.time_ns()})
+                            + "\n"
+                        )
+
+
+def corrupted_batch(rng: np.random.Generator, batch: int, seq_len: int) -> np.ndarray:
+    """Random tokens in every position, rows twice the allowed length (as a broken tokenizer)."""
+    return rng.integers(3, len(VOCAB), size=(batch, 2 * seq_len), dtype=np.int64)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--run-id", default=os.environ.get("STEPLENS_RUN_ID") or "")
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=48)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--log-every", type=int, default=25, help="print progress every N steps")
+    p.add_argument("--stall-s", type=float, default=75.0)
+    p.add_argument("--slow-s", type=float, default=0.5)
+    p.add_argument("--no-incidents", action="store_true")
+    p.add_argument(
+        "--incidents-file",
+        type=Path,
+        default=None,
+        help="rank 0 writes the incident plan here (JSON) and the starts to FILE.log",
+    )
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--threads", type=int, default=1)
+    return p.parse_args(argv)
+
+
+def _flat_allreduce(params: list[nn.Parameter], world: int) -> None:
+    """Average gradients across ranks with one all-reduce of a flat buffer."""
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: list[torch.Tensor]) -> dict[str, float]:
+    model.eval()
+    total, count, correct = 0.0, 0, 0
+    for ids in batches:
+        logits = model(ids[:, :-1])
+        targets = ids[:, 1:]
+        keep = targets != PAD
+        ce = nn.functional.cross_entropy(logits[keep], targets[keep], reduction="sum")
+        total += float(ce)
+        count += int(keep.sum())
+        correct += int((logits.argmax(-1)[keep] == targets[keep]).sum())
+    model.train()
+    loss = total / max(1, count)
+    return {
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 50.0)),
+        "accuracy": correct / max(1, count),
+    }
+
+
+def train(args: argparse.Namespace) -> int:
+    import steplens.producer as sl
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1:
+        dist.init_process_group("gloo")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)  # same initial weights on every rank
+    run_id = args.run_id or f"demo-{uuid.uuid4().hex[:8]}"
+
+    plan = [] if args.no_incidents else plan_incidents(args.steps, args.stall_s, args.slow_s)
+    starts_log = None
+    if args.incidents_file is not None:
+        starts_log = args.incidents_file.with_suffix(".starts.jsonl")
+        if rank == 0:
+            save_plan(plan, args.incidents_file)
+            starts_log.write_text("")
+    incidents = Incidents(plan, rank, starts_log)
+
+    model = TinyLM(len(VOCAB), args.seq_len)
+    params = [p for p in model.parameters() if p.requires_grad]
+    n_params = sum(p.numel() for p in params)
+    optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    warmup, floor = max(10, args.steps // 20), args.lr / 10
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: cosine_lr(s, args.lr, floor, warmup, args.steps) / args.lr
+    )
+
+    # --- steplens: the lines a user adds to a training script -----------------------------
+    sl.init(
+        run_id=run_id,
+        sample_rate=1.0,
+        flops_per_token=6.0 * n_params,
+        peak_flops=CPU_PEAK_FLOPS,
+        lr_schedule={
+            "kind": "cosine",
+            "peak_lr": args.lr,
+            "min_lr": floor,
+            "warmup_steps": warmup,
+            "total_steps": args.steps,
+        },
+        model_info={
+            "name": "tiny-lm",
+            "n_params": n_params,
+            "seq_len": args.seq_len,
+            "vocab": len(VOCAB),
+            "world_size": world,
+        },
+    )
+    sl.watch(model, optimizer, scheduler, every=1)
+    if world > 1:
+        sl.probe_comm(every=50)
+    # ----------------------------------------------------------------------------------------
+
+    grammar = Grammar(np.random.default_rng(args.seed + 1 + rank))
+    eval_grammar = Grammar(np.random.default_rng(args.seed + 10_000))
+    eval_batches = [
+        torch.from_numpy(make_batch(eval_grammar, 32, args.seq_len)[0]) for _ in range(2)
+    ]
+    dup_pool = make_batch(Grammar(np.random.default_rng(args.seed + 77)), 4, args.seq_len)
+    noise = np.random.default_rng(args.seed + 99 + rank)
+    if rank == 0:
+        print(
+            f"[demo] run {run_id}: {n_params:,} parameters, {world} rank(s), "
+            f"{args.steps} steps of {args.batch_size}x{args.seq_len} tokens",
+            flush=True,
+        )
+
+    def batches() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """This rank's batches (model input and what log_batch sees), incidents included.
+
+        A straggler's delay happens here, so it shows as data loading time (``sl.timed``)."""
+        for step in range(args.steps):
+            ids_np, mask_np = make_batch(grammar, args.batch_size, args.seq_len)
+            if incidents.active("duplicates", step):
+                rows = noise.integers(0, 4, size=args.batch_size)
+                ids_np, mask_np = dup_pool[0][rows], dup_pool[1][rows]
+            logged_ids, logged_mask = ids_np, mask_np
+            bad = incidents.active("corrupted_batch", step)
+            if bad is not None and bad.rank == rank:
+                logged_ids = corrupted_batch(noise, args.batch_size, args.seq_len)
+                logged_mask = np.ones_like(logged_ids)
+                ids_np, mask_np = logged_ids[:, : args.seq_len], logged_mask[:, : args.seq_len]
+            slow = incidents.active("straggler", step)
+            if slow is not None and slow.rank == rank:
+                time.sleep(slow.params["slow_s"])
+            yield ids_np, mask_np, logged_ids, logged_mask
+
+    t_begin = t0 = time.perf_counter()
+    for step, (ids_np, _mask, logged_ids, logged_mask) in enumerate(sl.timed(batches())):
+        incidents.announce(step)
+        stall = incidents.active("stall", step)
+        if stall is not None and stall.rank == rank:
+            time.sleep(stall.params["stall_s"])
+        ids = torch.from_numpy(ids_np)
+        sl.log_batch(
+            step,
+            torch.from_numpy(logged_ids),
+            attention_mask=torch.from_numpy(logged_mask),
+            max_len=args.seq_len,
+        )
+
+        loss, n_tokens = lm_loss(model, ids)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        t_compute = time.perf_counter()
+        if world > 1:
+            _flat_allreduce(params, world)
+        t_synced = time.perf_counter()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        blow = incidents.active("lr_blowup", step)
+        if blow is not None:
+            for group in optimizer.param_groups:
+                group["lr"] = group["lr"] * blow.params["factor"]
+        lr = optimizer.param_groups[0]["lr"]
+        optimizer.step()
+        scheduler.step()  # back on the declared schedule after a blow-up
+        t_end = time.perf_counter()
+
+        sync_wait = t_synced - t_compute
+        sl.log_step(
+            step,
+            loss=loss.detach(),
+            lr=lr,
+            grad_norm=grad_norm,
+            tokens=n_tokens,
+            step_time_s=(t_end - t0) - sync_wait,
+            sync_wait_s=sync_wait,
+        )
+        if rank == 0 and args.eval_every and (step + 1) % args.eval_every == 0:
+            sl.log_eval(step, split="val", **evaluate(model, eval_batches))
+        if rank == 0 and args.log_every and (step % args.log_every == 0 or step == args.steps - 1):
+            elapsed = time.perf_counter() - t_begin
+            print(
+                f"[demo] step {step + 1}/{args.steps}  loss {loss.item():.3f}  "
+                f"lr {lr:.2e}  grad {float(grad_norm):.2f}  {elapsed:.0f}s",
+                flush=True,
+            )
+        t0 = time.perf_counter()  # the next step's own time starts here (eval excluded)
+
+    sl.shutdown()
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return train(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
