@@ -1,0 +1,155 @@
+"""InfluxDB hot sink: records to points, synchronous writes (so durability is known).
+
+A write either succeeds (the batch is durable), fails transiently (connection errors, 429,
+5xx: retried under the policy, then the batch is reported retryable), or is refused for good
+(400/413/422): the batch is then split in halves until the refused records are isolated, so one
+bad record cannot hold back the rest. Rewriting a record rewrites the same point (time and tags
+come from the record), so every retry is safe. Points are built in chunks and each chunk is
+written on one writer thread while the next is built; an export returns after all its writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Final
+
+import urllib3
+from influxdb_client import InfluxDBClient, WritePrecision
+from influxdb_client.client.write_api import SYNCHRONOUS
+from influxdb_client.rest import ApiException
+
+from steplens.producer.schema import Record
+from steplens.sinks import metrics
+from steplens.sinks.contract import ExportResult, Rejection
+from steplens.sinks.points import UnwritableRecord, record_lines
+from steplens.sinks.retry import RetryPolicy, Stopped, call_with_retry
+from steplens.sinks.settings import InfluxSettings
+
+log = logging.getLogger("steplens.sinks")
+
+PERMANENT_STATUS: Final = frozenset({400, 413, 422})
+RETENTION_MARGIN_S: Final = 60  # records this close to the retention edge are still written
+
+
+def make_client(s: InfluxSettings) -> InfluxDBClient:
+    return InfluxDBClient(url=s.url, token=s.token, org=s.org, timeout=s.timeout_ms)
+
+
+def transient(exc: BaseException) -> bool:
+    """Worth retrying: anything but a refusal of the data itself."""
+    if isinstance(exc, ApiException):
+        return exc.status not in PERMANENT_STATUS
+    return isinstance(exc, (OSError, urllib3.exceptions.HTTPError))
+
+
+def _reason(exc: ApiException) -> str:
+    body = exc.body.decode("utf-8", "replace") if isinstance(exc.body, bytes) else exc.body
+    return f"HTTP {exc.status}: {body or exc.reason}"[:1000]
+
+
+class _Refused(Exception):
+    pass
+
+
+class InfluxSink:
+    name = "influx"
+
+    def __init__(
+        self,
+        client: InfluxDBClient,
+        settings: InfluxSettings,
+        *,
+        policy: RetryPolicy | None = None,
+        stop: threading.Event | None = None,
+        write_chunk: int = 1000,
+    ) -> None:
+        self.settings = settings
+        self.policy = policy or RetryPolicy()
+        self.stop = stop or threading.Event()
+        self._write_api = client.write_api(write_options=SYNCHRONOUS)
+        self.write_chunk = write_chunk
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="steplens-influx")
+
+    def export(self, batch: list[Record]) -> ExportResult:
+        try:
+            return self._export(batch)
+        except Exception as exc:  # the contract: export never raises
+            log.exception("steplens influx sink: unexpected error")
+            return ExportResult.retry(f"{type(exc).__name__}: {exc}")
+
+    def _export(self, batch: list[Record]) -> ExportResult:
+        """Build points chunk by chunk; each chunk is written on the writer thread while the
+        next one is built. Returns only once every chunk's write has finished."""
+        result = ExportResult()
+        oldest_ns = (time.time() - self.settings.hot_retention_s + RETENTION_MARGIN_S) * 1e9
+        chunk: list[tuple[int, list[str]]] = []
+        pending: list[Future[list[Rejection]]] = []
+        for i, rec in enumerate(batch):
+            if self.settings.hot_retention_s > 0 and rec.time_ns < oldest_ns:
+                result.skipped += 1  # past the hot window: S3 keeps it
+                continue
+            try:
+                chunk.append((i, record_lines(rec)))
+            except UnwritableRecord as exc:
+                result.rejected.append(Rejection(i, str(exc)))
+            if len(chunk) >= self.write_chunk:
+                pending.append(self._writer.submit(self._write_isolating, chunk))
+                chunk = []
+        if chunk:
+            pending.append(self._writer.submit(self._write_isolating, chunk))
+        wait(pending)
+        for fut in pending:
+            failure = fut.exception()
+            if isinstance(failure, Stopped):
+                return ExportResult.retry("shutting down")
+            if failure is not None:
+                return ExportResult.retry(f"{type(failure).__name__}: {failure}")
+            result.rejected += fut.result()
+        result.rejected.sort(key=lambda r: r.index)
+        result.accepted = len(batch) - len(result.rejected) - result.skipped
+        return result
+
+    def _write(self, lines: list[tuple[int, list[str]]]) -> None:
+        body = "\n".join(line for _, ls in lines for line in ls)
+        if not body:
+            return
+        try:
+            call_with_retry(
+                lambda: self._write_api.write(
+                    bucket=self.settings.bucket,
+                    org=self.settings.org,
+                    record=body,
+                    write_precision=WritePrecision.NS,  # type: ignore[arg-type]
+                ),
+                policy=self.policy,
+                retryable=transient,
+                stop=self.stop,
+                on_retry=lambda _e: metrics.RETRIES.labels(self.name).inc(),
+            )
+        except ApiException as exc:
+            if exc.status in PERMANENT_STATUS:
+                raise _Refused(_reason(exc)) from exc
+            raise
+
+    def _write_isolating(self, lines: list[tuple[int, list[str]]]) -> list[Rejection]:
+        """Write all; on a refusal, halve until the refused records are found."""
+        if not lines:
+            return []
+        try:
+            self._write(lines)
+            return []
+        except _Refused as exc:
+            if "outside retention policy" in str(exc) and len(lines) == 1:
+                return []  # expired while waiting: nothing to keep in the hot bucket
+            if len(lines) == 1:
+                return [Rejection(lines[0][0], str(exc))]
+        mid = len(lines) // 2
+        return self._write_isolating(lines[:mid]) + self._write_isolating(lines[mid:])
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        self._writer.shutdown(wait=True)
+        self._write_api.close()

@@ -1,0 +1,159 @@
+"""Kafka plumbing shared by the sinks: consumer settings, decoding, dead letters, commits."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from steplens.producer.schema import MAX_STR_LEN, RUN_RANK, DecodeError, Record, decode, encode
+from steplens.producer.schema import make_record as _make_record
+from steplens.producer.settings import kafka_bootstrap, kafka_security_config
+
+log = logging.getLogger("steplens.sinks")
+
+
+def consumer_config(group_id: str, bootstrap: str | None = None, **extra: Any) -> dict[str, Any]:
+    """Manual commits only: offsets move after the durable write, never before."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": kafka_bootstrap(bootstrap),
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": False,
+        "max.poll.interval.ms": 1_800_000,  # a long outage pauses us, it must not evict us
+        "session.timeout.ms": 10_000,  # a crashed sink's partitions move on within 10 s
+        **kafka_security_config(),
+    }
+    conf.update(extra)
+    return conf
+
+
+@dataclass(frozen=True)
+class Consumed:
+    """One Kafka message and what decoding made of it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    decoded: Record | DecodeError
+
+
+def poll_batch(consumer: Consumer, max_messages: int, timeout_s: float) -> list[Consumed]:
+    """Up to ``max_messages`` decoded messages; transport errors are logged, not returned."""
+    out = []
+    for msg in consumer.consume(num_messages=max_messages, timeout=timeout_s):
+        err = msg.error()
+        if err is not None:
+            if err.code() != KafkaError._PARTITION_EOF:
+                log.warning("steplens sink: consumer error: %s", err)
+            continue
+        out.append(_consumed(msg))
+    return out
+
+
+def _consumed(msg: Message) -> Consumed:
+    value = msg.value() or b""
+    return Consumed(
+        topic=msg.topic() or "",
+        partition=msg.partition() or 0,
+        offset=msg.offset() or 0,
+        key=msg.key(),
+        value=value,
+        decoded=decode(value),
+    )
+
+
+def next_offsets(batch: list[Consumed]) -> list[TopicPartition]:
+    """Offsets to commit after ``batch`` is durable: last offset + 1 per partition."""
+    last: dict[tuple[str, int], int] = {}
+    for c in batch:
+        tp = (c.topic, c.partition)
+        last[tp] = max(last.get(tp, -1), c.offset)
+    return [TopicPartition(t, p, o + 1) for (t, p), o in sorted(last.items())]
+
+
+def commit(consumer: Consumer, offsets: list[TopicPartition]) -> bool:
+    """Synchronous commit; False when it failed (the records will be delivered again)."""
+    if not offsets:
+        return True
+    try:
+        consumer.commit(offsets=offsets, asynchronous=False)
+        return True
+    except KafkaException as exc:
+        log.warning("steplens sink: commit failed (records will be re-delivered): %s", exc)
+        return False
+
+
+class DeadLetters:
+    """Produces ``dead_letter`` records; ``flush`` must succeed before offsets are committed."""
+
+    def __init__(self, topic: str, consumer_name: str, bootstrap: str | None = None) -> None:
+        self.topic = topic
+        self.consumer_name = consumer_name
+        self._producer = Producer(
+            {
+                "bootstrap.servers": kafka_bootstrap(bootstrap),
+                "enable.idempotence": True,
+                "acks": "all",
+                **kafka_security_config(),
+            }
+        )
+        self._seq = itertools.count()
+        self._host = socket.gethostname()
+        self._failed = 0
+        self.sent = 0
+
+    def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            self._failed += 1
+            log.warning("steplens sink: dead letter not delivered: %s", err)
+
+    def send(self, item: Consumed, reason: str) -> None:
+        rec = item.decoded
+        run_id, rank = (rec.run_id, rec.rank) if isinstance(rec, Record) else ("unknown", RUN_RANK)
+        dl = _make_record(
+            "dead_letter",
+            {
+                "reason": reason[:MAX_STR_LEN],
+                "source_topic": item.topic,
+                "partition": item.partition,
+                "offset": item.offset,
+                "consumer": self.consumer_name,
+                "payload": item.value.decode("utf-8", "replace")[:MAX_STR_LEN],
+            },
+            run_id=run_id or "unknown",
+            rank=rank,
+            host=self._host,
+            pid=os.getpid(),
+            seq=next(self._seq),
+            time_ns=time.time_ns(),
+        )
+        for _ in range(100):  # bounded: a full local queue drains within seconds
+            try:
+                self._producer.produce(
+                    self.topic, encode(dl), key=item.key, on_delivery=self._on_delivery
+                )
+                break
+            except BufferError:
+                self._producer.poll(0.1)
+        else:
+            self._failed += 1  # flush() reports it; the batch is not committed
+        self._producer.poll(0)
+        self.sent += 1
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """True when every dead letter sent so far is acknowledged."""
+        left = self._producer.flush(timeout_s)
+        ok = left == 0 and self._failed == 0
+        self._failed = 0
+        return ok

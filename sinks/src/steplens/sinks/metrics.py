@@ -1,0 +1,25 @@
+"""Prometheus metrics of the sinks (served on 127.0.0.1 by ``steplens sink``)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+RECORDS = Counter(
+    "steplens_sink_records", "Records handled by a sink, by outcome", ["sink", "outcome"]
+)
+RETRIES = Counter("steplens_sink_retries", "Retried writes or uploads", ["sink"])
+COMMITS = Counter("steplens_sink_commits", "Offset commits, by result", ["sink", "result"])
+EXPORT_SECONDS = Histogram(
+    "steplens_sink_export_seconds", "Time to make one batch durable", ["sink"]
+)
+LAST_COMMIT = Gauge(
+    "steplens_sink_last_commit_timestamp_seconds", "Wall time of the last commit", ["sink"]
+)
+S3_OBJECTS = Counter("steplens_s3_objects", "Parquet objects uploaded")
+S3_BYTES = Counter("steplens_s3_bytes", "Parquet bytes uploaded")
+
+
+def serve(port: int) -> None:
+    """Expose /metrics on 127.0.0.1:``port`` (0 disables)."""
+    if port:
+        start_http_server(port, addr="127.0.0.1")

@@ -1,0 +1,314 @@
+"""Records to InfluxDB points (pure; see docs/architecture.md, "InfluxDB layout").
+
+Escaping is influxdb-client's (``Point``). Line protocol cannot carry a backslash or a control
+character (newline, tab, ...) in a tag value, tag key or field key unchanged, so records with
+such names are rejected with the reason (they stay in S3, and go to the dead-letter topic).
+String field values may hold anything: quotes and backslashes are escaped, newlines are kept.
+Non-finite numbers, which line protocol cannot hold, are stored as a string field
+``<name>_nonfinite`` ("NaN", "Infinity", "-Infinity").
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import unicodedata
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from influxdb_client import Point, WritePrecision
+
+from steplens.producer.schema import Record
+
+MAX_STRING_FIELD: Final = 60_000  # InfluxDB caps string fields at 64 KiB
+
+STEP_FLOATS: Final = (
+    "loss",
+    "lr",
+    "grad_norm",
+    "step_time_s",
+    "data_time_s",
+    "tokens_per_s",
+    "mfu",
+    "grad_norm_preclip",
+    "param_norm",
+    "update_ratio",
+)
+EVAL_FLOATS: Final = ("loss", "perplexity", "accuracy", "f1", "bleu", "rouge")
+SIGNAL_FLOATS: Final = ("value", "score", "expected", "lower", "upper")
+HEALTH_INTS: Final = ("sent", "spooled", "spool_bytes", "replayed", "queue_len")
+WINDOW_INTS: Final = ("count", "nonfinite")
+WINDOW_FLOATS: Final = ("mean", "min", "max", "last")
+
+# kind -> measurement of its main point (hw is split into host, gpu, disk and net points)
+MEASUREMENT: Final = {
+    "step": "step",
+    "step_window": "step_window",
+    "eval": "eval",
+    "batch": "batch",
+    "hw": "host",
+    "comm": "comm",
+    "health": "producer_health",
+    "signal": "signal",
+    "alert": "alert",
+    "run_meta": "run_meta",
+}
+
+
+class UnwritableRecord(ValueError):
+    """The record cannot be represented as line protocol; the message is the reason."""
+
+
+def _nonfinite_name(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
+
+
+@functools.lru_cache(maxsize=65536)
+def _name_problem(value: str) -> str | None:
+    if "\\" in value:
+        return "contains a backslash"
+    for ch in value:
+        if unicodedata.category(ch) == "Cc":
+            return f"contains control character {ch!r}"
+    return None
+
+
+def check_name(value: str, what: str) -> str:
+    """Reject names line protocol would alter: backslashes and control characters."""
+    problem = _name_problem(value)
+    if problem is not None:
+        raise UnwritableRecord(f"{what} {value[:80]!r} {problem}")
+    return value
+
+
+class _Builder:
+    """One point: checks every name, keeps field types stable per field name."""
+
+    def __init__(self, measurement: str, rec: Record) -> None:
+        self.point = Point(measurement).time(rec.time_ns, WritePrecision.NS)
+        self.point.field("seq", rec.seq)
+
+    def tag(self, key: str, value: Any) -> _Builder:
+        if value is None or value == "":
+            return self
+        self.point.tag(check_name(key, "tag key"), check_name(str(value), f"tag {key}"))
+        return self
+
+    def num(self, key: str, value: Any) -> _Builder:
+        """A float field; non-finite values go to ``<key>_nonfinite``."""
+        if value is None:
+            return self
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UnwritableRecord(f"field {key[:80]!r} is not a number: {value!r:.80}")
+        check_name(key, "field key")
+        f = float(value)
+        if math.isfinite(f):
+            self.point.field(key, f)
+        else:
+            self.point.field(f"{key}_nonfinite", _nonfinite_name(f))
+        return self
+
+    def integer(self, key: str, value: Any) -> _Builder:
+        if value is None:
+            return self
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UnwritableRecord(f"field {key[:80]!r} is not an integer: {value!r:.80}")
+        self.point.field(check_name(key, "field key"), value)
+        return self
+
+    def text(self, key: str, value: Any) -> _Builder:
+        if value is None:
+            return self
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        self.point.field(check_name(key, "field key"), text[:MAX_STRING_FIELD])
+        return self
+
+    def flag(self, key: str, value: Any) -> _Builder:
+        if value is None:
+            return self
+        self.point.field(check_name(key, "field key"), bool(value))
+        return self
+
+    def any(self, key: str, value: Any) -> _Builder:
+        """Free-form scalar: numbers as floats (stable type), text, booleans."""
+        if isinstance(value, bool):
+            return self.flag(key, value)
+        if isinstance(value, (int, float)):
+            return self.num(key, value)
+        return self.text(key, value)
+
+
+def _by_name(b: _Builder, values: Mapping[str, Any], reserved: Iterable[str], prefix: str) -> None:
+    """Free-form metrics by name; a name taken by a fixed field gets ``prefix``."""
+    taken = set(reserved)
+    for name, value in values.items():
+        b.num(prefix + name if name in taken else name, value)
+
+
+def _step(rec: Record) -> list[Point]:
+    d = rec.data
+    b = _Builder("step", rec).tag("run_id", rec.run_id).tag("rank", rec.rank).tag("host", rec.host)
+    b.integer("step", rec.step)
+    for name in STEP_FLOATS:
+        b.num(name, d.get(name))
+    b.integer("tokens", d.get("tokens")).flag("clipped", d.get("clipped")).text(
+        "reason", d.get("reason")
+    )
+    for i, lr in enumerate(d.get("group_lrs") or []):
+        b.num(f"lr_group{i}", lr)
+    fixed = {*STEP_FLOATS, "step", "tokens", "clipped", "reason", "seq"}
+    _by_name(b, d.get("scalars") or {}, fixed, "scalar_")
+    return [b.point]
+
+
+def _step_window(rec: Record) -> list[Point]:
+    d = rec.data
+    points = []
+    for metric, stats in d["metrics"].items():
+        if not isinstance(stats, dict):
+            raise UnwritableRecord(f"step_window metric {metric[:80]!r} is not an object")
+        b = _Builder("step_window", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+        b.tag("host", rec.host).tag("metric", metric)
+        b.integer("step_first", d["step_first"]).integer("step_last", d["step_last"])
+        b.num("duration_s", d.get("duration_s"))
+        for name in WINDOW_INTS:
+            value = stats.get(name)
+            b.integer(
+                name, int(value) if isinstance(value, float) and value.is_integer() else value
+            )
+        for name in WINDOW_FLOATS:
+            b.num(name, stats.get(name))
+        points.append(b.point)
+    return points
+
+
+def _eval(rec: Record) -> list[Point]:
+    d = rec.data
+    b = _Builder("eval", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b.tag("split", d["split"]).integer("step", rec.step)
+    for name in EVAL_FLOATS:
+        b.num(name, d.get(name))
+    _by_name(b, d.get("extra") or {}, {*EVAL_FLOATS, "step", "seq"}, "extra_")
+    return [b.point]
+
+
+def _batch(rec: Record) -> list[Point]:
+    d = rec.data
+    b = _Builder("batch", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b.integer("step", rec.step).integer("n_samples", d["n_samples"]).num(
+        "length_mean", d.get("length_mean")
+    )
+    b.integer("length_max", d.get("length_max")).integer("max_len", d.get("max_len"))
+    b.integer("over_length", d.get("over_length"))
+    for label, count in (d.get("label_counts") or {}).items():
+        b.integer(f"label_{label}", count)
+    return [b.point]
+
+
+def _flat_points(
+    rec: Record, measurement: str, tag: str, key: str, items: list[dict[str, Any]]
+) -> list[Point]:
+    points = []
+    for i, item in enumerate(items):
+        b = _Builder(measurement, rec).tag("run_id", rec.run_id).tag("host", rec.host)
+        b.tag(tag, item.get(key, i))
+        for name, value in item.items():
+            if name != key:
+                b.any(name, value)
+        points.append(b.point)
+    return points
+
+
+def _hw(rec: Record) -> list[Point]:
+    d = rec.data
+    b = _Builder("host", rec).tag("run_id", rec.run_id).tag("host", rec.host)
+    b.integer("mem_available_bytes", d.get("mem_available_bytes"))
+    b.integer("mem_total_bytes", d.get("mem_total_bytes")).num("cpu_percent", d.get("cpu_percent"))
+    b.text("gpu_status", d.get("gpu_status"))
+    return [
+        b.point,
+        *_flat_points(rec, "gpu", "gpu", "index", d.get("gpus") or []),
+        *_flat_points(rec, "disk", "device", "device", d.get("disks") or []),
+        *_flat_points(rec, "net", "iface", "iface", d.get("nets") or []),
+    ]
+
+
+def _comm(rec: Record) -> list[Point]:
+    d = rec.data
+    b = _Builder("comm", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b.tag("op", d["op"]).tag("peer", d.get("peer"))
+    b.num("latency_ms", d["latency_ms"]).integer("bytes", d.get("bytes"))
+    b.text("backend", d.get("backend")).integer("step", rec.step)
+    return [b.point]
+
+
+def _health(rec: Record) -> list[Point]:
+    d = rec.data
+    b = _Builder("producer_health", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b.tag("host", rec.host)
+    for name in HEALTH_INTS:
+        b.integer(name, d.get(name))
+    for reason, n in (d.get("dropped") or {}).items():
+        b.integer(f"dropped_{reason}", n)
+    for reason, n in (d.get("errors") or {}).items():
+        b.integer(f"error_{reason}", n)
+    return [b.point]
+
+
+def _signal(rec: Record) -> list[Point]:
+    d = rec.data
+    b = _Builder("signal", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b.tag("name", d["name"]).tag("metric", d["metric"]).integer("step", rec.step)
+    for name in SIGNAL_FLOATS:
+        b.num(name, d.get(name))
+    b.text("detail", d.get("detail"))
+    return [b.point]
+
+
+def _alert(rec: Record) -> list[Point]:
+    d = rec.data
+    b = _Builder("alert", rec).tag("run_id", rec.run_id).tag("rule", d["rule"])
+    b.tag("severity", d["severity"]).tag("state", d["state"]).tag("scope", d["scope"])
+    b.integer("step", rec.step).integer("rank", rec.rank).text("hint", d["hint"])
+    b.text("summary", d.get("summary")).text("fingerprint", d["fingerprint"])
+    b.integer("started_step", d.get("started_step")).text("evidence", d.get("evidence"))
+    return [b.point]
+
+
+def _run_meta(rec: Record) -> list[Point]:
+    d = rec.data
+    b = _Builder("run_meta", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b.integer("world_size", d["world_size"]).num("peak_flops", d.get("peak_flops"))
+    for name in ("hosts", "model", "optimizer", "lr_schedule", "config"):
+        b.text(name, d.get(name))
+    return [b.point]
+
+
+_BUILDERS: Final = {
+    "step": _step,
+    "step_window": _step_window,
+    "eval": _eval,
+    "batch": _batch,
+    "hw": _hw,
+    "comm": _comm,
+    "health": _health,
+    "signal": _signal,
+    "alert": _alert,
+    "run_meta": _run_meta,
+}
+
+
+def record_points(rec: Record) -> list[Point]:
+    """The points of one record; raises ``UnwritableRecord`` with the reason."""
+    build = _BUILDERS.get(rec.kind)
+    if build is None:
+        raise UnwritableRecord(f"kind {rec.kind!r} is not stored in InfluxDB")
+    return build(rec)
+
+
+def record_lines(rec: Record) -> list[str]:
+    """Line protocol of one record (one line per point)."""
+    return [line for p in record_points(rec) if (line := p.to_line_protocol())]

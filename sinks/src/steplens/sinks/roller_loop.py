@@ -1,0 +1,124 @@
+"""The S3 roller's loop: consume, buffer per partition, upload rolled chunks, then commit."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, TopicPartition
+
+from steplens.sinks import metrics
+from steplens.sinks.kafka_io import DeadLetters, commit, poll_batch
+from steplens.sinks.retry import RetryPolicy, backoff_delays
+from steplens.sinks.s3 import Chunk, S3Roller
+
+log = logging.getLogger("steplens.sinks")
+
+
+@dataclass
+class RollerStats:
+    chunks: int = 0
+    objects: int = 0
+    records: int = 0
+    dead_letters: int = 0
+    commits: int = 0
+
+
+class RollerLoop:
+    def __init__(
+        self,
+        consumer: Consumer,
+        roller: S3Roller,
+        dead_letters: DeadLetters,
+        *,
+        stop: threading.Event,
+        batch_size: int = 5000,
+        poll_timeout_s: float = 0.2,
+        backoff: RetryPolicy | None = None,
+    ) -> None:
+        self.consumer = consumer
+        self.roller = roller
+        self.dead_letters = dead_letters
+        self.stop = stop
+        self.batch_size = batch_size
+        self.poll_timeout_s = poll_timeout_s
+        self._delay = backoff_delays(backoff or RetryPolicy(initial_backoff_s=0.5, max_backoff_s=5))
+        self.stats = RollerStats()
+
+    def on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.roller.drop([(tp.topic, tp.partition) for tp in partitions])
+
+    def run(self, max_seconds: float | None = None) -> RollerStats:
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            ready: list[Chunk] = []
+            for item in poll_batch(self.consumer, self.batch_size, self.poll_timeout_s):
+                ready += self.roller.add(item)
+            ready += self.roller.due()
+            for chunk in ready:
+                if not self.flush(chunk):
+                    return self.stats
+        return self.stats
+
+    def drain(self) -> None:
+        """At shutdown: one attempt to upload and commit what is buffered (else it is re-read)."""
+        for chunk in self.roller.due(everything=True):
+            if not self.flush(chunk):
+                return
+
+    def flush(self, chunk: Chunk) -> bool:
+        """Upload, send dead letters, commit; False if shutdown came first."""
+        attempt = 0
+        paused: list[TopicPartition] = []
+        try:
+            while True:
+                try:
+                    keys = self.roller.write(chunk)
+                    break
+                except Exception as exc:
+                    attempt += 1
+                    log.warning(
+                        "steplens s3 roller: chunk %s-p%d o%d-%d not uploaded (attempt %d): %s",
+                        chunk.topic,
+                        chunk.partition,
+                        chunk.first,
+                        chunk.last,
+                        attempt,
+                        exc,
+                    )
+                    if not paused:
+                        paused = self.consumer.assignment()
+                        self.consumer.pause(paused)
+                    if self.stop.wait(self._delay(attempt)):
+                        return False
+                    msg = self.consumer.poll(0)  # stay in the group while paused
+                    if msg is not None and msg.error() is None:
+                        self.consumer.seek(
+                            TopicPartition(
+                                msg.topic() or "", msg.partition() or 0, msg.offset() or 0
+                            )
+                        )
+        finally:
+            if paused:
+                self.consumer.resume(paused)
+        for item, reason in chunk.dead:
+            self.dead_letters.send(item, reason)
+        attempt = 0
+        while chunk.dead and not self.dead_letters.flush():
+            attempt += 1
+            if self.stop.wait(self._delay(attempt)):
+                return False
+        metrics.RECORDS.labels("s3", "accepted").inc(chunk.records)
+        metrics.RECORDS.labels("s3", "dead_letter").inc(len(chunk.dead))
+        self.stats.chunks += 1
+        self.stats.objects += len(keys)
+        self.stats.records += chunk.records
+        self.stats.dead_letters += len(chunk.dead)
+        ok = commit(self.consumer, [TopicPartition(chunk.topic, chunk.partition, chunk.last + 1)])
+        metrics.COMMITS.labels("s3", "ok" if ok else "failed").inc()
+        if ok:
+            self.stats.commits += 1
+            metrics.LAST_COMMIT.labels("s3").set_to_current_time()
+        return True

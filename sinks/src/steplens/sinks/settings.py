@@ -1,0 +1,53 @@
+"""Where the sinks write: InfluxDB and S3 settings from keywords, ``STEPLENS_*`` or defaults."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from steplens.producer.settings import env_value
+
+
+@dataclass(frozen=True)
+class InfluxSettings:
+    url: str
+    org: str
+    token: str
+    bucket: str
+    rollup_bucket: str
+    hot_retention_s: int = 3600
+    timeout_ms: int = 10_000
+
+    @classmethod
+    def from_env(cls) -> InfluxSettings:
+        return cls(
+            url=env_value("STEPLENS_INFLUX_URL", str, "http://127.0.0.1:18086"),
+            org=env_value("STEPLENS_INFLUX_ORG", str, "steplens"),
+            token=os.environ.get("STEPLENS_INFLUX_TOKEN", ""),
+            bucket=env_value("STEPLENS_INFLUX_BUCKET", str, "steplens"),
+            rollup_bucket=env_value("STEPLENS_INFLUX_ROLLUP_BUCKET", str, "steplens_rollup"),
+            hot_retention_s=env_value("STEPLENS_INFLUX_HOT_RETENTION_S", int, 3600),
+        )
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """Endpoint and credentials fall back to boto3's own chain (env, profile, instance)."""
+
+    bucket: str
+    prefix: str = "cold"
+    endpoint_url: str | None = None
+    profile: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+
+    @classmethod
+    def from_env(cls) -> S3Settings:
+        return cls(
+            bucket=env_value("STEPLENS_S3_BUCKET", str, "steplens"),
+            prefix=env_value("STEPLENS_S3_PREFIX", str, "cold"),
+            endpoint_url=os.environ.get("STEPLENS_S3_ENDPOINT") or None,
+            profile=os.environ.get("STEPLENS_S3_PROFILE") or None,
+            region=os.environ.get("AWS_DEFAULT_REGION") or None,
+        )

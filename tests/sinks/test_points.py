@@ -1,0 +1,142 @@
+"""Records to InfluxDB points: pure, no server."""
+
+from __future__ import annotations
+
+import pytest
+
+from steplens.producer.schema import make_record
+from steplens.sinks.points import UnwritableRecord, check_name, record_lines, record_points
+
+
+def test_step_point_carries_tags_fields_and_the_records_time() -> None:
+    rec = make_record(
+        "step",
+        {
+            "loss": 2.5,
+            "tokens": 4096,
+            "clipped": True,
+            "group_lrs": [0.1, 0.2],
+            "scalars": {"aux": 0.5, "loss": 9.0},
+        },
+        run_id="r1",
+        rank=3,
+        host="n1",
+        seq=7,
+        step=42,
+        time_ns=1_700_000_000_000_000_001,
+    )
+    (line,) = record_lines(rec)
+    head, fields, ts = line.split(" ")
+    assert head == "step,host=n1,rank=3,run_id=r1" and ts == "1700000000000000001"
+    got = dict(f.split("=", 1) for f in fields.split(","))
+    assert got == {
+        "aux": "0.5",
+        "clipped": "true",
+        "loss": "2.5",
+        "lr_group0": "0.1",
+        "lr_group1": "0.2",
+        "scalar_loss": "9",
+        "seq": "7i",
+        "step": "42i",
+        "tokens": "4096i",
+    }
+
+
+def test_same_record_gives_the_same_line_so_rewrites_are_idempotent() -> None:
+    rec = make_record("eval", {"split": "val", "loss": 1.0}, run_id="r", time_ns=5, step=1)
+    assert record_lines(rec) == record_lines(rec)
+
+
+def test_non_finite_values_become_string_fields() -> None:
+    rec = make_record(
+        "step", {"loss": float("nan"), "grad_norm": float("-inf")}, run_id="r", time_ns=1
+    )
+    (line,) = record_lines(rec)
+    assert 'loss_nonfinite="NaN"' in line and 'grad_norm_nonfinite="-Infinity"' in line
+    assert "loss=" not in line.replace("loss_nonfinite", "")
+
+
+def test_hostile_names_are_escaped_not_split() -> None:
+    rec = make_record("step", {"loss": 1.0}, run_id='a,b c="d"', host="x=y", time_ns=1)
+    (line,) = record_lines(rec)
+    assert line.startswith('step,host=x\\=y,rank=0,run_id=a\\,b\\ c\\="d" ')
+    assert "\n" not in line
+
+
+@pytest.mark.parametrize("bad", ["a\nb", "a\rb", "a\tb", "end\\", "a\\,b", "nul\x00"])
+def test_names_line_protocol_would_alter_are_rejected(bad: str) -> None:
+    with pytest.raises(UnwritableRecord):
+        check_name(bad, "tag")
+    rec = make_record("step", {"loss": 1.0}, run_id="r", host=bad, time_ns=1)
+    with pytest.raises(UnwritableRecord):
+        record_points(rec)
+
+
+def test_string_fields_keep_newlines_quotes_and_backslashes() -> None:
+    rec = make_record(
+        "alert",
+        {
+            "rule": "r",
+            "severity": "warning",
+            "state": "firing",
+            "scope": "run",
+            "hint": 'a\n"b"\\c',
+            "fingerprint": "f",
+            "evidence": {"x": [1, 2]},
+        },
+        run_id="r",
+        rank=-1,
+        time_ns=1,
+    )
+    (line,) = record_lines(rec)
+    assert 'hint="a\n\\"b\\"\\\\c"' in line and 'evidence="{\\"x\\": [1, 2]}"' in line
+
+
+def test_hw_record_splits_into_host_gpu_disk_and_net_points() -> None:
+    rec = make_record(
+        "hw",
+        {
+            "cpu_percent": 50.0,
+            "gpus": [{"index": 0, "power_w": 300, "name": "H200"}, {"index": 1, "power_w": 250.5}],
+            "disks": [{"device": "nvme0", "read_mb_s": 1}],
+            "nets": [{"iface": "ib0", "rx_mb_s": 2.0}],
+        },
+        run_id="r",
+        host="n1",
+        time_ns=9,
+    )
+    lines = record_lines(rec)
+    assert [ln.split(",")[0] for ln in lines] == ["host", "gpu", "gpu", "disk", "net"]
+    assert "gpu=0" in lines[1] and "power_w=300 " not in lines[1] and "power_w=300," in lines[1]
+    assert 'name="H200"' in lines[1] and "gpu=1" in lines[2]
+
+
+def test_every_kind_but_dead_letters_has_points() -> None:
+    samples = {
+        "step_window": {
+            "step_first": 1,
+            "step_last": 9,
+            "count": 9,
+            "metrics": {
+                "loss": {
+                    "count": 9,
+                    "mean": 1.0,
+                    "min": 0.5,
+                    "max": 2.0,
+                    "last": 1.0,
+                    "nonfinite": 0,
+                }
+            },
+        },
+        "batch": {"n_samples": 8, "label_counts": {"cat": 3}},
+        "comm": {"op": "all_reduce", "peer": 1, "latency_ms": 0.5},
+        "health": {"sent": 10, "dropped": {"queue_full": 2}},
+        "signal": {"name": "spike", "metric": "loss", "value": 9.0, "score": 0.9},
+        "run_meta": {"world_size": 8, "lr_schedule": {"kind": "cosine"}},
+    }
+    for kind, data in samples.items():
+        lines = record_lines(make_record(kind, data, run_id="r", time_ns=1, step=1))
+        assert lines and all(" seq=0i" in ln or ",seq=0i" in ln for ln in lines), kind
+    dl = make_record("dead_letter", {"reason": "x"}, run_id="r", time_ns=1)
+    with pytest.raises(UnwritableRecord):
+        record_points(dl)
