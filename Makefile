@@ -8,12 +8,12 @@ STEPLENS := $(VENV)/bin/steplens
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: requirements-dev.txt producer/pyproject.toml stream_jobs/pyproject.toml sinks/pyproject.toml stack/pyproject.toml
+$(VENV)/.installed: requirements-dev.txt constraints.txt producer/pyproject.toml stream_jobs/pyproject.toml sinks/pyproject.toml stack/pyproject.toml
 	bash stack/src/steplens/stack/recipes/system_deps.sh
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-dev.txt
-	$(PY) -m pip install -q -e producer[gpu,torch,fast] -e stream_jobs -e sinks[report] -e stack
+	$(PY) -m pip install -q -c constraints.txt -r requirements-dev.txt \
+	  -e producer[gpu,torch,fast] -e stream_jobs -e sinks[report,mlflow] -e stack
 	touch $@
 
 demo: setup

@@ -74,7 +74,7 @@ def same(a: Any, b: Any) -> bool:
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b) and type(a) is type(b) or (
+    return (bool(a == b) and type(a) is type(b)) or (
         isinstance(a, (int, float)) and isinstance(b, float) and float(a) == b
     )
 

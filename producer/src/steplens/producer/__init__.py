@@ -64,6 +64,8 @@ def init(run_id: str | None = None, **config: Any) -> Monitor:
     _monitor = Monitor(run_id, **config)
     if calls_without_monitor:
         _monitor.errors["not_running"] = calls_without_monitor
+    # the hot path: `sl.log_step` becomes the Monitor's own method (no keyword re-packing)
+    globals()["log_step"] = _monitor.log_step
     return _monitor
 
 
@@ -76,7 +78,7 @@ def _missing() -> None:
     calls_without_monitor += 1
 
 
-def log_step(
+def _log_step_via_module(
     step: int,
     loss: Any = None,
     lr: Any = None,
@@ -84,11 +86,17 @@ def log_step(
     tokens: Any = None,
     **scalars: Any,
 ) -> None:
+    """One training step (see ``Monitor.log_step``). While a Monitor runs, ``sl.log_step`` is
+    its bound method; this function serves names imported before ``init`` and after
+    ``shutdown``."""
     m = _monitor
     if m is None:
         return _missing()
     m.log_step(step, loss, lr, grad_norm, tokens, **scalars)
     return None
+
+
+log_step = _log_step_via_module
 
 
 def log_eval(step: int, split: str = "val", **metrics: Any) -> None:
@@ -148,6 +156,7 @@ def flush(timeout_s: float = 10.0) -> bool:
 def shutdown(timeout_s: float | None = None) -> None:
     global _monitor
     m, _monitor = _monitor, None
+    globals()["log_step"] = _log_step_via_module
     if m is None:
         return _missing()
     m.shutdown(timeout_s)

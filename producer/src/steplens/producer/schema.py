@@ -8,10 +8,12 @@ A record is a JSON object (UTF-8), one per Kafka message:
 The envelope is the same for every kind; ``data`` holds the kind's fields (see ``KINDS``).
 Non-finite floats travel as the strings "NaN", "Infinity", "-Infinity" in fields that allow
 them (a NaN loss is a fact to report, not an encoding error). Inside free-form objects
-("obj" and "list[obj]" fields) those three strings always read back as floats. Why JSON: readable by every
-tool (kafka-console-consumer, DuckDB, jq), no extra dependency in training environments, and
-the encode cost is paid in the producer's worker thread, never in the caller's (see
-bench/bench_encoding.py for json vs orjson vs msgpack). orjson is used when installed.
+("obj" and "list[obj]" fields) those three strings always read back as floats.
+
+Why JSON: readable by every tool (kafka-console-consumer, DuckDB, jq), no extra dependency in
+training environments, and the encode cost is paid in the producer's worker thread, never in
+the caller's (see bench/bench_encoding.py for json vs orjson vs msgpack). orjson is used when
+installed.
 
 ``decode`` never raises: it returns a ``Record`` or a ``DecodeError`` with a clear reason.
 """
@@ -24,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+_orjson: Any
 try:  # optional accelerator, same bytes on the wire
     import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the environment
@@ -275,7 +278,7 @@ def record_key(run_id: str, rank: int) -> bytes:
 def _wire_value(value: Any) -> Any:
     """Replace non-finite floats by their string names, recursively (lists and dicts)."""
     if isinstance(value, float):
-        if value != value:  # NaN
+        if math.isnan(value):
             return "NaN"
         if value in _NONFINITE_TO_STR:
             return _NONFINITE_TO_STR[value]
@@ -444,7 +447,7 @@ def _num(value: Any, path: str, finite: bool) -> float | DecodeError:
 
 def _check(value: Any, typ: str, path: str) -> Any:
     """Return the Python value for a wire value of type ``typ``, or a DecodeError."""
-    if typ == NUM or typ == FNUM:
+    if typ in (NUM, FNUM):
         return _num(value, path, typ == FNUM)
     if typ == INT:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -495,9 +498,7 @@ def _check(value: Any, typ: str, path: str) -> Any:
         for k, v in value.items():
             if isinstance(v, (dict, list)):
                 return DecodeError("nested values not allowed here", f"{path}.{k}")
-            if isinstance(v, str) and v in _STR_TO_NONFINITE:
-                v = _STR_TO_NONFINITE[v]
-            flat[k] = v
+            flat[k] = _STR_TO_NONFINITE.get(v, v) if isinstance(v, str) else v
         return flat
     if typ == "payload":
         if not isinstance(value, dict):

@@ -36,7 +36,7 @@ def setting(
     if value is not None:
         if not check(value):
             raise ValueError(f"steplens: invalid {name}={value!r}")
-        return value  # type: ignore[no-any-return]
+        return value
     resolved = env_value(f"STEPLENS_{name.upper()}", parse, default)
     if not check(resolved):
         log.warning("steplens: ignoring STEPLENS_%s=%r; using %r", name.upper(), resolved, default)

@@ -45,7 +45,10 @@ def ensure_topics(
     from confluent_kafka.admin import AdminClient, NewTopic
 
     topics = topics or Topics.from_env()
-    conf = {"bootstrap.servers": kafka_bootstrap(bootstrap), **kafka_security_config()}
+    conf: dict[str, str | int | float | bool] = {
+        "bootstrap.servers": kafka_bootstrap(bootstrap),
+        **kafka_security_config(),
+    }
     admin = AdminClient(conf)
     existing = set(admin.list_topics(timeout=timeout_s).topics)
     wanted = [

@@ -1,0 +1,167 @@
+"""Wire encoding cost: json (stdlib) vs orjson vs msgpack on real steplens records.
+
+Encodes and decodes the records the producer sends most (a step with scalars and watch() fields,
+a step_window over 12 metrics, a host+GPU hw sample) with each library and prints microseconds
+per record and the ratio to json, measured in the same run. Non-finite floats are replaced by
+their wire strings first, as ``steplens.producer.schema.encode`` does, so every library encodes
+the same objects. The numbers back the wire choice at the top of ``schema.py``: JSON, with orjson
+when it is installed (same bytes on the wire, the cost paid in the producer's worker thread).
+
+    python bench/bench_encoding.py          # a few seconds
+    python bench/bench_encoding.py --long   # more rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from steplens.producer.schema import _wire_value, decode, encode, make_record
+
+
+def sample_records() -> dict[str, dict[str, Any]]:
+    env = {"run_id": "bench-run", "rank": 3, "local_rank": 3, "host": "node-07", "pid": 4242}
+    step = make_record(
+        "step",
+        {
+            "loss": 2.3142,
+            "lr": 2.9e-4,
+            "grad_norm": 0.87,
+            "tokens": 524288,
+            "step_time_s": 0.412,
+            "tokens_per_s": 1.27e6,
+            "mfu": 0.41,
+            "grad_norm_preclip": 1.31,
+            "clipped": True,
+            "param_norm": 412.7,
+            "update_ratio": 0.93,
+            "group_lrs": [2.9e-4, 2.9e-4],
+            "scalars": {f"s{i}": 0.1 * i for i in range(6)},
+            "reason": "sample",
+        },
+        seq=1000,
+        time_ns=1_764_000_000_000_000_000,
+        step=1000,
+        **env,
+    )
+    stats = {"count": 100, "mean": 2.3, "min": 2.1, "max": 2.9, "last": 2.2, "nonfinite": 0}
+    window = make_record(
+        "step_window",
+        {
+            "step_first": 901,
+            "step_last": 1000,
+            "count": 100,
+            "duration_s": 41.2,
+            "metrics": {f"m{i}": dict(stats) for i in range(12)},
+        },
+        seq=1001,
+        time_ns=1_764_000_000_000_000_000,
+        step=1000,
+        **env,
+    )
+    gpu = {
+        "index": 0,
+        "uuid": "GPU-1b2c3d4e",
+        "name": "NVIDIA H200",
+        "mem_used_bytes": 120_000_000_000,
+        "mem_total_bytes": 150_000_000_000,
+        "util_gpu": 98.0,
+        "util_mem": 61.0,
+        "power_w": 650.2,
+        "temp_c": 67.0,
+        "sm_clock_mhz": 1980.0,
+        "throttle_reasons": 0,
+        "ecc_corrected": 0,
+        "ecc_uncorrected": 0,
+        "xid_count": 0,
+    }
+    hw = make_record(
+        "hw",
+        {
+            "mem_available_bytes": 900_000_000_000,
+            "mem_total_bytes": 2_000_000_000_000,
+            "cpu_percent": 37.5,
+            "disks": [{"device": "nvme0n1", "read_mb_s": 12.0, "write_mb_s": 3.1}],
+            "nets": [{"iface": "ib0", "rx_mb_s": 9000.0, "tx_mb_s": 8800.0}],
+            "gpus": [{**gpu, "index": i} for i in range(8)],
+            "gpu_status": "ok",
+        },
+        seq=1002,
+        time_ns=1_764_000_000_000_000_000,
+        **env,
+    )
+    return {"step": step.to_dict(), "step_window": window.to_dict(), "hw": hw.to_dict()}
+
+
+def codecs() -> dict[str, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]]:
+    out: dict[str, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]] = {
+        "json": (
+            lambda o: json.dumps(o, separators=(",", ":"), allow_nan=False).encode(),
+            json.loads,
+        )
+    }
+    try:
+        import orjson
+
+        out["orjson"] = (orjson.dumps, orjson.loads)
+    except ImportError:
+        print("orjson not installed: skipped")
+    try:
+        import msgpack
+
+        out["msgpack"] = (msgpack.packb, msgpack.unpackb)
+    except ImportError:
+        print("msgpack not installed: skipped")
+    return out
+
+
+def per_record_us(fn: Callable[[], Any], n: int) -> float:
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter_ns() - t0) / n / 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--long", action="store_true", help="more rounds")
+    args = ap.parse_args()
+    n, rounds = (20_000, 9) if args.long else (2_000, 7)
+    records = sample_records()
+    table = codecs()
+    print(f"encode + decode per record, median of {rounds} interleaved rounds of {n} (us)")
+    print(
+        f"{'record':<12} {'codec':<8} {'bytes':>6} {'encode':>8} {'decode':>8} {'both':>8} vs json"
+    )
+    for kind, rec in records.items():
+        wire = _wire_value(rec)
+        raws = {name: dumps(wire) for name, (dumps, _) in table.items()}
+        for name, (_, loads) in table.items():
+            assert loads(raws[name]) == json.loads(raws["json"]), name  # same content
+        enc: dict[str, list[float]] = {name: [] for name in table}
+        dec: dict[str, list[float]] = {name: [] for name in table}
+        full: list[float] = []
+        for _ in range(rounds):  # every codec in every round: the machine's noise hits all
+            for name, (dumps, loads) in table.items():
+                enc[name].append(per_record_us(lambda f=dumps, o=wire: f(o), n))
+                dec[name].append(per_record_us(lambda f=loads, b=raws[name]: f(b), n))
+            # the full path of steplens: non-finite mapping, encoding, validating decode
+            full.append(per_record_us(lambda r=rec: decode(encode(r)), n))
+        base = statistics.median(enc["json"]) + statistics.median(dec["json"])
+        for name in table:
+            e, d = statistics.median(enc[name]), statistics.median(dec[name])
+            print(
+                f"{kind:<12} {name:<8} {len(raws[name]):>6} {e:>8.2f} {d:>8.2f} {e + d:>8.2f} "
+                f"{(e + d) / base:.2f}x"
+            )
+        print(f"{kind:<12} {'schema':<8} {'':>6} {'':>8} {'':>8} {statistics.median(full):>8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Cost of steplens in the training loop, as ratios measured in the same run.
+
+1. ``log_step`` with 10 scalars in a tight loop (caller's thread): p50/p99 against the floor
+   (``collections.deque.append`` of the same tuple) and against ``wandb.log`` in offline mode.
+2. A small torch model training on CPU with ``watch(every=1)``, the hardware sampler and
+   ``log_step`` every step, against the same loop without steplens: many short A/B/B/A
+   quartets, median ratio and its interquartile range.
+3. Import time of ``steplens.producer`` and resident memory added by ``init`` (fresh processes).
+
+    python bench/bench_producer_overhead.py            # about a minute
+    python bench/bench_producer_overhead.py --long     # more rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+SCALARS = {f"s{i}": 0.1 * i for i in range(6)}  # + loss, lr, grad_norm, tokens = 10 values
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    s = sorted(samples)
+    return s[len(s) // 2], s[int(len(s) * 0.99)]
+
+
+def time_calls(call: Callable[[int], Any], n: int) -> tuple[float, float]:
+    clock = time.perf_counter_ns
+    samples = []
+    for i in range(n):
+        t0 = clock()
+        call(i)
+        samples.append(clock() - t0)
+    return percentiles([x / 1e3 for x in samples])
+
+
+def bench_log_step(rounds: int, n: int) -> None:
+    import steplens.producer as sl
+    from steplens.producer.transport import MemoryTransport
+
+    spool = tempfile.mkdtemp()
+    sl.init("bench", transport=MemoryTransport(), hw_interval_s=0, spool_dir=spool)
+    q: collections.deque[Any] = collections.deque(maxlen=65536)
+
+    def floor(i: int) -> None:
+        q.append((0, i, time.monotonic_ns(), [1.0, 1e-4, 0.5, 4096], SCALARS, None, None))
+
+    def steplens_call(i: int) -> None:
+        sl.log_step(i, loss=1.0, lr=1e-4, grad_norm=0.5, tokens=4096, **SCALARS)
+
+    results: dict[str, list[tuple[float, float]]] = {"deque.append": [], "sl.log_step": []}
+    wandb_run = None
+    try:
+        os.environ.setdefault("WANDB_MODE", "offline")
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        wandb_run = wandb.init(project="steplens-bench", dir=tempfile.mkdtemp(), mode="offline")
+        results["wandb.log (offline)"] = []
+    except Exception as exc:
+        print(f"wandb not available ({exc}); the ANCHORS figure is 149 us p50 / 605 us p99")
+
+    def wandb_call(i: int) -> None:
+        assert wandb_run is not None
+        wandb_run.log(
+            {"loss": 1.0, "lr": 1e-4, "grad_norm": 0.5, "tokens": 4096, **SCALARS}, step=i
+        )
+
+    for r in range(rounds):
+        results["deque.append"].append(time_calls(floor, n))
+        q.clear()
+        results["sl.log_step"].append(time_calls(lambda i, r=r: steplens_call(r * n + i), n))
+        if wandb_run is not None:
+            results["wandb.log (offline)"].append(
+                time_calls(lambda i, r=r: wandb_call(r * n + i), n // 10)
+            )
+    sl.shutdown()
+    if wandb_run is not None:
+        wandb_run.finish()
+    med = {
+        k: (statistics.median(p for p, _ in v), statistics.median(p for _, p in v))
+        for k, v in results.items()
+    }
+    print(
+        f"\n1) one call with 10 values, medians of {rounds} rounds (us, perf_counter_ns included)"
+    )
+    for name, (p50, p99) in med.items():
+        print(f"   {name:<22} p50 {p50:8.2f}  p99 {p99:8.2f}")
+    base = med["sl.log_step"]
+    print(f"   log_step / deque.append: p50 {base[0] / med['deque.append'][0]:.1f}x")
+    if "wandb.log (offline)" in med:
+        w = med["wandb.log (offline)"]
+        print(f"   wandb.log / log_step:    p50 {w[0] / base[0]:.0f}x  p99 {w[1] / base[1]:.0f}x")
+
+
+def bench_training(quartets: int, steps: int) -> None:
+    import torch
+
+    import steplens.producer as sl
+    from steplens.producer.transport import MemoryTransport
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512),
+        torch.nn.GELU(),
+        torch.nn.Linear(512, 512),
+        torch.nn.GELU(),
+        torch.nn.Linear(512, 10),
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+
+    def loop(with_steplens: bool) -> float:
+        t0 = time.perf_counter()
+        for step in range(steps):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            if with_steplens:
+                sl.log_step(step, loss=loss, lr=1e-3, grad_norm=gn, tokens=64)
+        return (time.perf_counter() - t0) / steps
+
+    loop(False)  # warm-up
+    spool = tempfile.mkdtemp()
+    m = sl.init(
+        "bench-train",
+        transport=MemoryTransport(),
+        hw_interval_s=1.0,
+        spool_dir=spool,
+        sample_rate=0.01,
+    )
+
+    def block(watch_every: int | None) -> float:
+        """``None``: plain loop; 0: log_step + hw sampler; N: also watch(every=N)."""
+        if watch_every is None:
+            return loop(False)
+        if watch_every:
+            sl.watch(model, opt, every=watch_every)
+        try:
+            return loop(True)
+        finally:
+            for w in m._watchers:
+                w.remove()
+            m._watchers.clear()
+
+    loop(True)  # warm-up of the steplens path
+    print(
+        f"\n2) CPU training step (MLP 256-512-512-10, batch 64, 1 thread), {quartets} A/B/B/A "
+        f"quartets of {steps} steps per variant; ratio = step time with / without steplens"
+    )
+    # Short A/B/B/A quartets: a slow phase of a noisy machine hits both sides of a quartet alike,
+    # and the order inside each quartet cancels a linear drift.
+    for label, every in (
+        ("log_step + hw sampler", 0),
+        ("  + watch(every=10)", 10),
+        ("  + watch(every=1)", 1),
+    ):
+        ratios, plain, traced = [], [], []
+        for _ in range(quartets):
+            a1, b1, b2, a2 = block(None), block(every), block(every), block(None)
+            plain.append((a1 + a2) / 2)
+            traced.append((b1 + b2) / 2)
+            ratios.append((b1 + b2) / (a1 + a2))
+        q1, med, q3 = statistics.quantiles(ratios, n=4)
+        p, t = statistics.median(plain), statistics.median(traced)
+        print(
+            f"   {label:<22} {p * 1e3:7.2f} ms -> {t * 1e3:7.2f} ms   ratio median {med:.4f} "
+            f"IQR {q1:.4f}-{q3:.4f}"
+        )
+    sl.shutdown()
+
+
+def bench_import_and_memory() -> None:
+    code_import = (
+        "import time; t=time.perf_counter(); import steplens.producer; print(time.perf_counter()-t)"
+    )
+    code_rss = (
+        "import os, tempfile, time\n"
+        "def rss():\n"
+        "    return int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')\n"
+        "before = rss()\n"
+        "import steplens.producer as sl\n"
+        "sl.init('rss', hw_interval_s=1.0, spool_dir=tempfile.mkdtemp(),"
+        " kafka_bootstrap='127.0.0.1:1')\n"
+        "for i in range(2000): sl.log_step(i, loss=1.0, lr=1e-4)\n"
+        "time.sleep(1.5)\n"
+        "print(rss() - before)\n"
+        "sl.shutdown(0)\n"
+    )
+    times = [
+        float(subprocess.check_output([sys.executable, "-c", code_import]).decode())
+        for _ in range(5)
+    ]
+    out = subprocess.check_output([sys.executable, "-c", code_rss], stderr=subprocess.DEVNULL)
+    added = int(out.decode().split()[0])
+    print("\n3) fresh processes")
+    print(
+        f"   import steplens.producer: median {statistics.median(times) * 1e3:.1f} ms "
+        f"(wandb: 450 ms per ANCHORS)"
+    )
+    print(
+        f"   resident memory added by import + init + 2,000 steps + sampler: "
+        f"{added / 1e6:.1f} MB (wandb: 82 MB per ANCHORS)"
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--long", action="store_true", help="more rounds and steps")
+    args = ap.parse_args()
+    rounds = 9 if args.long else 5
+    bench_log_step(rounds, 200_000 if args.long else 20_000)
+    bench_training(60 if args.long else 16, 20 if args.long else 5)
+    bench_import_and_memory()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

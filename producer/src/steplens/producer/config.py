@@ -1,0 +1,151 @@
+"""Producer configuration: keyword first, then ``STEPLENS_<NAME>`` environment, then default."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from steplens.producer.settings import (
+    env_value,
+    kafka_bootstrap,
+    kafka_security_config,
+    parse_bool,
+    setting,
+)
+from steplens.producer.topics import Topics
+
+
+def _positive(x: float) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _non_negative(x: float) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
+def _rate(x: float) -> bool:
+    return _non_negative(x) and x <= 1.0
+
+
+def _positive_int(x: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def _optional_positive(x: float | None) -> bool:
+    return x is None or _positive(x)
+
+
+def _dict_or_none(x: Any) -> bool:
+    return x is None or isinstance(x, dict)
+
+
+def _parse_json_dict(raw: str) -> dict[str, Any]:
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise ValueError("expected a JSON object")  # noqa: TRY004
+    return value
+
+
+def _default_spool_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if not os.access(os.path.dirname(base) or "/", os.W_OK):
+        base = tempfile.gettempdir()
+    return os.path.join(base, "steplens", "spool")
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    """Every producer setting, resolved. Build with ``ProducerConfig.resolve(**keywords)``."""
+
+    kafka_bootstrap: str
+    topic: str
+    sample_rate: float = 0.01  # share of steps sent raw (rounded to one step in N)
+    window_steps: int = 100  # a step_window record every N steps ...
+    window_s: float = 10.0  # ... or every T seconds, whichever comes first
+    hw_interval_s: float = 1.0  # hardware sampler period; 0 disables it
+    hw_slow_every: int = 10  # PCIe throughput and energy: every N samples
+    health_interval_s: float = 5.0
+    spool_dir: str = ""
+    spool_max_bytes: int = 256 << 20
+    queue_max: int = 65536  # caller-side queue bound (drop-oldest)
+    flush_interval_s: float = 0.05  # worker wake-up period
+    delivery_timeout_s: float = 10.0  # a record not acknowledged by then goes to the spool
+    shutdown_timeout_s: float = 5.0
+    guard_sigma: float = 6.0  # raw record when |x - mean| > guard_sigma * std ...
+    guard_warmup: int = 20  # ... after this many values of the metric
+    flops_per_token: float | None = None
+    peak_flops: float | None = None
+    update_threshold: float = 0.0  # watch(): |change| above this counts as "updated"
+    update_sample: int = 4096  # watch(): elements sampled for the update ratio
+    lr_schedule: dict[str, Any] | None = None
+    model_info: dict[str, Any] | None = None
+    kafka_config: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def resolve(cls, **kw: Any) -> ProducerConfig:
+        """Resolve keywords (``None`` = not given). Unknown or invalid keywords raise ValueError."""
+        known = set(cls.__dataclass_fields__)
+        unknown = set(kw) - known
+        if unknown:
+            raise ValueError(f"steplens: unknown setting(s) {sorted(unknown)}")
+        d = cls.__dataclass_fields__
+
+        def s(name: str, parse: Any, check: Any) -> Any:
+            return setting(name, kw.get(name), parse, d[name].default, check)
+
+        kafka_conf = {**kafka_security_config(), **(kw.get("kafka_config") or {})}
+        if not isinstance(kw.get("kafka_config") or {}, dict):
+            raise ValueError("steplens: kafka_config must be a dict")  # noqa: TRY004
+        topic = kw.get("topic")
+        if topic is not None and (not isinstance(topic, str) or not topic):
+            raise ValueError(f"steplens: invalid topic={topic!r}")
+        topic = topic or env_value("STEPLENS_TOPIC", str, "")
+        return cls(
+            kafka_bootstrap=kafka_bootstrap(kw.get("kafka_bootstrap")),
+            topic=topic or Topics.from_env().raw,
+            sample_rate=s("sample_rate", float, _rate),
+            window_steps=s("window_steps", int, _positive_int),
+            window_s=s("window_s", float, _positive),
+            hw_interval_s=s("hw_interval_s", float, _non_negative),
+            hw_slow_every=s("hw_slow_every", int, _positive_int),
+            health_interval_s=s("health_interval_s", float, _positive),
+            spool_dir=setting("spool_dir", kw.get("spool_dir"), str, _default_spool_dir(), bool),
+            spool_max_bytes=s("spool_max_bytes", int, _positive_int),
+            queue_max=s("queue_max", int, _positive_int),
+            flush_interval_s=s("flush_interval_s", float, _positive),
+            delivery_timeout_s=s("delivery_timeout_s", float, _positive),
+            shutdown_timeout_s=s("shutdown_timeout_s", float, _non_negative),
+            guard_sigma=s("guard_sigma", float, _positive),
+            guard_warmup=s("guard_warmup", int, _positive_int),
+            flops_per_token=s("flops_per_token", float, _optional_positive),
+            peak_flops=s("peak_flops", float, _optional_positive),
+            update_threshold=s("update_threshold", float, _non_negative),
+            update_sample=s("update_sample", int, _positive_int),
+            lr_schedule=s("lr_schedule", _parse_json_dict, _dict_or_none),
+            model_info=s("model_info", _parse_json_dict, _dict_or_none),
+            kafka_config=kafka_conf,
+        )
+
+    def public(self) -> dict[str, Any]:
+        """Settings safe to publish in run_meta (no Kafka security settings)."""
+        out = asdict(self)
+        out.pop("kafka_config")
+        for name in ("lr_schedule", "model_info"):
+            out.pop(name)
+        return out
+
+
+def run_id_from_env() -> str | None:
+    """STEPLENS_RUN_ID, else torchrun's TORCHELASTIC_RUN_ID (shared by all ranks)."""
+    value = env_value("STEPLENS_RUN_ID", str, "")
+    if value:
+        return value
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    return elastic if elastic and elastic != "none" else None
+
+
+__all__ = ["ProducerConfig", "parse_bool", "run_id_from_env"]

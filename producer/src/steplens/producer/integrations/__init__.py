@@ -1,0 +1,1 @@
+"""Framework integrations: ``hf`` (transformers TrainerCallback), ``lightning`` (Callback)."""

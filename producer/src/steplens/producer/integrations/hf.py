@@ -1,0 +1,82 @@
+"""Hugging Face ``transformers`` integration.
+
+from steplens.producer.integrations.hf import SteplensCallback
+trainer = Trainer(..., callbacks=[SteplensCallback(watch_every=50)])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import TrainerCallback
+
+from steplens.producer.integrations._common import monitor_for, numeric, split_eval
+
+_STEP_KEYS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm"}
+_SKIP = {
+    "epoch",
+    "total_flos",
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+    "train_loss",
+    "step",
+}
+
+
+class SteplensCallback(TrainerCallback):
+    """Sends the Trainer's logs as steps, its evaluations as eval records; optional watch()."""
+
+    def __init__(self, monitor: Any = None, watch_every: int | None = None, **init_kwargs: Any):
+        self._monitor = monitor
+        self._watch_every = watch_every
+        self._init_kwargs = init_kwargs
+
+    def on_train_begin(
+        self,
+        args: Any,
+        state: Any,
+        control: Any,
+        model: Any = None,
+        optimizer: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        try:
+            self._monitor = monitor_for(self._monitor, self._init_kwargs)
+            if self._watch_every and model is not None and optimizer is not None:
+                self._monitor.watch(model, optimizer, every=self._watch_every)
+        except Exception:  # never break training
+            self._monitor = None
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        m = self._monitor
+        if m is None or not logs or any(k.startswith("eval_") for k in logs):
+            return
+        values = numeric({k: v for k, v in logs.items() if k not in _SKIP})
+        named = {_STEP_KEYS[k]: values.pop(k) for k in list(values) if k in _STEP_KEYS}
+        if not named and not values:  # the end-of-training summary
+            return
+        m.log_step(state.global_step, **named, **values)
+
+    def on_evaluate(
+        self,
+        args: Any,
+        state: Any,
+        control: Any,
+        metrics: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        m = self._monitor
+        if m is None or not metrics:
+            return
+        named, extra = split_eval(
+            {k: v for k, v in metrics.items() if not k.endswith(("_runtime", "_per_second"))},
+            "eval_",
+        )
+        m.log_eval(state.global_step, split="eval", **named, **extra)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._monitor is not None:
+            self._monitor.flush(10.0)

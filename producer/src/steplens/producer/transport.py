@@ -1,0 +1,226 @@
+"""Where encoded records go: Kafka (confluent-kafka) or memory (tests, other parts' tests).
+
+A transport queues messages asynchronously and reports each result through a callback
+``on_result(ok, key, value)`` that runs inside ``poll``/``flush`` (confluent-kafka's model).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from steplens.producer.schema import Record, decode
+
+log = logging.getLogger("steplens")
+
+OnResult = Callable[[bool, bytes, bytes], None]
+
+# librdkafka's own log lines (one per reconnect attempt while Kafka is down) reach handlers the
+# application configured; by default they stay silent, the "steplens" logger says it once
+_KAFKA_LOG = logging.getLogger("steplens.kafka")
+_KAFKA_LOG.addHandler(logging.NullHandler())
+
+
+class Transport(Protocol):
+    def produce(self, key: bytes, value: bytes, on_result: OnResult) -> bool:
+        """Queue one message; False when the local buffer is full (poll, then try again)."""
+        ...
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        """Serve delivery results."""
+        ...
+
+    def flush(self, timeout_s: float) -> int:
+        """Wait for outstanding messages; returns how many are still outstanding."""
+        ...
+
+    def take_down_signal(self) -> bool:
+        """True once after the transport noticed that its destination went away."""
+        ...
+
+    def reachable(self, timeout_s: float) -> bool:
+        """Ask the destination whether it answers now."""
+        ...
+
+    def purge_queued(self) -> None:
+        """Fail every queued, not yet sent message now (results arrive on the next poll)."""
+        ...
+
+    def abandon(self, timeout_s: float) -> None:
+        """Fail every message not yet acknowledged, in flight included, and serve all their
+        results before returning (bounded by ``timeout_s``)."""
+        ...
+
+    def close(self, timeout_s: float) -> None: ...
+
+
+class MemoryTransport:
+    """Keeps every delivered message in memory. ``available = False`` simulates an outage:
+    queued messages then fail on the next poll, as they would after a Kafka timeout."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[bytes, bytes]] = []
+        self.available = True
+        self._pending: list[tuple[bytes, bytes, OnResult]] = []
+        self._lock = threading.Lock()
+        self._down_signal = False
+
+    def produce(self, key: bytes, value: bytes, on_result: OnResult) -> bool:
+        with self._lock:
+            self._pending.append((key, value, on_result))
+        return True
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+            ok = self.available
+            if ok:
+                self.messages.extend((k, v) for k, v, _ in pending)
+            elif pending:
+                self._down_signal = True
+        for key, value, on_result in pending:
+            on_result(ok, key, value)
+
+    def flush(self, timeout_s: float) -> int:
+        self.poll()
+        return 0
+
+    def take_down_signal(self) -> bool:
+        signal, self._down_signal = self._down_signal, False
+        return signal
+
+    def reachable(self, timeout_s: float) -> bool:
+        return self.available
+
+    def purge_queued(self) -> None:
+        return None
+
+    def abandon(self, timeout_s: float) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for key, value, on_result in pending:
+            on_result(False, key, value)
+
+    def close(self, timeout_s: float) -> None:
+        self.flush(timeout_s)
+
+    def records(self, kind: str | None = None) -> list[Record]:
+        """Delivered messages decoded (each must decode), optionally of one kind."""
+        with self._lock:
+            raw = list(self.messages)
+        out = []
+        for _, value in raw:
+            rec = decode(value)
+            if not isinstance(rec, Record):
+                raise AssertionError(f"undecodable record: {rec}")  # noqa: TRY004
+            if kind is None or rec.kind == kind:
+                out.append(rec)
+        return out
+
+
+def kafka_conf(
+    bootstrap: str, client_id: str, delivery_timeout_s: float, extra: dict[str, Any]
+) -> dict[str, Any]:
+    """The producer settings: idempotent, acks=all, lz4, 20 ms linger; ``extra`` wins."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "client.id": client_id,
+        "enable.idempotence": True,
+        "acks": "all",
+        "compression.type": "lz4",
+        "linger.ms": 20,
+        "message.timeout.ms": int(delivery_timeout_s * 1000),
+        "queue.buffering.max.messages": 200_000,
+        "queue.buffering.max.kbytes": 256 << 10,
+        "reconnect.backoff.max.ms": 1000,
+        "logger": _KAFKA_LOG,  # not raw lines on stderr
+        "log.connection.close": False,
+    }
+    conf.update(extra)
+    return conf
+
+
+class KafkaTransport:
+    """confluent-kafka producer. Created by the worker on its first send, in its own process."""
+
+    def __init__(self, topic: str, conf: dict[str, Any]) -> None:
+        from confluent_kafka import KafkaError, Producer
+
+        self.topic = topic
+        self._conf = dict(conf)
+        self._kafka_error = KafkaError
+        self._down_signal = False
+        self._fatal = False
+        self._conf["error_cb"] = self._on_error
+        self._producer = Producer(self._conf)
+
+    def _on_error(self, err: Any) -> None:
+        code = err.code()
+        if err.fatal():
+            self._fatal = True
+            self._down_signal = True
+            log.warning("steplens: fatal Kafka producer error: %s", err)
+        elif code in (self._kafka_error._ALL_BROKERS_DOWN, self._kafka_error._AUTHENTICATION):
+            self._down_signal = True
+
+    def produce(self, key: bytes, value: bytes, on_result: OnResult) -> bool:
+        def done(err: Any, msg: Any) -> None:
+            on_result(err is None, msg.key() or key, msg.value() or value)
+
+        try:
+            self._producer.produce(self.topic, value, key, on_delivery=done)
+        except BufferError:
+            return False
+        return True
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        self._producer.poll(timeout_s)
+
+    def flush(self, timeout_s: float) -> int:
+        return int(self._producer.flush(timeout_s))
+
+    def take_down_signal(self) -> bool:
+        signal, self._down_signal = self._down_signal, False
+        return signal
+
+    def reachable(self, timeout_s: float) -> bool:
+        if self._fatal:  # an idempotent producer in a fatal state cannot be reused
+            self._recreate()
+        try:
+            md = self._producer.list_topics(self.topic, timeout=timeout_s)
+        except Exception:
+            return False
+        return bool(md.brokers)
+
+    def _recreate(self) -> None:
+        from confluent_kafka import Producer
+
+        # every message of the old client reaches the spool through its delivery callback
+        # before the client is dropped: a dropped client never reports what it still held
+        self.abandon(5.0)
+        self._producer = Producer(self._conf)
+        self._fatal = False
+
+    def abandon(self, timeout_s: float) -> None:
+        try:
+            self._producer.purge(in_queue=True, in_flight=True, blocking=True)
+        except Exception as exc:
+            log.debug("steplens: purge failed: %s", exc)
+        deadline = time.monotonic() + timeout_s
+        self._producer.poll(0)
+        while len(self._producer) and time.monotonic() < deadline:
+            self._producer.poll(0.05)
+        if len(self._producer):
+            log.warning("steplens: %d Kafka results never arrived", len(self._producer))
+
+    def purge_queued(self) -> None:
+        try:
+            self._producer.purge(in_queue=True, in_flight=False, blocking=False)
+        except Exception as exc:  # older librdkafka builds
+            log.debug("steplens: purge failed: %s", exc)
+
+    def close(self, timeout_s: float) -> None:
+        self._producer.flush(timeout_s)

@@ -1,0 +1,105 @@
+"""The Hugging Face and Lightning callbacks in real (tiny) training runs on CPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+class _Regressor(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+
+    def forward(self, x: Any, labels: Any = None) -> dict[str, Any]:
+        out = self.lin(x)
+        return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
+
+
+class _Data(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        g = torch.Generator().manual_seed(i)
+        x = torch.randn(4, generator=g)
+        return {"x": x, "labels": x.sum(0, keepdim=True)}
+
+
+@pytest.mark.slow
+def test_hf_trainer_callback(memory_monitor, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    transformers = pytest.importorskip("transformers")
+    from steplens.producer.integrations.hf import SteplensCallback
+
+    m, tx = memory_monitor(sample_rate=1.0)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=6,
+        logging_steps=2,
+        eval_strategy="steps",
+        eval_steps=3,
+        per_device_train_batch_size=8,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = transformers.Trainer(
+        model=_Regressor(),
+        args=args,
+        train_dataset=_Data(),
+        eval_dataset=_Data(),
+        callbacks=[SteplensCallback(m, watch_every=2)],
+    )
+    trainer.train()
+    m.shutdown()
+    steps = {r.step: r.data for r in tx.records("step")}
+    assert {2, 4, 6} <= set(steps)
+    assert all("loss" in steps[s] and "lr" in steps[s] for s in (2, 4, 6))
+    assert any("param_norm" in d for d in steps.values())
+    evals = tx.records("eval")
+    assert [e.step for e in evals] == [3, 6] and all("loss" in e.data for e in evals)
+
+
+@pytest.mark.slow
+def test_lightning_callback(memory_monitor) -> None:  # type: ignore[no-untyped-def]
+    L = pytest.importorskip("lightning")
+    from steplens.producer.integrations.lightning import SteplensCallback
+
+    class Module(L.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _Regressor()
+
+        def training_step(self, batch: Any, _i: int) -> Any:
+            return self.net(batch["x"], batch["labels"])["loss"]
+
+        def validation_step(self, batch: Any, _i: int) -> None:
+            self.log("val_loss", self.net(batch["x"], batch["labels"])["loss"])
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    m, tx = memory_monitor(sample_rate=1.0)
+    loader = torch.utils.data.DataLoader(_Data(), batch_size=8)
+    trainer = L.Trainer(
+        max_steps=4,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        val_check_interval=2,
+        callbacks=[SteplensCallback(m, watch_every=1)],
+    )
+    trainer.fit(Module(), loader, loader)
+    m.shutdown()
+    steps = tx.records("step")
+    assert [r.step for r in steps] == [1, 2, 3, 4]
+    assert all(
+        r.data["lr"] == 0.01 and "loss" in r.data and "update_ratio" in r.data for r in steps
+    )
+    assert [e.data["loss"] for e in tx.records("eval")]

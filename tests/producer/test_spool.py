@@ -1,0 +1,99 @@
+"""The disk spool: order, bound with drop-oldest counting, torn frames, reopening."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from steplens.producer.spool import Spool, iter_frames
+
+
+def _fill(spool: Spool, n: int, size: int = 100) -> list[bytes]:
+    values = [f"{i:08d}".encode() + b"x" * size for i in range(n)]
+    for v in values:
+        assert spool.append(b"run:0", v)
+    return values
+
+
+def test_replay_in_order_across_segments(tmp_path: Path) -> None:
+    spool = Spool(str(tmp_path), max_bytes=1 << 20, segment_bytes=1000)
+    values = _fill(spool, 50)
+    assert len(spool) > 3
+    got = []
+    while (oldest := spool.oldest()) is not None:
+        index, records = oldest
+        got += [v for _, v in records]
+        spool.remove(index)
+    assert got == values
+    assert spool.total_bytes == 0 and not list(tmp_path.iterdir())
+
+
+def test_bound_drops_oldest_and_counts(tmp_path: Path) -> None:
+    spool = Spool(str(tmp_path), max_bytes=5000, segment_bytes=1000)
+    values = _fill(spool, 200)
+    assert spool.total_bytes <= 5000
+    assert spool.dropped_records > 0
+    kept = []
+    while (oldest := spool.oldest()) is not None:
+        kept += [v for _, v in oldest[1]]
+        spool.remove(oldest[0])
+    assert kept == values[-len(kept) :]  # the newest survive, in order
+    assert spool.dropped_records + len(kept) == len(values)
+
+
+def test_appending_while_replaying_goes_to_a_new_segment(tmp_path: Path) -> None:
+    spool = Spool(str(tmp_path), max_bytes=1 << 20)
+    _fill(spool, 3)
+    index, records = spool.oldest()  # type: ignore[misc]
+    spool.append(b"k", b"later")
+    spool.remove(index)
+    rest = spool.oldest()
+    assert len(records) == 3 and rest is not None and rest[1] == [(b"k", b"later")]
+
+
+def test_torn_tail_and_reopen(tmp_path: Path) -> None:
+    spool = Spool(str(tmp_path), max_bytes=1 << 20)
+    values = _fill(spool, 5)
+    spool.close()
+    seg = sorted(tmp_path.iterdir())[-1]
+    with open(seg, "ab") as f:
+        f.write(b"\x00\x00\x00\x01\x00\x00")  # half a frame header, as after a crash
+    reopened = Spool(str(tmp_path), max_bytes=1 << 20)
+    oldest = reopened.oldest()
+    assert oldest is not None and [v for _, v in oldest[1]] == values
+    assert reopened.records == 5
+
+
+def test_oversized_record_is_dropped(tmp_path: Path) -> None:
+    spool = Spool(str(tmp_path), max_bytes=100)
+    assert not spool.append(b"k", b"x" * 200)
+    assert spool.dropped_records == 1
+
+
+def test_frames_are_read_a_block_at_a_time(tmp_path: Path) -> None:
+    spool = Spool(str(tmp_path), max_bytes=1 << 20)
+    values = [bytes([65 + i % 26]) * (1 + 37 * i) for i in range(40)]  # 1 .. 1444 bytes
+    for v in values:
+        assert spool.append(b"run:0", v)
+    spool.close()
+    (seg,) = tmp_path.iterdir()
+    for block in (1, 7, 64, 1 << 16):  # frames straddle block boundaries in every way
+        assert [v for _, v in iter_frames(str(seg), block)] == values
+    with open(seg, "r+b") as f:  # a flipped byte in the 11th record ends the segment there
+        f.seek(sum(12 + 5 + len(v) for v in values[:10]) + 12 + 5)
+        f.write(b"\xff")
+    assert [v for _, v in iter_frames(str(seg), 64)] == values[:10]
+    assert list(iter_frames(str(tmp_path / "missing.seg"))) == []
+
+
+def test_lazy_replay_leaves_the_segment_until_removed(tmp_path: Path) -> None:
+    spool = Spool(str(tmp_path), max_bytes=1 << 20)
+    values = _fill(spool, 10)
+    found = spool.oldest_lazy()
+    assert found is not None
+    index, frames = found
+    assert next(frames)[1] == values[0]
+    spool.append(b"run:0", b"during replay")  # goes to a new segment
+    assert [v for _, v in frames] == values[1:]
+    spool.remove(index)
+    rest = spool.oldest()
+    assert rest is not None and rest[1] == [(b"run:0", b"during replay")]
