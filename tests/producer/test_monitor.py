@@ -251,3 +251,17 @@ def test_fork_child_never_reuses_parent_state(memory_monitor) -> None:  # type: 
     m.log_step(1, loss=1.0)
     m.shutdown()
     assert [x.step for x in tx.records("step")] == [0, 1]
+
+
+def test_caller_step_time_wins_over_the_measured_one(memory_monitor) -> None:  # type: ignore[no-untyped-def]
+    """A rank's own step time (measured before the collective) is what shows a straggler."""
+    mon, tx = memory_monitor(sample_rate=1.0)
+    for step in range(3):
+        mon.log_step(step, loss=1.0, tokens=1000, step_time_s=0.5, my_metric=2.0)
+    mon.flush()
+    steps = tx.records("step")
+    assert len(steps) == 3
+    for rec in steps:
+        assert rec.data["step_time_s"] == 0.5
+        assert rec.data["tokens_per_s"] == 2000.0
+        assert rec.data["scalars"] == {"my_metric": 2.0}

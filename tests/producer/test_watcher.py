@@ -52,3 +52,29 @@ def test_watch_no_clip_no_update(memory_monitor) -> None:  # type: ignore[no-unt
     assert d["clipped"] is False and d["update_ratio"] == 0.0
     assert d["param_norm"] == pytest.approx(param_norm, rel=1e-5)
     assert math.isfinite(d["grad_norm_preclip"])
+
+
+def test_declared_clip_threshold_survives_gradient_averaging(memory_monitor) -> None:  # type: ignore[no-untyped-def]
+    """Gradients averaged by hand between backward and step shrink uniformly-looking probes;
+    with max_grad_norm the clipped flag follows the norm the loop clipped with."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    m, tx = memory_monitor(sample_rate=1.0)
+    m.watch(model, opt, every=1, max_grad_norm=1.0)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    norms = []
+    for step, scale in enumerate([0.001, 0.001, 1000.0]):
+        loss = torch.nn.functional.mse_loss(model(x), y) * scale
+        opt.zero_grad()
+        loss.backward()
+        for p in model.parameters():  # what a hand-written all-reduce average does
+            p.grad /= 2
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        norms.append(float(norm))
+        opt.step()
+        m.log_step(step, loss=loss, grad_norm=norm)
+    m.shutdown()
+    got = {r.step: r.data["clipped"] for r in tx.records("step")}
+    assert got == {i: n > 1.0 for i, n in enumerate(norms)}
+    assert got == {0: False, 1: False, 2: True}

@@ -121,11 +121,17 @@ def log_batch(
     return None
 
 
-def watch(model: Any, optimizer: Any, scheduler: Any = None, every: int = 100) -> None:
+def watch(
+    model: Any,
+    optimizer: Any,
+    scheduler: Any = None,
+    every: int = 100,
+    max_grad_norm: float | None = None,
+) -> None:
     m = _monitor
     if m is None:
         return _missing()
-    m.watch(model, optimizer, scheduler, every)
+    m.watch(model, optimizer, scheduler, every, max_grad_norm)
     return None
 
 

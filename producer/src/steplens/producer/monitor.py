@@ -41,6 +41,8 @@ _STEP, _EVAL, _BATCH, _HW, _COMM, _META, _FLUSH = range(7)
 _all_plain = V.PLAIN.issuperset  # _all_plain(map(type, values)): no tensor to capture
 _monotonic_ns = time.monotonic_ns
 _STEP_NUMS = ("loss", "lr", "grad_norm")
+# Step fields a caller may also pass as keyword scalars; the caller's value wins.
+_PROMOTED = frozenset(("step_time_s", "data_time_s", "tokens_per_s", "mfu"))
 # The worker releases the GIL after this many items, so a caller thread that wants it back
 # waits for a slice (well under a millisecond), not for the interpreter's 5 ms switch interval.
 _SLICE = 32
@@ -289,9 +291,22 @@ class Monitor:
         except Exception:
             self._caller_errors += 1
 
-    def watch(self, model: Any, optimizer: Any, scheduler: Any = None, every: int = 100) -> None:
+    def watch(
+        self,
+        model: Any,
+        optimizer: Any,
+        scheduler: Any = None,
+        every: int = 100,
+        max_grad_norm: float | None = None,
+    ) -> None:
         """Every ``every`` optimizer steps: pre-clip gradient norm, clipping, parameter norm,
-        update ratio and the learning rate of every param group, computed on the device."""
+        update ratio and the learning rate of every param group, computed on the device.
+
+        ``max_grad_norm``: the clipping threshold the loop uses. With it, a step is clipped when
+        its pre-clip norm (the ``grad_norm`` given to log_step, else the one measured at the end
+        of backward) exceeds it; without it, clipping is inferred from a uniform shrink of the
+        gradients before ``optimizer.step()``, which gradient averaging done by hand between
+        backward and step can imitate."""
         try:
             from steplens.producer.watcher import Watcher
 
@@ -304,6 +319,7 @@ class Monitor:
                     every=max(1, int(every)),
                     update_threshold=self.config.update_threshold,
                     sample_size=self.config.update_sample,
+                    max_grad_norm=max_grad_norm,
                 )
             )
         except Exception as exc:
@@ -554,31 +570,36 @@ class Monitor:
                 data["tokens"] = V.to_int(tokens)
             except V.BadValue:
                 self._count_error("bad_value")
-        last, self._last_step = self._last_step, (step, t_ns)
-        if last is not None and step > last[0] and t_ns > last[1]:
-            step_time = (t_ns - last[1]) / 1e9 / (step - last[0])
-            data["step_time_s"] = step_time
-            if "tokens" in data:
-                tps = data["tokens"] / step_time
-                data["tokens_per_s"] = tps
-                c = self.config
-                if c.flops_per_token and c.peak_flops:
-                    data["mfu"] = tps * c.flops_per_token / c.peak_flops
-        if data_ns:
-            data["data_time_s"] = data_ns / 1e9
-        if watch:
-            self._add_watch(data, watch)
-        metrics = {k: float(v) for k, v in data.items() if k != "group_lrs"}
+        clean: dict[str, float] = {}
         if scalars:
-            clean: dict[str, float] = {}
             for name, v in scalars.items():
                 if len(name) > MAX_STR_LEN:
                     self._count_error("bad_name")
                 elif (f := self._float(v)) is not None:
                     clean[name] = f
-            if clean:
-                data["scalars"] = clean
-                metrics.update(clean)
+            # A step field given by the caller (e.g. its own step_time_s, measured before the
+            # collective so stragglers show) wins over the value measured between calls.
+            for name in _PROMOTED.intersection(clean):
+                data[name] = clean.pop(name)
+        last, self._last_step = self._last_step, (step, t_ns)
+        step_time = data.get("step_time_s")
+        if step_time is None and last is not None and step > last[0] and t_ns > last[1]:
+            step_time = (t_ns - last[1]) / 1e9 / (step - last[0])
+            data["step_time_s"] = step_time
+        if step_time and step_time > 0 and "tokens_per_s" not in data and "tokens" in data:
+            tps = data["tokens"] / step_time
+            data["tokens_per_s"] = tps
+            c = self.config
+            if c.flops_per_token and c.peak_flops:
+                data["mfu"] = tps * c.flops_per_token / c.peak_flops
+        if data_ns and "data_time_s" not in data:
+            data["data_time_s"] = data_ns / 1e9
+        if watch:
+            self._add_watch(data, watch)
+        metrics = {k: float(v) for k, v in data.items() if k != "group_lrs"}
+        if clean:
+            data["scalars"] = clean
+            metrics.update(clean)
         self._window.add_step(step, metrics, t_ns)
         guard = self._guard
         flagged = False
@@ -602,7 +623,11 @@ class Monitor:
             if v is not None and (f := self._float(v)) is not None:
                 data[name] = f
         clipped = watch.get("clipped")
-        if clipped is not None and (f := self._float(clipped)) is not None:
+        limit = watch.get("max_grad_norm")
+        pre = data.get("grad_norm", data.get("grad_norm_preclip"))
+        if limit is not None and pre is not None:
+            data["clipped"] = pre > limit
+        elif clipped is not None and (f := self._float(clipped)) is not None:
             data["clipped"] = bool(f)
         lrs = watch.get("group_lrs")
         if lrs:

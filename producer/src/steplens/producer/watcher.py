@@ -32,6 +32,7 @@ class Watcher:
         every: int = 100,
         update_threshold: float = 0.0,
         sample_size: int = 4096,
+        max_grad_norm: float | None = None,
     ) -> None:
         import torch
 
@@ -47,6 +48,7 @@ class Watcher:
         self.scheduler = scheduler
         self.every = every
         self.update_threshold = update_threshold
+        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters")
@@ -181,6 +183,7 @@ class Watcher:
                 "param_norm": vals[2],
                 "update_ratio": vals[3],
                 "group_lrs": [v for v in vals[4:] if v is not None],
+                "max_grad_norm": self.max_grad_norm,
             }
         )
 

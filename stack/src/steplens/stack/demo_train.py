@@ -230,7 +230,7 @@ def train(args: argparse.Namespace) -> int:
             "world_size": world,
         },
     )
-    sl.watch(model, optimizer, scheduler, every=1)
+    sl.watch(model, optimizer, scheduler, every=1, max_grad_norm=1.0)
     if world > 1:
         sl.probe_comm(every=50)
     # ----------------------------------------------------------------------------------------
