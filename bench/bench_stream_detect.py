@@ -1,0 +1,70 @@
+"""`steplens detect` speed: rows/s scoring a CSV, against reading and writing the same CSV
+with the csv module (the I/O floor) in the same run; ARIMA on and off.
+
+    python bench/bench_stream_detect.py              # 20,000 rows
+    python bench/bench_stream_detect.py --rows 200000
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import math
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from steplens.stream_jobs.detect_cli import main as detect
+
+
+def write_csv(path: Path, rows: int) -> None:
+    rng = random.Random(0)
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["step", "loss", "grad_norm", "lr", "queue_depth"])
+        for i in range(rows):
+            loss = 3 * math.exp(-i / 5000) + 1 + rng.gauss(0, 0.02)
+            w.writerow(
+                [
+                    i,
+                    f"{loss:.6f}",
+                    f"{1 + rng.gauss(0, 0.05):.6f}",
+                    "0.0003",
+                    f"{1e-4 + rng.gauss(0, 1e-6):.9f}",
+                ]
+            )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=20_000)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-detect-"))
+    src = tmp / "in.csv"
+    write_csv(src, args.rows)
+    t = time.perf_counter()
+    with src.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    with (tmp / "copy.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        for r in rows:
+            w.writerow(r.values())
+    floor = time.perf_counter() - t
+    print(f"{args.rows} rows x 4 metrics")
+    print(f"  csv read + write      {args.rows / floor:>10,.0f} rows/s (floor)")
+    for label, extra in (("detect, ARIMA on", []), ("detect, ARIMA off", ["--no-arima"])):
+        t = time.perf_counter()
+        with contextlib.redirect_stderr(io.StringIO()):
+            detect([str(src), "--out", str(tmp / "out.csv"), "--quiet", *extra])
+        took = time.perf_counter() - t
+        print(
+            f"  {label:<21} {args.rows / took:>10,.0f} rows/s = {floor / took:.3f}x the floor;"
+            f" target 20,000 -> {args.rows / took / 20000:.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()

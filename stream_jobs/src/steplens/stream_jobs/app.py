@@ -1,0 +1,391 @@
+"""The Faust wiring (the only module that imports faust).
+
+raw topic (key run_id:rank, 8 partitions)
+  -> ``route``: batches of raw messages (``take_events`` with ``within``), grouped by run id from
+     the key and forwarded to the internal ``<app id>-by-run`` topic, one message per run and
+     batch; undecodable keys or non-UTF-8 payloads become dead letters here
+  -> ``detect``: one ``RunDetector`` per run, kept in the ``runs`` table (changelog-backed, so a
+     restarted or newly joined worker resumes it); publishes signals, alerts and dead letters.
+ARIMA fits run in a process pool; their parameters are applied when they come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import functools
+import inspect
+import io
+import logging
+import multiprocessing
+import pickle
+import time
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import faust
+import orjson
+from faust.serializers.codecs import RestrictedUnpickler
+
+from steplens.producer.schema import DecodeError, Record, decode
+from steplens.producer.topics import Topics
+from steplens.stream_jobs import config as config_mod
+from steplens.stream_jobs import core, detector, rules
+from steplens.stream_jobs.config import DetectorConfig
+from steplens.stream_jobs.detector import RunDetector
+from steplens.stream_jobs.metrics import WorkerMetrics, reason_class
+from steplens.stream_jobs.outputs import alert_bytes, dead_letter_bytes, signal_bytes
+from steplens.stream_jobs.signals import (
+    arima,
+    data_quality,
+    evals,
+    lr_schedule,
+    ranks,
+    spike,
+    thresholds,
+    training,
+    volatility,
+)
+from steplens.stream_jobs.webhook import WebhookNotifier
+
+log = logging.getLogger("steplens.stream_jobs")
+
+STATE_MODULES = (
+    config_mod,
+    core,
+    detector,
+    rules,
+    arima,
+    data_quality,
+    evals,
+    lr_schedule,
+    ranks,
+    spike,
+    thresholds,
+    training,
+    volatility,
+)
+
+
+def allow_state_classes() -> None:
+    """Let the restricted unpickler rebuild our own state dataclasses, and nothing else."""
+    allowed = dict(RestrictedUnpickler.ALLOWED_CLASSES)
+    for mod in STATE_MODULES:
+        names = {
+            n
+            for n, obj in vars(mod).items()
+            if inspect.isclass(obj)
+            and dataclasses.is_dataclass(obj)
+            and obj.__module__ == mod.__name__
+        }
+        allowed[mod.__name__] = frozenset(names | set(allowed.get(mod.__name__, ())))
+    allowed["copyreg"] = frozenset({"_reconstructor"} | set(allowed.get("copyreg", ())))
+    RestrictedUnpickler.ALLOWED_CLASSES = allowed
+
+
+class StateTable(faust.Table):
+    """A table of raw bytes: run id -> pickled ``RunDetector`` (see ``dump_state``)."""
+
+    def _serializer_from_type(self, typ: Any) -> Any:
+        return "raw" if typ in (bytes, str) else super()._serializer_from_type(typ)
+
+
+def dump_state(det: RunDetector) -> bytes:
+    return pickle.dumps(det, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def load_state(blob: bytes) -> RunDetector | None:
+    """Rebuild a detector; only our allowlisted state classes can be constructed."""
+    try:
+        det = RestrictedUnpickler(io.BytesIO(blob)).load()
+    except Exception:
+        log.warning("could not restore a run's state; starting it afresh", exc_info=True)
+        return None
+    return det if isinstance(det, RunDetector) else None
+
+
+@dataclass
+class WorkerSettings:
+    bootstrap: str
+    topics: Topics
+    app_id: str = "steplens-worker"
+    state_dir: str = "tmp/state"
+    faust_web_port: int = 0  # 0: Faust's web server off
+    batch: int = 1000
+    within_s: float = 0.05
+    by_run_partitions: int = 8
+    signal_every: int = 50  # publish a non-breaching signal per rank and rule every N steps
+    checkpoint_s: float = 1.0  # a run's state goes to the table at most this often
+    fit_workers: int = 1
+    max_pending_fits: int = 16
+    detector: DetectorConfig = field(default_factory=DetectorConfig)
+    webhook_url: str | None = None
+    session_timeout_s: float = 10.0  # a SIGKILLed worker's partitions move after this
+
+
+def ensure_worker_topics(s: WorkerSettings, timeout_s: float = 30.0) -> None:
+    """Create the steplens topics and the internal by-run topic if they do not exist."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from steplens.producer.settings import kafka_security_config
+    from steplens.producer.topics import ensure_topics
+
+    ensure_topics(s.bootstrap, s.topics, timeout_s)
+    admin = AdminClient({"bootstrap.servers": s.bootstrap, **kafka_security_config()})
+    name = f"{s.app_id}-by-run"
+    if name in admin.list_topics(timeout=timeout_s).topics:
+        return
+    new = NewTopic(
+        name,
+        num_partitions=s.by_run_partitions,
+        replication_factor=1,
+        config={"retention.ms": str(24 * 3600 * 1000)},
+    )
+    for fut in admin.create_topics([new], operation_timeout=timeout_s).values():
+        try:
+            fut.result(timeout=timeout_s)
+        except Exception as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+
+
+def _run_of_key(key: bytes | None) -> str | None:
+    if not key:
+        return None
+    try:
+        text = key.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    run, sep, rank = text.rpartition(":")
+    return run if sep and run and rank.lstrip("-").isdigit() else None
+
+
+class Worker:
+    """Everything the agents share: settings, metrics, per-run cache, the fit pool."""
+
+    def __init__(self, s: WorkerSettings, metrics: WorkerMetrics) -> None:
+        allow_state_classes()
+        self.s = s
+        self.metrics = metrics
+        self.cache: dict[str, RunDetector] = {}
+        self.saved_at: dict[str, float] = {}
+        self.last_signal: dict[tuple[str, int, str], int] = {}
+        self.pending_fits = 0
+        self.consumed = 0
+        self.pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self.notifier = WebhookNotifier(s.webhook_url) if s.webhook_url else None
+        self.app = faust.App(
+            s.app_id,
+            broker=f"kafka://{s.bootstrap}",
+            store="memory://",
+            datadir=s.state_dir,
+            web_enabled=s.faust_web_port > 0,
+            web_bind="127.0.0.1",
+            web_host="127.0.0.1",
+            web_port=s.faust_web_port or 6066,
+            topic_partitions=s.by_run_partitions,
+            consumer_auto_offset_reset="earliest",
+            broker_session_timeout=s.session_timeout_s,
+            broker_heartbeat_interval=max(0.5, s.session_timeout_s / 4),
+            producer_linger_ms=5,
+            table_cleanup_interval=60.0,
+        )
+        app = self.app
+        self.raw = app.topic(s.topics.raw, key_serializer="raw", value_serializer="raw")
+        self.by_run = app.topic(
+            f"{s.app_id}-by-run",
+            key_serializer="raw",
+            value_serializer="raw",
+            partitions=s.by_run_partitions,
+            internal=True,
+        )
+        self.signals = app.topic(s.topics.signals, key_serializer="raw", value_serializer="raw")
+        self.alerts = app.topic(s.topics.alerts, key_serializer="raw", value_serializer="raw")
+        self.dead = app.topic(s.topics.dead_letters, key_serializer="raw", value_serializer="raw")
+        self.table: Any = app.tables.add(
+            StateTable(
+                app,
+                name="runs",
+                beacon=app.tables.beacon,
+                default=None,
+                partitions=s.by_run_partitions,
+                key_type=str,
+                value_type=bytes,
+            )
+        )
+        app.agent(self.raw, name="route")(self._route)
+        app.agent(self.by_run, name="detect")(self._detect)
+        app.timer(2.0)(self._report)
+        app.on_partitions_revoked.connect(cast(Any, self._revoked))
+        app.on_partitions_assigned.connect(cast(Any, self._assigned))
+        app.task(self._startup)
+        self._rate_mark = (time.monotonic(), 0)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def _startup(self) -> None:
+        if self.s.detector.arima_enabled and self.s.fit_workers > 0:
+            ctx = multiprocessing.get_context("spawn")
+            self.pool = concurrent.futures.ProcessPoolExecutor(self.s.fit_workers, mp_context=ctx)
+        if self.notifier:
+            await self.notifier.start()
+
+    async def _revoked(self, app: faust.App, revoked: Any, **kw: Any) -> None:
+        # another worker may own these runs now: reload from the table when they come back
+        self.cache.clear()
+        self.saved_at.clear()
+
+    async def _assigned(self, app: faust.App, assigned: Any, **kw: Any) -> None:
+        raw = sum(1 for tp in assigned if tp.topic == self.s.topics.raw)
+        self.metrics.assigned.set(raw)
+
+    async def _report(self) -> None:
+        now = time.monotonic()
+        t0, n0 = self._rate_mark
+        self.metrics.rate.set((self.consumed - n0) / max(now - t0, 1e-6))
+        self._rate_mark = (now, self.consumed)
+        consumer = self.app.consumer
+        lag = 0
+        try:
+            for tp in consumer.assignment():
+                if tp.topic != self.s.topics.raw:
+                    continue
+                high = consumer.highwater(tp)
+                seen = getattr(consumer, "_committed_offset", {}).get(tp)
+                if high is not None and seen is not None:
+                    lag += max(0, high - seen)
+        except Exception:  # lag is best effort; never take the worker down for it
+            log.debug("consumer lag unavailable", exc_info=True)
+        self.metrics.lag.set(lag)
+
+    # ------------------------------------------------------------------ route
+    async def _route(self, stream: Any) -> None:
+        async for events in stream.take_events(self.s.batch, within=self.s.within_s):
+            groups: dict[str, list[list[Any]]] = {}
+            for ev in events:
+                msg = ev.message
+                value = msg.value
+                run = _run_of_key(msg.key)
+                try:
+                    text = value.decode("utf-8") if value is not None else None
+                except UnicodeDecodeError as exc:
+                    await self._dead(
+                        f"not valid UTF-8: {exc}", value, run, msg.key, msg.partition, msg.offset
+                    )
+                    continue
+                if run is None:
+                    got = decode(text)
+                    if isinstance(got, DecodeError):
+                        await self._dead(str(got), value, None, msg.key, msg.partition, msg.offset)
+                        continue
+                    run = got.run_id
+                groups.setdefault(run, []).append([msg.partition, msg.offset, text])
+            for run, items in groups.items():
+                await self.by_run.send(key=run.encode(), value=orjson.dumps(items))
+
+    async def _dead(  # noqa: PLR0917
+        self,
+        reason: str,
+        payload: bytes | None,
+        run: str | None,
+        key: Any,
+        partition: int,
+        offset: int,
+    ) -> None:
+        self.metrics.dead_letters.labels(reason_class(reason)).inc()
+        body = dead_letter_bytes(
+            reason, payload, run or "unknown", self.s.topics.raw, partition, offset, self.s.app_id
+        )
+        await self.dead.send(key=key if isinstance(key, bytes) else None, value=body)
+
+    # ------------------------------------------------------------------ detect
+    def _detector(self, run: str) -> RunDetector:
+        det = self.cache.get(run)
+        if det is None:
+            blob = self.table.get(run)
+            det = load_state(blob) if blob else None
+            if det is None:
+                det = RunDetector(run, self.s.detector, fit_inline=False)
+            else:
+                det.cfg = self.s.detector
+                det.fit_inline = False
+                for rs in det.series.values():  # fits in flight died with the old worker
+                    for a in rs.arimas.values():
+                        a.wants_fit = False
+                        if a.params is None and len(a.history) >= self.s.detector.arima.first_fit:
+                            a.next_fit = a.seen  # warm start: refit from the stored history
+            self.cache[run] = det
+        return det
+
+    async def _detect(self, stream: Any) -> None:
+        async for event in stream.events():
+            run = event.key.decode() if isinstance(event.key, bytes) else str(event.key)
+            items = orjson.loads(event.value)
+            det = self._detector(run)
+            seen = det.offsets
+            for partition, offset, text in items:
+                if offset <= seen.get(partition, -1):
+                    continue  # replayed after a restart: already in this state
+                seen[partition] = offset
+                rec = decode(text)
+                if isinstance(rec, DecodeError):
+                    await self._dead(str(rec), text.encode(), run, None, partition, offset)
+                    continue
+                await self._process(det, rec)
+            self._submit_fits(run, det)
+            now = time.monotonic()
+            if now - self.saved_at.get(run, 0.0) >= self.s.checkpoint_s:
+                self.table[run] = dump_state(det)
+                self.saved_at[run] = now
+
+    async def _process(self, det: RunDetector, rec: Record) -> None:
+        self.consumed += 1
+        self.metrics.records.labels(rec.kind).inc()
+        sigs, alerts = det.process(rec)
+        run = det.run_id
+        key = run.encode()
+        published = False
+        every = self.s.signal_every
+        for sig in sigs:
+            if sig.severity is None and sig.score < 0.5:
+                if every <= 0 or sig.step is None:
+                    continue
+                k = (run, sig.rank, sig.name + sig.metric)
+                last = self.last_signal.get(k)
+                if last is not None and sig.step - last < every:
+                    continue
+                self.last_signal[k] = sig.step
+            await self.signals.send(key=key, value=signal_bytes(run, sig))
+            self.metrics.signals.inc()
+            published = True
+        for a in alerts:
+            await self.alerts.send(key=key, value=alert_bytes(a))
+            self.metrics.alerts.labels(a.state, a.severity).inc()
+            if self.notifier:
+                self.notifier.notify(a)
+            published = True
+        if published and rec.time_ns:
+            self.metrics.latency.observe(max(0.0, time.time() - rec.time_ns / 1e9))
+
+    def _submit_fits(self, run: str, det: RunDetector) -> None:
+        wanted = det.pending_fits()
+        if not wanted:
+            return
+        cfg = self.s.detector.arima
+        loop = asyncio.get_running_loop()
+        for key, values in wanted:
+            if self.pool is None or self.pending_fits >= self.s.max_pending_fits:
+                det.apply_fit(key, None)  # skipped; asked again at its next scheduled refit
+                self.metrics.fits.labels("skipped").inc()
+                continue
+            self.pending_fits += 1
+            fut = loop.run_in_executor(self.pool, arima.fit, values, cfg.order, cfg.method)
+            fut.add_done_callback(functools.partial(self._fitted, run, key))
+
+    def _fitted(self, run: str, key: detector.FitKey, fut: asyncio.Future[Any]) -> None:
+        self.pending_fits -= 1
+        params = None if fut.cancelled() or fut.exception() else fut.result()
+        self.metrics.fits.labels("ok" if params is not None else "failed").inc()
+        det = self.cache.get(run)
+        if det is not None:
+            det.apply_fit(key, params)

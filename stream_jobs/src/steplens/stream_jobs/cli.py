@@ -1,0 +1,90 @@
+"""`steplens worker`: run a Faust worker that turns raw telemetry into signals and alerts."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+# one BLAS thread per process: ARIMA fits must not fight the event loop for the cores
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+
+def default_state_dir() -> str:
+    home = os.environ.get("STEPLENS_HOME") or os.path.join(tempfile.gettempdir(), "steplens")
+    return os.path.join(home, "worker-state")
+
+
+def main(argv: list[str], prog: str = "steplens worker") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    ap.add_argument("--bootstrap", help="Kafka bootstrap (default: STEPLENS_KAFKA_BOOTSTRAP)")
+    ap.add_argument("--app-id", default="steplens-worker", help="consumer group and table prefix")
+    ap.add_argument(
+        "--web-port", type=int, default=9464, help="Prometheus metrics port on 127.0.0.1 (0: off)"
+    )
+    ap.add_argument(
+        "--faust-web-port",
+        type=int,
+        default=0,
+        help="Faust's own web server port on 127.0.0.1 (0: off)",
+    )
+    ap.add_argument("--state-dir", default=None, help="Faust data directory")
+    ap.add_argument("--batch", type=int, default=1000, help="raw records per routing batch")
+    ap.add_argument("--within", type=float, default=0.05, help="seconds to wait for a batch")
+    ap.add_argument(
+        "--signal-every",
+        type=int,
+        default=50,
+        help="publish a quiet signal per rank and rule every N steps (0: breaches only)",
+    )
+    ap.add_argument(
+        "--checkpoint-s",
+        type=float,
+        default=1.0,
+        help="write a run's state to the table at most this often",
+    )
+    ap.add_argument("--no-arima", action="store_true", help="disable the ARIMA baselines")
+    ap.add_argument("--fit-workers", type=int, default=1, help="processes for ARIMA fits")
+    ap.add_argument(
+        "--hang-after",
+        type=float,
+        default=60.0,
+        help="seconds without progress before a hang alert",
+    )
+    ap.add_argument("--webhook-url", default=None, help="POST every alert transition here")
+    ap.add_argument("--log-level", default="warning")
+    args = ap.parse_args(argv)
+
+    from faust import Worker as FaustWorker
+
+    from steplens.producer.settings import kafka_bootstrap
+    from steplens.producer.topics import Topics
+    from steplens.stream_jobs.app import Worker, WorkerSettings, ensure_worker_topics
+    from steplens.stream_jobs.config import DetectorConfig
+    from steplens.stream_jobs.metrics import WorkerMetrics
+
+    det = DetectorConfig(arima_enabled=not args.no_arima)
+    det.ranks.hang_after_s = args.hang_after
+    settings = WorkerSettings(
+        bootstrap=kafka_bootstrap(args.bootstrap),
+        topics=Topics.from_env(),
+        app_id=args.app_id,
+        state_dir=args.state_dir or default_state_dir(),
+        faust_web_port=args.faust_web_port,
+        batch=args.batch,
+        within_s=args.within,
+        signal_every=args.signal_every,
+        checkpoint_s=args.checkpoint_s,
+        fit_workers=args.fit_workers,
+        detector=det,
+        webhook_url=args.webhook_url,
+    )
+    os.makedirs(settings.state_dir, exist_ok=True)
+    ensure_worker_topics(settings)
+    metrics = WorkerMetrics()
+    worker = Worker(settings, metrics)
+    if args.web_port:
+        metrics.serve(args.web_port)
+    FaustWorker(worker.app, loglevel=args.log_level.upper()).execute_from_commandline()
+    return 0

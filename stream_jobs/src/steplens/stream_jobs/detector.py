@@ -1,0 +1,255 @@
+"""Per-run state and routing: which record feeds which signal module, then the rules.
+
+``RunDetector`` is plain Python and picklable: the worker keeps one per run in a Faust table,
+``steplens detect`` keeps one for a CSV. ARIMA fits are requested, not run, unless
+``fit_inline`` is set; the caller runs ``pending_fits`` wherever it likes and applies them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from steplens.producer.schema import RUN_RANK, Record
+from steplens.stream_jobs import rules
+from steplens.stream_jobs.config import (
+    ARIMA_METRICS,
+    GRAD_METRICS,
+    NONFINITE_METRICS,
+    NOT_SERIES,
+    SPIKE_METRICS,
+    VOLATILITY_METRICS,
+    DetectorConfig,
+)
+from steplens.stream_jobs.core import CRITICAL, Alert, Signal
+from steplens.stream_jobs.signals import (
+    arima,
+    data_quality,
+    evals,
+    lr_schedule,
+    ranks,
+    spike,
+    thresholds,
+    training,
+    volatility,
+)
+
+FitKey = tuple[int, str]  # (rank, metric)
+
+
+@dataclass
+class RankSeries:
+    spikes: dict[str, spike.SpikeState] = field(default_factory=dict)
+    arimas: dict[str, arima.ArimaState] = field(default_factory=dict)
+    vol: dict[str, volatility.VolatilityState] = field(default_factory=dict)
+    train: training.TrainingState = field(default_factory=training.TrainingState)
+    lr: lr_schedule.LrState = field(default_factory=lr_schedule.LrState)
+
+
+@dataclass
+class RunDetector:
+    run_id: str
+    cfg: DetectorConfig = field(default_factory=DetectorConfig)
+    fit_inline: bool = True
+    generic: bool = False  # score unknown metrics too (offline CSVs)
+    series: dict[int, RankSeries] = field(default_factory=dict)
+    ranks: ranks.RanksState = field(default_factory=ranks.RanksState)
+    thresholds: thresholds.ThresholdState = field(default_factory=thresholds.ThresholdState)
+    data: data_quality.DataState = field(default_factory=data_quality.DataState)
+    evals: evals.EvalState = field(default_factory=evals.EvalState)
+    rules: rules.RulesState = field(default_factory=rules.RulesState)
+    schedule: dict[str, Any] | None = None
+    train_loss: float | None = None
+    last_step_ns: int = 0
+    fits_wanted: set[FitKey] = field(default_factory=set)
+    records: int = 0
+    offsets: dict[int, int] = field(default_factory=dict)  # raw partition -> last offset applied
+
+    # ------------------------------------------------------------------ records
+    def process(self, rec: Record) -> tuple[list[Signal], list[Alert]]:
+        """Route one validated record; returns its signals and the alert transitions."""
+        self.records += 1
+        kind, data = rec.kind, rec.data
+        sigs: list[Signal] = []
+        if kind == "step":
+            metrics = {k: v for k, v in data.items() if k not in NOT_SERIES}
+            for k, v in (data.get("scalars") or {}).items():
+                metrics.setdefault(k, v)
+            sigs = self.process_step(
+                rec.rank, rec.step, rec.time_ns, metrics, data_time=data.get("data_time_s")
+            )
+        elif kind == "step_window":
+            sigs = self._window(rec)
+        elif kind == "run_meta":
+            self.ranks.world_size = max(self.ranks.world_size, int(data.get("world_size", 0)))
+            if isinstance(data.get("lr_schedule"), dict):
+                self.schedule = data["lr_schedule"]
+                for s in self.series.values():
+                    s.lr.schedule = self.schedule
+        elif kind == "eval":
+            sigs = self._eval(rec)
+        elif kind == "batch":
+            self.data, sigs = data_quality.update(
+                self.data, self.cfg.data, data, rec.step, rec.rank
+            )
+        elif kind == "hw":
+            busy = rec.time_ns - self.last_step_ns < 30e9 if self.last_step_ns else False
+            self.thresholds, sigs = thresholds.hw(
+                self.thresholds, self.cfg.thresholds, data, rec.host, rec.step, rec.rank, busy
+            )
+        elif kind == "comm":
+            sigs = thresholds.comm(self.cfg.thresholds, data, rec.step, rec.rank)
+        if kind in ("hw", "health") and rec.time_ns:  # the run is alive: is every rank moving?
+            self.ranks, more = ranks.tick(self.ranks, self.cfg.ranks, rec.time_ns)
+            sigs += more
+        return sigs, self.evaluate(sigs)
+
+    def evaluate(self, sigs: list[Signal]) -> list[Alert]:
+        if not sigs:
+            return []
+        self.rules, alerts = rules.evaluate(self.rules, self.cfg.rules, self.run_id, sigs)
+        return alerts
+
+    def _rank(self, rank: int) -> RankSeries:
+        s = self.series.get(rank)
+        if s is None:
+            s = self.series[rank] = RankSeries()
+            s.lr.schedule = self.schedule
+        return s
+
+    # ------------------------------------------------------------------ steps
+    def process_step(  # noqa: PLR0917
+        self,
+        rank: int,
+        step: int | None,
+        time_ns: int,
+        metrics: dict[str, Any],
+        peaks: dict[str, float] | None = None,
+        data_time: float | None = None,
+    ) -> list[Signal]:
+        """Score one step's metrics. ``peaks``: a window's extremes, probed for spikes."""
+        cfg = self.cfg
+        s = self._rank(rank)
+        out: list[Signal] = []
+        for metric, raw in metrics.items():
+            if not isinstance(raw, (int, float)) or isinstance(raw, bool):
+                continue
+            x = float(raw)
+            peak = peaks.get(metric) if peaks else None
+            if metric in SPIKE_METRICS or (
+                self.generic and metric not in NONFINITE_METRICS and metric != "lr"
+            ):
+                st = s.spikes.get(metric)
+                if st is None:
+                    st = s.spikes[metric] = spike.SpikeState()
+                c = (
+                    cfg.grad_spike
+                    if metric in GRAD_METRICS
+                    else cfg.spike
+                    if metric in SPIKE_METRICS
+                    else cfg.generic_spike
+                )
+                _, got = spike.update(st, c, metric, x, step, rank, peak)
+                out += got
+            elif not math.isfinite(x) or (peak is not None and not math.isfinite(peak)):
+                out.append(Signal("nonfinite", metric, step, x, 1.0, rank, severity=CRITICAL))
+                continue
+            if metric in VOLATILITY_METRICS:
+                vs = s.vol.get(metric)
+                if vs is None:
+                    vs = s.vol[metric] = volatility.VolatilityState()
+                _, got = volatility.update(vs, cfg.volatility, metric, x, step)
+                out += got
+            if cfg.arima_enabled and (metric in ARIMA_METRICS or (self.generic and metric != "lr")):
+                a = s.arimas.get(metric)
+                if a is None:
+                    a = s.arimas[metric] = arima.ArimaState()
+                _, got = arima.update(a, cfg.arima, metric, x, step, rank)
+                out += got
+                if a.wants_fit:
+                    self._want_fit(rank, metric, a)
+            if metric == "lr":
+                _, got = lr_schedule.update(s.lr, cfg.lr, x, step, rank)
+                out += got
+            elif metric == "update_ratio":
+                _, got = training.update_ratio(s.train, cfg.training, x, step, rank)
+                out += got
+            elif metric == "param_norm":
+                _, got = training.param_norm(s.train, cfg.training, x, step, rank)
+                out += got
+            elif metric == "loss" and math.isfinite(x):
+                a_ = cfg.train_loss_alpha
+                self.train_loss = (
+                    x if self.train_loss is None else (1 - a_) * self.train_loss + a_ * x
+                )
+        if step is not None and rank != RUN_RANK:
+            st_time = metrics.get("step_time_s")
+            if isinstance(st_time, (int, float)):
+                self.ranks, got = ranks.step_time(self.ranks, cfg.ranks, rank, step, st_time)
+                out += got
+                if data_time is not None:
+                    out += thresholds.data_wait(cfg.thresholds, data_time, st_time, step, rank)
+            ranks.progress(self.ranks, rank, step, time_ns)
+            if time_ns:
+                self.last_step_ns = max(self.last_step_ns, time_ns)
+        return out
+
+    def _window(self, rec: Record) -> list[Signal]:
+        metrics: dict[str, float] = {}
+        peaks: dict[str, float] = {}
+        for name, stats in rec.data["metrics"].items():
+            if not isinstance(stats, dict):
+                continue
+            mean = stats.get("mean", stats.get("last"))
+            if not isinstance(mean, (int, float)):
+                continue
+            metrics[name] = float(mean)
+            if stats.get("nonfinite"):
+                peaks[name] = math.nan
+            elif isinstance(stats.get("max"), (int, float)):
+                peaks[name] = float(stats["max"])
+        step = rec.data.get("step_last", rec.step)
+        dt = rec.data["metrics"].get("data_time_s", {})
+        data_time = dt.get("mean") if isinstance(dt, dict) else None
+        return self.process_step(rec.rank, step, rec.time_ns, metrics, peaks, data_time)
+
+    def _eval(self, rec: Record) -> list[Signal]:
+        d = rec.data
+        vals = {
+            k: float(d[k])
+            for k in ("loss", "perplexity", "accuracy", "f1", "bleu", "rouge")
+            if isinstance(d.get(k), (int, float))
+        }
+        vals.update({k: float(v) for k, v in (d.get("extra") or {}).items()})
+        self.evals, sigs = evals.update(
+            self.evals, self.cfg.evals, d["split"], vals, self.train_loss, rec.step
+        )
+        return sigs
+
+    # ------------------------------------------------------------------ ARIMA fits
+    def _want_fit(self, rank: int, metric: str, a: arima.ArimaState) -> None:
+        if self.fit_inline:
+            params = arima.fit(
+                arima.fit_input(a, self.cfg.arima), self.cfg.arima.order, self.cfg.arima.method
+            )
+            arima.apply_fit(a, self.cfg.arima, params)
+        else:
+            self.fits_wanted.add((rank, metric))
+
+    def pending_fits(self) -> list[tuple[FitKey, Any]]:
+        """Inputs of the fits requested since the last call: ``[(key, values)]``."""
+        out = []
+        for rank, metric in self.fits_wanted:
+            a = self.series[rank].arimas[metric]
+            out.append(((rank, metric), arima.fit_input(a, self.cfg.arima)))
+        self.fits_wanted.clear()
+        return out
+
+    def apply_fit(self, key: FitKey, params: arima.ArimaParams | None) -> None:
+        s = self.series.get(key[0])
+        if s is not None and key[1] in s.arimas:
+            arima.apply_fit(s.arimas[key[1]], self.cfg.arima, params)
+
+    def firing(self) -> list[tuple[str, str]]:
+        return list(self.rules.firing)

@@ -1,0 +1,54 @@
+"""The worker's own health as Prometheus metrics, served on 127.0.0.1."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.records = Counter("steplens_worker_records", "records consumed", ["kind"], registry=r)
+        self.dead_letters = Counter(
+            "steplens_worker_dead_letters",
+            "records sent to the dead-letter topic",
+            ["reason"],
+            registry=r,
+        )
+        self.signals = Counter("steplens_worker_signals", "signals published", registry=r)
+        self.alerts = Counter(
+            "steplens_worker_alerts",
+            "alert transitions published",
+            ["state", "severity"],
+            registry=r,
+        )
+        self.lag = Gauge(
+            "steplens_worker_consumer_lag", "records behind the raw topic's end", registry=r
+        )
+        self.rate = Gauge(
+            "steplens_worker_records_per_second",
+            "records consumed per second (last interval)",
+            registry=r,
+        )
+        self.latency = Histogram(
+            "steplens_worker_signal_latency_seconds",
+            "record time (producer clock) to its signals and alerts being published",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0),
+            registry=r,
+        )
+        self.assigned = Gauge(
+            "steplens_worker_raw_partitions",
+            "raw-topic partitions assigned to this worker",
+            registry=r,
+        )
+        self.fits = Counter("steplens_worker_arima_fits", "ARIMA fits", ["outcome"], registry=r)
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        start_http_server(port, addr=host, registry=self.registry)
+
+
+def reason_class(reason: str) -> str:
+    """A low-cardinality label for a reason: "data.loss: expected ..." -> "data.loss"."""
+    head = reason.split(":", 1)[0].strip()
+    return head if len(head) <= 40 and " " not in head else "invalid"

@@ -1,0 +1,106 @@
+"""Wire records for the worker's outputs: signals, alerts and dead letters (schema v1)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from steplens.producer.schema import RUN_RANK, encode, make_record
+from steplens.stream_jobs.core import Alert, Signal
+
+HOST = socket.gethostname()
+PAYLOAD_LIMIT = 4096
+
+
+def _optional(**kw: object) -> dict[str, object]:
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+def signal_bytes(run_id: str, sig: Signal, seq: int = 0) -> bytes:
+    data = {
+        "name": sig.name,
+        "metric": sig.metric,
+        "value": float(sig.value),
+        "score": min(1.0, max(0.0, float(sig.score))),
+        **_optional(expected=sig.expected, lower=sig.lower, upper=sig.upper),
+    }
+    detail = dict(sig.detail or {})
+    if sig.scope != "run":
+        detail["scope"] = sig.scope
+    if sig.severity:
+        detail["severity"] = sig.severity
+    if detail:
+        data["detail"] = detail
+    return encode(
+        {
+            "kind": "signal",
+            "run_id": run_id,
+            "rank": sig.rank,
+            "local_rank": 0,
+            "host": HOST,
+            "pid": os.getpid(),
+            "seq": seq,
+            "time_ns": time.time_ns(),
+            **_optional(step=sig.step),
+            "data": data,
+        }
+    )
+
+
+def alert_bytes(a: Alert, seq: int = 0) -> bytes:
+    rank = a.evidence.get("rank", RUN_RANK)
+    data = {
+        "rule": a.rule,
+        "severity": a.severity,
+        "state": a.state,
+        "scope": a.scope,
+        "hint": a.hint,
+        "summary": a.summary[:1000],
+        "fingerprint": a.fingerprint,
+        "evidence": a.evidence,
+        **_optional(started_step=a.started_step),
+    }
+    return encode(
+        {
+            "kind": "alert",
+            "run_id": a.run_id,
+            "rank": rank if isinstance(rank, int) else RUN_RANK,
+            "local_rank": 0,
+            "host": HOST,
+            "pid": os.getpid(),
+            "seq": seq,
+            "time_ns": time.time_ns(),
+            **_optional(step=a.step),
+            "data": data,
+        }
+    )
+
+
+def dead_letter_bytes(  # noqa: PLR0917
+    reason: str,
+    payload: bytes | None,
+    run_id: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    consumer: str,
+) -> bytes:
+    text = (payload or b"")[:PAYLOAD_LIMIT].decode("utf-8", "replace")
+    rec = make_record(
+        "dead_letter",
+        {
+            "reason": reason[:4000],
+            "source_topic": topic,
+            "partition": partition,
+            "offset": offset,
+            "consumer": consumer,
+            "payload": text,
+        },
+        run_id=run_id or "unknown",
+        rank=RUN_RANK,
+        host=HOST,
+        pid=os.getpid(),
+        time_ns=time.time_ns(),
+    )
+    return encode(rec)

@@ -1,0 +1,301 @@
+"""Signals to alerts: one alert per run, rule and scope while it lasts (firing once, resolved
+once), a diagnosis hint per rule, and correlation rules that combine what is firing."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from steplens.stream_jobs.core import CRITICAL, INFO, WARNING, Alert, Signal
+
+HINTS: dict[str, str] = {
+    "nonfinite": "a non-finite value: check the last batch, the loss scaling and the lr; "
+    "resume from the last good checkpoint",
+    "spike:loss": "loss spike: inspect the batch at this step (corrupted or out-of-distribution "
+    "data), then the lr",
+    "spike:grad_norm": "gradient-norm spike: check clipping, the lr and the batch at this step",
+    "spike": "value far above its recent robust baseline",
+    "volatility": "loss is noisy: lower the lr or raise the batch size / warmup",
+    "arima": "the series left its forecast interval for several steps: a change in regime",
+    "threshold:gpu_mem_pct": "GPU memory above 90 %: a leak or growing activations; "
+    "check caches, retained graphs and sequence lengths",
+    "threshold:gpu_mem_growth": "GPU memory grows at every sample: a leak (tensors kept across "
+    "steps, a growing cache); it will run out",
+    "threshold:gpu_util": "GPU mostly idle: the input pipeline or communication is starving it",
+    "threshold:comm_latency_ms": "slow collective: check the interconnect and the peer ranks",
+    "threshold:disk_io_latency_ms": "slow storage: data loading or checkpointing waits on disk",
+    "threshold:host_mem_available_pct": "host memory nearly exhausted: data loader workers, "
+    "pinned buffers or a leak",
+    "threshold:data_wait_share": "steps spend a large share waiting for data",
+    "data:over_length_share": "many samples longer than the maximum length are truncated",
+    "data:label_imbalance": "labels are imbalanced worse than 1:100: check sampling and labels",
+    "data:duplicate_rate": "duplicated samples across ranks: check sharding and the sampler seed",
+    "training:update_ratio": "parameter updates collapsed: lr or optimizer state",
+    "training:param_norm": "parameter norm unstable: lower the lr, check weight decay",
+    "plateau": "the validation metric stopped improving: consider early stopping or the lr",
+    "perplexity": "perplexity does not match exp(validation loss): check the evaluation script",
+    "generalization_gap": "validation loss pulls away from training loss: overfitting",
+    "eval_unstable": "unstable validation metrics: check for leakage and the evaluation script",
+    "lr_schedule": "the lr does not follow the declared schedule: check the scheduler "
+    "(stepping, resume, milestones)",
+    "straggler": "one rank is consistently slower: check its GPU, host and data loading",
+    "hang": "no progress while records still arrive: a hang (collective or data loader); "
+    "dump the stacks of the stuck rank",
+    "correlation:loss_grad": "loss rising while the gradient norm is abnormal: check the data "
+    "pipeline first, then the optimizer state, then lower the learning rate",
+    "correlation:data_bottleneck": "low GPU util with high data-loading time or I/O latency: "
+    "data loading is the bottleneck",
+    "correlation:eval_unstable": "unstable validation metrics: check for leakage and the "
+    "evaluation script",
+}
+
+SEVERITY_ORDER = {INFO: 0, WARNING: 1, CRITICAL: 2}
+
+
+def hint_for(rule: str) -> str:
+    return HINTS.get(rule) or HINTS.get(rule.split(":", 1)[0]) or "see the evidence"
+
+
+def fingerprint(run_id: str, rule: str, scope: str) -> str:
+    return hashlib.sha1(f"{run_id}|{rule}|{scope}".encode()).hexdigest()[:16]
+
+
+@dataclass
+class RulesConfig:
+    resolve_after: int = 10  # steps without a breach (or clean samples, for step-less signals)
+    correlation_steps: int = 20  # how recent a signal must be to correlate
+    # breaches that only feed correlations, never alert on their own
+    silent: frozenset[str] = frozenset({"threshold:data_wait_share"})
+
+
+@dataclass
+class Firing:
+    severity: str
+    started_step: int | None
+    last_step: int | None
+    clean: int = 0
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RulesState:
+    firing: dict[tuple[str, str], Firing] = field(default_factory=dict)
+    recent: dict[str, int] = field(default_factory=dict)  # rule -> last breach step
+    swept_step: int = -1
+    latest_step: int = -1
+    correlating: bool = False  # a correlation is firing or a breach is recent
+
+
+def _evidence(sig: Signal) -> dict[str, Any]:
+    ev: dict[str, Any] = {"metric": sig.metric, "value": sig.value, "score": round(sig.score, 4)}
+    if sig.rank >= 0:
+        ev["rank"] = sig.rank
+    if sig.expected is not None:
+        ev["expected"] = sig.expected
+    if sig.upper is not None:
+        ev["upper"] = sig.upper
+    if sig.lower is not None:
+        ev["lower"] = sig.lower
+    if sig.detail:
+        ev.update(sig.detail)
+    return ev
+
+
+def _summary(rule: str, sig: Signal) -> str:
+    where = f" on rank {sig.rank}" if sig.rank >= 0 else ""
+    return f"{rule}{where} at step {sig.step}: {sig.metric}={sig.value:.6g}"
+
+
+def evaluate(
+    state: RulesState, cfg: RulesConfig, run_id: str, signals: list[Signal]
+) -> tuple[RulesState, list[Alert]]:
+    """Feed this record's signals; returns the alert transitions they cause."""
+    alerts: list[Alert] = []
+    firing = state.firing
+    breached = False
+    for sig in signals:
+        rule = f"{sig.name}:{sig.metric}"
+        key = (rule, sig.scope)
+        cur = firing.get(key)
+        if sig.severity is None:
+            if cur is not None:
+                if sig.step is not None and cur.last_step is not None:
+                    done = sig.step - cur.last_step >= cfg.resolve_after
+                else:
+                    cur.clean += 1
+                    done = cur.clean >= cfg.resolve_after
+                if done:
+                    del firing[key]
+                    alerts.append(_resolved(run_id, key, cur, sig.step))
+            continue
+        breached = True
+        if sig.step is not None:
+            state.recent[rule] = sig.step
+        if rule in cfg.silent:
+            continue
+        if cur is None:
+            ev = _evidence(sig)
+            started = sig.detail.get("since_step", sig.step) if sig.detail else sig.step
+            firing[key] = Firing(sig.severity, started, sig.step, 0, ev)
+            alerts.append(
+                _alert(
+                    run_id,
+                    rule,
+                    sig.severity,
+                    "firing",
+                    sig.scope,
+                    sig.step,
+                    started,
+                    ev,
+                    _summary(rule, sig),
+                )
+            )
+        else:
+            cur.clean = 0
+            cur.last_step = sig.step
+            if SEVERITY_ORDER[sig.severity] > SEVERITY_ORDER[cur.severity]:
+                cur.severity = sig.severity  # escalation keeps the same alert
+    last = signals[-1].step if signals else None
+    if last is not None and last > state.latest_step:
+        state.latest_step = last
+    if signals and (breached or state.correlating):
+        state, more = _correlate(state, cfg, run_id, signals)
+        alerts += more
+        step = signals[-1].step
+        if step is not None and step > state.latest_step:
+            state.latest_step = step
+        if firing and step is not None and step > state.swept_step:
+            state.swept_step = step
+            alerts += _sweep(state, cfg, run_id, step)
+    return state, alerts
+
+
+def _resolved(run_id: str, key: tuple[str, str], cur: Firing, step: int | None) -> Alert:
+    return _alert(
+        run_id,
+        key[0],
+        cur.severity,
+        "resolved",
+        key[1],
+        step,
+        cur.started_step,
+        cur.evidence,
+        f"{key[0]} resolved at step {step}",
+    )
+
+
+def _sweep(state: RulesState, cfg: RulesConfig, run_id: str, step: int) -> list[Alert]:
+    """Resolve step-based alerts whose signal stopped coming (e.g. a non-finite value)."""
+    out = []
+    for key, cur in list(state.firing.items()):
+        if key[0].startswith("correlation:") or cur.last_step is None:
+            continue
+        if step - cur.last_step >= cfg.resolve_after + 1:
+            del state.firing[key]
+            out.append(_resolved(run_id, key, cur, step))
+    return out
+
+
+def _recent(state: RulesState, rule: str, step: int | None, window: int) -> bool:
+    seen = state.recent.get(rule)
+    return seen is not None and (step is None or step - seen <= window)
+
+
+def _correlate(
+    state: RulesState, cfg: RulesConfig, run_id: str, signals: list[Signal]
+) -> tuple[RulesState, list[Alert]]:
+    step = next((s.step for s in signals if s.step is not None), None)
+    if step is None:  # hardware records carry no step: judge at the latest one seen
+        step = state.latest_step if state.latest_step >= 0 else None
+    w = cfg.correlation_steps
+    found: list[tuple[str, list[str]]] = []
+    loss_bad = [
+        r for r in ("spike:loss", "volatility:loss", "arima:loss") if _recent(state, r, step, w)
+    ]
+    grad_bad = [
+        r
+        for r in ("spike:grad_norm", "arima:grad_norm", "nonfinite:grad_norm")
+        if _recent(state, r, step, w)
+    ]
+    if loss_bad and grad_bad:
+        found.append(("correlation:loss_grad", loss_bad + grad_bad))
+    util_low = _recent(state, "threshold:gpu_util", step, w) or any(
+        k[0] == "threshold:gpu_util" for k in state.firing
+    )
+    slow_data = [
+        r
+        for r in ("threshold:data_wait_share", "threshold:disk_io_latency_ms")
+        if _recent(state, r, step, w) or any(k[0] == r for k in state.firing)
+    ]
+    if util_low and slow_data:
+        found.append(("correlation:data_bottleneck", ["threshold:gpu_util", *slow_data]))
+    unstable = [k[0] for k in state.firing if k[0].startswith("eval_unstable")]
+    if unstable:
+        found.append(("correlation:eval_unstable", unstable))
+    out: list[Alert] = []
+    active = {rule for rule, _ in found}
+    state.correlating = (
+        bool(found)
+        or any(_recent(state, r, step, w) for r in state.recent)
+        or any(k[0].startswith("correlation:") for k in state.firing)
+    )
+    for rule, because in found:
+        key = (rule, "run")
+        if key in state.firing:
+            state.firing[key].last_step = step
+            continue
+        ev = {"because": because}
+        state.firing[key] = Firing(WARNING, step, step, 0, ev)
+        out.append(
+            _alert(
+                run_id,
+                rule,
+                WARNING,
+                "firing",
+                "run",
+                step,
+                step,
+                ev,
+                f"{rule} at step {step}: {', '.join(because)}",
+            )
+        )
+    for key in [k for k in state.firing if k[0].startswith("correlation:")]:
+        if key[0] in active:
+            continue
+        cur = state.firing[key]
+        if step is None or cur.last_step is None:
+            cur.clean += 1
+            done = cur.clean >= cfg.resolve_after
+        else:
+            done = step - cur.last_step >= cfg.resolve_after
+        if done:
+            del state.firing[key]
+            out.append(_resolved(run_id, key, cur, step))
+    return state, out
+
+
+def _alert(  # noqa: PLR0917
+    run_id: str,
+    rule: str,
+    severity: str,
+    st: str,
+    scope: str,
+    step: int | None,
+    started: int | None,
+    evidence: dict[str, Any],
+    summary: str,
+) -> Alert:
+    return Alert(
+        rule,
+        severity,
+        st,
+        scope,
+        hint_for(rule),
+        fingerprint(run_id, rule, scope),
+        run_id,
+        step,
+        started,
+        summary,
+        dict(evidence),
+    )

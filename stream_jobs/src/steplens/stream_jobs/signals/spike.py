@@ -1,0 +1,136 @@
+"""Spikes and non-finite values against a robust recent baseline.
+
+The baseline is the median of the last ``window`` finite values; the noise scale is the MAD of
+their first differences (insensitive to a trend, so drifting series do not look like spikes),
+floored relative to the baseline and absolutely so constant series stay quiet. Two rules:
+
+* robust z-score ``(x - median) / scale`` at or above ``z`` warns, at ``2 z`` is critical;
+* a jump of ``ratio`` x the baseline is critical, but only when the baseline is clearly away from
+  zero (``|median| > near_zero`` and more than 3 noise scales), where a ratio means something.
+
+A non-finite value is a ``nonfinite`` signal, critical at once.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, insort
+from collections import deque
+from dataclasses import dataclass, field
+from statistics import median
+
+from steplens.stream_jobs.core import CRITICAL, WARNING, Signal, score_of
+
+
+@dataclass
+class SpikeConfig:
+    window: int = 64
+    warmup: int = 16
+    z: float = 7.0  # llm.c skips a step at z > 7 over its last 128 values
+    ratio: float = 10.0
+    direction: str = "up"  # "up" (loss, grad norm) or "both"
+    min_rel_change: float = 0.1  # a z-breach must also move this share of |median|
+    rel_floor: float = 1e-3  # scale >= rel_floor * |median|
+    abs_floor: float = 1e-12
+    near_zero: float = 1e-8
+    rescale_every: int = 16
+    trend_tolerant: bool = True  # noise from differences only (series that drift, like loss)
+
+
+@dataclass
+class SpikeState:
+    values: deque[float] = field(default_factory=deque)
+    ordered: list[float] = field(default_factory=list)
+    diffs: deque[float] = field(default_factory=deque)
+    scale: float = 0.0
+    since_rescale: int = 0
+    last: float | None = None
+
+
+def _rescale(state: SpikeState, cfg: SpikeConfig) -> None:
+    if len(state.diffs) < 4:
+        state.scale = 0.0
+        return
+    d = state.diffs
+    mid = median(d)
+    mad_diff = median([abs(v - mid) for v in d]) / math.sqrt(2.0)
+    level = state.ordered[len(state.ordered) // 2]
+    mad_level = median([abs(v - level) for v in state.values])
+    # the smaller is the noise when the series trends, the larger when it is heavy-tailed
+    # around a level; a spike must clear both to matter
+    state.scale = (
+        1.4826 * max(mad_diff, mad_level) if cfg.trend_tolerant is False else (1.4826 * mad_diff)
+    )
+    state.since_rescale = 0
+
+
+def _push(state: SpikeState, cfg: SpikeConfig, x: float) -> None:
+    if state.last is not None:
+        state.diffs.append(x - state.last)
+        if len(state.diffs) > cfg.window:
+            state.diffs.popleft()
+    state.last = x
+    state.values.append(x)
+    insort(state.ordered, x)
+    if len(state.values) > cfg.window:
+        old = state.values.popleft()
+        del state.ordered[bisect_left(state.ordered, old)]
+    state.since_rescale += 1
+    if state.since_rescale >= cfg.rescale_every or state.scale == 0.0:
+        _rescale(state, cfg)
+
+
+def update(  # noqa: PLR0917
+    state: SpikeState,
+    cfg: SpikeConfig,
+    metric: str,
+    x: float,
+    step: int | None,
+    rank: int = -1,
+    peak: float | None = None,
+) -> tuple[SpikeState, list[Signal]]:
+    """Score ``x`` (or ``peak``, a window's extreme) against the baseline, then learn ``x``."""
+    probe = x if peak is None else peak
+    if not math.isfinite(probe) or not math.isfinite(x):
+        bad = probe if not math.isfinite(probe) else x
+        sig = Signal("nonfinite", metric, step, bad, 1.0, rank, severity=CRITICAL)
+        return state, [sig]
+    n = len(state.values)
+    if n < cfg.warmup:
+        _push(state, cfg, x)
+        return state, [Signal("spike", metric, step, probe, 0.0, rank)]
+    ordered = state.ordered
+    med = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+    amed = abs(med)
+    scale = max(state.scale, cfg.rel_floor * amed, cfg.abs_floor)
+    dev = probe - med
+    if cfg.direction != "up":
+        dev = abs(dev)
+    z = dev / scale
+    severity = None
+    if z >= cfg.z and dev >= cfg.min_rel_change * amed:
+        severity = CRITICAL if z >= 2.0 * cfg.z else WARNING
+    ratio = 0.0
+    if amed > cfg.near_zero and amed > 3.0 * scale and probe * med > 0:
+        ratio = probe / med if cfg.direction == "up" else max(probe / med, med / probe)
+        if ratio >= cfg.ratio:
+            severity = CRITICAL
+    score = max(
+        score_of(z / cfg.z) if dev >= cfg.min_rel_change * amed else 0.0,
+        score_of(ratio / cfg.ratio) if ratio >= 1.0 else 0.0,
+    )
+    _push(state, cfg, x)
+    band = cfg.z * scale
+    sig = Signal(
+        "spike",
+        metric,
+        step,
+        probe,
+        score,
+        rank,
+        severity=severity,
+        expected=med,
+        lower=med - band,
+        upper=med + band,
+    )
+    return state, [sig]

@@ -1,0 +1,79 @@
+"""Optional webhook notifier: POSTs each alert transition as JSON; never blocks the worker.
+
+Alerts wait in a bounded queue (the oldest is dropped when full); a background task posts them
+with a timeout and a few retries with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import asdict
+from typing import Any
+
+import aiohttp
+
+from steplens.stream_jobs.core import Alert
+
+log = logging.getLogger("steplens.stream_jobs.webhook")
+
+
+def payload(alert: Alert) -> dict[str, Any]:
+    body = asdict(alert)
+    body["text"] = f"[{alert.severity}] {alert.state}: {alert.summary} - {alert.hint}"
+    return body
+
+
+class WebhookNotifier:
+    def __init__(
+        self, url: str, timeout_s: float = 5.0, retries: int = 3, max_queue: int = 1000
+    ) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.queue: asyncio.Queue[Alert] = asyncio.Queue(max_queue)
+        self.sent = 0
+        self.failed = 0
+        self.dropped = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def notify(self, alert: Alert) -> None:
+        if self.queue.full():
+            self.queue.get_nowait()
+            self.dropped += 1
+        self.queue.put_nowait(alert)
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self, deadline_s: float = 5.0) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.queue.join(), deadline_s)
+        if self._task:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                alert = await self.queue.get()
+                try:
+                    await self._post(session, alert)
+                finally:
+                    self.queue.task_done()
+
+    async def _post(self, session: aiohttp.ClientSession, alert: Alert) -> None:
+        for attempt in range(self.retries):
+            try:
+                async with session.post(self.url, json=payload(alert)) as resp:
+                    if resp.status < 300:
+                        self.sent += 1
+                        return
+                    if resp.status < 500 and resp.status != 429:
+                        break
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                log.debug("webhook attempt %d failed: %s", attempt + 1, exc)
+            await asyncio.sleep(0.2 * 2**attempt)
+        self.failed += 1
+        log.warning("webhook: giving up on alert %s (%s)", alert.fingerprint, alert.rule)

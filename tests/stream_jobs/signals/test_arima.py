@@ -1,0 +1,59 @@
+import math
+import random
+
+import numpy as np
+
+from steplens.stream_jobs.signals import arima
+
+
+def feed(values, cfg, state=None, fit=True):
+    st = state or arima.ArimaState()
+    out = []
+    for i, x in enumerate(values):
+        st, sigs = arima.update(st, cfg, "step_time_s", x, i)
+        out += sigs
+        if st.wants_fit and fit:
+            arima.apply_fit(st, cfg, arima.fit(arima.fit_input(st, cfg), cfg.order, cfg.method))
+    return st, out
+
+
+def test_fit_recovers_an_ar_coefficient():
+    rng = np.random.default_rng(0)
+    x = np.zeros(600)
+    for t in range(1, 600):
+        x[t] = 0.7 * x[t - 1] + rng.normal()
+    p = arima.fit(x, (1, 0, 0), "statespace")
+    assert p is not None and abs(p.ar[0] - 0.7) < 0.1 and abs(p.sigma - 1.0) < 0.15
+
+
+def test_sustained_shift_warns_after_consecutive_points_and_outlier_is_not_learnt():
+    rng = random.Random(1)
+    cfg = arima.ArimaConfig()
+    values = [0.1 + rng.gauss(0, 0.002) for _ in range(300)]
+    values[200] = 0.2  # one outlier: scored, not alerted
+    values += [0.3 + rng.gauss(0, 0.002) for _ in range(20)]  # a new regime
+    _, sigs = feed(values, cfg)
+    by_step = {s.step: s for s in sigs}
+    assert by_step[200].score > 0.5 and by_step[200].severity is None
+    assert by_step[201].score < 0.5  # the outlier did not move the forecast
+    warned = [s.step for s in sigs if s.severity]
+    assert warned and warned[0] == 300 + cfg.consecutive - 1
+    assert not [s for s in sigs if s.severity and s.step < 300]
+
+
+def test_fits_are_requested_rarely_and_history_is_bounded():
+    cfg = arima.ArimaConfig(first_fit=64, refit_every=500, fit_window=128)
+    st = arima.ArimaState()
+    fits = 0
+    for i in range(3000):
+        st, _ = arima.update(st, cfg, "loss", math.sin(i / 10) + 0.01 * (i % 7), i)
+        if st.wants_fit:
+            fits += 1
+            arima.apply_fit(st, cfg, None)
+    assert 5 <= fits <= 9
+    assert len(st.history) == 128
+
+
+def test_state_without_fit_emits_zero_scores():
+    _, sigs = feed([1.0, 2.0, 3.0], arima.ArimaConfig(), fit=False)
+    assert [s.score for s in sigs] == [0.0, 0.0, 0.0]

@@ -1,0 +1,67 @@
+from steplens.stream_jobs.signals.ranks import RanksConfig, RanksState, progress, step_time, tick
+
+
+def test_straggler_needs_most_recent_steps_slow():
+    st = RanksState(world_size=4)
+    cfg = RanksConfig()
+    flagged = []
+    for step in range(10):
+        for rank in range(4):
+            t = 0.3 if rank == 2 and step >= 4 else 0.1
+            st, sigs = step_time(st, cfg, rank, step, t)
+            flagged += [(s.step, s.rank) for s in sigs if s.severity]
+    # the median of the last 5 ratios crosses 1.5 once 3 of them are slow
+    assert flagged[0] == (4 + cfg.straggler_steps // 2, 2)
+    assert {r for _, r in flagged} == {2}
+
+
+def test_isolated_slow_steps_are_not_a_straggler():
+    st = RanksState(world_size=4)
+    cfg = RanksConfig()
+    for step in range(40):
+        for rank in range(4):
+            t = 0.9 if rank == 1 and step % 3 == 0 else 0.1
+            st, sigs = step_time(st, cfg, rank, step, t)
+            assert not [s for s in sigs if s.severity]
+
+
+def test_incomplete_steps_are_judged_once_old_enough():
+    st = RanksState(world_size=3)
+    cfg = RanksConfig(pending_steps=2, straggler_steps=1)
+    out = []
+    for step in range(6):
+        for rank in (0, 1):  # rank 2 never reports
+            st, sigs = step_time(st, cfg, rank, step, 0.1 if rank == 0 else 0.5)
+            out += sigs
+    assert out and all(s.step <= 4 for s in out)
+
+
+def test_hang_fires_for_the_stuck_rank_then_for_the_run():
+    st = RanksState()
+    cfg = RanksConfig(hang_after_s=10)
+    sec = 10**9
+    for t in range(30):
+        for rank in (0, 1):
+            if rank == 1 and t > 5:
+                continue
+            progress(st, rank, t, t * sec)
+    st, sigs = tick(st, cfg, 28 * sec)  # late: a suspect until the next check confirms it
+    assert not [s for s in sigs if s.severity]
+    st, sigs = tick(st, cfg, 29 * sec)
+    assert [(s.scope, s.severity) for s in sigs if s.severity] == [("rank:1", "critical")]
+    st, sigs = tick(st, cfg, 59 * sec)
+    st, sigs = tick(st, cfg, 60 * sec)
+    assert {s.scope for s in sigs if s.severity} == {"rank:0", "rank:1", "run"}
+
+
+def test_a_pause_of_the_whole_process_is_not_a_hang():
+    st = RanksState()
+    cfg = RanksConfig(hang_after_s=10)
+    sec = 10**9
+    for rank in (0, 1):
+        progress(st, rank, 1, 1 * sec)
+    st, sigs = tick(st, cfg, 20 * sec)  # the first record after a 19 s pause
+    for rank in (0, 1):
+        progress(st, rank, 2, 21 * sec)  # ... and everyone moves on
+    st, sigs2 = tick(st, cfg, 22 * sec)
+    assert not [s for s in sigs + sigs2 if s.severity]

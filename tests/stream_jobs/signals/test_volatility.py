@@ -1,0 +1,29 @@
+import random
+
+from steplens.stream_jobs.signals.volatility import VolatilityConfig, VolatilityState, update
+
+
+def run(values, cfg=None):
+    cfg = cfg or VolatilityConfig()
+    st = VolatilityState()
+    out = []
+    for i, x in enumerate(values):
+        st, sigs = update(st, cfg, "loss", x, i)
+        out += sigs
+    return out
+
+
+def test_noisy_loss_warns_and_smooth_decay_does_not():
+    rng = random.Random(0)
+    smooth = [5.0 - 0.01 * i + rng.gauss(0, 0.05) for i in range(200)]
+    assert not [s for s in run(smooth) if s.severity]
+    noisy = [3.0 + rng.gauss(0, 0.6) for _ in range(200)]
+    sigs = run(noisy)
+    warned = [s for s in sigs if s.severity]
+    assert warned and all(s.severity == "warning" for s in warned)
+    assert 0.1 < sigs[-1].value < 0.4  # about 0.6 / 3
+
+
+def test_no_verdict_before_the_window_is_full():
+    sigs = run([1.0, 5.0, 1.0, 5.0] * 10, VolatilityConfig(window=50))
+    assert all(s.severity is None for s in sigs)

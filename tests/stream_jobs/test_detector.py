@@ -1,0 +1,107 @@
+import math
+import random
+
+from steplens.producer.schema import make_record
+from steplens.stream_jobs.detector import RunDetector
+
+
+def step(run, rank, i, **data):
+    return make_record("step", data, run_id=run, rank=rank, step=i, time_ns=i * 10**8)
+
+
+def alerts_of(det, records):
+    out = []
+    for r in records:
+        _, alerts = det.process(r)
+        out += alerts
+    return out
+
+
+def test_step_window_peak_and_nonfinite_trigger_alerts():
+    rng = random.Random(0)
+    det = RunDetector("r")
+    recs = []
+    for w in range(40):
+        loss = {
+            "count": 10,
+            "mean": 2.0 + rng.gauss(0, 0.01),
+            "min": 1.9,
+            "max": 2.1,
+            "last": 2.0,
+            "nonfinite": 0,
+        }
+        grad = {
+            "count": 10,
+            "mean": 1.0,
+            "min": 0.9,
+            "max": 1.1 + rng.gauss(0, 0.01),
+            "last": 1.0,
+            "nonfinite": 0,
+        }
+        if w == 30:
+            grad = {**grad, "max": 40.0}
+        if w == 35:
+            loss = {**loss, "nonfinite": 1}
+        recs.append(
+            make_record(
+                "step_window",
+                {
+                    "step_first": w * 10,
+                    "step_last": w * 10 + 9,
+                    "count": 10,
+                    "metrics": {"loss": loss, "grad_norm": grad},
+                },
+                run_id="r",
+                step=w * 10 + 9,
+                time_ns=w * 10**9,
+            )
+        )
+    fired = [(a.rule, a.step) for a in alerts_of(det, recs) if a.state == "firing"]
+    assert ("spike:grad_norm", 309) in fired
+    assert ("nonfinite:loss", 359) in fired
+
+
+def test_same_incident_on_every_rank_is_one_alert_and_straggler_is_per_rank():
+    rng = random.Random(1)
+    det = RunDetector("r")
+    det.process(make_record("run_meta", {"world_size": 4}, run_id="r"))
+    recs = []
+    for i in range(120):
+        for rank in range(4):
+            slow = rank == 3 and i >= 80
+            recs.append(
+                step(
+                    "r",
+                    rank,
+                    i,
+                    loss=(40.0 if i == 100 else 2.0 + rng.gauss(0, 0.01)),
+                    step_time_s=(0.5 if slow else 0.1 + rng.gauss(0, 0.002)),
+                )
+            )
+    fired = [(a.rule, a.scope) for a in alerts_of(det, recs) if a.state == "firing"]
+    assert fired.count(("spike:loss", "run")) == 1
+    assert ("straggler:step_time_s", "rank:3") in fired
+    assert not [f for f in fired if f[0].startswith("straggler") and f[1] != "rank:3"]
+
+
+def test_clean_run_raises_nothing_and_detector_pickles():
+    import pickle
+
+    rng = random.Random(2)
+    det = RunDetector("r")
+    recs = [
+        step(
+            "r",
+            0,
+            i,
+            loss=4 * math.exp(-i / 300) + 1 + rng.gauss(0, 0.02),
+            grad_norm=1 + rng.gauss(0, 0.05),
+            lr=1e-3,
+            step_time_s=0.1 + rng.gauss(0, 0.002),
+            tokens_per_s=1e5 + rng.gauss(0, 500),
+        )
+        for i in range(600)
+    ]
+    assert alerts_of(det, recs) == []
+    clone = pickle.loads(pickle.dumps(det))
+    assert clone.series[0].arimas["loss"].params is not None
