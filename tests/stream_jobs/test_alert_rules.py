@@ -70,3 +70,21 @@ def test_escalation_keeps_one_alert():
     st, alerts = run(batches)
     assert len(alerts) == 1
     assert st.firing[("spike:loss", "run")].severity == "critical"
+
+
+def test_loss_grad_correlation_is_one_alert_for_a_long_incident_with_steps():
+    # a long lr blow-up: the loss keeps breaching on and off, the gradient norm only at the
+    # start and again much later; hardware samples (no step) arrive in between
+    batches = []
+    for i in range(60, 320):
+        sigs = [sig(i, "warning" if 100 <= i <= 250 and i % 15 == 10 else None, "arima", "loss")]
+        sigs.append(sig(i, "critical" if i in (105, 200) else None, "spike", "grad_norm"))
+        batches.append(sigs)
+        if i % 7 == 0:
+            batches.append([sig(None, None, "threshold", "gpu_util", scope="host")])
+    _, alerts = run(batches)
+    corr = [a for a in alerts if a.rule == "correlation:loss_grad"]
+    assert [(a.state, a.step, a.started_step) for a in corr] == [
+        ("firing", 105, 100),
+        ("resolved", 280, 100),
+    ]

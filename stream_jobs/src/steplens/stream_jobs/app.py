@@ -27,6 +27,7 @@ from typing import Any, cast
 import faust
 import orjson
 from faust.serializers.codecs import RestrictedUnpickler
+from faust.types import TP
 
 from steplens.producer.schema import DecodeError, Record, decode
 from steplens.producer.topics import Topics
@@ -280,8 +281,43 @@ class Worker:
                         continue
                     run = got.run_id
                 groups.setdefault(run, []).append([msg.partition, msg.offset, text])
-            for run, items in groups.items():
+            sent = [
                 await self.by_run.send(key=run.encode(), value=orjson.dumps(items))
+                for run, items in groups.items()
+            ]
+            await self._commit_routed(events, sent)
+
+    async def _commit_routed(self, events: list[Any], sent: list[Any]) -> None:
+        """Commit the batch's raw offsets once its by-run writes are acknowledged.
+
+        A worker killed after forwarding a batch then leaves a committed position on every raw
+        partition it routed, and one killed before the acknowledgement leaves the old position
+        (the batch is routed again and the detectors skip what they already applied). Without
+        this, raw partitions were committed only on Faust's commit interval: a worker killed
+        before its first commit left a partition without any committed offset, and the workers
+        that took over did not resume it.
+        """
+        if not events:
+            return
+        for fut in sent:
+            await fut  # delivery of the forwarded batch
+        offsets: dict[TP, int] = {}
+        for ev in events:
+            msg = ev.message
+            tp = TP(msg.topic, msg.partition)
+            offsets[tp] = max(offsets.get(tp, 0), msg.offset + 1)
+        consumer: Any = self.app.consumer  # the commit of explicit offsets is not public
+        mine = consumer.assignment()
+        offsets = {tp: off for tp, off in offsets.items() if tp in mine}
+        if not offsets:
+            return
+        try:
+            if await consumer._commit(offsets):
+                done = consumer._committed_offset
+                for tp, off in offsets.items():
+                    done[tp] = max(done.get(tp) or 0, off)
+        except Exception:  # a rebalance in between: the batch is routed again, and skipped
+            log.debug("commit of routed offsets failed", exc_info=True)
 
     async def _dead(  # noqa: PLR0917
         self,

@@ -127,8 +127,10 @@ class RunDetector:
         metrics: dict[str, Any],
         peaks: dict[str, float] | None = None,
         data_time: float | None = None,
+        first_step: int | None = None,
     ) -> list[Signal]:
-        """Score one step's metrics. ``peaks``: a window's extremes, probed for spikes."""
+        """Score one step's metrics. ``peaks``: a window's extremes, probed for spikes;
+        ``first_step``: the window's first step (its metrics are means over the window)."""
         cfg = self.cfg
         s = self._rank(rank)
         out: list[Signal] = []
@@ -170,7 +172,7 @@ class RunDetector:
                 if a.wants_fit:
                     self._want_fit(rank, metric, a)
             if metric == "lr":
-                _, got = lr_schedule.update(s.lr, cfg.lr, x, step, rank)
+                _, got = lr_schedule.update(s.lr, cfg.lr, x, step, rank, first_step)
                 out += got
             elif metric == "update_ratio":
                 _, got = training.update_ratio(s.train, cfg.training, x, step, rank)
@@ -210,9 +212,18 @@ class RunDetector:
             elif isinstance(stats.get("max"), (int, float)):
                 peaks[name] = float(stats["max"])
         step = rec.data.get("step_last", rec.step)
+        first = rec.data.get("step_first")
         dt = rec.data["metrics"].get("data_time_s", {})
         data_time = dt.get("mean") if isinstance(dt, dict) else None
-        return self.process_step(rec.rank, step, rec.time_ns, metrics, peaks, data_time)
+        return self.process_step(
+            rec.rank,
+            step,
+            rec.time_ns,
+            metrics,
+            peaks,
+            data_time,
+            first if isinstance(first, int) else None,
+        )
 
     def _eval(self, rec: Record) -> list[Signal]:
         d = rec.data

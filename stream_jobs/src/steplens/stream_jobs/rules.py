@@ -205,74 +205,83 @@ def _recent(state: RulesState, rule: str, step: int | None, window: int) -> bool
 def _correlate(
     state: RulesState, cfg: RulesConfig, run_id: str, signals: list[Signal]
 ) -> tuple[RulesState, list[Alert]]:
-    step = next((s.step for s in signals if s.step is not None), None)
-    if step is None:  # hardware records carry no step: judge at the latest one seen
-        step = state.latest_step if state.latest_step >= 0 else None
+    """Fire a correlation when all its parts are recent; keep it while any part still is.
+
+    The hysteresis makes one long incident (whose parts breach on and off) one alert. Records
+    without a step (hardware samples) are judged at the latest step seen; before any step is
+    known nothing is judged, so every correlation alert carries its steps.
+    """
+    steps = [s.step for s in signals if s.step is not None]
+    step = max(steps) if steps else state.latest_step
+    if step < 0:
+        return state, []
     w = cfg.correlation_steps
-    found: list[tuple[str, list[str]]] = []
-    loss_bad = [
-        r for r in ("spike:loss", "volatility:loss", "arima:loss") if _recent(state, r, step, w)
-    ]
-    grad_bad = [
-        r
-        for r in ("spike:grad_norm", "arima:grad_norm", "nonfinite:grad_norm")
-        if _recent(state, r, step, w)
-    ]
-    if loss_bad and grad_bad:
-        found.append(("correlation:loss_grad", loss_bad + grad_bad))
-    util_low = _recent(state, "threshold:gpu_util", step, w) or any(
-        k[0] == "threshold:gpu_util" for k in state.firing
-    )
-    slow_data = [
-        r
-        for r in ("threshold:data_wait_share", "threshold:disk_io_latency_ms")
-        if _recent(state, r, step, w) or any(k[0] == r for k in state.firing)
-    ]
-    if util_low and slow_data:
-        found.append(("correlation:data_bottleneck", ["threshold:gpu_util", *slow_data]))
-    unstable = [k[0] for k in state.firing if k[0].startswith("eval_unstable")]
-    if unstable:
-        found.append(("correlation:eval_unstable", unstable))
+    groups = _correlation_parts(state, step, w)
     out: list[Alert] = []
-    active = {rule for rule, _ in found}
-    state.correlating = (
-        bool(found)
-        or any(_recent(state, r, step, w) for r in state.recent)
-        or any(k[0].startswith("correlation:") for k in state.firing)
-    )
-    for rule, because in found:
+    for rule, parts in groups.items():
         key = (rule, "run")
-        if key in state.firing:
-            state.firing[key].last_step = step
-            continue
-        ev = {"because": because}
-        state.firing[key] = Firing(WARNING, step, step, 0, ev)
-        out.append(
-            _alert(
-                run_id,
-                rule,
-                WARNING,
-                "firing",
-                "run",
-                step,
-                step,
-                ev,
-                f"{rule} at step {step}: {', '.join(because)}",
+        cur = state.firing.get(key)
+        live = [p for p in parts if p]
+        if cur is None:
+            if len(live) < len(parts):
+                continue
+            because = [r for p in parts for r in p]
+            started = min((state.recent[r] for r in because if r in state.recent), default=step)
+            ev = {"because": because}
+            state.firing[key] = Firing(WARNING, started, step, 0, ev)
+            out.append(
+                _alert(
+                    run_id,
+                    rule,
+                    WARNING,
+                    "firing",
+                    "run",
+                    step,
+                    started,
+                    ev,
+                    f"{rule} at step {step}: {', '.join(because)}",
+                )
             )
-        )
-    for key in [k for k in state.firing if k[0].startswith("correlation:")]:
-        if key[0] in active:
-            continue
-        cur = state.firing[key]
-        if step is None or cur.last_step is None:
-            cur.clean += 1
-            done = cur.clean >= cfg.resolve_after
-        else:
-            done = step - cur.last_step >= cfg.resolve_after
-        if done:
+        elif live:
+            cur.last_step = max(step, cur.last_step if cur.last_step is not None else step)
+        elif cur.last_step is None or step - cur.last_step >= cfg.resolve_after:
             del state.firing[key]
             out.append(_resolved(run_id, key, cur, step))
+    state.correlating = any(_recent(state, r, step, w) for r in state.recent) or any(
+        k[0].startswith("correlation:") for k in state.firing
+    )
     return state, out
+
+
+def _correlation_parts(state: RulesState, step: int, w: int) -> dict[str, list[list[str]]]:
+    """Per correlation rule, its parts: the rules now breaching (recent or firing) for each."""
+
+    def bad(*rules: str) -> list[str]:
+        return [
+            r for r in rules if _recent(state, r, step, w) or any(k[0] == r for k in state.firing)
+        ]
+
+    return {
+        "correlation:loss_grad": [
+            [
+                r
+                for r in ("spike:loss", "volatility:loss", "arima:loss")
+                if _recent(state, r, step, w)
+            ],
+            [
+                r
+                for r in ("spike:grad_norm", "arima:grad_norm", "nonfinite:grad_norm")
+                if _recent(state, r, step, w)
+            ],
+        ],
+        "correlation:data_bottleneck": [
+            bad("threshold:gpu_util"),
+            bad("threshold:data_wait_share", "threshold:disk_io_latency_ms"),
+        ],
+        "correlation:eval_unstable": [
+            [k[0] for k in state.firing if k[0].startswith("eval_unstable")]
+        ],
+    }
 
 
 def _alert(  # noqa: PLR0917

@@ -1,5 +1,12 @@
 """Learning-rate schedule: the logged lr must follow the declared schedule (``run_meta``).
 
+The logged lr is compared with the declared lr over the steps it may stand for: a step record's
+lr may be the one of its own step or of a neighbour (PyTorch schedulers are stepped after the
+optimizer, so ``get_last_lr()`` read after ``scheduler.step()`` is the next step's lr), and a
+window's mean stands for every step of the window. Between those steps the declared lr is monotone
+except across the warmup peak, so the range of the declared values at the ends (and at the peak)
+bounds every value the logged lr may rightly take.
+
 Without a declared schedule the lr may only rise smoothly: a jump above ``jump`` x the largest
 recent lr is a deviation. The signal carries the step where the deviation started.
 """
@@ -20,6 +27,7 @@ class LrConfig:
     jump: float = 2.0
     jump_window: int = 20
     warmup: int = 3
+    step_offset: int = 1  # the logged lr may be that of the previous or the next step
 
 
 @dataclass
@@ -56,19 +64,46 @@ def expected_lr(schedule: dict[str, Any], step: int) -> float | None:
     return None
 
 
-def update(
-    state: LrState, cfg: LrConfig, lr: float, step: int | None, rank: int = -1
+def expected_range(
+    schedule: dict[str, Any], first: int, last: int, offset: int
+) -> tuple[float, float] | None:
+    """Smallest and largest declared lr over steps ``first - offset`` .. ``last + offset``."""
+    lo_step, hi_step = max(0, first - offset), max(0, last + offset)
+    probes = {lo_step, hi_step}
+    warm = int(schedule.get("warmup_steps") or 0)
+    for s in (warm - 1, warm):  # the peak, where warmup turns into decay
+        if lo_step <= s <= hi_step:
+            probes.add(s)
+    for m in schedule.get("milestones") or []:  # both sides of each drop of a step schedule
+        if isinstance(m, int) and lo_step < m <= hi_step:
+            probes.update((m - 1, m))
+    values = [v for v in (expected_lr(schedule, s) for s in probes) if v is not None]
+    return (min(values), max(values)) if values else None
+
+
+def update(  # noqa: PLR0917
+    state: LrState,
+    cfg: LrConfig,
+    lr: float,
+    step: int | None,
+    rank: int = -1,
+    first_step: int | None = None,
 ) -> tuple[LrState, list[Signal]]:
+    """Score the lr logged at ``step`` (a window's mean when ``first_step`` is given)."""
     if step is None:
         return state, []
-    want = expected_lr(state.schedule, step) if state.schedule else None
-    if want is not None:
-        peak = float(state.schedule.get("peak_lr", want)) if state.schedule else want
-        tol = cfg.rel_tolerance * max(abs(want), 0.01 * abs(peak), 1e-12)
-        dev = abs(lr - want) if math.isfinite(lr) else math.inf
+    first = step if first_step is None else min(first_step, step)
+    span = expected_range(state.schedule, first, step, cfg.step_offset) if state.schedule else None
+    if span is not None and state.schedule is not None:
+        want = expected_lr(state.schedule, step)
+        lo, hi = span
+        peak = float(state.schedule.get("peak_lr", hi))
+        near = lo if math.isfinite(lr) and lr < lo else hi
+        tol = cfg.rel_tolerance * max(abs(near), 0.01 * abs(peak), 1e-12)
+        dev = max(lo - lr, lr - hi, 0.0) if math.isfinite(lr) else math.inf
         breach = dev > tol
-        expected, lower, upper = want, want - tol, want + tol
-        score = score_of(dev / tol)
+        expected, lower, upper = (want if want is not None else lo), lo - tol, hi + tol
+        score = score_of(dev / tol) if dev > 0 else 0.0
     else:
         top = max(state.recent) if state.recent else 0.0
         if math.isfinite(lr):
