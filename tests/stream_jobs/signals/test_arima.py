@@ -49,7 +49,7 @@ def test_fits_are_requested_rarely_and_history_is_bounded():
         st, _ = arima.update(st, cfg, "loss", math.sin(i / 10) + 0.01 * (i % 7), i)
         if st.wants_fit:
             fits += 1
-            arima.apply_fit(st, cfg, None)
+            arima.apply_fit(st, cfg, arima.ArimaParams(ar=[0.0], ma=[0.0], const=0.0, sigma=1.0))
     assert 5 <= fits <= 9
     assert len(st.history) == 128
 
@@ -57,3 +57,36 @@ def test_fits_are_requested_rarely_and_history_is_bounded():
 def test_state_without_fit_emits_zero_scores():
     _, sigs = feed([1.0, 2.0, 3.0], arima.ArimaConfig(), fit=False)
     assert [s.score for s in sigs] == [0.0, 0.0, 0.0]
+
+
+def test_a_skipped_first_fit_is_asked_again_soon():
+    """A busy fit pool answers None; the series must not wait for the 4x refit schedule."""
+    cfg = arima.ArimaConfig(first_fit=64, retry_after=16)
+    state = arima.ArimaState()
+    requested = []
+    for i in range(200):
+        state, _ = arima.update(state, cfg, "loss", 2.0 + 0.01 * math.sin(i), i)
+        if state.wants_fit:
+            requested.append(state.seen)
+            params = (
+                None
+                if len(requested) == 1
+                else arima.fit(arima.fit_input(state, cfg), cfg.order, cfg.method)
+            )
+            arima.apply_fit(state, cfg, params)
+    assert requested[:2] == [64, 80]
+    assert state.params is not None
+
+
+def test_a_series_whose_fits_keep_failing_backs_off():
+    cfg = arima.ArimaConfig(first_fit=64, refit_every=500, retry_after=16)
+    st = arima.ArimaState()
+    requested = []
+    for i in range(3000):
+        st, _ = arima.update(st, cfg, "loss", math.sin(i / 10), i)
+        if st.wants_fit:
+            requested.append(st.seen)
+            arima.apply_fit(st, cfg, None)
+    gaps = [b - a for a, b in zip(requested, requested[1:])]
+    assert gaps[:4] == [16, 32, 64, 128]
+    assert len(requested) <= 14

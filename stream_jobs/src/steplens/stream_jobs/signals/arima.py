@@ -35,6 +35,7 @@ class ArimaConfig:
     rel_floor: float = 1e-3  # noise floor relative to |value| (smooth series)
     drift_alpha: float = 0.05  # EMA weight of the online mean of the differenced series
     noise_alpha: float = 0.02  # EMA weight of the online forecast-error variance
+    retry_after: int = 16  # values before a failed or skipped first fit is asked again
 
 
 @dataclass
@@ -58,6 +59,7 @@ class ArimaState:
     outside: int = 0
     mean: float = 0.0  # online mean of the differenced series
     var: float = 0.0  # online variance of the forecast errors
+    failed_fits: int = 0  # first fits that failed or were skipped, for the retry backoff
 
 
 def fit(values: np.ndarray, order: tuple[int, int, int], method: str) -> ArimaParams | None:
@@ -76,10 +78,11 @@ def fit(values: np.ndarray, order: tuple[int, int, int], method: str) -> ArimaPa
                 enforce_stationarity=False,
                 enforce_invertibility=False,
             )
-            res = model.fit(method=method)
+            # the bare parameters: building a results object would cost a third of the fit
+            params = model.fit(method=method, return_params=True)
     except Exception:
         return None
-    named = dict(zip(res.param_names, (float(v) for v in res.params), strict=True))
+    named = dict(zip(model.param_names, (float(v) for v in params), strict=True))
     sigma2 = named.get("sigma2", float("nan"))
     if not math.isfinite(sigma2) or sigma2 <= 0:
         sigma2 = float(np.var(series)) or 1e-12
@@ -97,7 +100,12 @@ def fit_input(state: ArimaState, cfg: ArimaConfig) -> np.ndarray:
 
 
 def apply_fit(state: ArimaState, cfg: ArimaConfig, params: ArimaParams | None) -> ArimaState:
+    """Take a fit's result; ``None`` (failed, or skipped by a busy pool) before any model exists
+    asks again after ``retry_after`` values (doubling with each failure) instead of waiting for the next scheduled refit."""
     state.wants_fit = False
+    if params is None and state.params is None:
+        state.next_fit = min(state.next_fit, state.seen + (cfg.retry_after << state.failed_fits))
+        state.failed_fits = min(state.failed_fits + 1, 8)
     if params is not None:
         if state.params is None:
             state.mean = params.const
@@ -121,18 +129,26 @@ def update(  # noqa: PLR0917
     p = state.params
     signals: list[Signal] = []
     d = cfg.order[1]
-    if p is not None and (state.last is not None or not d):
+    last = state.last
+    diffs, errors = state.diffs, state.errors
+    if p is not None and (last is not None or not d):
         mu = state.mean
         pred = mu
-        for coef, past in zip(p.ar, reversed(state.diffs), strict=False):
-            pred += coef * (past - mu)
-        for coef, err in zip(p.ma, reversed(state.errors), strict=False):
-            pred += coef * err
-        base = state.last if d and state.last is not None else 0.0
+        ar, ma = p.ar, p.ma
+        if ar:
+            n = len(diffs)
+            for i in range(min(len(ar), n)):
+                pred += ar[i] * (diffs[n - 1 - i] - mu)
+        if ma:
+            n = len(errors)
+            for i in range(min(len(ma), n)):
+                pred += ma[i] * errors[n - 1 - i]
+        base = last if d and last is not None else 0.0
         expected = base + pred
         band = cfg.z * max(p.sigma, math.sqrt(state.var), cfg.rel_floor * abs(expected))
         dev = abs(x - expected)
-        state.outside = state.outside + 1 if dev > band else 0
+        outside = dev > band
+        state.outside = state.outside + 1 if outside else 0
         severity = WARNING if state.outside >= cfg.consecutive else None
         signals.append(
             Signal(
@@ -142,38 +158,41 @@ def update(  # noqa: PLR0917
                 x,
                 score_of(dev / band),
                 rank,
-                severity=severity,
-                expected=expected,
-                lower=expected - band,
-                upper=expected + band,
+                "run",
+                severity,
+                expected,
+                expected - band,
+                expected + band,
             )
         )
-        if dev > band and state.outside < cfg.consecutive:
+        if outside and state.outside < cfg.consecutive:
             # an isolated outlier is not learnt: the next forecast starts from the expected value
             # (once it lasts ``consecutive`` values it is a new regime and is followed)
             x = expected
         y = x - base
         err = y - pred
-        state.errors.append(err)
+        errors.append(err)
         lim = band / cfg.z * 3.0  # outliers may widen the noise estimate only so far
         e = min(abs(err), lim)
         state.var += cfg.noise_alpha * (e * e - state.var)
         state.mean += cfg.drift_alpha * (y - state.mean)
+        keep = max(len(ar), len(ma), 1)
     else:
-        y = x - state.last if d and state.last is not None else x
-        state.errors.append(0.0)
+        y = x - last if d and last is not None else x
+        errors.append(0.0)
         signals.append(Signal("arima", metric, step, x, 0.0, rank))
-    if state.last is not None or not d:
-        state.diffs.append(y)
-    keep = max(len(p.ar), len(p.ma), 1) if p is not None else max(cfg.order[0], cfg.order[2], 1)
-    while len(state.diffs) > keep:
-        state.diffs.popleft()
-    while len(state.errors) > keep:
-        state.errors.popleft()
+        keep = max(cfg.order[0], cfg.order[2], 1) if p is None else max(len(p.ar), len(p.ma), 1)
+    if last is not None or not d:
+        diffs.append(y)
+    while len(diffs) > keep:
+        diffs.popleft()
+    while len(errors) > keep:
+        errors.popleft()
     state.last = x
-    state.history.append(x)
-    if len(state.history) > cfg.fit_window:
-        state.history.popleft()
+    history = state.history
+    history.append(x)
+    if len(history) > cfg.fit_window:
+        history.popleft()
     state.seen += 1
     if state.next_fit == 0:
         _schedule(state, cfg)
