@@ -32,3 +32,17 @@ def test_detect_scores_every_row_and_flags_the_spike(tmp_path, capsys):
 
 def test_detect_reports_a_missing_file(tmp_path, capsys):
     assert main([str(tmp_path / "nope.csv"), "--out", str(tmp_path / "o.csv")]) == 2
+
+
+def test_read_rows_pads_short_rows_cuts_long_ones_and_skips_blank_lines():
+    import io
+
+    from steplens.stream_jobs.detect_cli import read_rows
+
+    text = "step,loss,x\n0,1.0,2\n\n1,1.1\n2,1.2,3,9\n"
+    columns, rows = read_rows(io.StringIO(text))
+    assert columns == ["step", "loss", "x"]
+    assert rows == [["0", "1.0", "2"], ["1", "1.1", ""], ["2", "1.2", "3"]]
+    # the same cells csv.DictReader would give
+    want = [[r.get(c) or "" for c in columns] for r in csv.DictReader(io.StringIO(text))]
+    assert rows == want

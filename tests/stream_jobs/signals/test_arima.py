@@ -1,3 +1,4 @@
+import itertools
 import math
 import random
 
@@ -87,6 +88,6 @@ def test_a_series_whose_fits_keep_failing_backs_off():
         if st.wants_fit:
             requested.append(st.seen)
             arima.apply_fit(st, cfg, None)
-    gaps = [b - a for a, b in zip(requested, requested[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(requested)]
     assert gaps[:4] == [16, 32, 64, 128]
     assert len(requested) <= 14

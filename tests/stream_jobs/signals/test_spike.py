@@ -71,3 +71,15 @@ def test_window_peak_is_probed_but_mean_is_learnt():
     st, sigs = update(st, cfg, "grad_norm", 1.0, 40, peak=30.0)
     assert sigs[0].severity == "critical" and sigs[0].value == 30.0
     assert max(st.values) < 2.0
+
+
+def test_median_matches_statistics_median_for_odd_and_even_lengths():
+    import random
+    import statistics
+
+    from steplens.stream_jobs.signals.spike import _median
+
+    rng = random.Random(4)
+    for n in (1, 2, 5, 64, 65):
+        values = [rng.gauss(0, 1) for _ in range(n)]
+        assert _median(list(values)) == statistics.median(values)

@@ -58,41 +58,71 @@ def format_alert(a: Alert) -> str:
     return f"{head}: {a.summary} -- {a.hint}"
 
 
+def read_rows(f: TextIO) -> tuple[list[str], list[list[str]]]:
+    """The header and the rows of a CSV, each row padded or cut to the header's width
+    (blank lines are skipped, as ``csv.DictReader`` does)."""
+    reader = csv.reader(f)
+    columns = next(reader, [])
+    n = len(columns)
+    rows = []
+    for cells in reader:
+        if not cells:
+            continue
+        rows.append(cells if len(cells) == n else (cells + [""] * (n - len(cells)))[:n])
+    return columns, rows
+
+
 def score_rows(
-    rows: list[dict[str, str]],
+    rows: list[list[str]],
     columns: list[str],
     cfg: DetectorConfig | None = None,
     out: TextIO | None = None,
 ) -> tuple[list[dict[str, float]], list[str]]:
-    """Run the detectors over ``rows``; returns per-row result columns and the signal columns."""
+    """Run the detectors over ``rows`` (lists of cells in ``columns`` order); returns per-row
+    result columns and the signal columns."""
     det = RunDetector("detect", cfg or DetectorConfig(), fit_inline=True, generic=True)
+    index = {c: i for i, c in enumerate(columns)}  # a repeated name: its last column
     low = {c.lower(): c for c in columns}
     step_col = next((low[c] for c in STEP_COLUMNS if c in low), None)
     time_col = next((low[c] for c in TIME_COLUMNS if c in low), None)
-    metric_cols = [c for c in columns if c not in (step_col, time_col)]
+    step_at = index[step_col] if step_col is not None else -1
+    time_at = index[time_col] if time_col is not None else -1
+    metric_at = [(c, index[c]) for c in columns if c not in (step_col, time_col)]
     results: list[dict[str, float]] = []
     signal_cols: dict[str, None] = {}
+    col_of: dict[tuple[str, str], str] = {}
+    process_step, evaluate = det.process_step, det.evaluate
     for i, row in enumerate(rows):
         step = i
-        if step_col is not None:
-            s = _number(row.get(step_col) or "")
+        if step_at >= 0:
+            s = _number(row[step_at])
             step = int(s) if s is not None and math.isfinite(s) else i
-        t_ns = _time_ns(row.get(time_col) or "") if time_col else 0
+        t_ns = _time_ns(row[time_at]) if time_at >= 0 else 0
         metrics: dict[str, float] = {}
-        for c in metric_cols:
-            x = _number(row.get(c) or "")
-            if x is not None:
-                metrics[c] = x
-        sigs = det.process_step(0, step, t_ns, metrics)
-        alerts = det.evaluate(sigs)
+        for c, at in metric_at:
+            cell = row[at]
+            if not cell:
+                continue
+            try:
+                metrics[c] = float(cell)  # the common case; _number handles the rest
+            except ValueError:
+                x = _number(cell)
+                if x is not None:
+                    metrics[c] = x
+        sigs = process_step(0, step, t_ns, metrics)
+        alerts = evaluate(sigs)
         res: dict[str, float] = {}
         top = 0.0
         for sig in sigs:
-            col = f"{sig.name}_{sig.metric}"
-            if sig.score > res.get(col, -1.0):
-                res[col] = sig.score
-            top = max(top, sig.score)
-            signal_cols[col] = None
+            key = (sig.name, sig.metric)
+            col = col_of.get(key)
+            if col is None:
+                col = col_of[key] = f"{sig.name}_{sig.metric}"
+                signal_cols[col] = None
+            score = sig.score
+            if score > res.get(col, -1.0):
+                res[col] = score
+            top = max(top, score)
         res["anomaly_score"] = min(1.0, top)
         res["alert"] = 1.0 if det.rules.firing else 0.0
         results.append(res)
@@ -120,9 +150,7 @@ def main(argv: list[str], prog: str = "steplens detect") -> int:
     started = time.perf_counter()
     try:
         with open(args.input, newline="") as f:
-            reader = csv.DictReader(f)
-            columns = list(reader.fieldnames or [])
-            rows = list(reader)
+            columns, rows = read_rows(f)
     except OSError as exc:
         print(f"{prog}: cannot read {args.input}: {exc}", file=sys.stderr)
         return 2
@@ -131,16 +159,20 @@ def main(argv: list[str], prog: str = "steplens detect") -> int:
         return 2
     results, signal_cols = score_rows(rows, columns, cfg, None if args.quiet else sys.stdout)
     header = [*columns, "anomaly_score", "alert", *signal_cols]
+    index = {c: i for i, c in enumerate(columns)}
+    picks = [index[c] for c in columns]
+    repeated = picks != list(range(len(columns)))  # a repeated name repeats its last column
+    zero = f"{0.0:.4f}"
     with open(args.out, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(header)
         for row, res in zip(rows, results, strict=True):
             w.writerow(
                 [
-                    *(row.get(c, "") for c in columns),
+                    *([row[j] for j in picks] if repeated else row),
                     f"{res['anomaly_score']:.4f}",
                     int(res["alert"]),
-                    *(f"{res.get(c, 0.0):.4f}" for c in signal_cols),
+                    *(f"{res[c]:.4f}" if c in res else zero for c in signal_cols),
                 ]
             )
     elapsed = time.perf_counter() - started

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 from steplens.producer.schema import RUN_RANK, Record
@@ -36,6 +37,25 @@ from steplens.stream_jobs.signals import (
 )
 
 FitKey = tuple[int, str]  # (rank, metric)
+
+_GRAD, _SPIKE, _GENERIC = 1, 2, 3  # which spike settings a metric uses (0: none)
+
+
+@cache
+def _route(metric: str, generic: bool) -> tuple[int, bool, bool, bool]:
+    """Which detectors score ``metric``: (spike settings, volatility, ARIMA, own signal)."""
+    if metric in SPIKE_METRICS:
+        spike_kind = _GRAD if metric in GRAD_METRICS else _SPIKE
+    elif generic and metric not in NONFINITE_METRICS and metric != "lr":
+        spike_kind = _GENERIC
+    else:
+        spike_kind = 0
+    return (
+        spike_kind,
+        metric in VOLATILITY_METRICS,
+        metric in ARIMA_METRICS or (generic and metric != "lr"),
+        metric in ("lr", "update_ratio", "param_norm", "loss"),
+    )
 
 
 @dataclass
@@ -134,52 +154,47 @@ class RunDetector:
         cfg = self.cfg
         s = self._rank(rank)
         out: list[Signal] = []
+        arima_on = cfg.arima_enabled
+        generic = self.generic
+        spike_cfgs = (cfg.spike, cfg.grad_spike, cfg.spike, cfg.generic_spike)  # by _route kind
+        spikes = s.spikes
         for metric, raw in metrics.items():
-            if not isinstance(raw, (int, float)) or isinstance(raw, bool):
+            if type(raw) is float:  # the common case, checked first
+                x = raw
+            elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
+                x = float(raw)
+            else:
                 continue
-            x = float(raw)
             peak = peaks.get(metric) if peaks else None
-            if metric in SPIKE_METRICS or (
-                self.generic and metric not in NONFINITE_METRICS and metric != "lr"
-            ):
-                st = s.spikes.get(metric)
+            spike_kind, vol, arima_too, special = _route(metric, generic)
+            if spike_kind:
+                st = spikes.get(metric)
                 if st is None:
-                    st = s.spikes[metric] = spike.SpikeState()
-                c = (
-                    cfg.grad_spike
-                    if metric in GRAD_METRICS
-                    else cfg.spike
-                    if metric in SPIKE_METRICS
-                    else cfg.generic_spike
-                )
-                _, got = spike.update(st, c, metric, x, step, rank, peak)
-                out += got
+                    st = spikes[metric] = spike.SpikeState()
+                out += spike.update(st, spike_cfgs[spike_kind], metric, x, step, rank, peak)[1]
             elif not math.isfinite(x) or (peak is not None and not math.isfinite(peak)):
                 out.append(Signal("nonfinite", metric, step, x, 1.0, rank, severity=CRITICAL))
                 continue
-            if metric in VOLATILITY_METRICS:
+            if vol:
                 vs = s.vol.get(metric)
                 if vs is None:
                     vs = s.vol[metric] = volatility.VolatilityState()
-                _, got = volatility.update(vs, cfg.volatility, metric, x, step)
-                out += got
-            if cfg.arima_enabled and (metric in ARIMA_METRICS or (self.generic and metric != "lr")):
+                out += volatility.update(vs, cfg.volatility, metric, x, step)[1]
+            if arima_on and arima_too:
                 a = s.arimas.get(metric)
                 if a is None:
                     a = s.arimas[metric] = arima.ArimaState()
-                _, got = arima.update(a, cfg.arima, metric, x, step, rank)
-                out += got
+                out += arima.update(a, cfg.arima, metric, x, step, rank)[1]
                 if a.wants_fit:
                     self._want_fit(rank, metric, a)
+            if not special:
+                continue
             if metric == "lr":
-                _, got = lr_schedule.update(s.lr, cfg.lr, x, step, rank, first_step)
-                out += got
+                out += lr_schedule.update(s.lr, cfg.lr, x, step, rank, first_step)[1]
             elif metric == "update_ratio":
-                _, got = training.update_ratio(s.train, cfg.training, x, step, rank)
-                out += got
+                out += training.update_ratio(s.train, cfg.training, x, step, rank)[1]
             elif metric == "param_norm":
-                _, got = training.param_norm(s.train, cfg.training, x, step, rank)
-                out += got
+                out += training.param_norm(s.train, cfg.training, x, step, rank)[1]
             elif metric == "loss" and math.isfinite(x):
                 a_ = cfg.train_loss_alpha
                 self.train_loss = (

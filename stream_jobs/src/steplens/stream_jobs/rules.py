@@ -113,6 +113,16 @@ def evaluate(
     """Feed this record's signals; returns the alert transitions they cause."""
     alerts: list[Alert] = []
     firing = state.firing
+    if not firing and not state.correlating:
+        # the common case: nothing firing, nothing to correlate; only a breach changes that
+        for sig in signals:
+            if sig.severity is not None:
+                break
+        else:
+            last = signals[-1].step if signals else None
+            if last is not None and last > state.latest_step:
+                state.latest_step = last
+            return state, alerts
     breached = False
     for sig in signals:
         rule = f"{sig.name}:{sig.metric}"

@@ -101,7 +101,8 @@ def fit_input(state: ArimaState, cfg: ArimaConfig) -> np.ndarray:
 
 def apply_fit(state: ArimaState, cfg: ArimaConfig, params: ArimaParams | None) -> ArimaState:
     """Take a fit's result; ``None`` (failed, or skipped by a busy pool) before any model exists
-    asks again after ``retry_after`` values (doubling with each failure) instead of waiting for the next scheduled refit."""
+    asks again after ``retry_after`` values (doubling with each failure) instead of waiting for
+    the next scheduled refit."""
     state.wants_fit = False
     if params is None and state.params is None:
         state.next_fit = min(state.next_fit, state.seen + (cfg.retry_after << state.failed_fits))

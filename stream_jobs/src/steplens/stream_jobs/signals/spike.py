@@ -17,7 +17,6 @@ import math
 from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, field
-from statistics import median
 
 from steplens.stream_jobs.core import CRITICAL, WARNING, Signal, score_of
 
@@ -47,34 +46,46 @@ class SpikeState:
     last: float | None = None
 
 
+def _median(values: list[float]) -> float:
+    """Median of ``values`` (sorted here), as ``statistics.median`` computes it."""
+    values.sort()
+    n = len(values)
+    i = n // 2
+    return values[i] if n % 2 else (values[i - 1] + values[i]) / 2
+
+
 def _rescale(state: SpikeState, cfg: SpikeConfig) -> None:
     if len(state.diffs) < 4:
         state.scale = 0.0
         return
     d = state.diffs
-    mid = median(d)
-    mad_diff = median([abs(v - mid) for v in d]) / math.sqrt(2.0)
-    level = state.ordered[len(state.ordered) // 2]
-    mad_level = median([abs(v - level) for v in state.values])
-    # the smaller is the noise when the series trends, the larger when it is heavy-tailed
-    # around a level; a spike must clear both to matter
-    state.scale = (
-        1.4826 * max(mad_diff, mad_level) if cfg.trend_tolerant is False else (1.4826 * mad_diff)
-    )
+    mid = _median(list(d))
+    mad_diff = _median([abs(v - mid) for v in d]) / math.sqrt(2.0)
+    if cfg.trend_tolerant is False:
+        # the smaller is the noise when the series trends, the larger when it is heavy-tailed
+        # around a level; a spike must clear both to matter
+        level = state.ordered[len(state.ordered) // 2]
+        mad_level = _median([abs(v - level) for v in state.values])
+        state.scale = 1.4826 * max(mad_diff, mad_level)
+    else:
+        state.scale = 1.4826 * mad_diff
     state.since_rescale = 0
 
 
 def _push(state: SpikeState, cfg: SpikeConfig, x: float) -> None:
-    if state.last is not None:
-        state.diffs.append(x - state.last)
-        if len(state.diffs) > cfg.window:
-            state.diffs.popleft()
+    window = cfg.window
+    last = state.last
+    if last is not None:
+        diffs = state.diffs
+        diffs.append(x - last)
+        if len(diffs) > window:
+            diffs.popleft()
     state.last = x
-    state.values.append(x)
-    insort(state.ordered, x)
-    if len(state.values) > cfg.window:
-        old = state.values.popleft()
-        del state.ordered[bisect_left(state.ordered, old)]
+    values, ordered = state.values, state.ordered
+    values.append(x)
+    insort(ordered, x)
+    if len(values) > window:
+        del ordered[bisect_left(ordered, values.popleft())]
     state.since_rescale += 1
     if state.since_rescale >= cfg.rescale_every or state.scale == 0.0:
         _rescale(state, cfg)
@@ -91,7 +102,7 @@ def update(  # noqa: PLR0917
 ) -> tuple[SpikeState, list[Signal]]:
     """Score ``x`` (or ``peak``, a window's extreme) against the baseline, then learn ``x``."""
     probe = x if peak is None else peak
-    if not math.isfinite(probe) or not math.isfinite(x):
+    if not (math.isfinite(probe) and math.isfinite(x)):
         bad = probe if not math.isfinite(probe) else x
         sig = Signal("nonfinite", metric, step, bad, 1.0, rank, severity=CRITICAL)
         return state, [sig]
@@ -104,33 +115,25 @@ def update(  # noqa: PLR0917
     amed = abs(med)
     scale = max(state.scale, cfg.rel_floor * amed, cfg.abs_floor)
     dev = probe - med
-    if cfg.direction != "up":
+    up = cfg.direction == "up"
+    if not up:
         dev = abs(dev)
     z = dev / scale
+    moved = dev >= cfg.min_rel_change * amed
     severity = None
-    if z >= cfg.z and dev >= cfg.min_rel_change * amed:
+    if moved and z >= cfg.z:
         severity = CRITICAL if z >= 2.0 * cfg.z else WARNING
     ratio = 0.0
     if amed > cfg.near_zero and amed > 3.0 * scale and probe * med > 0:
-        ratio = probe / med if cfg.direction == "up" else max(probe / med, med / probe)
+        ratio = probe / med if up else max(probe / med, med / probe)
         if ratio >= cfg.ratio:
             severity = CRITICAL
-    score = max(
-        score_of(z / cfg.z) if dev >= cfg.min_rel_change * amed else 0.0,
-        score_of(ratio / cfg.ratio) if ratio >= 1.0 else 0.0,
-    )
+    score = score_of(z / cfg.z) if moved else 0.0
+    if ratio >= 1.0:
+        score = max(score, score_of(ratio / cfg.ratio))
     _push(state, cfg, x)
     band = cfg.z * scale
     sig = Signal(
-        "spike",
-        metric,
-        step,
-        probe,
-        score,
-        rank,
-        severity=severity,
-        expected=med,
-        lower=med - band,
-        upper=med + band,
+        "spike", metric, step, probe, score, rank, "run", severity, med, med - band, med + band
     )
     return state, [sig]
