@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ class DemoRun:
     returncode: int
     output: str
     report_dir: Path
-    env: dict[str, str]
+    env: dict[str, str] = field(repr=False)  # holds the stack's secrets: never in a report
 
 
 @pytest.fixture(scope="session")

@@ -121,12 +121,14 @@ def wait_port(port: int, child: Child, timeout_s: float, progress: Progress) -> 
 
 
 def port_or_free(port: int) -> int:
-    """``port`` when nothing listens there on 127.0.0.1, else a free one."""
+    """``port`` when it can be bound on 127.0.0.1 now, else a free one (a connect test can
+    time out on a busy machine and call a taken port free)."""
     with socket.socket() as s:
-        s.settimeout(0.5)
-        if s.connect_ex(("127.0.0.1", port)) != 0:
-            return port
-    return free_port()
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return free_port()
+    return port
 
 
 def free_port() -> int:
