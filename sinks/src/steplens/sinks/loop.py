@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -32,11 +33,12 @@ class LoopStats:
     commits: int = 0
 
 
-class SinkLoop:
+class ConsumerLoop:
+    """What every sink loop shares: the consumer, dead letters, shutdown event and backoff."""
+
     def __init__(
         self,
         consumer: Consumer,
-        sink: Sink,
         dead_letters: DeadLetters,
         *,
         stop: threading.Event,
@@ -45,12 +47,36 @@ class SinkLoop:
         backoff: RetryPolicy | None = None,
     ) -> None:
         self.consumer = consumer
-        self.sink = sink
         self.dead_letters = dead_letters
         self.stop = stop
         self.batch_size = batch_size
         self.poll_timeout_s = poll_timeout_s
         self._delay = backoff_delays(backoff or RetryPolicy(initial_backoff_s=0.5, max_backoff_s=5))
+
+    def _keep_alive(self) -> None:
+        """Poll while paused so the group keeps us; rewind anything a rebalance delivered."""
+        msg = self.consumer.poll(0)
+        if msg is not None and msg.error() is None:
+            self.consumer.seek(
+                TopicPartition(msg.topic() or "", msg.partition() or 0, msg.offset() or 0)
+            )
+
+    def _dead_letters_acknowledged(self) -> bool:
+        """Wait (with backoff) until the dead letters sent are acknowledged; False on shutdown."""
+        attempt = 0
+        while not self.dead_letters.flush():
+            attempt += 1
+            if self.stop.wait(self._delay(attempt)):
+                return False
+        return True
+
+
+class SinkLoop(ConsumerLoop):
+    def __init__(
+        self, consumer: Consumer, sink: Sink, dead_letters: DeadLetters, **loop: Any
+    ) -> None:
+        super().__init__(consumer, dead_letters, **loop)
+        self.sink = sink
         self.stats = LoopStats()
 
     def run(self, max_seconds: float | None = None) -> LoopStats:
@@ -85,11 +111,8 @@ class SinkLoop:
         metrics.RECORDS.labels(name, "accepted").inc(result.accepted)
         metrics.RECORDS.labels(name, "skipped").inc(result.skipped)
         metrics.RECORDS.labels(name, "dead_letter").inc(len(bad))
-        attempt = 0
-        while bad and not self.dead_letters.flush():
-            attempt += 1
-            if self.stop.wait(self._delay(attempt)):
-                return False
+        if bad and not self._dead_letters_acknowledged():
+            return False
         self.stats.batches += 1
         self.stats.accepted += result.accepted
         self.stats.skipped += result.skipped
@@ -100,14 +123,6 @@ class SinkLoop:
             self.stats.commits += 1
             metrics.LAST_COMMIT.labels(name).set_to_current_time()
         return True
-
-    def _keep_alive(self) -> None:
-        """Poll while paused so the group keeps us; rewind anything a rebalance delivered."""
-        msg = self.consumer.poll(0)
-        if msg is not None and msg.error() is None:
-            self.consumer.seek(
-                TopicPartition(msg.topic() or "", msg.partition() or 0, msg.offset() or 0)
-            )
 
     def _export_until_durable(self, records: list[Record]) -> ExportResult | None:
         if not records:

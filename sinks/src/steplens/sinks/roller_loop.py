@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
 from steplens.sinks import metrics
 from steplens.sinks.kafka_io import DeadLetters, commit, poll_batch
-from steplens.sinks.retry import RetryPolicy, backoff_delays
+from steplens.sinks.loop import ConsumerLoop
 from steplens.sinks.s3 import Chunk, S3Roller
 
 log = logging.getLogger("steplens.sinks")
@@ -26,25 +26,12 @@ class RollerStats:
     commits: int = 0
 
 
-class RollerLoop:
+class RollerLoop(ConsumerLoop):
     def __init__(
-        self,
-        consumer: Consumer,
-        roller: S3Roller,
-        dead_letters: DeadLetters,
-        *,
-        stop: threading.Event,
-        batch_size: int = 5000,
-        poll_timeout_s: float = 0.2,
-        backoff: RetryPolicy | None = None,
+        self, consumer: Consumer, roller: S3Roller, dead_letters: DeadLetters, **loop: Any
     ) -> None:
-        self.consumer = consumer
+        super().__init__(consumer, dead_letters, **loop)
         self.roller = roller
-        self.dead_letters = dead_letters
-        self.stop = stop
-        self.batch_size = batch_size
-        self.poll_timeout_s = poll_timeout_s
-        self._delay = backoff_delays(backoff or RetryPolicy(initial_backoff_s=0.5, max_backoff_s=5))
         self.stats = RollerStats()
 
     def on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -93,23 +80,14 @@ class RollerLoop:
                         self.consumer.pause(paused)
                     if self.stop.wait(self._delay(attempt)):
                         return False
-                    msg = self.consumer.poll(0)  # stay in the group while paused
-                    if msg is not None and msg.error() is None:
-                        self.consumer.seek(
-                            TopicPartition(
-                                msg.topic() or "", msg.partition() or 0, msg.offset() or 0
-                            )
-                        )
+                    self._keep_alive()
         finally:
             if paused:
                 self.consumer.resume(paused)
         for item, reason in chunk.dead:
             self.dead_letters.send(item, reason)
-        attempt = 0
-        while chunk.dead and not self.dead_letters.flush():
-            attempt += 1
-            if self.stop.wait(self._delay(attempt)):
-                return False
+        if chunk.dead and not self._dead_letters_acknowledged():
+            return False
         metrics.RECORDS.labels("s3", "accepted").inc(chunk.records)
         metrics.RECORDS.labels("s3", "dead_letter").inc(len(chunk.dead))
         self.stats.chunks += 1
