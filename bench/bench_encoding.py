@@ -7,21 +7,28 @@ their wire strings first, as ``steplens.producer.schema.encode`` does, so every 
 the same objects. The numbers back the wire choice at the top of ``schema.py``: JSON, with orjson
 when it is installed (same bytes on the wire, the cost paid in the producer's worker thread).
 
+A second table is the consumer's side: ``schema.decode`` (parse + validate), which every stream
+job and sink runs once per Kafka message, per record kind, as a ratio to the bare parse
+(``orjson.loads``, or ``json.loads`` without orjson) timed in the same rounds.
+
     python bench/bench_encoding.py          # a few seconds
     python bench/bench_encoding.py --long   # more rounds
+    python bench/bench_encoding.py --decode # only the decode table
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
-from steplens.producer.schema import _wire_value, decode, encode, make_record
+from steplens.producer.schema import DecodeError, _wire_value, decode, encode, make_record
 
 
 def sample_records() -> dict[str, dict[str, Any]]:
@@ -98,6 +105,32 @@ def sample_records() -> dict[str, dict[str, Any]]:
     return {"step": step.to_dict(), "step_window": window.to_dict(), "hw": hw.to_dict()}
 
 
+def typical_step() -> dict[str, Any]:
+    """A plain log_step record: core metrics, the producer's timing fields, 5 scalars."""
+    return make_record(
+        "step",
+        {
+            "loss": 2.3142,
+            "lr": 2.9e-4,
+            "grad_norm": 0.87,
+            "tokens": 524288,
+            "step_time_s": 0.412,
+            "data_time_s": 0.013,
+            "tokens_per_s": 1.27e6,
+            "scalars": {f"aux_{i}": 0.1 * i + 0.01 for i in range(5)},
+            "reason": "sample",
+        },
+        run_id="bench-run",
+        rank=3,
+        local_rank=3,
+        host="node-07",
+        pid=4242,
+        seq=1000,
+        time_ns=1_764_000_000_000_000_000,
+        step=1000,
+    ).to_dict()
+
+
 def codecs() -> dict[str, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]]:
     out: dict[str, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]] = {
         "json": (
@@ -127,12 +160,46 @@ def per_record_us(fn: Callable[[], Any], n: int) -> float:
     return (time.perf_counter_ns() - t0) / n / 1e3
 
 
+def bench_decode(records: dict[str, dict[str, Any]], n: int, rounds: int) -> None:
+    """schema.decode per record kind against the bare parse, in interleaved rounds."""
+    try:
+        import orjson
+
+        loads: Callable[[bytes], Any] = orjson.loads
+        parser = "orjson"
+    except ImportError:
+        loads, parser = json.loads, "json"
+    print(f"decode per record, median of {rounds} interleaved rounds of {n} (us)")
+    print(f"{'record':<15} {'bytes':>6} {parser + '.loads':>12} {'decode':>8} ratio")
+    for kind, rec in records.items():
+        raw = encode(rec)
+        out = decode(raw)
+        assert not isinstance(out, DecodeError), out
+        parse: list[float] = []
+        full: list[float] = []
+        for _ in range(rounds):
+            parse.append(per_record_us(partial(loads, raw), n))
+            full.append(per_record_us(partial(decode, raw), n))
+        p, d = statistics.median(parse), statistics.median(full)
+        print(f"{kind:<15} {len(raw):>6} {p:>12.2f} {d:>8.2f} {d / p:.2f}x")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--long", action="store_true", help="more rounds")
+    ap.add_argument("--decode", action="store_true", help="only the decode table")
     args = ap.parse_args()
     n, rounds = (20_000, 9) if args.long else (2_000, 7)
     records = sample_records()
+    # a non-finite window statistic: the free-form metrics are walked to restore it
+    window_inf = {**records["step_window"]}
+    metrics = {k: dict(v) for k, v in window_inf["data"]["metrics"].items()}
+    metrics["m0"]["max"] = math.inf
+    window_inf["data"] = {**window_inf["data"], "metrics": metrics}
+    decoded = {"step (typical)": typical_step(), **records, "step_window inf": window_inf}
+    if args.decode:
+        bench_decode(decoded, n, rounds)
+        return 0
     table = codecs()
     print(f"encode + decode per record, median of {rounds} interleaved rounds of {n} (us)")
     print(
@@ -160,6 +227,8 @@ def main() -> int:
                 f"{(e + d) / base:.2f}x"
             )
         print(f"{kind:<12} {'schema':<8} {'':>6} {'':>8} {'':>8} {statistics.median(full):>8.2f}")
+    print()
+    bench_decode(decoded, n, rounds)
     return 0
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -219,3 +221,183 @@ def test_decode_never_raises_on_arbitrary_json(obj: Any) -> None:
     except ValueError:
         return
     assert isinstance(decode(raw), (Record, DecodeError))
+
+
+# ----------------------------------------------------------------- fast path == full checks
+# validate/decode try checks compiled from the tables first and fall back to the full checks
+# for anything unusual; both must give the same Record or the same DecodeError.
+
+
+def full_checks_only() -> Any:
+    """Disable the fast path: every input goes through the full checks."""
+    return mock.patch.object(schema, "_validate_fast", lambda obj, raw: schema._BAD)
+
+
+def canon(x: Any) -> Any:
+    """Type-strict, order-strict, NaN-aware form of a decode result."""
+    if type(x) is float:
+        return ("float", "nan" if math.isnan(x) else repr(x))
+    if isinstance(x, dict):
+        return (type(x).__name__, [(canon(k), canon(v)) for k, v in x.items()])
+    if isinstance(x, list):
+        return ("list", [canon(v) for v in x])
+    if isinstance(x, Record):
+        return ("Record", list(vars(x)), [canon(getattr(x, f)) for f in vars(x)])
+    if isinstance(x, DecodeError):
+        return ("DecodeError", x.reason, x.path, x.raw_prefix)
+    return (type(x).__name__, x)
+
+
+def both_ways(raw: bytes) -> tuple[Any, Any]:
+    fast = canon(decode(raw))
+    with full_checks_only():
+        full = canon(decode(raw))
+    return fast, full
+
+
+JUNK: list[Any] = [
+    True, False, None, 0, -1, 1.5, -0.0, "x", "", "NaN", "Infinity", "-Infinity", "nan", [], {},
+    [1], [1.0, "NaN", 2], ["a"], [True], [[1]], [{}], [{"a": [1]}], [{"a": "NaN"}], {"a": 1},
+    {"a": "NaN"}, {"a": True}, {"a": {"b": "-Infinity"}}, 1 << 63, -(1 << 63), (1 << 63) - 1,
+    "a" * (schema.MAX_STR_LEN + 1), ["a" * (schema.MAX_STR_LEN + 1)], {"k" * 5000: 1.0},
+    [1, 1 << 63], {"a": 1 << 63}, "step", "alert",
+]  # fmt: skip
+
+
+def paths(d: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out: list[tuple[Any, ...]] = []
+    items = d.items() if isinstance(d, dict) else enumerate(d) if isinstance(d, list) else ()
+    for k, v in items:
+        out += [(*prefix, k), *paths(v, (*prefix, k))]
+    return out
+
+
+@st.composite
+def wire_inputs(draw: st.DrawFn) -> bytes:
+    """A valid record's wire form, often with a few values replaced, removed or added."""
+    d = json.loads(encode(draw(records())))
+    for _ in range(draw(st.integers(min_value=0, max_value=3))):
+        where = draw(st.sampled_from(paths(d)))
+        target = d
+        for k in where[:-1]:
+            target = target[k]
+        op = draw(st.sampled_from(["set", "set", "del", "add"]))
+        if op == "set":
+            target[where[-1]] = copy.deepcopy(draw(st.sampled_from(JUNK)))
+        elif op == "del":
+            del target[where[-1]]
+        elif isinstance(target, dict):
+            target[draw(names)] = copy.deepcopy(draw(st.sampled_from(JUNK)))
+    return json.dumps(d).encode()
+
+
+@settings(max_examples=600, deadline=None)
+@given(wire_inputs())
+def test_fast_path_gives_the_full_checks_results(raw: bytes) -> None:
+    fast, full = both_ways(raw)
+    assert fast == full
+
+
+@settings(max_examples=200, deadline=None)
+@given(records())
+def test_validate_fast_path_gives_the_full_checks_results(rec: Record) -> None:
+    fast = canon(schema.validate(rec.to_dict()))
+    with full_checks_only():
+        full = canon(schema.validate(rec.to_dict()))
+    assert fast == full
+
+
+def _hw(data: dict[str, Any], **env: Any) -> bytes:
+    base = {"v": 1, "kind": "hw", "run_id": "r", "rank": 0, "local_rank": 0, "host": "h"}
+    return json.dumps({**base, "pid": 1, "seq": 1, "time_ns": 1, "data": data, **env}).encode()
+
+
+def _meta(config: Any) -> bytes:
+    return _hw({"world_size": 2, "config": config}, kind="run_meta")
+
+
+def _nested(depth: int) -> bytes:
+    return _meta({"a": 1}).replace(b'{"a": 1}', b'{"a": ' + b"[" * depth + b"]" * depth + b"}")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        _hw({"gpus": [{"index": 0, "power_w": "NaN"}, {"index": 1, "power_w": 1.0}]}),
+        _hw({"gpus": [{"index": 0, "name": "NaN", "x": None, "ok": True}]}),
+        _hw({"gpus": [{"index": 0, "nested": ["NaN"]}]}),
+        _hw({"gpus": [{"index": 0}, "NaN"]}),
+        _hw({"cpu_percent": "Infinity"}),
+        _hw({"cpu_percent": 50}),
+        _hw({"mem_total_bytes": True}),
+        _hw({"gpu_status": None, "cpu_percent": 1.0}),
+        _hw({"cpu_percent": 1.0}, step=None),
+        _hw({"cpu_percent": 1.0}, step=True),
+        _hw({"cpu_percent": 1.0}, rank=(1 << 63) - 1),
+        _hw({"cpu_percent": 1.0}, rank=-1, pid=(1 << 63) - 1, time_ns=-((1 << 63) - 1)),
+        _hw({"cpu_percent": 1.0}, time_ns=-(1 << 63)),
+        _hw({"cpu_percent": 1.0}, seq=-1),
+        _hw({"cpu_percent": 1.0}, seq=1 << 63),
+        _hw({"cpu_percent": 1.0}, local_rank=-1),
+        _hw({"cpu_percent": 1.0}, pid=1 << 63),
+        _hw({"cpu_percent": 1.0}, rank=-2),
+        _hw({"cpu_percent": 1.0}, run_id=""),
+        _hw({"cpu_percent": 1.0}, v=True),
+        _hw({"cpu_percent": 1.0}, extra=None),
+        _meta({"a": {"b": ["NaN", 1, {"c": "-Infinity"}]}, "NaN": "Infinity"}),
+        _meta({"a": "NaN"}).replace(b'"NaN"', b'"\\u004eaN"'),  # a name spelled with an escape
+        _meta({"a": "x"}),
+        _nested(100),
+        _nested(600),  # deeper than the recursion limit allows the full checks to walk
+        _hw({"label_counts": {"a": 1, "b": 1.0}, "n_samples": 1}, kind="batch"),
+        _hw({"n_samples": 1, "sample_hashes": ["a", 1], "length_edges": [1, 2]}, kind="batch"),
+        _hw(
+            {"loss": 1, "scalars": {"a": 1, "b": "NaN"}, "group_lrs": [1, "Infinity"]}, kind="step"
+        ),
+        _hw({"loss": 1 << 63, "scalars": {"a": 10**30}}, kind="step"),
+    ],
+)
+def test_edge_inputs_give_the_full_checks_results(raw: bytes) -> None:
+    fast, full = both_ways(raw)
+    assert fast == full
+
+
+def test_names_are_restored_on_the_fast_path() -> None:
+    out = decode(_hw({"gpus": [{"index": 0, "power_w": "NaN", "name": "Infinity"}]}))
+    assert isinstance(out, Record)
+    gpu = out.data["gpus"][0]
+    assert math.isnan(gpu["power_w"]) and gpu["name"] == math.inf
+    out = decode(_meta({"a": "NaN"}).replace(b'"NaN"', b'"\\u004eaN"'))
+    assert isinstance(out, Record) and math.isnan(out.data["config"]["a"])
+
+
+def test_validate_copies_the_callers_containers() -> None:
+    scalars, lrs = {"a": 1.0}, [1.0]
+    rec = schema.make_record("step", {"scalars": scalars, "group_lrs": lrs}, run_id="r")
+    assert rec.data["scalars"] == scalars and rec.data["scalars"] is not scalars
+    assert rec.data["group_lrs"] == lrs and rec.data["group_lrs"] is not lrs
+    gpus = [{"index": 0}]
+    hw = schema.make_record("hw", {"gpus": gpus}, run_id="r")
+    assert hw.data["gpus"] == gpus and hw.data["gpus"][0] is not gpus[0]
+
+
+def test_fast_path_covers_the_tables() -> None:
+    # _validate_fast checks the envelope by hand: a change to ENVELOPE must be made there too
+    envelope = {name: (f.type, f.required) for name, f in schema.ENVELOPE.items()}
+    assert envelope == {
+        "v": ("int", True),
+        "kind": ("str", True),
+        "run_id": ("str", True),
+        "rank": ("int", True),
+        "local_rank": ("int", True),
+        "host": ("str", True),
+        "pid": ("int", True),
+        "seq": ("int", True),
+        "time_ns": ("int", True),
+        "step": ("int", False),
+        "data": ("payload", True),
+    }
+    # every payload type has a fast check (else its records would all take the full checks)
+    used = {f.type for fields in schema.KINDS.values() for f in fields.values()}
+    assert used <= set(schema._PLAIN_TEST) | set(schema._OWN)
+    assert set(schema._OWN) == set(schema._COPY)

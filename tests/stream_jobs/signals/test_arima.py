@@ -91,3 +91,24 @@ def test_a_series_whose_fits_keep_failing_backs_off():
     gaps = [b - a for a, b in itertools.pairwise(requested)]
     assert gaps[:4] == [16, 32, 64, 128]
     assert len(requested) <= 14
+
+
+def test_fitted_state_keeps_only_what_the_recursion_reads_and_pickles():
+    import pickle
+    from collections import deque
+
+    cfg = arima.ArimaConfig()
+    st, _ = feed([math.sin(i / 5) for i in range(300)], cfg)
+    assert st.params is not None
+    assert len(st.diffs) == len(st.errors) == 1
+    back = pickle.loads(pickle.dumps(st))
+    assert back.diffs.maxlen == 1 and list(back.diffs) == list(st.diffs)
+    # a state stored with unbounded deques is bounded at its next fit, scores unchanged
+    old = pickle.loads(pickle.dumps(st))
+    old.diffs, old.errors = deque(old.diffs), deque(old.errors)
+    for i in range(300, 320):
+        _, a = arima.update(st, cfg, "x", math.sin(i / 5), i)
+        _, b = arima.update(old, cfg, "x", math.sin(i / 5), i)
+        assert a == b
+    arima.apply_fit(old, cfg, None)
+    assert old.diffs.maxlen == old.errors.maxlen == 1 and len(old.diffs) == 1

@@ -16,6 +16,9 @@ the caller's (see bench/bench_encoding.py for json vs orjson vs msgpack). orjson
 installed.
 
 ``decode`` never raises: it returns a ``Record`` or a ``DecodeError`` with a clear reason.
+Every consumer decodes every message, so plain records take checks compiled once from the
+tables (the fast path at the end of this module); anything unusual, and every error, takes the
+full checks, with the same results.
 """
 
 from __future__ import annotations
@@ -341,23 +344,30 @@ def decode(raw: bytes | bytearray | memoryview | str | None) -> Record | DecodeE
     try:
         if raw is None:
             return DecodeError("empty message (null value)")
-        if isinstance(raw, str):
-            raw = raw.encode("utf-8", "surrogatepass")
-        raw = bytes(raw)
-        prefix = raw[:64]
+        if type(raw) is not bytes:
+            if isinstance(raw, str):
+                raw = raw.encode("utf-8", "surrogatepass")
+            raw = bytes(raw)
         if len(raw) > MAX_RECORD_BYTES:
             return DecodeError(
-                f"record is {len(raw)} bytes, over the {MAX_RECORD_BYTES} limit", "", prefix
+                f"record is {len(raw)} bytes, over the {MAX_RECORD_BYTES} limit", "", raw[:64]
             )
-        if not raw.strip():
-            return DecodeError("empty message", "", prefix)
         try:
             obj = _orjson.loads(raw) if _orjson is not None else json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
-            return DecodeError(f"not valid JSON: {exc}", "", prefix)
+            if not raw.strip():  # checked once the parse failed: no copy for good input
+                return DecodeError("empty message", "", raw[:64])
+            return DecodeError(f"not valid JSON: {exc}", "", raw[:64])
+        if type(obj) is dict:
+            try:
+                fast = _validate_fast(obj, raw)
+            except Exception:  # unusual values: validate decides
+                fast = _BAD
+            if fast is not _BAD:
+                return fast
         result = validate(obj)
         if isinstance(result, DecodeError):
-            return DecodeError(result.reason, result.path, prefix)
+            return DecodeError(result.reason, result.path, raw[:64])
         return result
     except Exception as exc:  # a decoder must not take a consumer down
         return DecodeError(f"internal decoder error: {type(exc).__name__}: {exc}")
@@ -365,6 +375,14 @@ def decode(raw: bytes | bytearray | memoryview | str | None) -> Record | DecodeE
 
 def validate(obj: Any) -> Record | DecodeError:
     """Validate an already-parsed envelope dict (wire form). Never raises."""
+    if type(obj) is dict:
+        try:
+            fast = _validate_fast(obj, None)
+        except Exception:  # unusual values: the full checks below decide
+            fast = _BAD
+        if fast is not _BAD:
+            return fast
+    # The full checks: every error (and every unusual but valid value) is decided here.
     if not isinstance(obj, dict):
         return DecodeError(f"expected a JSON object, got {type(obj).__name__}")
     version = obj.get("v")
@@ -520,3 +538,344 @@ def _restore(value: Any) -> Any:
     if isinstance(value, list):
         return [_restore(v) for v in value]
     return value
+
+
+# --------------------------------------------------------------------------- fast path
+# ``validate`` and ``decode`` first try the checks below, compiled once from ENVELOPE and KINDS.
+# They accept only plain values (exact JSON types, in range) and give up with ``_BAD`` on
+# anything else, so every error and every unusual value goes through the full checks above:
+# same results, same reasons and paths. Two tables of container checkers:
+# - ``_COPY`` copies containers and restores non-finite names, as the full checks do;
+# - ``_OWN`` returns the containers it was given, for ``decode``: they come fresh from the
+#   parser (nobody else holds them) and the bytes hold no non-finite name to restore.
+# Plain loops over ``type(x) is T`` are the fastest form in CPython here (map(type, ...) is not).
+
+_BAD: Final[Any] = object()  # "not sure": let the full checks decide
+_I64: Final = 1 << 63  # integers must satisfy abs(x) < _I64
+_NONFINITE_NAMES: Final = frozenset(_STR_TO_NONFINITE)
+# Free-form objects are taken unwalked (``_OWN``) only from shallow records, so a deep one still
+# meets the full checks' recursion limit, as before.
+_OWN_MAX_BRACKETS: Final = 256
+_new = object.__new__
+_setattr = object.__setattr__
+
+
+def _fast_num(v: Any) -> Any:
+    t = type(v)
+    if t is float:
+        return v
+    if t is int and -_I64 < v < _I64:
+        return float(v)
+    if t is str:
+        return _STR_TO_NONFINITE.get(v, _BAD)
+    return _BAD
+
+
+def _fast_fnum(v: Any) -> Any:
+    t = type(v)
+    if t is float:
+        return v if v - v == 0.0 else _BAD  # inf - inf and NaN - NaN are NaN
+    if t is int and -_I64 < v < _I64:
+        return float(v)
+    return _BAD
+
+
+def _own_num_map(v: Any) -> Any:
+    if type(v) is not dict:
+        return _BAD
+    for k, x in v.items():
+        if len(k) > MAX_STR_LEN:  # parsed JSON: keys are str
+            return _BAD
+        if type(x) is not float:  # ints to convert, or something the full checks judge
+            out = {k: _fast_num(x) for k, x in v.items()}
+            return _BAD if _BAD in out.values() else out
+    return v
+
+
+def _own_int_map(v: Any) -> Any:
+    if type(v) is not dict:
+        return _BAD
+    for k, x in v.items():
+        if len(k) > MAX_STR_LEN or type(x) is not int or not -_I64 < x < _I64:
+            return _BAD
+    return v
+
+
+def _own_str_list(v: Any) -> Any:
+    if type(v) is not list or len(v) > MAX_LIST_LEN:
+        return _BAD
+    for x in v:
+        if type(x) is not str or len(x) > MAX_STR_LEN:
+            return _BAD
+    return v
+
+
+def _own_num_list(v: Any) -> Any:
+    if type(v) is not list or len(v) > MAX_LIST_LEN:
+        return _BAD
+    for x in v:
+        if type(x) is not float:
+            out = [_fast_num(x) for x in v]
+            return _BAD if _BAD in out else out
+    return v
+
+
+def _own_int_list(v: Any) -> Any:
+    if type(v) is not list or len(v) > MAX_LIST_LEN:
+        return _BAD
+    for x in v:
+        if type(x) is not int or not -_I64 < x < _I64:
+            return _BAD
+    return v
+
+
+def _own_flat(v: Any) -> Any:
+    if type(v) is not dict:
+        return _BAD
+    for x in v.values():
+        t = type(x)
+        if t is str:
+            if x in _NONFINITE_NAMES:
+                return _copy_flat(v)
+        elif t is dict or t is list:  # parser output: no subclasses, no other containers
+            return _BAD
+    return v
+
+
+def _own_obj_list(v: Any) -> Any:
+    if type(v) is not list or len(v) > MAX_LIST_LEN:
+        return _BAD
+    for x in v:
+        if _own_flat(x) is not x:  # _BAD, or a copy with names restored
+            out = [_own_flat(x) for x in v]
+            return _BAD if _BAD in out else out
+    return v
+
+
+def _own_obj(v: Any) -> Any:
+    return v if type(v) is dict else _BAD  # see _walk_free_form
+
+
+def _walk_free_form(raw: bytes) -> bool:
+    """Whether the free-form objects of a record must be walked (``_COPY``) to restore names."""
+    return (
+        (b"N" in raw and b"NaN" in raw)  # one-byte searches first: much faster
+        or (b"I" in raw and b"Infinity" in raw)
+        or b"\\" in raw  # an escape could spell a name: "\\u004eaN"
+        or raw.count(b"{") + raw.count(b"[") > _OWN_MAX_BRACKETS
+    )
+
+
+def _copied(own: Any) -> Any:
+    """The ``_COPY`` checker of a type whose ``_OWN`` checker only checks (or converts)."""
+
+    def check(v: Any) -> Any:
+        out = own(v)
+        return out.copy() if out is v else out
+
+    return check
+
+
+def _copy_flat(v: Any) -> Any:
+    if type(v) is not dict:
+        return _BAD
+    restore = False
+    for x in v.values():
+        t = type(x)
+        if t is str:
+            if x in _NONFINITE_NAMES:
+                restore = True
+        elif t is not float and t is not int and t is not bool and x is not None:
+            return _BAD
+    if restore:
+        return {k: _STR_TO_NONFINITE.get(x, x) if type(x) is str else x for k, x in v.items()}
+    return v.copy()
+
+
+def _copy_obj_list(v: Any) -> Any:
+    if type(v) is not list or len(v) > MAX_LIST_LEN:
+        return _BAD
+    out = [_copy_flat(x) for x in v]
+    return _BAD if _BAD in out else out
+
+
+def _copy_restore(v: Any) -> Any:
+    """``_restore`` for exact JSON types; anything else is left to ``_restore`` itself."""
+    t = type(v)
+    if t is dict:
+        for x in v.values():
+            tx = type(x)
+            if tx is str:
+                if x in _NONFINITE_NAMES:
+                    break
+            elif tx is not float and tx is not int and tx is not bool and x is not None:
+                break
+        else:
+            return v.copy()  # flat and nothing to restore
+        return {k: _copy_restore(x) for k, x in v.items()}
+    if t is list:
+        return [_copy_restore(x) for x in v]
+    if t is str:
+        return _STR_TO_NONFINITE.get(v, v)
+    if t is float or t is int or t is bool or v is None:
+        return v
+    return _restore(v)
+
+
+def _copy_obj(v: Any) -> Any:
+    return _copy_restore(v) if type(v) is dict else _BAD
+
+
+# Checkers of the types not tested inline (see _payload_source).
+_OWN: Final[dict[str, Any]] = {
+    NUM: _fast_num,
+    FNUM: _fast_fnum,
+    NUM_MAP: _own_num_map,
+    INT_MAP: _own_int_map,
+    STR_LIST: _own_str_list,
+    NUM_LIST: _own_num_list,
+    INT_LIST: _own_int_list,
+    OBJ_LIST: _own_obj_list,
+    OBJ: _own_obj,
+}
+_COPY: Final[dict[str, Any]] = {
+    **{t: _copied(check) for t, check in _OWN.items()},
+    NUM: _fast_num,
+    FNUM: _fast_fnum,
+    OBJ_LIST: _copy_obj_list,
+    OBJ: _copy_obj,
+}
+
+# The accept-unchanged test of each scalar type, inline in the generated payload checkers.
+_PLAIN_TEST: Final = {
+    NUM: "type(x) is float",
+    INT: "type(x) is int and -_I64 < x < _I64",
+    STR: "type(x) is str and len(x) <= MAX_STR_LEN",
+    BOOL: "type(x) is bool",
+}
+
+
+def _payload_source(kind: str, fields: dict[str, Field]) -> str:
+    """Straight-line checker of one kind's payload: no per-field loop, no call for scalars.
+
+    ``check(data_in, table)`` returns the checked data dict in table order, or _BAD: a required
+    field missing, a value the fast checks do not accept, an unknown name or a null value.
+    """
+    lines = [f"def _payload_{kind}(data_in, table):", "    get = data_in.get", "    data = {}"]
+    for name, spec in fields.items():
+        lines.append(f"    x = get({name!r})")
+        if spec.required:
+            lines += ["    if x is None:", "        return _BAD"]
+            ind = "    "
+        else:
+            lines.append("    if x is not None:")
+            ind = "        "
+        test = _PLAIN_TEST.get(spec.type)
+        if test is None:  # a container, or a finite number
+            lines += [
+                f"{ind}x = table[{spec.type!r}](x)",
+                f"{ind}if x is _BAD:",
+                f"{ind}    return _BAD",
+            ]
+        elif spec.type == NUM:  # an int or a non-finite name is converted
+            lines += [f"{ind}if not ({test}):", f"{ind}    x = _fast_num(x)"]
+            lines += [f"{ind}    if x is _BAD:", f"{ind}        return _BAD"]
+        else:
+            lines += [f"{ind}if not ({test}):", f"{ind}    return _BAD"]
+        lines.append(f"{ind}data[{name!r}] = x")
+    lines.append("    return data if len(data) == len(data_in) else _BAD")
+    return "\n".join(lines) + "\n"
+
+
+def _compile_payload(kind: str, fields: dict[str, Field]) -> Any:
+    scope: dict[str, Any] = {
+        "_BAD": _BAD,
+        "_I64": _I64,
+        "MAX_STR_LEN": MAX_STR_LEN,
+        "_fast_num": _fast_num,
+    }
+    exec(_payload_source(kind, fields), scope)  # source built from KINDS only
+    return scope[f"_payload_{kind}"]
+
+
+# kind -> its payload checker, compiled once from KINDS
+_PAYLOAD_CHECKS: Final = {kind: _compile_payload(kind, fields) for kind, fields in KINDS.items()}
+_FREE_FORM_KINDS: Final = frozenset(
+    k for k, f in KINDS.items() if any(spec.type == OBJ for spec in f.values())
+)
+
+
+def _validate_fast(obj: dict[str, Any], raw: bytes | None) -> Any:
+    """A ``Record`` for a plain valid envelope dict, else ``_BAD``. Checks ENVELOPE by hand.
+
+    ``raw``: the bytes ``obj`` was just parsed from (its containers are taken, ``_OWN``), or
+    None for a caller's dict (containers are copied, ``_COPY``).
+    """
+    get = obj.get
+    v = get("v")
+    kind = get("kind")
+    run_id = get("run_id")
+    rank = get("rank")
+    local_rank = get("local_rank")
+    host = get("host")
+    pid = get("pid")
+    seq = get("seq")
+    time_ns = get("time_ns")
+    step = get("step")
+    data_in = get("data")
+    if not (
+        # all names known: the 10 required ones are checked below, "step" is optional
+        len(obj) == (11 if "step" in obj else 10)
+        and type(v) is int
+        and v == SCHEMA_VERSION
+        and type(kind) is str
+        and type(run_id) is str
+        and 0 < len(run_id) <= MAX_STR_LEN
+        and type(host) is str
+        and len(host) <= MAX_STR_LEN
+        and type(rank) is int
+        and type(local_rank) is int
+        and type(pid) is int
+        and type(seq) is int
+        # all in [0, 2**63) at once: an OR of ints is negative when one is, and >= 2**63 when
+        # one is (rank + 1 = 2**63 is valid but left to the full checks)
+        and 0 <= (rank - RUN_RANK) | local_rank | pid | seq < _I64
+        and type(time_ns) is int
+        and -_I64 < time_ns < _I64
+        and (step is None or (type(step) is int and -_I64 < step < _I64))
+        and type(data_in) is dict
+    ):
+        return _BAD
+    check = _PAYLOAD_CHECKS.get(kind)
+    if check is None:
+        return _BAD
+    if raw is None or (kind in _FREE_FORM_KINDS and _walk_free_form(raw)):
+        data = check(data_in, _COPY)
+    else:
+        data = check(data_in, _OWN)
+    if data is _BAD:
+        return _BAD
+    if kind == "alert" and (
+        data["severity"] not in SEVERITIES or data["state"] not in ALERT_STATES
+    ):
+        return _BAD
+    rec = _new(Record)
+    # the attributes Record.__init__ would set, in its order, without its frozen setattr calls
+    _setattr(
+        rec,
+        "__dict__",
+        {
+            "kind": kind,
+            "run_id": run_id,
+            "rank": rank,
+            "local_rank": local_rank,
+            "host": host,
+            "pid": pid,
+            "seq": seq,
+            "time_ns": time_ns,
+            "data": data,
+            "step": step,
+            "v": v,
+        },
+    )
+    return rec

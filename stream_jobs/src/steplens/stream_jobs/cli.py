@@ -39,6 +39,12 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
         help="publish a quiet signal per rank and rule every N steps (0: breaches only)",
     )
     ap.add_argument(
+        "--signal-interval",
+        type=float,
+        default=5.0,
+        help="... and at most once in this many seconds (0: no time limit)",
+    )
+    ap.add_argument(
         "--checkpoint-s",
         type=float,
         default=1.0,
@@ -75,10 +81,12 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
         batch=args.batch,
         within_s=args.within,
         signal_every=args.signal_every,
+        signal_interval_s=args.signal_interval,
         checkpoint_s=args.checkpoint_s,
         fit_workers=args.fit_workers,
         detector=det,
         webhook_url=args.webhook_url,
+        log_level=args.log_level,
     )
     os.makedirs(settings.state_dir, exist_ok=True)
     ensure_worker_topics(settings)

@@ -23,6 +23,9 @@ from steplens.stream_jobs.detector import RunDetector
 
 STEP_COLUMNS = ("step", "iteration", "iter", "global_step")
 TIME_COLUMNS = ("timestamp", "time", "time_ns", "ts", "date", "datetime")
+# a column no signal scored in a row (written as 0); scores above it are kept, as the
+# largest score of the row's signals for that column
+ABSENT = -1.0
 
 
 def _number(cell: str) -> float | None:
@@ -77,9 +80,11 @@ def score_rows(
     columns: list[str],
     cfg: DetectorConfig | None = None,
     out: TextIO | None = None,
-) -> tuple[list[dict[str, float]], list[str]]:
+) -> tuple[list[list[float]], list[str]]:
     """Run the detectors over ``rows`` (lists of cells in ``columns`` order); returns per-row
-    result columns and the signal columns."""
+    results and the signal columns. A row's results are ``[anomaly_score, alert, *scores]``,
+    one score per signal column known by then, ``ABSENT`` where no signal scored that column
+    (shorter rows: the later columns are absent too)."""
     det = RunDetector("detect", cfg or DetectorConfig(), fit_inline=True, generic=True)
     index = {c: i for i, c in enumerate(columns)}  # a repeated name: its last column
     low = {c.lower(): c for c in columns}
@@ -88,15 +93,22 @@ def score_rows(
     step_at = index[step_col] if step_col is not None else -1
     time_at = index[time_col] if time_col is not None else -1
     metric_at = [(c, index[c]) for c in columns if c not in (step_col, time_col)]
-    results: list[dict[str, float]] = []
-    signal_cols: dict[str, None] = {}
-    col_of: dict[tuple[str, str], str] = {}
+    results: list[list[float]] = []
+    signal_cols: dict[str, int] = {}  # column -> its index in a row's results
+    col_of: dict[tuple[str, str], int] = {}
+    width = 2  # anomaly_score, alert, then the signal columns
     process_step, evaluate = det.process_step, det.evaluate
     for i, row in enumerate(rows):
         step = i
         if step_at >= 0:
-            s = _number(row[step_at])
-            step = int(s) if s is not None and math.isfinite(s) else i
+            cell = row[step_at]
+            s: float | None
+            try:
+                s = float(cell)  # the common case; _number handles the rest
+            except ValueError:
+                s = _number(cell)
+            if s is not None and math.isfinite(s):
+                step = int(s)
         t_ns = _time_ns(row[time_at]) if time_at >= 0 else 0
         metrics: dict[str, float] = {}
         for c, at in metric_at:
@@ -104,32 +116,72 @@ def score_rows(
             if not cell:
                 continue
             try:
-                metrics[c] = float(cell)  # the common case; _number handles the rest
+                metrics[c] = float(cell)
             except ValueError:
                 x = _number(cell)
                 if x is not None:
                     metrics[c] = x
         sigs = process_step(0, step, t_ns, metrics)
         alerts = evaluate(sigs)
-        res: dict[str, float] = {}
+        res = [ABSENT] * width
         top = 0.0
         for sig in sigs:
             key = (sig.name, sig.metric)
-            col = col_of.get(key)
-            if col is None:
-                col = col_of[key] = f"{sig.name}_{sig.metric}"
-                signal_cols[col] = None
+            j = col_of.get(key)
+            if j is None:
+                col = f"{sig.name}_{sig.metric}"
+                j = signal_cols.get(col)
+                if j is None:
+                    j = signal_cols[col] = width
+                    width += 1
+                    res.append(ABSENT)
+                col_of[key] = j
             score = sig.score
-            if score > res.get(col, -1.0):
-                res[col] = score
-            top = max(top, score)
-        res["anomaly_score"] = min(1.0, top)
-        res["alert"] = 1.0 if det.rules.firing else 0.0
+            if score > res[j]:  # noqa: PLR1730
+                res[j] = score
+            if score > top:  # noqa: PLR1730 (max() as it compares, without the call)
+                top = score
+        res[0] = top if top < 1.0 else 1.0
+        res[1] = 1.0 if det.rules.firing else 0.0
         results.append(res)
-        if out is not None:
+        if alerts and out is not None:
             for a in alerts:
                 print(format_alert(a), file=out)
     return results, list(signal_cols)
+
+
+def write_rows(
+    f: TextIO,
+    columns: list[str],
+    signal_cols: list[str],
+    rows: list[list[str]],
+    results: list[list[float]],
+) -> None:
+    """Write the header and each input row with its results (``score_rows``), byte for byte
+    as ``csv.writer`` would."""
+    w = csv.writer(f)
+    w.writerow([*columns, "anomaly_score", "alert", *signal_cols])
+    n = 2 + len(signal_cols)
+    # a row's results in one format call: 4 decimals, the alert as an integer, absent as 0
+    fmt = ",".join(["%.4f", "%d", *["%.4f"] * len(signal_cols)])
+    pad = [ABSENT] * n
+    lines: list[str] = []
+    for row, res in zip(rows, results, strict=True):
+        full = res if len(res) == n else res + pad[len(res) :]
+        if ABSENT in full:  # results hold no NaN and nothing below ABSENT
+            full = [v if v > ABSENT else 0.0 for v in full]
+        tail = fmt % tuple(full)
+        line = ",".join(row)
+        if line.count(",") == len(row) - 1 and not ('"' in line or "\r" in line or "\n" in line):
+            lines.append(f"{line},{tail}\r\n")  # no field csv.writer would quote
+            if len(lines) >= 4096:
+                f.write("".join(lines))
+                lines.clear()
+        else:
+            f.write("".join(lines))
+            lines.clear()
+            w.writerow([*row, *tail.split(",")])
+    f.write("".join(lines))
 
 
 def main(argv: list[str], prog: str = "steplens detect") -> int:
@@ -158,25 +210,14 @@ def main(argv: list[str], prog: str = "steplens detect") -> int:
         print(f"{prog}: {args.input} has no header", file=sys.stderr)
         return 2
     results, signal_cols = score_rows(rows, columns, cfg, None if args.quiet else sys.stdout)
-    header = [*columns, "anomaly_score", "alert", *signal_cols]
     index = {c: i for i, c in enumerate(columns)}
     picks = [index[c] for c in columns]
-    repeated = picks != list(range(len(columns)))  # a repeated name repeats its last column
-    zero = f"{0.0:.4f}"
+    if picks != list(range(len(columns))):  # a repeated name repeats its last column
+        rows = [[row[j] for j in picks] for row in rows]
     with open(args.out, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        for row, res in zip(rows, results, strict=True):
-            w.writerow(
-                [
-                    *([row[j] for j in picks] if repeated else row),
-                    f"{res['anomaly_score']:.4f}",
-                    int(res["alert"]),
-                    *(f"{res[c]:.4f}" if c in res else zero for c in signal_cols),
-                ]
-            )
+        write_rows(f, columns, signal_cols, rows, results)
     elapsed = time.perf_counter() - started
-    n_alerts = sum(1 for r in results if r["alert"])
+    n_alerts = sum(1 for r in results if r[1])
     print(
         f"{len(rows)} rows scored in {elapsed:.2f} s ({len(rows) / max(elapsed, 1e-9):,.0f} "
         f"rows/s); alert firing on {n_alerts} rows -> {args.out}",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import cache
+from math import isfinite
 from typing import Any
 
 from steplens.producer.schema import RUN_RANK, Record
@@ -41,9 +41,9 @@ FitKey = tuple[int, str]  # (rank, metric)
 _GRAD, _SPIKE, _GENERIC = 1, 2, 3  # which spike settings a metric uses (0: none)
 
 
-@cache
 def _route(metric: str, generic: bool) -> tuple[int, bool, bool, bool]:
-    """Which detectors score ``metric``: (spike settings, volatility, ARIMA, own signal)."""
+    """Which detectors score ``metric``: (spike settings, volatility, ARIMA, own signal).
+    Cached in ``_ROUTES``."""
     if metric in SPIKE_METRICS:
         spike_kind = _GRAD if metric in GRAD_METRICS else _SPIKE
     elif generic and metric not in NONFINITE_METRICS and metric != "lr":
@@ -56,6 +56,10 @@ def _route(metric: str, generic: bool) -> tuple[int, bool, bool, bool]:
         metric in ARIMA_METRICS or (generic and metric != "lr"),
         metric in ("lr", "update_ratio", "param_norm", "loss"),
     )
+
+
+# per metric name, its route, for schema-only (False) and generic (True) detectors
+_ROUTES: dict[bool, dict[str, tuple[int, bool, bool, bool]]] = {False: {}, True: {}}
 
 
 @dataclass
@@ -152,12 +156,14 @@ class RunDetector:
         """Score one step's metrics. ``peaks``: a window's extremes, probed for spikes;
         ``first_step``: the window's first step (its metrics are means over the window)."""
         cfg = self.cfg
-        s = self._rank(rank)
+        s = self.series.get(rank)
+        if s is None:
+            s = self._rank(rank)
         out: list[Signal] = []
         arima_on = cfg.arima_enabled
-        generic = self.generic
+        routes = _ROUTES[self.generic]
         spike_cfgs = (cfg.spike, cfg.grad_spike, cfg.spike, cfg.generic_spike)  # by _route kind
-        spikes = s.spikes
+        spikes, vols, arimas = s.spikes, s.vol, s.arimas
         for metric, raw in metrics.items():
             if type(raw) is float:  # the common case, checked first
                 x = raw
@@ -165,25 +171,30 @@ class RunDetector:
                 x = float(raw)
             else:
                 continue
-            peak = peaks.get(metric) if peaks else None
-            spike_kind, vol, arima_too, special = _route(metric, generic)
+            route = routes.get(metric)
+            if route is None:
+                route = routes[metric] = _route(metric, self.generic)
+            spike_kind, vol, arima_too, special = route
             if spike_kind:
+                peak = peaks.get(metric) if peaks else None
                 st = spikes.get(metric)
                 if st is None:
                     st = spikes[metric] = spike.SpikeState()
                 out += spike.update(st, spike_cfgs[spike_kind], metric, x, step, rank, peak)[1]
-            elif not math.isfinite(x) or (peak is not None and not math.isfinite(peak)):
+            elif not isfinite(x) or (
+                peaks and (peak := peaks.get(metric)) is not None and not isfinite(peak)
+            ):
                 out.append(Signal("nonfinite", metric, step, x, 1.0, rank, severity=CRITICAL))
                 continue
             if vol:
-                vs = s.vol.get(metric)
+                vs = vols.get(metric)
                 if vs is None:
-                    vs = s.vol[metric] = volatility.VolatilityState()
+                    vs = vols[metric] = volatility.VolatilityState()
                 out += volatility.update(vs, cfg.volatility, metric, x, step)[1]
             if arima_on and arima_too:
-                a = s.arimas.get(metric)
+                a = arimas.get(metric)
                 if a is None:
-                    a = s.arimas[metric] = arima.ArimaState()
+                    a = arimas[metric] = arima.ArimaState()
                 out += arima.update(a, cfg.arima, metric, x, step, rank)[1]
                 if a.wants_fit:
                     self._want_fit(rank, metric, a)
@@ -195,7 +206,7 @@ class RunDetector:
                 out += training.update_ratio(s.train, cfg.training, x, step, rank)[1]
             elif metric == "param_norm":
                 out += training.param_norm(s.train, cfg.training, x, step, rank)[1]
-            elif metric == "loss" and math.isfinite(x):
+            elif metric == "loss" and isfinite(x):
                 a_ = cfg.train_loss_alpha
                 self.train_loss = (
                     x if self.train_loss is None else (1 - a_) * self.train_loss + a_ * x

@@ -22,6 +22,9 @@ import numpy as np
 
 from steplens.stream_jobs.core import WARNING, Signal, score_of
 
+isfinite, sqrt = math.isfinite, math.sqrt
+_INF = math.inf
+
 
 @dataclass
 class ArimaConfig:
@@ -63,34 +66,84 @@ class ArimaState:
 
 
 def fit(values: np.ndarray, order: tuple[int, int, int], method: str) -> ArimaParams | None:
-    """Fit ARIMA on ``values``; ``None`` when statsmodels cannot. Picklable for process pools."""
-    from statsmodels.tsa.arima.model import ARIMA
+    """Fit ARIMA on ``values``; ``None`` when statsmodels cannot. Picklable for process pools.
 
+    ``hannan_rissanen`` (the default) calls statsmodels' estimator directly on the demeaned
+    (differenced) series: one pass of its two regressions, a few ms. Through ``ARIMA.fit`` the
+    same method iterates feasible GLS around it for the mean (5-20x slower) and its bias
+    correction often fails on random-walk-like series, leaving no model at all. Any other
+    method goes through ``ARIMA.fit``.
+    """
     p, d, q = order
-    series = np.diff(values) if d else values
+    series = np.diff(values) if d else np.asarray(values, float)
+    if len(series) < 2 * (p + q) + 8 or not np.all(np.isfinite(series)):
+        return None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = ARIMA(
-                series,
-                order=(p, 0, q),
-                trend="c",
-                enforce_stationarity=False,
-                enforce_invertibility=False,
-            )
-            # the bare parameters: building a results object would cost a third of the fit
-            params = model.fit(method=method, return_params=True)
+            if method == "hannan_rissanen":
+                return _fit_hannan_rissanen(series, p, q)
+            return _fit_arima(series, p, q, method)
     except Exception:
         return None
-    named = dict(zip(model.param_names, (float(v) for v in params), strict=True))
-    sigma2 = named.get("sigma2", float("nan"))
+
+
+def _fit_hannan_rissanen(series: np.ndarray, p: int, q: int) -> ArimaParams | None:
+    from statsmodels.tsa.arima.estimators.hannan_rissanen import hannan_rissanen
+
+    mu = float(series.mean())
+    centred = series - mu
+    if not np.any(centred):
+        return ArimaParams([0.0] * p, [0.0] * q, mu, 1e-12)
+    got, _ = hannan_rissanen(centred, ar_order=p, ma_order=q, demean=False, unbiased=False)
+    return _params(
+        [float(v) for v in got.ar_params],
+        [float(v) for v in got.ma_params],
+        mu,
+        float(got.sigma2),
+        series,
+    )
+
+
+def _fit_arima(series: np.ndarray, p: int, q: int, method: str) -> ArimaParams | None:
+    from statsmodels.tsa.arima.model import ARIMA
+
+    model = ARIMA(
+        series,
+        order=(p, 0, q),
+        trend="c",
+        enforce_stationarity=False,
+        enforce_invertibility=False,
+    )
+    # the bare parameters: building a results object would cost a third of the fit
+    named = dict(
+        zip(
+            model.param_names,
+            (float(v) for v in model.fit(method=method, return_params=True)),
+            strict=True,
+        )
+    )
+    return _params(
+        [named.get(f"ar.L{i}", 0.0) for i in range(1, p + 1)],
+        [named.get(f"ma.L{i}", 0.0) for i in range(1, q + 1)],
+        named.get("const", 0.0),
+        named.get("sigma2", float("nan")),
+        series,
+    )
+
+
+def _params(
+    ar: list[float], ma: list[float], const: float, sigma2: float, series: np.ndarray
+) -> ArimaParams | None:
+    if not all(math.isfinite(v) for v in (*ar, *ma, const)):
+        return None
     if not math.isfinite(sigma2) or sigma2 <= 0:
         sigma2 = float(np.var(series)) or 1e-12
+    # clipped into the stationary and invertible range so the recursion cannot blow up
     return ArimaParams(
-        ar=[named.get(f"ar.L{i}", 0.0) for i in range(1, p + 1)],
-        # clipped into the invertible range so the recursion cannot blow up
-        ma=[min(0.98, max(-0.98, named.get(f"ma.L{i}", 0.0))) for i in range(1, q + 1)],
-        const=named.get("const", 0.0),
+        ar=[min(0.98, max(-0.98, v)) for v in ar] if len(ar) == 1 else ar,
+        ma=[min(0.98, max(-0.98, v)) for v in ma],
+        const=const,
         sigma=math.sqrt(sigma2),
     )
 
@@ -112,6 +165,15 @@ def apply_fit(state: ArimaState, cfg: ArimaConfig, params: ArimaParams | None) -
             state.mean = params.const
         state.var = max(state.var, params.sigma**2)
         state.params = params
+    if state.params is not None:
+        # with a model, ``update`` only appends: the recursion reads the last max(p, q) values,
+        # and deques bounded to that many trim themselves (a state stored before bounded
+        # deques is bounded here, at its next fit)
+        keep = max(len(state.params.ar), len(state.params.ma), 1)
+        if state.diffs.maxlen != keep:
+            state.diffs = deque(state.diffs, maxlen=keep)
+        if state.errors.maxlen != keep:
+            state.errors = deque(state.errors, maxlen=keep)
     return state
 
 
@@ -125,10 +187,9 @@ def _schedule(state: ArimaState, cfg: ArimaConfig) -> None:
 def update(  # noqa: PLR0917
     state: ArimaState, cfg: ArimaConfig, metric: str, x: float, step: int | None, rank: int = -1
 ) -> tuple[ArimaState, list[Signal]]:
-    if not math.isfinite(x):
+    if not isfinite(x):
         return state, []
     p = state.params
-    signals: list[Signal] = []
     d = cfg.order[1]
     last = state.last
     diffs, errors = state.diffs, state.errors
@@ -136,68 +197,89 @@ def update(  # noqa: PLR0917
         mu = state.mean
         pred = mu
         ar, ma = p.ar, p.ma
-        if ar:
-            n = len(diffs)
-            for i in range(min(len(ar), n)):
-                pred += ar[i] * (diffs[n - 1 - i] - mu)
-        if ma:
-            n = len(errors)
-            for i in range(min(len(ma), n)):
-                pred += ma[i] * errors[n - 1 - i]
+        if len(ar) == 1:  # the default order, without the loop
+            if diffs:
+                pred += ar[0] * (diffs[-1] - mu)
+        else:
+            for a, v in zip(ar, reversed(diffs), strict=False):
+                pred += a * (v - mu)
+        if len(ma) == 1:
+            if errors:
+                pred += ma[0] * errors[-1]
+        else:
+            for b, e in zip(ma, reversed(errors), strict=False):
+                pred += b * e
         base = last if d and last is not None else 0.0
         expected = base + pred
-        band = cfg.z * max(p.sigma, math.sqrt(state.var), cfg.rel_floor * abs(expected))
+        # max(sigma, sqrt(var), rel_floor * |expected|), compared as max() compares
+        band = p.sigma
+        noise = sqrt(state.var)
+        if noise > band:  # noqa: PLR1730 (no call on the hot path)
+            band = noise
+        noise = cfg.rel_floor * abs(expected)
+        if noise > band:  # noqa: PLR1730 (no call on the hot path)
+            band = noise
+        z = cfg.z
+        band *= z
         dev = abs(x - expected)
         outside = dev > band
-        state.outside = state.outside + 1 if outside else 0
-        severity = WARNING if state.outside >= cfg.consecutive else None
-        signals.append(
-            Signal(
-                "arima",
-                metric,
-                step,
-                x,
-                score_of(dev / band),
-                rank,
-                "run",
-                severity,
-                expected,
-                expected - band,
-                expected + band,
-            )
+        n_out = state.outside + 1 if outside else 0
+        state.outside = n_out
+        consecutive = cfg.consecutive
+        ratio = dev / band
+        signal = Signal(
+            "arima",
+            metric,
+            step,
+            x,
+            ratio / (ratio + 1.0) if 0.0 < ratio < _INF else score_of(ratio),
+            rank,
+            "run",
+            WARNING if n_out >= consecutive else None,
+            expected,
+            expected - band,
+            expected + band,
         )
-        if outside and state.outside < cfg.consecutive:
+        if outside and n_out < consecutive:
             # an isolated outlier is not learnt: the next forecast starts from the expected value
             # (once it lasts ``consecutive`` values it is a new regime and is followed)
             x = expected
         y = x - base
         err = y - pred
+        diffs.append(y)
         errors.append(err)
-        lim = band / cfg.z * 3.0  # outliers may widen the noise estimate only so far
-        e = min(abs(err), lim)
-        state.var += cfg.noise_alpha * (e * e - state.var)
-        state.mean += cfg.drift_alpha * (y - state.mean)
-        keep = max(len(ar), len(ma), 1)
+        lim = band / z * 3.0  # outliers may widen the noise estimate only so far
+        e = abs(err)
+        if lim < e:  # noqa: PLR1730
+            e = lim
+        var = state.var
+        state.var = var + cfg.noise_alpha * (e * e - var)
+        state.mean = mu + cfg.drift_alpha * (y - mu)
     else:
         y = x - last if d and last is not None else x
         errors.append(0.0)
-        signals.append(Signal("arima", metric, step, x, 0.0, rank))
+        signal = Signal("arima", metric, step, x, 0.0, rank)
         keep = max(cfg.order[0], cfg.order[2], 1) if p is None else max(len(p.ar), len(p.ma), 1)
-    if last is not None or not d:
-        diffs.append(y)
-    while len(diffs) > keep:
-        diffs.popleft()
-    while len(errors) > keep:
-        errors.popleft()
+        if last is not None or not d:
+            diffs.append(y)
+        _trim(diffs, errors, keep)
     state.last = x
     history = state.history
     history.append(x)
     if len(history) > cfg.fit_window:
         history.popleft()
-    state.seen += 1
-    if state.next_fit == 0:
-        _schedule(state, cfg)
-    if state.seen >= state.next_fit and not state.wants_fit:
-        state.wants_fit = True
-        _schedule(state, cfg)
-    return state, signals
+    seen = state.seen = state.seen + 1
+    if seen >= state.next_fit:  # next_fit is 0 until the first value schedules it
+        if state.next_fit == 0:
+            _schedule(state, cfg)
+        if seen >= state.next_fit and not state.wants_fit:
+            state.wants_fit = True
+            _schedule(state, cfg)
+    return state, [signal]
+
+
+def _trim(diffs: deque[float], errors: deque[float], keep: int) -> None:
+    while len(diffs) > keep:
+        diffs.popleft()
+    while len(errors) > keep:
+        errors.popleft()

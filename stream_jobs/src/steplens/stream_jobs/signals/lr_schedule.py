@@ -20,6 +20,8 @@ from typing import Any
 
 from steplens.stream_jobs.core import WARNING, Signal, score_of
 
+isfinite = math.isfinite
+
 
 @dataclass
 class LrConfig:
@@ -105,20 +107,25 @@ def update(  # noqa: PLR0917
         expected, lower, upper = (want if want is not None else lo), lo - tol, hi + tol
         score = score_of(dev / tol) if dev > 0 else 0.0
     else:
-        top = max(state.recent) if state.recent else 0.0
-        if math.isfinite(lr):
-            state.recent.append(lr)
-            if len(state.recent) > cfg.jump_window:
-                state.recent.popleft()
-        ready = len(state.recent) > cfg.warmup and top > 0
-        breach = ready and (not math.isfinite(lr) or lr > cfg.jump * top)
-        expected, lower, upper = top, 0.0, cfg.jump * top
-        score = score_of(lr / (cfg.jump * top)) if ready and math.isfinite(lr) else 0.0
-    if breach and state.deviating_since is None:
-        state.deviating_since = step
-    elif not breach:
+        recent = state.recent
+        top = max(recent) if recent else 0.0
+        finite = isfinite(lr)
+        if finite:
+            recent.append(lr)
+            if len(recent) > cfg.jump_window:
+                recent.popleft()
+        limit = cfg.jump * top
+        ready = len(recent) > cfg.warmup and top > 0
+        breach = ready and (not finite or lr > limit)
+        expected, lower, upper = top, 0.0, limit
+        score = score_of(lr / limit) if ready and finite else 0.0
+    if breach:
+        if state.deviating_since is None:
+            state.deviating_since = step
+        detail: dict[str, Any] | None = {"since_step": state.deviating_since}
+    else:
         state.deviating_since = None
-    detail = {"since_step": state.deviating_since} if breach else None
+        detail = None
     return state, [
         Signal(
             "lr_schedule",
@@ -127,10 +134,11 @@ def update(  # noqa: PLR0917
             lr,
             score,
             rank,
-            severity=WARNING if breach else None,
-            expected=expected,
-            lower=lower,
-            upper=upper,
-            detail=detail,
+            "run",
+            WARNING if breach else None,
+            expected,
+            lower,
+            upper,
+            detail,
         )
     ]

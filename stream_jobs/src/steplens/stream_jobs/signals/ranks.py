@@ -8,11 +8,10 @@ not mistaken for a stuck rank."""
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from steplens.stream_jobs.core import CRITICAL, WARNING, Signal, score_of
+from steplens.stream_jobs.core import CRITICAL, WARNING, Signal, median, score_of
 
 
 @dataclass
@@ -40,7 +39,7 @@ class RanksState:
 def _judge(state: RanksState, cfg: RanksConfig, step: int, times: dict[int, float]) -> list[Signal]:
     if len(times) < 2:
         return []
-    med = statistics.median(times.values())
+    med = median(times.values())
     out = []
     for rank, t in times.items():
         ratio = t / med if med > 0 else 1.0
@@ -48,7 +47,7 @@ def _judge(state: RanksState, cfg: RanksConfig, step: int, times: dict[int, floa
         if recent is None:
             recent = state.ratios[rank] = deque(maxlen=cfg.straggler_steps)
         recent.append(ratio)
-        typical = statistics.median(recent)  # one slow step (GC, a checkpoint) is not a straggler
+        typical = median(recent)  # one slow step (GC, a checkpoint) is not a straggler
         slow = len(recent) == cfg.straggler_steps and typical > cfg.straggler_factor
         out.append(
             Signal(
@@ -60,8 +59,9 @@ def _judge(state: RanksState, cfg: RanksConfig, step: int, times: dict[int, floa
                 rank,
                 f"rank:{rank}",
                 WARNING if slow else None,
-                expected=med,
-                upper=cfg.straggler_factor * med,
+                med,
+                None,
+                cfg.straggler_factor * med,
             )
         )
     return out

@@ -17,8 +17,13 @@ import math
 from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import sub
 
 from steplens.stream_jobs.core import CRITICAL, WARNING, Signal, score_of
+
+isfinite = math.isfinite
+_INF = math.inf
 
 
 @dataclass
@@ -60,12 +65,12 @@ def _rescale(state: SpikeState, cfg: SpikeConfig) -> None:
         return
     d = state.diffs
     mid = _median(list(d))
-    mad_diff = _median([abs(v - mid) for v in d]) / math.sqrt(2.0)
+    mad_diff = _median(list(map(abs, map(sub, d, repeat(mid))))) / math.sqrt(2.0)
     if cfg.trend_tolerant is False:
         # the smaller is the noise when the series trends, the larger when it is heavy-tailed
         # around a level; a spike must clear both to matter
         level = state.ordered[len(state.ordered) // 2]
-        mad_level = _median([abs(v - level) for v in state.values])
+        mad_level = _median(list(map(abs, map(sub, state.values, repeat(level)))))
         state.scale = 1.4826 * max(mad_diff, mad_level)
     else:
         state.scale = 1.4826 * mad_diff
@@ -102,38 +107,70 @@ def update(  # noqa: PLR0917
 ) -> tuple[SpikeState, list[Signal]]:
     """Score ``x`` (or ``peak``, a window's extreme) against the baseline, then learn ``x``."""
     probe = x if peak is None else peak
-    if not (math.isfinite(probe) and math.isfinite(x)):
-        bad = probe if not math.isfinite(probe) else x
+    if not (isfinite(x) and (peak is None or isfinite(peak))):
+        bad = probe if not isfinite(probe) else x
         sig = Signal("nonfinite", metric, step, bad, 1.0, rank, severity=CRITICAL)
         return state, [sig]
-    n = len(state.values)
+    values = state.values
+    n = len(values)
     if n < cfg.warmup:
         _push(state, cfg, x)
         return state, [Signal("spike", metric, step, probe, 0.0, rank)]
     ordered = state.ordered
-    med = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+    h = n // 2
+    med = ordered[h] if n % 2 else 0.5 * (ordered[h - 1] + ordered[h])
     amed = abs(med)
-    scale = max(state.scale, cfg.rel_floor * amed, cfg.abs_floor)
+    # max(scale, rel_floor * |median|, abs_floor), compared as max() compares
+    scale = state.scale
+    floor = cfg.rel_floor * amed
+    if floor > scale:  # noqa: PLR1730 (no call on the hot path)
+        scale = floor
+    floor = cfg.abs_floor
+    if floor > scale:  # noqa: PLR1730
+        scale = floor
     dev = probe - med
     up = cfg.direction == "up"
     if not up:
         dev = abs(dev)
+    z_cfg = cfg.z
     z = dev / scale
     moved = dev >= cfg.min_rel_change * amed
     severity = None
-    if moved and z >= cfg.z:
-        severity = CRITICAL if z >= 2.0 * cfg.z else WARNING
+    if moved and z >= z_cfg:
+        severity = CRITICAL if z >= 2.0 * z_cfg else WARNING
     ratio = 0.0
     if amed > cfg.near_zero and amed > 3.0 * scale and probe * med > 0:
         ratio = probe / med if up else max(probe / med, med / probe)
         if ratio >= cfg.ratio:
             severity = CRITICAL
-    score = score_of(z / cfg.z) if moved else 0.0
+    score = 0.0
+    if moved:
+        r = z / z_cfg
+        score = r / (r + 1.0) if 0.0 < r < _INF else score_of(r)
     if ratio >= 1.0:
-        score = max(score, score_of(ratio / cfg.ratio))
-    _push(state, cfg, x)
-    band = cfg.z * scale
-    sig = Signal(
-        "spike", metric, step, probe, score, rank, "run", severity, med, med - band, med + band
-    )
-    return state, [sig]
+        r = ratio / cfg.ratio
+        by_ratio = r / (r + 1.0) if 0.0 < r < _INF else score_of(r)
+        if by_ratio > score:  # noqa: PLR1730
+            score = by_ratio
+    # learn x (``_push``, inlined)
+    window = cfg.window
+    last = state.last
+    if last is not None:
+        diffs = state.diffs
+        diffs.append(x - last)
+        if len(diffs) > window:
+            diffs.popleft()
+    state.last = x
+    values.append(x)
+    insort(ordered, x)
+    if len(values) > window:
+        del ordered[bisect_left(ordered, values.popleft())]
+    since = state.since_rescale = state.since_rescale + 1
+    if since >= cfg.rescale_every or state.scale == 0.0:
+        _rescale(state, cfg)
+    band = z_cfg * scale
+    return state, [
+        Signal(
+            "spike", metric, step, probe, score, rank, "run", severity, med, med - band, med + band
+        )
+    ]

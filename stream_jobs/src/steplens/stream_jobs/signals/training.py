@@ -7,7 +7,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from steplens.stream_jobs.core import WARNING, Signal, score_of
+from steplens.stream_jobs.core import WARNING, Signal, median, score_of
 
 
 @dataclass
@@ -32,7 +32,7 @@ def update_ratio(
         return state, []
     out: list[Signal] = []
     if len(state.ratios) >= cfg.update_warmup:
-        base = statistics.median(state.ratios)
+        base = median(state.ratios)
         limit = cfg.update_ratio_floor * base
         breach = base > 0 and x < limit
         out.append(

@@ -10,7 +10,11 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from steplens.producer.schema import RUN_RANK
 from steplens.stream_jobs.core import WARNING, Signal, score_of
+
+isfinite, sqrt = math.isfinite, math.sqrt
+_INF = math.inf
 
 
 @dataclass
@@ -32,36 +36,49 @@ class VolatilityState:
 def update(
     state: VolatilityState, cfg: VolatilityConfig, metric: str, x: float, step: int | None
 ) -> tuple[VolatilityState, list[Signal]]:
-    if not math.isfinite(x):
+    if not isfinite(x):
         return state, []
-    if state.values:
-        d = x - state.values[-1]
-        state.diffs.append(d)
-        state.sum_d += d
-        state.sum_d2 += d * d
-        if len(state.diffs) > cfg.window - 1:
-            old = state.diffs.popleft()
-            state.sum_d -= old
-            state.sum_d2 -= old * old
-    state.values.append(x)
-    state.sum_v += x
-    if len(state.values) > cfg.window:
-        state.sum_v -= state.values.popleft()
-    n = len(state.diffs)
-    if len(state.values) < cfg.window or n < 2:
+    values, diffs = state.values, state.diffs
+    if values:
+        d = x - values[-1]
+        diffs.append(d)
+        sum_d = state.sum_d + d
+        sum_d2 = state.sum_d2 + d * d
+        if len(diffs) > cfg.window - 1:
+            old = diffs.popleft()
+            sum_d -= old
+            sum_d2 -= old * old
+        state.sum_d, state.sum_d2 = sum_d, sum_d2
+    values.append(x)
+    sum_v = state.sum_v + x
+    if len(values) > cfg.window:
+        sum_v -= values.popleft()
+    state.sum_v = sum_v
+    n = len(diffs)
+    m = len(values)
+    if m < cfg.window or n < 2:
         return state, [Signal("volatility", metric, step, 0.0, 0.0)]
-    var = max(0.0, (state.sum_d2 - state.sum_d * state.sum_d / n) / (n - 1))
-    noise = math.sqrt(var / 2.0)
-    mean = state.sum_v / len(state.values)
-    cv = noise / max(abs(mean), cfg.abs_floor)
-    severity = WARNING if cv > cfg.threshold else None
+    sum_d = state.sum_d
+    var = (state.sum_d2 - sum_d * sum_d / n) / (n - 1)
+    if not var > 0.0:  # max(0.0, var), NaN included
+        var = 0.0
+    noise = sqrt(var / 2.0)
+    mean = sum_v / m
+    floor = abs(mean)
+    if cfg.abs_floor > floor:  # noqa: PLR1730 (no call on the hot path)
+        floor = cfg.abs_floor
+    cv = noise / floor
+    threshold = cfg.threshold
+    ratio = cv / threshold
     sig = Signal(
         "volatility",
         metric,
         step,
         cv,
-        score_of(cv / cfg.threshold),
-        severity=severity,
-        expected=cfg.threshold,
+        ratio / (ratio + 1.0) if 0.0 < ratio < _INF else score_of(ratio),
+        RUN_RANK,
+        "run",
+        WARNING if cv > threshold else None,
+        threshold,
     )
     return state, [sig]

@@ -1,0 +1,38 @@
+"""Which quiet signals the worker publishes: breaches always, the rest thinned out.
+
+A quiet signal (no severity, score below the alert threshold) carries the detector's score for
+dashboards; publishing every one would cost more than detecting it. One goes out per run, rank
+and rule when both ``every`` steps and ``interval_s`` seconds have passed since the last one, so
+a series sent as 100-step windows is not published at every window either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from steplens.stream_jobs.core import Signal
+
+
+@dataclass
+class QuietLimiter:
+    every: int = 50  # steps; <= 0: quiet signals are never published
+    interval_s: float = 5.0
+    max_keys: int = 100_000  # bounded memory: forget everything past this many series
+    last: dict[tuple[str, int, str, str], tuple[int, float]] = field(default_factory=dict)
+
+    def wanted(self, run: str, sig: Signal, now: float) -> bool:
+        if sig.severity is not None or sig.score >= 0.5:
+            return True
+        if self.every <= 0 or sig.step is None:
+            return False
+        key = (run, sig.rank, sig.name, sig.metric)
+        prev = self.last.get(key)
+        if prev is not None:
+            too_soon = now - prev[1] < self.interval_s
+            too_close = prev[0] <= sig.step < prev[0] + self.every  # a step back: publish
+            if too_soon or too_close:
+                return False
+        if len(self.last) >= self.max_keys:
+            self.last.clear()
+        self.last[key] = (sig.step, now)
+        return True

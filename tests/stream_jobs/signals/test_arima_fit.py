@@ -1,0 +1,49 @@
+"""The default fit (statsmodels' Hannan-Rissanen estimator on the demeaned series)."""
+
+import numpy as np
+import pytest
+
+from steplens.stream_jobs.signals import arima
+
+
+def arma11(n, phi, theta, mu, seed):
+    rng = np.random.default_rng(seed)
+    e = rng.normal(0.0, 1.0, n + 1)
+    y = np.zeros(n + 1)
+    for t in range(1, n + 1):
+        y[t] = phi * y[t - 1] + e[t] + theta * e[t - 1]
+    return mu + y[1:]
+
+
+def test_hannan_rissanen_recovers_arma_coefficients_and_mean():
+    p = arima.fit(arma11(2000, 0.6, 0.3, 5.0, 1), (1, 0, 1), "hannan_rissanen")
+    assert p is not None
+    assert abs(p.ar[0] - 0.6) < 0.1 and abs(p.ma[0] - 0.3) < 0.1
+    assert abs(p.const - 5.0) < 0.3 and abs(p.sigma - 1.0) < 0.1
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_walks_with_drift_always_get_a_model(seed):
+    # d = 1 on a random walk: the differences are white noise around the drift
+    rng = np.random.default_rng(seed)
+    walk = 3.0 + np.cumsum(rng.normal(0.001, 0.02, 256))
+    p = arima.fit(walk, (1, 1, 1), "hannan_rissanen")
+    assert p is not None
+    assert abs(p.const - 0.001) < 0.01
+    assert 0.015 < p.sigma < 0.025
+    assert all(abs(c) <= 0.98 for c in (*p.ar, *p.ma))
+
+
+def test_constant_and_too_short_series():
+    flat = arima.fit(np.full(128, 2.5), (1, 1, 1), "hannan_rissanen")
+    assert flat is not None and flat.sigma <= 1e-9 and flat.const == 0.0
+    assert arima.fit(np.arange(5.0), (1, 1, 1), "hannan_rissanen") is None
+    assert arima.fit(np.array([1.0, np.nan] * 40), (1, 1, 1), "hannan_rissanen") is None
+
+
+def test_other_methods_still_go_through_statsmodels_arima():
+    x = arma11(600, 0.7, 0.0, 0.0, 2)
+    hr = arima.fit(x, (1, 0, 0), "hannan_rissanen")
+    ss = arima.fit(x, (1, 0, 0), "statespace")
+    assert hr is not None and ss is not None
+    assert abs(hr.ar[0] - ss.ar[0]) < 0.05

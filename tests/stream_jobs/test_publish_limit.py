@@ -1,0 +1,45 @@
+from steplens.stream_jobs.core import CRITICAL, Signal
+from steplens.stream_jobs.publish_limit import QuietLimiter
+
+
+def quiet(step, rank=0, metric="loss", score=0.1):
+    return Signal("spike", metric, step, 1.0, score, rank)
+
+
+def published(lim, sigs_at):
+    return [(s.step, t) for s, t in sigs_at if lim.wanted("run", s, t)]
+
+
+def test_breaches_always_go_out():
+    lim = QuietLimiter(every=50, interval_s=5.0)
+    loud = Signal("spike", "loss", 3, 9.0, 0.9, 0, severity=CRITICAL)
+    assert all(lim.wanted("run", loud, 0.0) for _ in range(5))
+    assert lim.wanted("run", quiet(4, score=0.6), 0.0)  # at or above the alert threshold
+
+
+def test_quiet_signals_need_both_steps_and_seconds():
+    lim = QuietLimiter(every=50, interval_s=5.0)
+    # a step every 0.2 s: 50 steps take 10 s, so the step rule decides
+    fast_clock = [(quiet(s), s * 0.2) for s in range(200)]
+    assert [s for s, _ in published(lim, fast_clock)] == [0, 50, 100, 150]
+    # windows of 100 steps each second: the seconds decide
+    lim = QuietLimiter(every=50, interval_s=5.0)
+    windows = [(quiet(99 + 100 * i), float(i)) for i in range(12)]
+    assert [t for _, t in published(lim, windows)] == [0.0, 5.0, 10.0]
+
+
+def test_series_are_limited_separately_and_a_restart_publishes():
+    lim = QuietLimiter(every=50, interval_s=0.0)
+    assert lim.wanted("run", quiet(10, rank=0), 0.0)
+    assert lim.wanted("run", quiet(10, rank=1), 0.0)
+    assert lim.wanted("run", quiet(10, metric="grad_norm"), 0.0)
+    assert not lim.wanted("run", quiet(20, rank=0), 1.0)
+    assert lim.wanted("run", quiet(0, rank=0), 2.0)  # the run restarted from step 0
+
+
+def test_off_and_bounded():
+    assert not QuietLimiter(every=0).wanted("run", quiet(100), 0.0)
+    lim = QuietLimiter(every=1, interval_s=0.0, max_keys=10)
+    for rank in range(25):
+        lim.wanted("run", quiet(1, rank=rank), 0.0)
+    assert len(lim.last) <= 10
