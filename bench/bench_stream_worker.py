@@ -127,7 +127,9 @@ def worker_counter(port: int) -> float:
     )
 
 
-def start_worker(bootstrap: str, topics: Topics, tag: str, port: int) -> subprocess.Popen[bytes]:
+def start_worker(
+    bootstrap: str, topics: Topics, tag: str, port: int, extra: list[str]
+) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "STEPLENS_KAFKA_BOOTSTRAP": bootstrap,
@@ -138,6 +140,7 @@ def start_worker(bootstrap: str, topics: Topics, tag: str, port: int) -> subproc
     }
     cmd = [sys.executable, "-m", "steplens.stack.cli", "worker", "--app-id", f"bench-{tag}"]
     cmd += ["--state-dir", tempfile.mkdtemp(prefix="bench-worker-"), "--web-port", str(port)]
+    cmd += extra
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -341,6 +344,9 @@ def main() -> None:
     ap.add_argument("--traffic-steps", type=int, default=20_480, help="step records/s offered")
     ap.add_argument("--traffic-ranks", type=int, default=256)
     ap.add_argument("--traffic-seconds", type=float, default=40.0)
+    ap.add_argument(
+        "--worker-arg", action="append", default=[], help="pass to `steplens worker` (repeat)"
+    )
     ap.add_argument("--traffic-only", action="store_true", help="skip the per-record part")
     ap.add_argument("--null-agent", metavar="TOPIC", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -362,7 +368,7 @@ def main() -> None:
         floor = plain_consumer(boot, topics.raw, n)
         ceiling = run_null_agent(boot, topics.raw, n)
     port = 20464 + random.randrange(500)
-    proc = start_worker(boot, topics, tag, port)
+    proc = start_worker(boot, topics, tag, port, args.worker_arg)
     try:
         if n:
             per_record(boot, topics, args, port, n, floor, ceiling)
