@@ -101,7 +101,7 @@ def test_mirror_consumes_evals_and_alerts_from_kafka(stack_env, tracking_uri):
     bootstrap = stack_env["STEPLENS_KAFKA_BOOTSTRAP"]
     ensure_topics(bootstrap, topics)
     run_id = f"mlflow-{tag}"
-    producer = Producer({"bootstrap.servers": bootstrap})
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     for i, step in enumerate(range(0, 50, 10)):
         rec = _eval(run_id, step, 3.0 - 0.1 * i, 0.1 * i, seq=i)
         producer.produce(topics.raw, encode(rec), key=rec.key)

@@ -26,7 +26,9 @@ def _topics() -> Topics:
 
 
 def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap})
+    # idempotent, as the steplens producer is: a retried first send (a topic just created, its
+    # leader not yet known) must not land after the ones behind it
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     for value in values:
         producer.produce(topic, key=b"run:0", value=value)
     assert producer.flush(30) == 0

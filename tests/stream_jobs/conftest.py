@@ -32,7 +32,9 @@ class Kafka:
         self.env = env
         self.bootstrap = env["STEPLENS_KAFKA_BOOTSTRAP"]
         self.topics = topics
-        self.producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
+        self.producer = Producer(
+            {"bootstrap.servers": self.bootstrap, "linger.ms": 5, "enable.idempotence": True}
+        )
 
     def send(self, records: list[Record | bytes], key: bytes | None = None) -> None:
         for r in records:
