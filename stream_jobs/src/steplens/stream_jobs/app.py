@@ -16,11 +16,13 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
+import importlib
 import inspect
 import io
 import logging
 import multiprocessing
 import pickle
+import pkgutil
 import time
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -33,41 +35,27 @@ from faust.types import TP
 from steplens.producer.schema import DecodeError, Record, decode
 from steplens.producer.topics import Topics
 from steplens.stream_jobs import config as config_mod
-from steplens.stream_jobs import core, detector, rules
+from steplens.stream_jobs import core, detector, rules, signals
 from steplens.stream_jobs.config import DetectorConfig
 from steplens.stream_jobs.detector import RunDetector
 from steplens.stream_jobs.metrics import WorkerMetrics, reason_class
 from steplens.stream_jobs.outputs import alert_bytes, dead_letter_bytes, signal_bytes
 from steplens.stream_jobs.publish_limit import QuietLimiter
-from steplens.stream_jobs.signals import (
-    arima,
-    data_quality,
-    evals,
-    lr_schedule,
-    ranks,
-    spike,
-    thresholds,
-    training,
-    volatility,
-)
+from steplens.stream_jobs.signals import arima
 from steplens.stream_jobs.webhook import WebhookNotifier
 
 log = logging.getLogger("steplens.stream_jobs")
 
+# every module whose dataclasses a pickled RunDetector may hold: every signal module included
 STATE_MODULES = (
     config_mod,
     core,
     detector,
     rules,
-    arima,
-    data_quality,
-    evals,
-    lr_schedule,
-    ranks,
-    spike,
-    thresholds,
-    training,
-    volatility,
+    *(
+        importlib.import_module(f"{signals.__name__}.{m.name}")
+        for m in pkgutil.iter_modules(signals.__path__)
+    ),
 )
 
 

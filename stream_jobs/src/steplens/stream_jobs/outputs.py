@@ -17,6 +17,26 @@ def _optional(**kw: object) -> dict[str, object]:
     return {k: v for k, v in kw.items() if v is not None}
 
 
+def _envelope(  # noqa: PLR0917
+    kind: str, run_id: str, rank: int, step: int | None, data: dict[str, object], seq: int
+) -> bytes:
+    """Encode a record the worker builds itself (not validated again: the hot path)."""
+    return encode(
+        {
+            "kind": kind,
+            "run_id": run_id,
+            "rank": rank,
+            "local_rank": 0,
+            "host": HOST,
+            "pid": os.getpid(),
+            "seq": seq,
+            "time_ns": time.time_ns(),
+            **_optional(step=step),
+            "data": data,
+        }
+    )
+
+
 def signal_bytes(run_id: str, sig: Signal, seq: int = 0) -> bytes:
     data = {
         "name": sig.name,
@@ -32,20 +52,7 @@ def signal_bytes(run_id: str, sig: Signal, seq: int = 0) -> bytes:
         detail["severity"] = sig.severity
     if detail:
         data["detail"] = detail
-    return encode(
-        {
-            "kind": "signal",
-            "run_id": run_id,
-            "rank": sig.rank,
-            "local_rank": 0,
-            "host": HOST,
-            "pid": os.getpid(),
-            "seq": seq,
-            "time_ns": time.time_ns(),
-            **_optional(step=sig.step),
-            "data": data,
-        }
-    )
+    return _envelope("signal", run_id, sig.rank, sig.step, data, seq)
 
 
 def alert_bytes(a: Alert, seq: int = 0) -> bytes:
@@ -61,19 +68,8 @@ def alert_bytes(a: Alert, seq: int = 0) -> bytes:
         "evidence": a.evidence,
         **_optional(started_step=a.started_step),
     }
-    return encode(
-        {
-            "kind": "alert",
-            "run_id": a.run_id,
-            "rank": rank if isinstance(rank, int) else RUN_RANK,
-            "local_rank": 0,
-            "host": HOST,
-            "pid": os.getpid(),
-            "seq": seq,
-            "time_ns": time.time_ns(),
-            **_optional(step=a.step),
-            "data": data,
-        }
+    return _envelope(
+        "alert", a.run_id, rank if isinstance(rank, int) else RUN_RANK, a.step, data, seq
     )
 
 

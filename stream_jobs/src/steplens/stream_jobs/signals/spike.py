@@ -77,25 +77,6 @@ def _rescale(state: SpikeState, cfg: SpikeConfig) -> None:
     state.since_rescale = 0
 
 
-def _push(state: SpikeState, cfg: SpikeConfig, x: float) -> None:
-    window = cfg.window
-    last = state.last
-    if last is not None:
-        diffs = state.diffs
-        diffs.append(x - last)
-        if len(diffs) > window:
-            diffs.popleft()
-    state.last = x
-    values, ordered = state.values, state.ordered
-    values.append(x)
-    insort(ordered, x)
-    if len(values) > window:
-        del ordered[bisect_left(ordered, values.popleft())]
-    state.since_rescale += 1
-    if state.since_rescale >= cfg.rescale_every or state.scale == 0.0:
-        _rescale(state, cfg)
-
-
 def update(  # noqa: PLR0917
     state: SpikeState,
     cfg: SpikeConfig,
@@ -111,12 +92,37 @@ def update(  # noqa: PLR0917
         bad = probe if not isfinite(probe) else x
         sig = Signal("nonfinite", metric, step, bad, 1.0, rank, severity=CRITICAL)
         return state, [sig]
-    values = state.values
+    values, ordered = state.values, state.ordered
     n = len(values)
     if n < cfg.warmup:
-        _push(state, cfg, x)
-        return state, [Signal("spike", metric, step, probe, 0.0, rank)]
+        sig = Signal("spike", metric, step, probe, 0.0, rank)
+    else:
+        sig = _score(state, cfg, metric, probe, step, rank)
+    # learn x
+    window = cfg.window
+    last = state.last
+    if last is not None:
+        diffs = state.diffs
+        diffs.append(x - last)
+        if len(diffs) > window:
+            diffs.popleft()
+    state.last = x
+    values.append(x)
+    insort(ordered, x)
+    if len(values) > window:
+        del ordered[bisect_left(ordered, values.popleft())]
+    since = state.since_rescale = state.since_rescale + 1
+    if since >= cfg.rescale_every or state.scale == 0.0:
+        _rescale(state, cfg)
+    return state, [sig]
+
+
+def _score(  # noqa: PLR0917
+    state: SpikeState, cfg: SpikeConfig, metric: str, probe: float, step: int | None, rank: int
+) -> Signal:
+    """``probe`` against the robust baseline of the values learnt so far."""
     ordered = state.ordered
+    n = len(ordered)
     h = n // 2
     med = ordered[h] if n % 2 else 0.5 * (ordered[h - 1] + ordered[h])
     amed = abs(med)
@@ -152,25 +158,7 @@ def update(  # noqa: PLR0917
         by_ratio = r / (r + 1.0) if 0.0 < r < _INF else score_of(r)
         if by_ratio > score:  # noqa: PLR1730
             score = by_ratio
-    # learn x (``_push``, inlined)
-    window = cfg.window
-    last = state.last
-    if last is not None:
-        diffs = state.diffs
-        diffs.append(x - last)
-        if len(diffs) > window:
-            diffs.popleft()
-    state.last = x
-    values.append(x)
-    insort(ordered, x)
-    if len(values) > window:
-        del ordered[bisect_left(ordered, values.popleft())]
-    since = state.since_rescale = state.since_rescale + 1
-    if since >= cfg.rescale_every or state.scale == 0.0:
-        _rescale(state, cfg)
     band = z_cfg * scale
-    return state, [
-        Signal(
-            "spike", metric, step, probe, score, rank, "run", severity, med, med - band, med + band
-        )
-    ]
+    return Signal(
+        "spike", metric, step, probe, score, rank, "run", severity, med, med - band, med + band
+    )
