@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,72 @@ class Signal:
     @property
     def rule(self) -> str:
         return f"{self.name}:{self.metric}"
+
+
+@dataclass(slots=True)
+class SignalRun:
+    """One detector's signals for one metric over consecutive values, as columns (what the
+    detectors' ``update_many`` return): ``signal(k)`` is the k-th as ``update`` returns it."""
+
+    name: str
+    metric: str
+    rank: int = RUN_RANK
+    steps: list[int | None] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    severities: list[str | None] = field(default_factory=list)
+    expected: list[float | None] = field(default_factory=list)
+    lower: list[float | None] = field(default_factory=list)
+    upper: list[float | None] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    def signal(self, k: int) -> Signal:
+        return Signal(
+            self.name,
+            self.metric,
+            self.steps[k],
+            self.values[k],
+            self.scores[k],
+            self.rank,
+            "run",
+            self.severities[k],
+            self.expected[k],
+            self.lower[k],
+            self.upper[k],
+        )
+
+    def signals(self) -> list[Signal]:
+        return [self.signal(k) for k in range(len(self))]
+
+    def add(self, sig: Signal) -> None:
+        """Append ``sig`` (of this run's detector, metric and rank; no detail)."""
+        self.steps.append(sig.step)
+        self.values.append(sig.value)
+        self.scores.append(sig.score)
+        self.severities.append(sig.severity)
+        self.expected.append(sig.expected)
+        self.lower.append(sig.lower)
+        self.upper.append(sig.upper)
+
+    def extend(  # noqa: PLR0917
+        self,
+        steps: Sequence[int | None],
+        values: Sequence[float],
+        scores: Sequence[float],
+        severities: Sequence[str | None],
+        expected: Sequence[float | None],
+        lower: Sequence[float | None],
+        upper: Sequence[float | None],
+    ) -> None:
+        self.steps += steps
+        self.values += values
+        self.scores += scores
+        self.severities += severities
+        self.expected += expected
+        self.lower += lower
+        self.upper += upper
 
 
 @dataclass(slots=True)

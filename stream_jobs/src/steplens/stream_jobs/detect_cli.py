@@ -17,15 +17,18 @@ import time
 from datetime import datetime
 from typing import TextIO
 
+import numpy as np
+
 from steplens.stream_jobs.config import DetectorConfig
-from steplens.stream_jobs.core import Alert
-from steplens.stream_jobs.detector import RunDetector
+from steplens.stream_jobs.core import Alert, SignalRun
+from steplens.stream_jobs.detector import Part, RunDetector
 
 STEP_COLUMNS = ("step", "iteration", "iter", "global_step")
 TIME_COLUMNS = ("timestamp", "time", "time_ns", "ts", "date", "datetime")
 # a column no signal scored in a row (written as 0); scores above it are kept, as the
 # largest score of the row's signals for that column
 ABSENT = -1.0
+CHUNK_ROWS = 4096  # rows scored at a time, one metric after the other
 
 
 def _number(cell: str) -> float | None:
@@ -95,59 +98,82 @@ def score_rows(
     metric_at = [(c, index[c]) for c in columns if c not in (step_col, time_col)]
     results: list[list[float]] = []
     signal_cols: dict[str, int] = {}  # column -> its index in a row's results
-    col_of: dict[tuple[str, str], int] = {}
     width = 2  # anomaly_score, alert, then the signal columns
-    process_step, evaluate = det.process_step, det.evaluate
-    for i, row in enumerate(rows):
-        step = i
-        if step_at >= 0:
-            cell = row[step_at]
-            s: float | None
+    metric_names = list(dict.fromkeys(c for c, _ in metric_at))  # a repeated name once
+    metric_cols = [(c, index[c]) for c in metric_names]
+    for lo in range(0, len(rows), CHUNK_ROWS):
+        chunk = rows[lo : lo + CHUNK_ROWS]
+        steps: list[int] = []
+        times: list[int] = []
+        for i, row in enumerate(chunk, lo):
+            step = i
+            if step_at >= 0:
+                cell = row[step_at]
+                s: float | None
+                try:
+                    s = float(cell)  # the common case; _number handles the rest
+                except ValueError:
+                    s = _number(cell)
+                if s is not None and math.isfinite(s):
+                    step = int(s)
+            steps.append(step)
+            times.append(_time_ns(row[time_at]) if time_at >= 0 else 0)
+        cells: dict[str, list[float | None]] = {}
+        for c, at in metric_cols:
+            raw = [row[at] for row in chunk]
             try:
-                s = float(cell)  # the common case; _number handles the rest
+                cells[c] = list(map(float, raw))  # the common case: every cell a number
             except ValueError:
-                s = _number(cell)
-            if s is not None and math.isfinite(s):
-                step = int(s)
-        t_ns = _time_ns(row[time_at]) if time_at >= 0 else 0
-        metrics: dict[str, float] = {}
-        for c, at in metric_at:
-            cell = row[at]
-            if not cell:
-                continue
-            try:
-                metrics[c] = float(cell)
-            except ValueError:
-                x = _number(cell)
-                if x is not None:
-                    metrics[c] = x
-        sigs = process_step(0, step, t_ns, metrics)
-        alerts = evaluate(sigs)
-        res = [ABSENT] * width
-        top = 0.0
-        for sig in sigs:
-            key = (sig.name, sig.metric)
-            j = col_of.get(key)
-            if j is None:
-                col = f"{sig.name}_{sig.metric}"
-                j = signal_cols.get(col)
-                if j is None:
-                    j = signal_cols[col] = width
-                    width += 1
-                    res.append(ABSENT)
-                col_of[key] = j
-            score = sig.score
-            if score > res[j]:  # noqa: PLR1730
-                res[j] = score
-            if score > top:  # noqa: PLR1730 (max() as it compares, without the call)
-                top = score
-        res[0] = top if top < 1.0 else 1.0
-        res[1] = 1.0 if det.rules.firing else 0.0
-        results.append(res)
-        if alerts and out is not None:
-            for a in alerts:
-                print(format_alert(a), file=out)
+                cells[c] = [_number(cell) if cell else None for cell in raw]
+        parts = det.process_columns(0, steps, times, cells)
+        width = _add_columns(parts, signal_cols, width)
+        res = np.full((len(chunk), width), ABSENT)
+        for part in parts:
+            sigs = part.signals
+            if isinstance(sigs, SignalRun):
+                j = signal_cols[f"{sigs.name}_{sigs.metric}"]
+                res[part.rows, j] = np.fmax(res[part.rows, j], sigs.scores)
+            else:
+                for i, got in zip(part.rows, sigs, strict=True):
+                    for sig in got:
+                        j = signal_cols[f"{sig.name}_{sig.metric}"]
+                        res[i, j] = max(res[i, j], sig.score)
+        # the row's largest score (0 when none is above 0), at most 1
+        top = np.fmax(res[:, 2:].max(axis=1, initial=0.0), 0.0) if width > 2 else 0.0
+        res[:, 0] = np.fmin(top, 1.0)
+        for i, alerts in enumerate(det.evaluate_parts(parts, len(chunk))):
+            res[i, 1] = 1.0 if det.rules.firing else 0.0
+            if alerts and out is not None:
+                for a in alerts:
+                    print(format_alert(a), file=out)
+        results += res.tolist()
     return results, list(signal_cols)
+
+
+def _add_columns(parts: list[Part], signal_cols: dict[str, int], width: int) -> int:
+    """Give the signals' columns that are new in ``parts`` their place, in the order a row
+    after row reading would meet them; returns the new width."""
+    first: dict[str, tuple[int, int, int]] = {}  # column -> (row, part, place in the row's list)
+    for p, part in enumerate(parts):
+        sigs = part.signals
+        if isinstance(sigs, SignalRun):
+            col = f"{sigs.name}_{sigs.metric}"
+            if part.rows and col not in signal_cols:
+                key = (part.rows[0], p, 0)
+                if col not in first or key < first[col]:
+                    first[col] = key
+            continue
+        for i, got in zip(part.rows, sigs, strict=True):
+            for k, sig in enumerate(got):
+                col = f"{sig.name}_{sig.metric}"
+                if col not in signal_cols:
+                    key = (i, p, k)
+                    if col not in first or key < first[col]:
+                        first[col] = key
+    for col in sorted(first, key=first.__getitem__):
+        signal_cols[col] = width
+        width += 1
+    return width
 
 
 def write_rows(

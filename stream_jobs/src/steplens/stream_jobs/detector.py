@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from math import isfinite
 from typing import Any
@@ -23,7 +24,7 @@ from steplens.stream_jobs.config import (
     VOLATILITY_METRICS,
     DetectorConfig,
 )
-from steplens.stream_jobs.core import CRITICAL, Alert, Signal
+from steplens.stream_jobs.core import CRITICAL, Alert, Signal, SignalRun
 from steplens.stream_jobs.signals import (
     arima,
     data_quality,
@@ -60,6 +61,50 @@ def _route(metric: str, generic: bool) -> tuple[int, bool, bool, bool]:
 
 # per metric name, its route, for schema-only (False) and generic (True) detectors
 _ROUTES: dict[bool, dict[str, tuple[int, bool, bool, bool]]] = {False: {}, True: {}}
+
+
+@dataclass(slots=True)
+class Part:
+    """Signals of some rows of a batch (``RunDetector.process_columns``): one per row in
+    ``rows`` (a run of one detector) or a list per row."""
+
+    rows: list[int]  # ascending
+    signals: SignalRun | list[list[Signal]]
+    tail: bool = False  # the per-step signals after the metrics' (ranks)
+
+    def where(self, n: int) -> list[int]:
+        """For each of ``n`` rows, its index in ``rows``, or -1."""
+        at = [-1] * n
+        for k, i in enumerate(self.rows):
+            at[i] = k
+        return at
+
+    def breaching(self) -> list[int]:
+        sigs = self.signals
+        if isinstance(sigs, SignalRun):
+            return [i for i, sev in zip(self.rows, sigs.severities, strict=True) if sev is not None]
+        return [i for i, got in zip(self.rows, sigs, strict=True) if any(g.severity for g in got)]
+
+    def steps(self) -> Iterator[tuple[int, int | None]]:
+        """Each row with the step of its last signal here."""
+        sigs = self.signals
+        if isinstance(sigs, SignalRun):
+            return zip(self.rows, sigs.steps, strict=True)
+        return ((i, got[-1].step) for i, got in zip(self.rows, sigs, strict=True))
+
+
+def row_signals(parts: list[Part], where: list[list[int]], i: int) -> list[Signal]:
+    """Row ``i``'s signals, in order (``where``: each part's ``where``)."""
+    out: list[Signal] = []
+    for part, at in zip(parts, where, strict=True):
+        k = at[i]
+        if k >= 0:
+            sigs = part.signals
+            if isinstance(sigs, SignalRun):
+                out.append(sigs.signal(k))
+            else:
+                out += sigs[k]
+    return out
 
 
 @dataclass
@@ -198,30 +243,187 @@ class RunDetector:
                 out += arima.update(a, cfg.arima, metric, x, step, rank)[1]
                 if a.wants_fit:
                     self._want_fit(rank, metric, a)
-            if not special:
-                continue
-            if metric == "lr":
-                out += lr_schedule.update(s.lr, cfg.lr, x, step, rank, first_step)[1]
-            elif metric == "update_ratio":
-                out += training.update_ratio(s.train, cfg.training, x, step, rank)[1]
-            elif metric == "param_norm":
-                out += training.param_norm(s.train, cfg.training, x, step, rank)[1]
-            elif metric == "loss" and isfinite(x):
-                a_ = cfg.train_loss_alpha
-                self.train_loss = (
-                    x if self.train_loss is None else (1 - a_) * self.train_loss + a_ * x
-                )
-        if step is not None and rank != RUN_RANK:
-            st_time = metrics.get("step_time_s")
-            if isinstance(st_time, (int, float)):
-                self.ranks, got = ranks.step_time(self.ranks, cfg.ranks, rank, step, st_time)
-                out += got
-                if data_time is not None:
-                    out += thresholds.data_wait(cfg.thresholds, data_time, st_time, step, rank)
-            ranks.progress(self.ranks, rank, step, time_ns)
-            if time_ns:
-                self.last_step_ns = max(self.last_step_ns, time_ns)
+            if special:
+                out += self._special(s, metric, x, step, rank, first_step)
+        out += self._step_tail(rank, step, time_ns, metrics.get("step_time_s"), data_time)
         return out
+
+    def _special(  # noqa: PLR0917
+        self,
+        s: RankSeries,
+        metric: str,
+        x: float,
+        step: int | None,
+        rank: int,
+        first_step: int | None,
+    ) -> list[Signal]:
+        """The signals of a metric with a detector of its own (lr, update ratio, param norm)."""
+        cfg = self.cfg
+        if metric == "lr":
+            return lr_schedule.update(s.lr, cfg.lr, x, step, rank, first_step)[1]
+        if metric == "update_ratio":
+            return training.update_ratio(s.train, cfg.training, x, step, rank)[1]
+        if metric == "param_norm":
+            return training.param_norm(s.train, cfg.training, x, step, rank)[1]
+        if metric == "loss" and isfinite(x):
+            a_ = cfg.train_loss_alpha
+            self.train_loss = x if self.train_loss is None else (1 - a_) * self.train_loss + a_ * x
+        return []
+
+    def _step_tail(
+        self, rank: int, step: int | None, time_ns: int, st_time: Any, data_time: float | None
+    ) -> list[Signal]:
+        """Per step, after its metrics: the rank's step time against the others, and progress."""
+        if step is None or rank == RUN_RANK:
+            return []
+        out: list[Signal] = []
+        if isinstance(st_time, (int, float)):
+            self.ranks, out = ranks.step_time(self.ranks, self.cfg.ranks, rank, step, st_time)
+            if data_time is not None:
+                out += thresholds.data_wait(self.cfg.thresholds, data_time, st_time, step, rank)
+        ranks.progress(self.ranks, rank, step, time_ns)
+        if time_ns:
+            self.last_step_ns = max(self.last_step_ns, time_ns)
+        return out
+
+    def process_columns(
+        self,
+        rank: int,
+        steps: list[int],
+        times_ns: list[int],
+        columns: dict[str, list[float | None]],
+    ) -> list[Part]:
+        """``process_step`` over many steps at once, one metric at a time, for the metrics in
+        ``columns`` (a row's value, ``None`` where the row has none). Returns the signals as
+        parts; row ``i``'s signals, in order, are those of the parts that cover it, in part
+        order (``row_signals``): the same, and in the same order, as ``process_step`` per row
+        would return. The detectors take each metric's values in one call (``update_many``)."""
+        cfg = self.cfg
+        s = self.series.get(rank)
+        if s is None:
+            s = self._rank(rank)
+        parts: list[Part] = []
+        routes = _ROUTES[self.generic]
+        spike_cfgs = (cfg.spike, cfg.grad_spike, cfg.spike, cfg.generic_spike)
+        for metric, cells in columns.items():
+            route = routes.get(metric)
+            if route is None:
+                route = routes[metric] = _route(metric, self.generic)
+            spike_kind, vol, arima_too, special = route
+            at: list[int] = []  # the rows of the finite values
+            xs: list[float] = []
+            bad: list[int] = []
+            bad_sigs: list[list[Signal]] = []
+            for i, x in enumerate(cells):
+                if x is None:
+                    continue
+                if isfinite(x):
+                    at.append(i)
+                    xs.append(x)
+                else:  # as process_step: a nonfinite signal, nothing learnt
+                    bad.append(i)
+                    sig = Signal("nonfinite", metric, steps[i], x, 1.0, rank, severity=CRITICAL)
+                    bad_sigs.append([sig])
+            if bad:
+                parts.append(Part(bad, bad_sigs))
+            if not xs:
+                continue
+            st = [steps[i] for i in at]
+            if spike_kind:
+                state = s.spikes.get(metric)
+                if state is None:
+                    state = s.spikes[metric] = spike.SpikeState()
+                parts.append(
+                    Part(at, spike.update_many(state, spike_cfgs[spike_kind], metric, xs, st, rank))
+                )
+            if vol:
+                vs = s.vol.get(metric)
+                if vs is None:
+                    vs = s.vol[metric] = volatility.VolatilityState()
+                parts.append(Part(at, volatility.update_many(vs, cfg.volatility, metric, xs, st)))
+            if cfg.arima_enabled and arima_too:
+                a = s.arimas.get(metric)
+                if a is None:
+                    a = s.arimas[metric] = arima.ArimaState()
+                run, done = arima.update_many(a, cfg.arima, metric, xs, st, rank)
+                while True:
+                    if a.wants_fit:
+                        self._want_fit(rank, metric, a)
+                    if done == len(xs):
+                        break
+                    more, took = arima.update_many(a, cfg.arima, metric, xs[done:], st[done:], rank)
+                    run.extend(
+                        more.steps,
+                        more.values,
+                        more.scores,
+                        more.severities,
+                        more.expected,
+                        more.lower,
+                        more.upper,
+                    )
+                    done += took
+                parts.append(Part(at, run))
+            if special and metric == "loss":  # no signal of its own: the training-loss EMA
+                a_ = cfg.train_loss_alpha
+                ema = self.train_loss
+                for x in xs:
+                    ema = x if ema is None else (1 - a_) * ema + a_ * x
+                self.train_loss = ema
+            elif special:
+                special_of = self._special
+                got = [
+                    special_of(s, metric, x, steps[i], rank, None)
+                    for i, x in zip(at, xs, strict=True)
+                ]
+                rows = [i for i, g in zip(at, got, strict=True) if g]
+                if rows:
+                    parts.append(Part(rows, [g for g in got if g]))
+        tail_rows: list[int] = []
+        tails: list[list[Signal]] = []
+        step_times = columns.get("step_time_s")
+        for i, step in enumerate(steps):
+            x = step_times[i] if step_times is not None else None
+            tail = self._step_tail(rank, step, times_ns[i], x, None)
+            if tail:
+                tail_rows.append(i)
+                tails.append(tail)
+        if tail_rows:
+            parts.append(Part(tail_rows, tails, tail=True))
+        return parts
+
+    def evaluate_parts(self, parts: list[Part], n: int) -> Iterator[list[Alert]]:
+        """The rules over each of the ``n`` rows' signals (``process_columns``), row after row:
+        yields each row's alert transitions, as ``evaluate`` per row would (``self.rules`` is the
+        state after that row). A row with no breach while nothing fires or correlates only
+        moves the rules' latest step, without building its signals."""
+        where = [part.where(n) for part in parts]
+        covered = [False] * n
+        full = [False] * n  # rows whose signals must be built: a breach, or another step's signal
+        for part in parts:
+            for i in part.rows:
+                covered[i] = True
+            for i in part.breaching():
+                full[i] = True
+            if part.tail:  # the ranks' signals may carry an earlier step
+                for i in part.rows:
+                    full[i] = True
+        last_step: list[int | None] = [None] * n
+        seen = [False] * n
+        for part in reversed(parts):  # the step of each row's last signal
+            if not part.tail:
+                for i, st in part.steps():
+                    if not seen[i]:
+                        seen[i] = True
+                        last_step[i] = st
+        for i in range(n):
+            state = self.rules
+            if not covered[i]:
+                yield []
+            elif full[i] or state.firing or state.correlating:
+                yield self.evaluate(row_signals(parts, where, i))
+            else:
+                rules.quiet(state, last_step[i])
+                yield []
 
     def _window(self, rec: Record) -> list[Signal]:
         metrics: dict[str, float] = {}

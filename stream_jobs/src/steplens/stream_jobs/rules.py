@@ -119,9 +119,7 @@ def evaluate(
             if sig.severity is not None:
                 break
         else:
-            last = signals[-1].step if signals else None
-            if last is not None and last > state.latest_step:
-                state.latest_step = last
+            quiet(state, signals[-1].step if signals else None)
             return state, alerts
     breached = False
     for sig in signals:
@@ -179,6 +177,13 @@ def evaluate(
             state.swept_step = step
             alerts += _sweep(state, cfg, run_id, step)
     return state, alerts
+
+
+def quiet(state: RulesState, step: int | None) -> None:
+    """What ``evaluate`` does with signals none of which breaches while nothing fires or
+    correlates: the latest step (of the last signal) moves on."""
+    if step is not None and step > state.latest_step:
+        state.latest_step = step
 
 
 def _resolved(run_id: str, key: tuple[str, str], cur: Firing, step: int | None) -> Alert:

@@ -16,11 +16,12 @@ from __future__ import annotations
 import math
 import warnings
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from steplens.stream_jobs.core import WARNING, Signal, score_of
+from steplens.stream_jobs.core import WARNING, Signal, SignalRun, score_of
 
 isfinite, sqrt = math.isfinite, math.sqrt
 _INF = math.inf
@@ -283,3 +284,110 @@ def _trim(diffs: deque[float], errors: deque[float], keep: int) -> None:
         diffs.popleft()
     while len(errors) > keep:
         errors.popleft()
+
+
+def update_many(  # noqa: PLR0917
+    state: ArimaState,
+    cfg: ArimaConfig,
+    metric: str,
+    xs: Sequence[float],
+    steps: Sequence[int | None],
+    rank: int = -1,
+) -> tuple[SignalRun, int]:
+    """``update`` over finite values until one asks for a fit: their signals as columns and how
+    many values were taken. The caller applies the fit (or not) and passes the rest again.
+
+    With a fitted model of the default order (1, d, 1) the recursion runs with the state in
+    locals (the same arithmetic as ``update``, a third of its cost); otherwise, per value."""
+    out = SignalRun("arima", metric, rank)
+    i, n = 0, len(xs)
+    d = cfg.order[1]
+    while i < n:
+        p = state.params
+        if (
+            p is None
+            or d != 1
+            or state.last is None
+            or len(p.ar) != 1
+            or len(p.ma) != 1
+            or state.diffs.maxlen != 1
+            or state.errors.maxlen != 1
+        ):
+            asked = state.wants_fit
+            out.add(update(state, cfg, metric, xs[i], steps[i], rank)[1][0])
+            i += 1
+            if state.wants_fit and not asked:
+                return out, i
+            continue
+        ar, ma, sigma = p.ar[0], p.ma[0], p.sigma
+        mu, var, last, n_out = state.mean, state.var, state.last, state.outside
+        diffs, errors, history = state.diffs, state.errors, state.history
+        prev_d = diffs[-1] if diffs else None
+        prev_e = errors[-1] if errors else None
+        z, rel, consecutive = cfg.z, cfg.rel_floor, cfg.consecutive
+        noise_alpha, drift_alpha, fit_window = cfg.noise_alpha, cfg.drift_alpha, cfg.fit_window
+        seen, next_fit = state.seen, state.next_fit
+        asked = False
+        add_step, add_value, add_score = out.steps.append, out.values.append, out.scores.append
+        add_sev, add_exp = out.severities.append, out.expected.append
+        add_lo, add_hi = out.lower.append, out.upper.append
+        while i < n:
+            x = xs[i]
+            pred = mu
+            if prev_d is not None:
+                pred += ar * (prev_d - mu)
+            if prev_e is not None:
+                pred += ma * prev_e
+            expected = last + pred
+            band = sigma
+            noise = sqrt(var)
+            if noise > band:  # noqa: PLR1730
+                band = noise
+            noise = rel * abs(expected)
+            if noise > band:  # noqa: PLR1730
+                band = noise
+            band *= z
+            dev = abs(x - expected)
+            outside = dev > band
+            n_out = n_out + 1 if outside else 0
+            ratio = dev / band
+            add_step(steps[i])
+            add_value(x)
+            add_score(ratio / (ratio + 1.0) if 0.0 < ratio < _INF else score_of(ratio))
+            add_sev(WARNING if n_out >= consecutive else None)
+            add_exp(expected)
+            add_lo(expected - band)
+            add_hi(expected + band)
+            if outside and n_out < consecutive:
+                x = expected
+            y = x - last
+            err = y - pred
+            prev_d, prev_e = y, err
+            lim = band / z * 3.0
+            e = abs(err)
+            if lim < e:  # noqa: PLR1730
+                e = lim
+            var += noise_alpha * (e * e - var)
+            mu += drift_alpha * (y - mu)
+            last = x
+            history.append(x)
+            if len(history) > fit_window:
+                history.popleft()
+            seen += 1
+            i += 1
+            if seen >= next_fit:
+                break
+        state.mean, state.var, state.last, state.outside, state.seen = mu, var, last, n_out, seen
+        if prev_d is not None:
+            diffs.append(prev_d)
+        if prev_e is not None:
+            errors.append(prev_e)
+        if seen >= next_fit:  # as update schedules it
+            if next_fit == 0:
+                _schedule(state, cfg)
+            if seen >= state.next_fit and not state.wants_fit:
+                state.wants_fit = asked = True
+                _schedule(state, cfg)
+            if asked:
+                return out, i
+    return out, i

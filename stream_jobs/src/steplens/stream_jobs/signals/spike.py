@@ -16,11 +16,14 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import sub
 
-from steplens.stream_jobs.core import CRITICAL, WARNING, Signal, score_of
+import numpy as np
+
+from steplens.stream_jobs.core import CRITICAL, WARNING, Signal, SignalRun, score_of
 
 isfinite = math.isfinite
 _INF = math.inf
@@ -63,18 +66,24 @@ def _rescale(state: SpikeState, cfg: SpikeConfig) -> None:
     if len(state.diffs) < 4:
         state.scale = 0.0
         return
-    d = state.diffs
-    mid = _median(list(d))
-    mad_diff = _median(list(map(abs, map(sub, d, repeat(mid))))) / math.sqrt(2.0)
+    state.scale = _scale_of(list(state.diffs), state.values, state.ordered, cfg)
+    state.since_rescale = 0
+
+
+def _scale_of(
+    diffs: list[float], values: Iterable[float], ordered: list[float], cfg: SpikeConfig
+) -> float:
+    """The noise scale of ``diffs`` (at least 4; sorted here), with ``values`` and their sorted
+    copy ``ordered`` for the level's MAD when ``trend_tolerant`` is off."""
+    mid = _median(diffs)
+    mad_diff = _median(list(map(abs, map(sub, diffs, repeat(mid))))) / math.sqrt(2.0)
     if cfg.trend_tolerant is False:
         # the smaller is the noise when the series trends, the larger when it is heavy-tailed
         # around a level; a spike must clear both to matter
-        level = state.ordered[len(state.ordered) // 2]
-        mad_level = _median(list(map(abs, map(sub, state.values, repeat(level)))))
-        state.scale = 1.4826 * max(mad_diff, mad_level)
-    else:
-        state.scale = 1.4826 * mad_diff
-    state.since_rescale = 0
+        level = ordered[len(ordered) // 2]
+        mad_level = _median(list(map(abs, map(sub, values, repeat(level)))))
+        return 1.4826 * max(mad_diff, mad_level)
+    return 1.4826 * mad_diff
 
 
 def update(  # noqa: PLR0917
@@ -162,3 +171,103 @@ def _score(  # noqa: PLR0917
     return Signal(
         "spike", metric, step, probe, score, rank, "run", severity, med, med - band, med + band
     )
+
+
+def update_many(  # noqa: PLR0917
+    state: SpikeState,
+    cfg: SpikeConfig,
+    metric: str,
+    xs: Sequence[float],
+    steps: Sequence[int | None],
+    rank: int = -1,
+) -> SignalRun:
+    """``update`` over consecutive finite values: their signals as columns, the same as calling
+    ``update`` per value. Once the baseline window is full the scores are computed with numpy
+    over the whole batch (the same elements and arithmetic, so the same floats)."""
+    run = SignalRun("spike", metric, rank)
+    window = cfg.window
+    i, n = 0, len(xs)
+    scalar = window < 4 or cfg.warmup > window  # a baseline that never warms up, or too short
+    while i < n and (scalar or len(state.values) < window or len(state.diffs) < window):
+        run.add(update(state, cfg, metric, xs[i], steps[i], rank)[1][0])
+        i += 1
+    if i < n:
+        _score_full(state, cfg, run, xs[i:] if i else xs, steps[i:] if i else steps)
+    return run
+
+
+def _score_full(
+    state: SpikeState,
+    cfg: SpikeConfig,
+    run: SignalRun,
+    xl: Sequence[float],
+    steps: Sequence[int | None],
+) -> None:
+    """``update_many`` once ``state`` holds a full window of values and of differences."""
+    w, m = cfg.window, len(xl)
+    fl = [*state.values, *xl]  # before x_i the baseline is fl[i : i + w]
+    dl = [*state.diffs, xl[0] - state.values[-1], *map(sub, xl[1:], xl)]
+    # after learning x_i its differences are dl[i + 1 : i + 1 + w]
+    ordered = state.ordered
+    h = w // 2
+    odd = w % 2
+    meds: list[float] = []
+    scales: list[float] = []
+    scale, since = state.scale, state.since_rescale
+    every = cfg.rescale_every
+    for i in range(m):
+        meds.append(ordered[h] if odd else 0.5 * (ordered[h - 1] + ordered[h]))
+        scales.append(scale)
+        insort(ordered, xl[i])
+        del ordered[bisect_left(ordered, fl[i])]
+        since += 1
+        if since >= every or scale == 0.0:
+            scale = _scale_of(dl[i + 1 : i + 1 + w], fl[i + 1 : i + 1 + w], ordered, cfg)
+            since = 0
+    # the scores, as _score computes them, over the batch
+    xs = np.asarray(xl, dtype=float)
+    med = np.asarray(meds)
+    amed = np.abs(med)
+    floor = cfg.rel_floor * amed
+    sc = np.asarray(scales)
+    sc = np.where(floor > sc, floor, sc)
+    sc = np.where(cfg.abs_floor > sc, cfg.abs_floor, sc)
+    up = cfg.direction == "up"
+    dev = xs - med
+    if not up:
+        dev = np.abs(dev)
+    z_cfg = cfg.z
+    with np.errstate(all="ignore"):
+        z = dev / sc
+        moved = dev >= cfg.min_rel_change * amed
+        crit = moved & (z >= z_cfg) & (z >= 2.0 * z_cfg)
+        warn = moved & (z >= z_cfg) & ~crit
+        ok = (amed > cfg.near_zero) & (amed > 3.0 * sc) & (xs * med > 0)
+        ratio = xs / med if up else np.maximum(xs / med, med / xs)
+        ratio = np.where(ok, ratio, 0.0)
+        crit |= ratio >= cfg.ratio
+        score = np.where(moved, _scores(z / z_cfg), 0.0)
+        by_ratio = np.where(ratio >= 1.0, _scores(ratio / cfg.ratio), 0.0)
+        score = np.where(by_ratio > score, by_ratio, score)
+        band = z_cfg * sc
+    names = (None, WARNING, CRITICAL)
+    sev = [names[v] for v in np.where(crit, 2, np.where(warn, 1, 0)).tolist()]
+    run.extend(
+        steps,
+        list(xl),
+        score.tolist(),
+        sev,
+        meds,
+        (med - band).tolist(),
+        (med + band).tolist(),
+    )
+    # the state after learning the batch, as update leaves it
+    state.values = deque(fl[-w:])
+    state.diffs = deque(dl[-w:])
+    state.scale, state.since_rescale = scale, since
+    state.last = fl[-1]
+
+
+def _scores(r: np.ndarray) -> np.ndarray:
+    """``r / (r + 1)`` where ``0 < r < inf``, else ``score_of(r)``, elementwise."""
+    return np.where((r > 0.0) & (r < _INF), r / (r + 1.0), np.where(r == _INF, 1.0, 0.0))

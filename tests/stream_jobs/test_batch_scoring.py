@@ -1,0 +1,215 @@
+"""The batch paths (``update_many``, ``RunDetector.process_columns``) against the per-value ones:
+the same signals, alerts and state for any series, split into batches anywhere."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from steplens.stream_jobs.config import DetectorConfig
+from steplens.stream_jobs.detector import RunDetector, row_signals
+from steplens.stream_jobs.signals import arima, spike, volatility
+
+finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def series(draw: st.DrawFn, min_size: int = 0, max_size: int = 300) -> list[float]:
+    """Series of the shapes the detectors meet: noise around a level, drifts, steps, ties,
+    near-zero values and spikes."""
+    n = draw(st.integers(min_size, max_size))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = random.Random(seed)
+    shape = draw(st.sampled_from(["noise", "walk", "ties", "tiny", "drawn"]))
+    if shape == "drawn":
+        return draw(st.lists(finite, min_size=n, max_size=n))
+    level = draw(st.sampled_from([0.0, 1e-9, 1.0, 3.5, -2.0, 1e5]))
+    out, x = [], level
+    for _ in range(n):
+        if shape == "noise":
+            x = level + rng.gauss(0, abs(level) * 0.01 + 1e-3)
+        elif shape == "walk":
+            x += rng.gauss(0.001, 0.05)
+        elif shape == "ties":
+            x = float(rng.choice([1, 1, 1, 2, 3]))
+        else:
+            x = rng.gauss(0, 1e-9)
+        if rng.random() < 0.03:
+            x *= rng.choice([10.0, 100.0, -5.0, 0.0])
+        out.append(x)
+    return out
+
+
+def cuts(draw: st.DrawFn, n: int) -> list[int]:
+    """Batch boundaries over ``n`` values."""
+    points = draw(st.lists(st.integers(0, max(n, 0)), max_size=4))
+    return sorted({0, n, *points})
+
+
+def spike_configs() -> st.SearchStrategy[spike.SpikeConfig]:
+    return st.builds(
+        spike.SpikeConfig,
+        window=st.sampled_from([4, 5, 8, 64]),
+        warmup=st.sampled_from([2, 4, 16]),
+        rescale_every=st.sampled_from([1, 3, 16]),
+        direction=st.sampled_from(["up", "both"]),
+        trend_tolerant=st.booleans(),
+        min_rel_change=st.sampled_from([0.0, 0.1, 0.5]),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(spike_configs(), series(), st.data())
+def test_spike_update_many_equals_update(cfg, xs, data):
+    one, many = spike.SpikeState(), spike.SpikeState()
+    want = [spike.update(one, cfg, "m", x, i, 3)[1][0] for i, x in enumerate(xs)]
+    got = []
+    bounds = cuts(data.draw, len(xs))
+    for lo, hi in itertools.pairwise(bounds):
+        got += spike.update_many(many, cfg, "m", xs[lo:hi], list(range(lo, hi)), 3).signals()
+    assert got == want
+    assert (many.values, many.ordered, many.diffs) == (one.values, one.ordered, one.diffs)
+    assert (many.scale, many.since_rescale, many.last) == (one.scale, one.since_rescale, one.last)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from([4, 10, 50]), series(), st.data())
+def test_volatility_update_many_equals_update(window, xs, data):
+    cfg = volatility.VolatilityConfig(window=window)
+    one, many = volatility.VolatilityState(), volatility.VolatilityState()
+    want = [volatility.update(one, cfg, "loss", x, i)[1][0] for i, x in enumerate(xs)]
+    got = []
+    bounds = cuts(data.draw, len(xs))
+    for lo, hi in itertools.pairwise(bounds):
+        got += volatility.update_many(many, cfg, "loss", xs[lo:hi], list(range(lo, hi))).signals()
+    assert got == want
+    assert (many.values, many.diffs) == (one.values, one.diffs)
+    assert (many.sum_v, many.sum_d, many.sum_d2) == (one.sum_v, one.sum_d, one.sum_d2)
+
+
+def _fake_fit(state: arima.ArimaState, order: tuple[int, int, int]) -> arima.ArimaParams | None:
+    """A model from the history without statsmodels: the same for both paths, and sometimes
+    none (a failed fit)."""
+    h = list(state.history)
+    if len(h) % 5 == 0:
+        return None
+    p, _, q = order
+    spread = (max(h) - min(h)) or 1.0
+    return arima.ArimaParams([0.3] * p, [-0.2] * q, (h[-1] - h[0]) / len(h), spread / 10)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from([(1, 1, 1), (2, 1, 1), (1, 0, 1)]),
+    st.booleans(),
+    series(max_size=400),
+    st.data(),
+)
+def test_arima_update_many_equals_update(order, inline, xs, data):
+    cfg = arima.ArimaConfig(order=order, first_fit=20, refit_every=60, consecutive=2)
+    one, many = arima.ArimaState(), arima.ArimaState()
+
+    def settle(state: arima.ArimaState, waited: int) -> bool:
+        """Apply a wanted fit now (inline) or after 7 values (a pool)."""
+        if state.wants_fit and (inline or waited >= 7):
+            arima.apply_fit(state, cfg, _fake_fit(state, order))
+            return True
+        return False
+
+    want = []
+    waited = 0
+    for i, x in enumerate(xs):
+        want += arima.update(one, cfg, "m", x, i, 1)[1]
+        waited = waited + 1 if one.wants_fit else 0
+        if settle(one, waited):
+            waited = 0
+    got = []
+    bounds = cuts(data.draw, len(xs))
+    waited = 0
+    for lo, hi in itertools.pairwise(bounds):
+        i = lo
+        while i < hi:
+            # fits not inline: one value at a time while one is pending, as the worker sees them
+            end = i + 1 if many.wants_fit and not inline else hi
+            run, took = arima.update_many(many, cfg, "m", xs[i:end], list(range(i, end)), 1)
+            got += run.signals()
+            i += took
+            waited = waited + 1 if many.wants_fit else 0
+            if settle(many, waited):
+                waited = 0
+    assert got == want
+    assert (many.history, many.diffs, many.errors) == (one.history, one.diffs, one.errors)
+    assert (many.mean, many.var, many.last, many.seen) == (one.mean, one.var, one.last, one.seen)
+    assert (many.next_fit, many.wants_fit, many.params) == (one.next_fit, one.wants_fit, one.params)
+
+
+cell = st.one_of(
+    finite,
+    st.sampled_from([None, math.nan, math.inf, -math.inf, 0.0, 1.0]),
+)
+
+
+@st.composite
+def tables(draw: st.DrawFn) -> tuple[list[int], dict[str, list[float | None]]]:
+    names = draw(
+        st.lists(
+            st.sampled_from(
+                ["loss", "grad_norm", "lr", "step_time_s", "update_ratio", "param_norm", "q"]
+            ),
+            min_size=1,
+            max_size=5,
+            unique=True,
+        )
+    )
+    n = draw(st.integers(0, 250))
+    cols: dict[str, list[float | None]] = {}
+    for name in names:
+        base = draw(series(min_size=n, max_size=n))
+        holes = draw(st.lists(st.tuples(st.integers(0, max(n - 1, 0)), cell), max_size=6))
+        col: list[float | None] = list(base)
+        for i, v in holes:
+            if i < n:
+                col[i] = v
+        cols[name] = col
+    steps = sorted(draw(st.lists(st.integers(0, 10**6), min_size=n, max_size=n)))
+    return steps, cols
+
+
+@settings(max_examples=80, deadline=None)
+@given(tables(), st.data())
+def test_columns_equal_rows(table, data):
+    """Signals and alerts of ``process_columns`` + ``evaluate_parts`` equal those of
+    ``process_step`` + ``evaluate`` row by row, with the ARIMA fits of statsmodels."""
+    steps, cols = table
+    cfg = DetectorConfig()
+    cfg.spike = spike.SpikeConfig(window=8, warmup=4, rescale_every=3)
+    cfg.generic_spike = spike.SpikeConfig(window=8, warmup=4, direction="both")
+    cfg.arima = arima.ArimaConfig(first_fit=24, refit_every=50)
+    cfg.volatility = volatility.VolatilityConfig(window=10)
+    by_row = RunDetector("r", copy.deepcopy(cfg), generic=True)
+    by_col = RunDetector("r", copy.deepcopy(cfg), generic=True)
+    want_sigs, want_alerts = [], []
+    for i, step in enumerate(steps):
+        metrics = {k: v[i] for k, v in cols.items() if v[i] is not None}
+        sigs = by_row.process_step(0, step, step * 1000, metrics)
+        want_sigs.append(sigs)
+        want_alerts.append((by_row.evaluate(sigs), bool(by_row.rules.firing)))
+    got_sigs, got_alerts = [], []
+    bounds = cuts(data.draw, len(steps))
+    for lo, hi in itertools.pairwise(bounds):
+        part_cols = {k: v[lo:hi] for k, v in cols.items()}
+        parts = by_col.process_columns(0, steps[lo:hi], [s * 1000 for s in steps[lo:hi]], part_cols)
+        where = [p.where(hi - lo) for p in parts]
+        got_sigs += [row_signals(parts, where, i) for i in range(hi - lo)]
+        got_alerts += [
+            (a, bool(by_col.rules.firing)) for a in by_col.evaluate_parts(parts, hi - lo)
+        ]
+    assert got_sigs == want_sigs
+    assert got_alerts == want_alerts
+    assert by_col.rules == by_row.rules
+    assert by_col.train_loss == by_row.train_loss
