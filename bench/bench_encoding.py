@@ -9,11 +9,18 @@ when it is installed (same bytes on the wire, the cost paid in the producer's wo
 
 A second table is the consumer's side: ``schema.decode`` (parse + validate), which every stream
 job and sink runs once per Kafka message, per record kind, as a ratio to the bare parse
-(``orjson.loads``, or ``json.loads`` without orjson) timed in the same rounds.
+(``orjson.loads``, or ``json.loads`` without orjson) timed in the same rounds. Then a
+``step_batch`` of 100 typical steps: decode (and decode + ``unbatch``) per entry, against
+decoding one typical ``step`` record, and the wire bytes per step of each.
+
+Last, the bytes per step a Monitor puts on the wire for the same logged steps (typical values
+with noise) in the default window mode and in full resolution, before Kafka's lz4 compression
+and, when the lz4 package is installed, with each record compressed alone.
 
     python bench/bench_encoding.py          # a few seconds
     python bench/bench_encoding.py --long   # more rounds
-    python bench/bench_encoding.py --decode # only the decode table
+    python bench/bench_encoding.py --decode # only the decode tables
+    python bench/bench_encoding.py --wire   # only the bytes per step
 """
 
 from __future__ import annotations
@@ -21,14 +28,28 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from steplens.producer.schema import DecodeError, _wire_value, decode, encode, make_record
+from steplens.producer.monitor import Monitor
+from steplens.producer.schema import (
+    DecodeError,
+    Record,
+    _wire_value,
+    decode,
+    encode,
+    make_record,
+    unbatch,
+)
+from steplens.producer.transport import MemoryTransport
+
+STEP_KINDS = ("step", "step_window", "step_batch")
 
 
 def sample_records() -> dict[str, dict[str, Any]]:
@@ -131,6 +152,96 @@ def typical_step() -> dict[str, Any]:
     ).to_dict()
 
 
+def step_batch_of(step: dict[str, Any], n: int) -> dict[str, Any]:
+    """``n`` consecutive copies of a step record's payload in one step_batch record."""
+    payload = {k: v for k, v in step["data"].items() if k != "reason"}
+    entries = [
+        {"step": step["step"] + i, "time_ns": step["time_ns"] + i * 400_000_000, **payload}
+        for i in range(n)
+    ]
+    last = entries[-1]
+    return {
+        **step,
+        "kind": "step_batch",
+        "step": last["step"],
+        "time_ns": last["time_ns"],
+        "data": {"records": entries},
+    }
+
+
+def decode_steps(raw: bytes) -> list[Record]:
+    """What a consumer of step records does with every message: decode, then unbatch."""
+    rec = decode(raw)
+    return unbatch(rec) if isinstance(rec, Record) else []
+
+
+def bench_batch_decode(step: dict[str, Any], n_entries: int, n: int, rounds: int) -> None:
+    """Decode cost per step_batch entry against one step record, in interleaved rounds."""
+    raw_step = encode(step)
+    raw_batch = encode(step_batch_of(step, n_entries))
+    out = decode(raw_batch)
+    assert not isinstance(out, DecodeError), out
+    assert len(unbatch(out)) == n_entries
+    reps = max(1, n // n_entries)
+    one: list[float] = []
+    dec: list[float] = []
+    both: list[float] = []
+    for _ in range(rounds):
+        one.append(per_record_us(partial(decode, raw_step), n))
+        dec.append(per_record_us(partial(decode, raw_batch), reps) / n_entries)
+        both.append(per_record_us(partial(decode_steps, raw_batch), reps) / n_entries)
+    s, d, b = (statistics.median(x) for x in (one, dec, both))
+    print(f"\nstep_batch of {n_entries} typical steps, per step (median of {rounds} rounds)")
+    print(f"{'':<26} {'bytes':>6} {'us':>8} vs step")
+    print(f"{'step record':<26} {len(raw_step):>6} {s:>8.2f} 1.00x")
+    per_entry = len(raw_batch) / n_entries
+    print(f"{'step_batch entry, decode':<26} {per_entry:>6.0f} {d:>8.2f} {d / s:.2f}x")
+    print(f"{'  + unbatch':<26} {'':>6} {b:>8.2f} {b / s:.2f}x")
+
+
+def wire_bytes_per_step(n_steps: int, **config: Any) -> tuple[int, float, float | None]:
+    """Step records sent for ``n_steps`` logged steps: count, bytes per step, lz4 bytes per step."""
+    rng = random.Random(0)
+    tx = MemoryTransport()
+    with tempfile.TemporaryDirectory() as spool:
+        m = Monitor("bench-wire", transport=tx, hw_interval_s=0, spool_dir=spool, **config)
+        for step in range(n_steps):
+            m.log_step(
+                step,
+                loss=2.5 - step * 1e-5 + rng.gauss(0, 0.02),
+                lr=3e-4,
+                grad_norm=abs(rng.gauss(0.9, 0.1)),
+                tokens=524288,
+                step_time_s=abs(rng.gauss(0.41, 0.01)),
+                **{f"aux_{i}": rng.random() for i in range(5)},
+            )
+        m.shutdown()
+    raws = [v for _, v in tx.messages if getattr(decode(v), "kind", None) in STEP_KINDS]
+    total = sum(len(v) for v in raws)
+    try:
+        import lz4.frame
+
+        packed: float | None = sum(len(lz4.frame.compress(v)) for v in raws) / n_steps
+    except ImportError:
+        packed = None
+    return len(raws), total / n_steps, packed
+
+
+def bench_wire(n_steps: int) -> None:
+    modes = {
+        "window (default)": {},
+        "full resolution": {"full_resolution": True},
+    }
+    print(f"\nwire bytes per logged step, {n_steps} steps (step, step_window, step_batch records)")
+    print(f"{'mode':<18} {'records':>8} {'bytes/step':>11} {'lz4/step':>9} vs window")
+    base = None
+    for name, config in modes.items():
+        count, per_step, packed = wire_bytes_per_step(n_steps, **config)
+        base = base or per_step
+        lz4_col = f"{packed:>9.1f}" if packed is not None else f"{'-':>9}"
+        print(f"{name:<18} {count:>8} {per_step:>11.1f} {lz4_col} {per_step / base:.1f}x")
+
+
 def codecs() -> dict[str, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]]:
     out: dict[str, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]] = {
         "json": (
@@ -187,8 +298,12 @@ def bench_decode(records: dict[str, dict[str, Any]], n: int, rounds: int) -> Non
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--long", action="store_true", help="more rounds")
-    ap.add_argument("--decode", action="store_true", help="only the decode table")
+    ap.add_argument("--decode", action="store_true", help="only the decode tables")
+    ap.add_argument("--wire", action="store_true", help="only the bytes per step")
     args = ap.parse_args()
+    if args.wire:
+        bench_wire(10_000)
+        return 0
     n, rounds = (20_000, 9) if args.long else (2_000, 7)
     records = sample_records()
     # a non-finite window statistic: the free-form metrics are walked to restore it
@@ -199,6 +314,7 @@ def main() -> int:
     decoded = {"step (typical)": typical_step(), **records, "step_window inf": window_inf}
     if args.decode:
         bench_decode(decoded, n, rounds)
+        bench_batch_decode(decoded["step (typical)"], 100, n, rounds)
         return 0
     table = codecs()
     print(f"encode + decode per record, median of {rounds} interleaved rounds of {n} (us)")
@@ -229,6 +345,8 @@ def main() -> int:
         print(f"{kind:<12} {'schema':<8} {'':>6} {'':>8} {'':>8} {statistics.median(full):>8.2f}")
     print()
     bench_decode(decoded, n, rounds)
+    bench_batch_decode(decoded["step (typical)"], 100, n, rounds)
+    bench_wire(10_000)
     return 0
 
 

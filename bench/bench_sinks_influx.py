@@ -2,6 +2,8 @@
 
 1. Points/s through the sink (Kafka -> decode -> points -> InfluxDB -> commit) against
    influxdb-client writing the same points directly (same batches, same run): ratio.
+   The same steps as step_batch messages of --batch-steps steps through the sink: steps/s
+   against one message per step (same rounds).
 2. Record -> queryable latency: one record at a time on the raw topic while the sink runs,
    polled with a Flux query until visible; p50/p99.
 --records / --samples make it longer (default about 30-60 s on 2 cores).
@@ -24,9 +26,9 @@ from confluent_kafka import Consumer, Producer
 from influx_helpers import count_points
 from influxdb_client import WritePrecision
 from influxdb_client.client.write_api import SYNCHRONOUS
-from sinks_helpers import step_records
+from sinks_helpers import step_batch, step_records
 
-from steplens.producer.schema import encode
+from steplens.producer.schema import Record, encode
 from steplens.producer.topics import Topics, ensure_topics
 from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.kafka_io import DeadLetters, consumer_config, poll_batch
@@ -34,6 +36,15 @@ from steplens.sinks.loop import SinkLoop
 from steplens.sinks.points import record_points
 from steplens.sinks.rollup import flux_string
 from steplens.sinks.settings import InfluxSettings
+
+
+def batches_of(recs: list[Record], per: int) -> list[Record]:
+    """The steps of each rank, ``per`` consecutive ones to a step_batch."""
+    out = []
+    for rank in sorted({r.rank for r in recs}):
+        mine = [r for r in recs if r.rank == rank]
+        out += [step_batch(mine[i : i + per]) for i in range(0, len(mine), per)]
+    return out
 
 
 def direct(s: InfluxSettings, records: list, batch: int) -> float:
@@ -140,10 +151,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (median kept)")
     ap.add_argument("--batch", type=int, default=5000)
     ap.add_argument("--samples", type=int, default=100)
+    ap.add_argument("--batch-steps", type=int, default=100, help="steps per step_batch")
     args = ap.parse_args()
     s = InfluxSettings.from_env()
     bootstrap = os.environ.get("STEPLENS_KAFKA_BOOTSTRAP", "127.0.0.1:19092")
     ratios, direct_rates, sink_rates, cpu_ratios = [], [], [], []
+    batched_rates, batched_ratios, batched_cpu = [], [], []
     for _ in range(args.rounds):  # alternate, so load changes on a shared machine hit both
         a = step_records(f"bench-direct-{uuid.uuid4().hex[:8]}", args.records, ranks=8)
         b = step_records(f"bench-sink-{uuid.uuid4().hex[:8]}", args.records, ranks=8)
@@ -157,11 +170,25 @@ def main() -> int:
         direct_rates.append(r_direct)
         sink_rates.append(r_sink)
         ratios.append(r_sink / r_direct)
+        c = step_records(f"bench-batched-{uuid.uuid4().hex[:8]}", args.records, ranks=8)
+        per_poll = max(1, args.batch // args.batch_steps)  # the same steps per export
+        wall_batched, cpu_batched = through_sink(
+            s, bootstrap, batches_of(c, args.batch_steps), per_poll
+        )
+        assert count_points(s, c[0].run_id) == args.records, "step_batch points lost or duplicated"
+        batched_rates.append(args.records / wall_batched)
+        batched_ratios.append(wall_sink / wall_batched)
+        batched_cpu.append(cpu_sink / max(1e-9, cpu_batched))
     print(f"direct influxdb-client: {statistics.median(direct_rates):,.0f} points/s (median)")
     print(f"through the sink      : {statistics.median(sink_rates):,.0f} points/s (median)")
     shown = ", ".join(f"{r:.0%}" for r in ratios)
     print(f"sink / direct         : {statistics.median(ratios):.0%} median of [{shown}]")
     print("                        (target >= 80%)")
+    shown = ", ".join(f"{r:.0%}" for r in batched_ratios)
+    rate = statistics.median(batched_rates)
+    print(f"step_batch of {args.batch_steps:<8}: {rate:,.0f} points/s (median)")
+    print(f"step_batch / raw      : {statistics.median(batched_ratios):.0%} median of [{shown}]")
+    print(f"client CPU per point  : raw / step_batch = {statistics.median(batched_cpu):.0%}")
     print(f"client CPU per point  : direct / sink = {statistics.median(cpu_ratios):.0%} (median;")
     print("                        this process only, steadier than wall time on a busy box)")
     lat = sorted(latency(s, bootstrap, args.samples))

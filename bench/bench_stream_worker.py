@@ -144,9 +144,10 @@ def start_worker(
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def drain_rate(port: int, n: int) -> float:
+def drain_rate(port: int, n: float, since: float = 0.0) -> float:
+    """Records/s of the worker from its first record past ``since`` until it has ``n``."""
     deadline = time.monotonic() + 300
-    while worker_counter(port) == 0 and time.monotonic() < deadline:
+    while worker_counter(port) <= since and time.monotonic() < deadline:
         time.sleep(0.05)
     t0, n0 = time.monotonic(), worker_counter(port)
     while worker_counter(port) < n and time.monotonic() < deadline:
@@ -330,6 +331,78 @@ def producer_traffic(
     return timer.finish(15.0), sent, n_steps * k
 
 
+def full_resolution_traffic(
+    bootstrap: str,
+    topics: Topics,
+    runs: int,
+    ranks: int,
+    steps_per_s: float,
+    seconds: float,
+    batch_steps: int = 100,
+    batch_s: float = 1.0,
+) -> tuple[list[float], int, int]:
+    """Every step of ``runs x ranks`` ranks, sent as the producer's full-resolution mode sends
+    them: a step_batch per rank every ``batch_steps`` steps or ``batch_s`` seconds, and at once
+    after a guard-flagged spike. The records are built before the clock starts (the load
+    generator shares the machine); a spike's latency runs from its send. Returns (spike ->
+    firing alert latencies, messages sent, steps sent)."""
+    import numpy as np
+    from confluent_kafka import Producer
+
+    n_steps = int(seconds * steps_per_s)
+    rng = np.random.default_rng(4)
+    names = [f"full-{uuid.uuid4().hex[:6]}-{i}" for i in range(runs)]
+    k = runs * ranks
+    base = 2.5 - 0.5 * np.arange(n_steps) / n_steps
+    loss = base + rng.normal(0, 0.02, (k, n_steps))
+    grad = 1.0 + rng.normal(0, 0.05, (k, n_steps))
+    step_time = 1.0 / steps_per_s + rng.normal(0, 0.0005, (k, n_steps))
+    tps = 4096 / step_time
+    spiking: set[tuple[int, int]] = set()  # (row, step)
+    every = 300
+    for j in range(runs):
+        for st in range(n_steps // 4 + j * every // runs, n_steps - 100, every):
+            row = j * ranks + int(rng.integers(ranks))
+            loss[row, st] = 60.0
+            spiking.add((row, st))
+    cols = [("loss", loss), ("grad_norm", grad), ("step_time_s", step_time), ("tokens_per_s", tps)]
+    flush_every = max(1, min(batch_steps, round(batch_s * steps_per_s)))
+    # at each step, the messages due then: (key, value, spike run and step or None)
+    due: list[list[tuple[bytes, bytes, tuple[str, int] | None]]] = [[] for _ in range(n_steps)]
+    for row in range(k):
+        run, rank = names[row // ranks], row % ranks
+        entries: list[dict[str, object]] = []
+        lengths = flush_every - row % flush_every  # ranks' batches do not all end together
+        for st in range(n_steps):
+            e: dict[str, object] = {"step": st, "time_ns": 0}
+            for name, v in cols:
+                e[name] = float(v[row, st])
+            entries.append(e)
+            spike = (row, st) in spiking
+            if spike or len(entries) >= lengths or st == n_steps - 1:
+                data = {"records": entries}
+                rec = make_record("step_batch", data, run_id=run, rank=rank, step=st)
+                due[st].append((rec.key, encode(rec), (run, st) if spike else None))
+                entries, lengths = [], flush_every
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    timer = AlertTimer(bootstrap, topics.alerts)
+    sent = 0
+    start = time.monotonic()
+    for st in range(n_steps):
+        for key, value, spike in due[st]:
+            if spike is not None:
+                timer.sent(spike[0], spike[1], time.time_ns())
+            p.produce(topics.raw, value, key=key)
+            sent += 1
+        p.poll(0)
+        timer.collect(0.0)
+        ahead = start + (st + 1) / steps_per_s - time.monotonic()
+        if ahead > 0:
+            time.sleep(ahead)
+    p.flush(30)
+    return timer.finish(15.0), sent, n_steps * k
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
@@ -348,6 +421,7 @@ def main() -> None:
         "--worker-arg", action="append", default=[], help="pass to `steplens worker` (repeat)"
     )
     ap.add_argument("--traffic-only", action="store_true", help="skip the per-record part")
+    ap.add_argument("--no-full", action="store_true", help="skip the full-resolution part")
     ap.add_argument("--null-agent", metavar="TOPIC", help=argparse.SUPPRESS)
     args = ap.parse_args()
     boot = os.environ.get("STEPLENS_KAFKA_BOOTSTRAP", "127.0.0.1:19092")
@@ -367,7 +441,7 @@ def main() -> None:
     if n:
         floor = plain_consumer(boot, topics.raw, n)
         ceiling = run_null_agent(boot, topics.raw, n)
-    port = 20464 + random.randrange(500)
+    port = args.port = 20464 + random.randrange(500)
     proc = start_worker(boot, topics, tag, port, args.worker_arg)
     try:
         if n:
@@ -456,6 +530,81 @@ def traffic(boot: str, topics: Topics, args: argparse.Namespace) -> None:
         f"{sent / secs:,.0f} messages/s"
     )
     report(lat, "  log_step -> alert:")
+    if args.no_full:
+        return
+    port = args.port
+    wait_idle(port)
+    before = worker_counter(port)
+    t0 = time.monotonic()
+    lat, sent, steps = full_resolution_traffic(boot, topics, runs, ranks, per_s, secs)
+    sent_s = time.monotonic() - t0
+    caught_up = wait_caught_up(port, before + steps)
+    took = time.monotonic() - t0
+    print(
+        f"full resolution: the same {steps / secs:,.0f} step records/s, every step sent and "
+        f"scored (a step_batch per rank every 100 steps or 1 s, spikes at once): "
+        f"{sent / secs:,.0f} messages/s"
+    )
+    print(
+        f"  worker scored {worker_counter(port) - before:,.0f} of {steps:,} steps; the last "
+        f"{'within' if caught_up else 'NOT within'} {took - sent_s:.1f} s of the end of sending"
+        f" -> {steps / took:,.0f} step records/s sustained; target 20,000"
+    )
+    report(lat, "  log_step -> alert:")
+    wait_idle(port)
+    before = worker_counter(port)
+    n = prefill_batched(boot, topics.raw, args.records * 5, 100)
+    rate = drain_rate(port, before + n, since=before)
+    print(
+        f"  a backlog of {n:,} step records in step_batches of 100: drained at {rate:,.0f} step "
+        f"records/s; target 20,000 -> {rate / 20000:.2f}x"
+    )
+
+
+def prefill_batched(boot: str, topic: str, records: int, batch: int) -> int:
+    """``records`` step records (5 metrics, 8 runs x 8 ranks) in step_batches of ``batch``."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": boot, "linger.ms": 20})
+    open_: dict[tuple[str, int], list[dict[str, object]]] = {}
+    tag = uuid.uuid4().hex[:6]
+
+    def send(run: str, rank: int, entries: list[dict[str, object]]) -> None:
+        rec = make_record(
+            "step_batch",
+            {"records": entries},
+            run_id=f"{run}-{tag}",
+            rank=rank,
+            step=int(entries[-1]["step"]),  # type: ignore[call-overload]
+        )
+        p.produce(topic, encode(rec), key=rec.key)
+        p.poll(0)
+
+    n = 0
+    for w in step_records(records, runs=8, ranks=8, seed=1):
+        rec = decode(w)
+        assert isinstance(rec, Record)
+        entries = open_.setdefault((rec.run_id, rec.rank), [])
+        entries.append({"step": rec.step, "time_ns": rec.time_ns, **rec.data})
+        n += 1
+        if len(entries) >= batch:
+            send(rec.run_id, rec.rank, entries)
+            open_[(rec.run_id, rec.rank)] = []
+    for (run, rank), entries in open_.items():
+        if entries:
+            send(run, rank, entries)
+    p.flush(60)
+    return n
+
+
+def wait_caught_up(port: int, target: float, limit_s: float = 60.0) -> bool:
+    """Until the worker's record counter reaches ``target``."""
+    deadline = time.monotonic() + limit_s
+    while worker_counter(port) < target:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def report(lat: list[float], head: str) -> None:

@@ -25,7 +25,16 @@ free_names = names.filter(lambda s: s not in ("NaN", "Infinity", "-Infinity"))
 scalar = st.one_of(st.none(), st.booleans(), i64, any_float, free_names)
 
 
+def step_entries() -> st.SearchStrategy[list[dict[str, Any]]]:
+    """A step_batch's entries: a step payload each, with its own step and time."""
+    payload = {name: value_for(spec.type) for name, spec in schema.KINDS["step"].items()}
+    entry = st.fixed_dictionaries({"step": i64, "time_ns": i64}, optional=payload)
+    return st.lists(entry, min_size=1, max_size=4)
+
+
 def value_for(typ: str) -> st.SearchStrategy[Any]:
+    if typ == schema.STEP_ENTRIES:
+        return step_entries()
     return {
         schema.NUM: any_float,
         schema.FNUM: finite,
@@ -273,9 +282,9 @@ def paths(d: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 
 
 @st.composite
-def wire_inputs(draw: st.DrawFn) -> bytes:
+def wire_inputs(draw: st.DrawFn, kind: str | None = None) -> bytes:
     """A valid record's wire form, often with a few values replaced, removed or added."""
-    d = json.loads(encode(draw(records())))
+    d = json.loads(encode(draw(records(kind))))
     for _ in range(draw(st.integers(min_value=0, max_value=3))):
         where = draw(st.sampled_from(paths(d)))
         target = d

@@ -32,6 +32,25 @@ def step_records(run_id: str, n: int, ranks: int = 2, t0_ns: int | None = None) 
     ]
 
 
+def step_batch(steps: list[Record]) -> Record:
+    """The step_batch that stands for ``steps`` (one rank's, in order): their envelope, the
+    last one's step and time, one entry per step."""
+    last = steps[-1]
+    entries = [{"step": r.step, "time_ns": r.time_ns, **r.data} for r in steps]
+    return make_record(
+        "step_batch",
+        {"records": entries},
+        run_id=last.run_id,
+        rank=last.rank,
+        local_rank=last.local_rank,
+        host=last.host,
+        pid=last.pid,
+        seq=last.seq,
+        time_ns=last.time_ns,
+        step=last.step,
+    )
+
+
 def produce(bootstrap: str, topic: str, items: Iterable[Record | tuple[bytes, bytes]]) -> int:
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
     n = 0

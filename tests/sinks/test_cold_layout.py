@@ -6,7 +6,7 @@ import math
 
 import pyarrow.dataset as ds
 
-from steplens.producer.schema import decode, encode, make_record
+from steplens.producer.schema import decode, encode, make_record, unbatch
 from steplens.sinks.cold import (
     GroupKey,
     group_of,
@@ -15,6 +15,7 @@ from steplens.sinks.cold import (
     read_parquet,
     record_row,
     rows_to_parquet,
+    step_payloads,
 )
 
 T = 1_700_000_000_123_456_789  # 2023-11-14T22:13:20Z
@@ -82,3 +83,21 @@ def test_written_layout_reads_back_with_hive_partitioning(tmp_path) -> None:
     )
     table = dataset.to_table(columns=["loss", "extra.acc@1", "hour"])
     assert table.to_pylist() == [{"loss": 1.5, "extra.acc@1": 0.5, "hour": "2023-11-14T22"}]
+
+
+def test_step_payloads_decode_to_the_steps_of_the_batch() -> None:
+    entries = [
+        {"step": 1, "time_ns": T, "loss": "NaN", "lr": 1, "scalars": {"z": "-Infinity"}},
+        {"step": 2, "time_ns": T + 1, "loss": 0.5, "grad_norm": None, "group_lrs": [1e-4]},
+    ]
+    wire = {"v": 1, "kind": "step_batch", "run_id": "r", "rank": 3, "local_rank": 1}
+    wire |= {"host": "h", "pid": 9, "seq": 4, "time_ns": T + 1, "step": 2}
+    raw = encode({**wire, "data": {"records": entries}})
+    batch = decode(raw)
+    steps = unbatch(batch)
+    payloads = step_payloads(raw, steps)
+    assert repr([decode(p) for p in payloads]) == repr(steps)  # repr: NaN equals NaN
+    assert [decode(p).step for p in payloads] == [1, 2]
+    assert b"null" not in payloads[1] and b'"kind":"step"' in payloads[0]
+    assert math.isnan(decode(payloads[0]).data["loss"])
+    assert step_payloads(b"{}", steps) == [encode(s) for s in steps]  # fallback

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+from sinks_helpers import step_batch, step_records
 
 from steplens.producer.schema import make_record
 from steplens.sinks.points import UnwritableRecord, check_name, record_lines, record_points
@@ -140,3 +143,10 @@ def test_every_kind_but_dead_letters_has_points() -> None:
     dl = make_record("dead_letter", {"reason": "x"}, run_id="r", time_ns=1)
     with pytest.raises(UnwritableRecord):
         record_points(dl)
+
+
+def test_a_step_batch_gives_the_lines_of_its_steps() -> None:
+    steps = [replace(r, seq=4) for r in step_records("r", 5, ranks=1, t0_ns=1_700_000_000 * 10**9)]
+    lines = record_lines(step_batch(steps))
+    assert lines == [line for r in steps for line in record_lines(r)]
+    assert len(set(lines)) == 5

@@ -43,3 +43,27 @@ def test_off_and_bounded():
     for rank in range(25):
         lim.wanted("run", quiet(1, rank=rank), 0.0)
     assert len(lim.last) <= 10
+
+
+def test_picked_from_a_run_is_what_wanted_lets_through_one_by_one():
+    import random
+
+    from steplens.stream_jobs.core import SignalRun
+
+    rng = random.Random(5)
+    for every, interval in ((50, 5.0), (10, 0.0), (0, 0.0), (3, 1.0)):
+        one, many = QuietLimiter(every, interval), QuietLimiter(every, interval)
+        step = 0
+        for t in range(40):
+            run = SignalRun("spike", "loss", 2)
+            sigs = []
+            for _ in range(rng.randint(0, 30)):
+                step += rng.choice([1, 1, 1, 5, -20]) if step > 20 else 1
+                sev = CRITICAL if rng.random() < 0.05 else None
+                sig = Signal("spike", "loss", step, 1.0, rng.choice([0.1, 0.2, 0.7]), 2, "run", sev)
+                sigs.append(sig)
+                run.add(sig)
+            now = t * 0.7
+            want = [k for k, sig in enumerate(sigs) if one.wanted("run", sig, now)]
+            assert many.picked("run", run, now) == want
+            assert many.last == one.last

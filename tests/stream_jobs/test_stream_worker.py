@@ -66,6 +66,38 @@ def test_spike_alert_and_dead_letters(kafka, workers):
     assert 'steplens_worker_records_total{kind="step"} 60.0' in text
 
 
+def test_step_batches_are_scored_step_by_step(kafka, workers):
+    """Steps sent as step_batch records give the alerts and signals of the same steps sent one
+    record each: the spike's alert names its own step, every step is counted."""
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    w = workers("--no-arima").start()
+    w.wait_metrics()
+    batches = []
+    for lo in range(0, 120, 40):
+        entries = [
+            {"step": r.step, "time_ns": r.time_ns, **r.data}
+            for r in steps(run, lo, lo + 40, spike_at=90)
+        ]
+        batches.append(
+            make_record("step_batch", {"records": entries}, run_id=run, step=lo + 39, seq=lo)
+        )
+    kafka.send(batches)
+    alerts = kafka.collect(
+        kafka.topics.alerts, lambda got: bool(alerts_matching(got, rule="spike:loss"))
+    )
+    fired = alerts_matching(alerts, rule="spike:loss", state="firing")
+    assert len(fired) == 1 and fired[0].step == 90 and fired[0].data["severity"] == "critical"
+    sigs = kafka.collect(
+        kafka.topics.signals,
+        lambda got: any(s.data["name"] == "spike" and s.step == 90 for s in got),
+    )
+    assert any(s.data["name"] == "spike" and s.step == 90 and s.data["score"] > 0.5 for s in sigs)
+    # quiet signals are thinned out as for single records: not one per step and rule
+    assert len({(s.data["name"], s.step) for s in sigs}) < 40
+    # the spike's batch is the last one: once its alert is out, every step was counted
+    assert 'steplens_worker_records_total{kind="step"} 120.0' in w.metrics()
+
+
 def test_sigkill_resumes_state_and_two_workers_share_partitions(kafka, workers):
     allow_state_classes()
     runs = [f"run-{uuid.uuid4().hex[:6]}-{i}" for i in range(3)]

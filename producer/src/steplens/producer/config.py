@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from steplens.producer.schema import MAX_BATCH_ENTRIES
 from steplens.producer.settings import (
     env_value,
     kafka_bootstrap,
@@ -33,6 +34,14 @@ def _rate(x: float) -> bool:
 
 def _positive_int(x: int) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def _batch_size(x: int) -> bool:
+    return _positive_int(x) and x <= MAX_BATCH_ENTRIES
+
+
+def _is_bool(x: bool) -> bool:
+    return isinstance(x, bool)
 
 
 def _optional_positive(x: float | None) -> bool:
@@ -66,6 +75,11 @@ class ProducerConfig:
     sample_rate: float = 0.01  # share of steps sent raw (rounded to one step in N)
     window_steps: int = 100  # a step_window record every N steps ...
     window_s: float = 10.0  # ... or every T seconds, whichever comes first
+    # Every step sent, in step_batch records (no step_window, no sampling): a batch leaves at
+    # batch_steps steps, batch_s seconds after its first step, or right after a guarded step.
+    full_resolution: bool = False
+    batch_steps: int = 100  # at most MAX_BATCH_ENTRIES
+    batch_s: float = 1.0
     hw_interval_s: float = 1.0  # hardware sampler period; 0 disables it
     hw_slow_every: int = 10  # PCIe throughput and energy: every N samples
     health_interval_s: float = 5.0
@@ -110,6 +124,9 @@ class ProducerConfig:
             sample_rate=s("sample_rate", float, _rate),
             window_steps=s("window_steps", int, _positive_int),
             window_s=s("window_s", float, _positive),
+            full_resolution=s("full_resolution", parse_bool, _is_bool),
+            batch_steps=s("batch_steps", int, _batch_size),
+            batch_s=s("batch_s", float, _positive),
             hw_interval_s=s("hw_interval_s", float, _non_negative),
             hw_slow_every=s("hw_slow_every", int, _positive_int),
             health_interval_s=s("health_interval_s", float, _positive),

@@ -3,6 +3,8 @@
 The caller's side of every call only captures values and appends a tuple to a bounded deque
 (drop-oldest, counted). A daemon worker resolves values, keeps the window aggregates, decides
 what is sent raw, encodes and delivers. Nothing raises into the caller after construction.
+With ``full_resolution`` the worker sends every step instead, in ``step_batch`` records, and no
+windows or samples.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from steplens.producer.schema import (
     record_key,
 )
 from steplens.producer.spool import Spool
+from steplens.producer.step_batch import Entry, StepBatch, halves, payload
 from steplens.producer.transport import KafkaTransport, Transport, kafka_conf
 from steplens.producer.window import Guard, Window, is_sampled, sample_period
 
@@ -141,6 +144,8 @@ class Monitor:
         self._accepting = True
         self._seq = 0
         self._window = Window()
+        c = self.config
+        self._batch = StepBatch(c.batch_steps, c.batch_s) if c.full_resolution else None
         self._guard = Guard(self.config.guard_sigma, self.config.guard_warmup)
         self._last_step: tuple[int, int] | None = None  # (step, monotonic ns)
         self._held: tuple[Any, ...] | None = None  # an item waiting for its CUDA event
@@ -459,6 +464,7 @@ class Monitor:
     def _finish(self) -> None:
         try:
             now_ns = time.monotonic_ns()
+            self._emit_batch()
             self._emit_window(now_ns)
             self._emit_health(now_ns)
             left = self.delivery.close(max(0.0, self._deadline - time.monotonic()))
@@ -540,6 +546,7 @@ class Monitor:
             self._send("comm", step, t_ns, data)
         elif tag == _FLUSH:
             _, done, deadline, result = item
+            self._emit_batch()
             self._emit_window(time.monotonic_ns())
             left = self.delivery.flush(max(0.0, deadline - time.monotonic()))
             result.append(left == 0)
@@ -600,12 +607,21 @@ class Monitor:
         if clean:
             data["scalars"] = clean
             metrics.update(clean)
-        self._window.add_step(step, metrics, t_ns)
+        batch = self._batch
+        if batch is None:
+            self._window.add_step(step, metrics, t_ns)
         guard = self._guard
         flagged = False
         for name, x in metrics.items():
             if guard.check(name, x):
                 flagged = True
+        if batch is not None:  # full resolution: every step, in batches
+            if flagged:
+                data["reason"] = "guard"
+            batch.add(step, t_ns + self._wall_offset_ns, data, t_ns)
+            if flagged or batch.due(t_ns):  # a spike leaves at once
+                self._emit_batch()
+            return
         if flagged:
             data["reason"] = "guard"
         elif is_sampled(step, self._period):
@@ -670,6 +686,22 @@ class Monitor:
         for part in (names[:half], names[half:]):
             self._send_window({**data, "metrics": {k: metrics[k] for k in part}}, now_ns)
 
+    def _emit_batch(self) -> None:
+        if self._batch is not None and len(self._batch):
+            self._send_batch(self._batch.take())
+
+    def _send_batch(self, entries: list[Entry]) -> None:
+        """A batch too large for one record is split in halves, never dropped whole."""
+        last = entries[-1]
+        t_ns = last["time_ns"] - self._wall_offset_ns  # _send adds the offset back
+        if self._send("step_batch", last["step"], t_ns, payload(entries), count_drop=False):
+            return
+        if len(entries) == 1:
+            self._count_drop("encode")
+            return
+        for part in halves(entries):
+            self._send_batch(part)
+
     def _emit_health(self, now_ns: int) -> None:
         d = self.delivery
         dropped = dict(self.dropped)
@@ -698,6 +730,8 @@ class Monitor:
     def _tick(self, now: float) -> bool:
         """Periodic work; True while a spool replay wants to be called again soon."""
         now_ns = time.monotonic_ns()
+        if self._batch is not None and self._batch.due(now_ns):
+            self._emit_batch()
         if self._window.due(now_ns, self.config.window_steps, self.config.window_s):
             self._emit_window(now_ns)
         if now >= self._next_health:

@@ -19,6 +19,12 @@ installed.
 Every consumer decodes every message, so plain records take checks compiled once from the
 tables (the fast path at the end of this module); anything unusual, and every error, takes the
 full checks, with the same results.
+
+``step_batch`` carries many complete step records of one rank in one message (a consumer pays a
+fixed cost per message): ``data = {"records": [entry, ...]}``, each entry a ``step`` payload plus
+its own ``step`` and ``time_ns``; the envelope's ``step`` and ``time_ns`` are the last entry's.
+``unbatch`` turns it back into the ``step`` records it stands for. The kind was added within
+version 1: a decoder without it dead-letters such a record with "unknown kind".
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ SCHEMA_VERSION: Final = 1
 MAX_RECORD_BYTES: Final = 1 << 20  # 1 MiB; Kafka's default message.max.bytes is about the same
 MAX_STR_LEN: Final = 4096
 MAX_LIST_LEN: Final = 65536
+MAX_BATCH_ENTRIES: Final = 4096  # entries of one step_batch record
 
 # Field types. "num" is a float that may be non-finite; "fnum" must be finite.
 NUM, FNUM, INT, STR, BOOL = "num", "fnum", "int", "str", "bool"
@@ -49,6 +56,7 @@ NUM_LIST = "list[num]"
 INT_LIST = "list[int]"
 OBJ_LIST = "list[obj]"  # list of flat objects with scalar values
 OBJ = "obj"  # any JSON object (free-form facts)
+STEP_ENTRIES = "list[step]"  # 1..MAX_BATCH_ENTRIES step entries (STEP_ENTRY)
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,10 @@ KINDS: Final[dict[str, dict[str, Field]]] = {
         "scalars": _f(NUM_MAP),
         # why this raw record was sent: "sample" | "guard" | "every"
         "reason": _f(STR),
+    },
+    # Every step of a stretch of training on one rank (full resolution), in order.
+    "step_batch": {
+        "records": _f(STEP_ENTRIES, True),
     },
     # Aggregate of every step metric seen in a window: never hides a spike.
     "step_window": {
@@ -206,6 +218,13 @@ KINDS: Final[dict[str, dict[str, Field]]] = {
         "consumer": _f(STR),
         "payload": _f(STR),  # original bytes, decoded as UTF-8 with replacement, truncated
     },
+}
+
+# One entry of a step_batch: a step payload with its own step and time.
+STEP_ENTRY: Final[dict[str, Field]] = {
+    "step": _f(INT, True),
+    "time_ns": _f(INT, True),
+    **KINDS["step"],
 }
 
 RUN_RANK: Final = -1  # rank of records about the whole run (stream-job outputs)
@@ -373,6 +392,38 @@ def decode(raw: bytes | bytearray | memoryview | str | None) -> Record | DecodeE
         return DecodeError(f"internal decoder error: {type(exc).__name__}: {exc}")
 
 
+def unbatch(rec: Record) -> list[Record]:
+    """The ``step`` records a ``step_batch`` stands for, in order; any other record: ``[rec]``.
+
+    Each has the batch's envelope, the entry's ``step`` and ``time_ns``, and the rest of the
+    entry as ``data`` (as decoding that step record sent alone would give).
+    """
+    if rec.kind != "step_batch":
+        return [rec]
+    base = {
+        "kind": "step",
+        "run_id": rec.run_id,
+        "rank": rec.rank,
+        "local_rank": rec.local_rank,
+        "host": rec.host,
+        "pid": rec.pid,
+        "seq": rec.seq,
+    }
+    v = rec.v
+    out = []
+    for entry in rec.data["records"]:
+        data = entry.copy()
+        step = data.pop("step")
+        time_ns = data.pop("time_ns")
+        step_rec = _new(Record)
+        # Record's attributes in its order, as _validate_fast builds them
+        _setattr(
+            step_rec, "__dict__", {**base, "time_ns": time_ns, "data": data, "step": step, "v": v}
+        )
+        out.append(step_rec)
+    return out
+
+
 def validate(obj: Any) -> Record | DecodeError:
     """Validate an already-parsed envelope dict (wire form). Never raises."""
     if type(obj) is dict:
@@ -414,21 +465,9 @@ def validate(obj: Any) -> Record | DecodeError:
         return DecodeError(f"must be >= {RUN_RANK} ({RUN_RANK}: the whole run)", "rank")
     if not env["run_id"]:
         return DecodeError("must not be empty", "run_id")
-    data_in = env["data"]
-    unknown = set(data_in) - set(spec_fields)
-    if unknown:
-        name = sorted(unknown)[0]
-        return DecodeError(f"unknown field for kind {kind!r}", f"data.{name}")
-    data: dict[str, Any] = {}
-    for name, spec in spec_fields.items():
-        if name not in data_in or data_in[name] is None:
-            if spec.required:
-                return DecodeError(f"missing required field for kind {kind!r}", f"data.{name}")
-            continue
-        value = _check(data_in[name], spec.type, f"data.{name}")
-        if isinstance(value, DecodeError):
-            return value
-        data[name] = value
+    data = _check_fields(env["data"], spec_fields, "data", f"kind {kind!r}")
+    if isinstance(data, DecodeError):
+        return data
     if kind == "alert":
         if data["severity"] not in SEVERITIES:
             return DecodeError(f"severity must be one of {SEVERITIES}", "data.severity")
@@ -447,6 +486,43 @@ def validate(obj: Any) -> Record | DecodeError:
         step=env.get("step"),
         v=env["v"],
     )
+
+
+def _check_fields(
+    data_in: dict[str, Any], fields: dict[str, Field], path: str, what: str
+) -> dict[str, Any] | DecodeError:
+    """Check an object against a field table: unknown names rejected, nulls mean absent."""
+    unknown = set(data_in) - set(fields)
+    if unknown:
+        return DecodeError(f"unknown field for {what}", f"{path}.{sorted(unknown)[0]}")
+    data: dict[str, Any] = {}
+    for name, spec in fields.items():
+        if name not in data_in or data_in[name] is None:
+            if spec.required:
+                return DecodeError(f"missing required field for {what}", f"{path}.{name}")
+            continue
+        value = _check(data_in[name], spec.type, f"{path}.{name}")
+        if isinstance(value, DecodeError):
+            return value
+        data[name] = value
+    return data
+
+
+def _check_entries(value: Any, path: str) -> list[dict[str, Any]] | DecodeError:
+    if not isinstance(value, list):
+        return DecodeError(f"expected a list, got {type(value).__name__}", path)
+    if not 0 < len(value) <= MAX_BATCH_ENTRIES:
+        return DecodeError(f"expected 1 to {MAX_BATCH_ENTRIES} entries, got {len(value)}", path)
+    entries = []
+    for i, entry in enumerate(value):
+        where = f"{path}[{i}]"
+        if not isinstance(entry, dict):
+            return DecodeError(f"expected an object, got {type(entry).__name__}", where)
+        checked = _check_fields(entry, STEP_ENTRY, where, "a step_batch entry")
+        if isinstance(checked, DecodeError):
+            return checked
+        entries.append(checked)
+    return entries
 
 
 def _num(value: Any, path: str, finite: bool) -> float | DecodeError:
@@ -518,6 +594,8 @@ def _check(value: Any, typ: str, path: str) -> Any:
                 return DecodeError("nested values not allowed here", f"{path}.{k}")
             flat[k] = _STR_TO_NONFINITE.get(v, v) if isinstance(v, str) else v
         return flat
+    if typ == STEP_ENTRIES:
+        return _check_entries(value, path)
     if typ == "payload":
         if not isinstance(value, dict):
             return DecodeError(f"expected an object, got {type(value).__name__}", path)
@@ -726,6 +804,31 @@ def _copy_obj(v: Any) -> Any:
     return _copy_restore(v) if type(v) is dict else _BAD
 
 
+def _own_step_entries(v: Any) -> Any:
+    return _step_entries(v, _OWN)
+
+
+def _copy_step_entries(v: Any) -> Any:
+    return _step_entries(v, _COPY)
+
+
+def _step_entries(v: Any, table: dict[str, Any]) -> Any:
+    """Each entry through the compiled STEP_ENTRY checker (a new dict per entry)."""
+    if type(v) is not list or not 0 < len(v) <= MAX_BATCH_ENTRIES:
+        return _BAD
+    check = _check_entry
+    out: list[dict[str, Any]] = []
+    append = out.append
+    for x in v:
+        if type(x) is not dict:
+            return _BAD
+        entry = check(x, table)
+        if entry is _BAD:
+            return _BAD
+        append(entry)
+    return out
+
+
 # Checkers of the types not tested inline (see _payload_source).
 _OWN: Final[dict[str, Any]] = {
     NUM: _fast_num,
@@ -737,6 +840,7 @@ _OWN: Final[dict[str, Any]] = {
     INT_LIST: _own_int_list,
     OBJ_LIST: _own_obj_list,
     OBJ: _own_obj,
+    STEP_ENTRIES: _own_step_entries,
 }
 _COPY: Final[dict[str, Any]] = {
     **{t: _copied(check) for t, check in _OWN.items()},
@@ -744,6 +848,7 @@ _COPY: Final[dict[str, Any]] = {
     FNUM: _fast_fnum,
     OBJ_LIST: _copy_obj_list,
     OBJ: _copy_obj,
+    STEP_ENTRIES: _copy_step_entries,
 }
 
 # The accept-unchanged test of each scalar type, inline in the generated payload checkers.
@@ -800,6 +905,7 @@ def _compile_payload(kind: str, fields: dict[str, Field]) -> Any:
 
 # kind -> its payload checker, compiled once from KINDS
 _PAYLOAD_CHECKS: Final = {kind: _compile_payload(kind, fields) for kind, fields in KINDS.items()}
+_check_entry: Final = _compile_payload("step_entry", STEP_ENTRY)
 _FREE_FORM_KINDS: Final = frozenset(
     k for k, f in KINDS.items() if any(spec.type == OBJ for spec in f.values())
 )

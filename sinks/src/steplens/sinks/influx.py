@@ -21,6 +21,7 @@ from influxdb_client import InfluxDBClient, WritePrecision
 from influxdb_client.client.write_api import SYNCHRONOUS
 from influxdb_client.rest import ApiException
 
+from steplens.producer import schema
 from steplens.producer.schema import Record
 from steplens.sinks import metrics
 from steplens.sinks.contract import ExportResult, Rejection
@@ -48,6 +49,11 @@ def transient(exc: BaseException) -> bool:
 def _reason(exc: ApiException) -> str:
     body = exc.body.decode("utf-8", "replace") if isinstance(exc.body, bytes) else exc.body
     return f"HTTP {exc.status}: {body or exc.reason}"[:1000]
+
+
+def _reason_of(rec: Record, step: Record, reason: str) -> str:
+    """A step of a batch is named in the batch's reason."""
+    return reason if step is rec else f"step {step.step}: {reason}"
 
 
 class _Refused(Exception):
@@ -82,24 +88,34 @@ class InfluxSink:
 
     def _export(self, batch: list[Record]) -> ExportResult:
         """Build points chunk by chunk; each chunk is written on the writer thread while the
-        next one is built. Returns only once every chunk's write has finished."""
+        next one is built. Returns only once every chunk's write has finished.
+
+        A ``step_batch`` is written as its step records: one entry per step (so a refused step
+        is isolated like a raw one), and at most one rejection for the batch (its first
+        reason); it counts as skipped only when every step is past the hot window."""
         result = ExportResult()
         oldest_ns = (time.time() - self.settings.hot_retention_s + RETENTION_MARGIN_S) * 1e9
         chunk: list[tuple[int, list[str]]] = []
         pending: list[Future[list[Rejection]]] = []
+        rejected: dict[int, str] = {}
         for i, rec in enumerate(batch):
-            if self.settings.hot_retention_s > 0 and rec.time_ns < oldest_ns:
-                result.skipped += 1  # past the hot window: S3 keeps it
-                continue
-            try:
-                chunk.append((i, record_lines(rec)))
-            except UnwritableRecord as exc:
-                result.rejected.append(Rejection(i, str(exc)))
+            steps = schema.unbatch(rec)
+            if self.settings.hot_retention_s > 0:
+                kept = [r for r in steps if r.time_ns >= oldest_ns]
+                if steps and not kept:
+                    result.skipped += 1  # past the hot window: S3 keeps it
+                    continue
+                steps = kept
+            for step in steps:
+                try:
+                    chunk.append((i, record_lines(step)))
+                except UnwritableRecord as exc:
+                    rejected.setdefault(i, _reason_of(rec, step, str(exc)))
             if len(chunk) >= self.write_chunk:
-                pending.append(self._writer.submit(self._write_isolating, chunk))
+                self._submit(pending, chunk)
                 chunk = []
         if chunk:
-            pending.append(self._writer.submit(self._write_isolating, chunk))
+            self._submit(pending, chunk)
         wait(pending)
         for fut in pending:
             failure = fut.exception()
@@ -107,10 +123,20 @@ class InfluxSink:
                 return ExportResult.retry("shutting down")
             if failure is not None:
                 return ExportResult.retry(f"{type(failure).__name__}: {failure}")
-            result.rejected += fut.result()
-        result.rejected.sort(key=lambda r: r.index)
+            for refused in fut.result():
+                rejected.setdefault(refused.index, refused.reason)
+        result.rejected = [Rejection(i, reason) for i, reason in sorted(rejected.items())]
         result.accepted = len(batch) - len(result.rejected) - result.skipped
         return result
+
+    def _submit(
+        self, pending: list[Future[list[Rejection]]], chunk: list[tuple[int, list[str]]]
+    ) -> None:
+        """Queue a chunk's write; at most one more waits behind the one being written, so a
+        batch of many step_batch records never holds all its lines at once."""
+        if len(pending) >= 2:
+            wait(pending[-2:-1])  # one writer thread: earlier writes are done, too
+        pending.append(self._writer.submit(self._write_isolating, chunk))
 
     def _write(self, lines: list[tuple[int, list[str]]]) -> None:
         body = "\n".join(line for _, ls in lines for line in ls)

@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from influxdb_client import Point, WritePrecision
 
+from steplens.producer import schema
 from steplens.producer.schema import Record
 
 MAX_STRING_FIELD: Final = 60_000  # InfluxDB caps string fields at 64 KiB
@@ -44,6 +45,7 @@ WINDOW_FLOATS: Final = ("mean", "min", "max", "last")
 # kind -> measurement of its main point (hw is split into host, gpu, disk and net points)
 MEASUREMENT: Final = {
     "step": "step",
+    "step_batch": "step",  # written as its step records
     "step_window": "step_window",
     "eval": "eval",
     "batch": "batch",
@@ -162,6 +164,11 @@ def _step(rec: Record) -> list[Point]:
     fixed = {*STEP_FLOATS, "step", "tokens", "clipped", "reason", "seq"}
     _by_name(b, d.get("scalars") or {}, fixed, "scalar_")
     return [b.point]
+
+
+def _step_batch(rec: Record) -> list[Point]:
+    """Exactly the points of the step records the batch stands for."""
+    return [p for step in schema.unbatch(rec) for p in _step(step)]
 
 
 def _step_window(rec: Record) -> list[Point]:
@@ -289,6 +296,7 @@ def _run_meta(rec: Record) -> list[Point]:
 
 _BUILDERS: Final = {
     "step": _step,
+    "step_batch": _step_batch,
     "step_window": _step_window,
     "eval": _eval,
     "batch": _batch,

@@ -15,7 +15,8 @@ from steplens.sinks.query import _ns
 from steplens.sinks.s3 import make_s3_client
 from steplens.sinks.settings import S3Settings
 
-REPLAYED_KINDS = [k for k in schema.KINDS if k != "dead_letter"]
+# a step_batch is stored as its step rows, so replay re-sends those steps
+REPLAYED_KINDS = [k for k in schema.KINDS if k not in ("dead_letter", "step_batch")]
 
 
 def cold_records(

@@ -22,6 +22,7 @@ class RollerStats:
     chunks: int = 0
     objects: int = 0
     records: int = 0
+    rows: int = 0
     dead_letters: int = 0
     commits: int = 0
 
@@ -93,6 +94,7 @@ class RollerLoop(ConsumerLoop):
         self.stats.chunks += 1
         self.stats.objects += len(keys)
         self.stats.records += chunk.records
+        self.stats.rows += chunk.rows
         self.stats.dead_letters += len(chunk.dead)
         ok = commit(self.consumer, [TopicPartition(chunk.topic, chunk.partition, chunk.last + 1)])
         metrics.COMMITS.labels("s3", "ok" if ok else "failed").inc()

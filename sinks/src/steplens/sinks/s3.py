@@ -22,9 +22,17 @@ import boto3
 import botocore.exceptions
 from botocore.config import Config
 
+from steplens.producer import schema
 from steplens.producer.schema import DecodeError
 from steplens.sinks import metrics
-from steplens.sinks.cold import GroupKey, group_of, object_key, record_row, rows_to_parquet
+from steplens.sinks.cold import (
+    GroupKey,
+    group_of,
+    object_key,
+    record_row,
+    rows_to_parquet,
+    step_payloads,
+)
 from steplens.sinks.kafka_io import Consumed
 from steplens.sinks.retry import RetryPolicy, call_with_retry
 from steplens.sinks.settings import S3Settings
@@ -78,7 +86,8 @@ class Chunk:
     forced_last: int | None = None  # from the state marker: end exactly here
     groups: dict[GroupKey, list[dict]] = field(default_factory=lambda: defaultdict(list))
     dead: list[tuple[Consumed, str]] = field(default_factory=list)
-    records: int = 0
+    records: int = 0  # Kafka messages decoded
+    rows: int = 0  # rows stored (a step_batch gives one per step)
 
 
 class S3Roller:
@@ -122,9 +131,15 @@ class S3Roller:
             chunk.dead.append((item, f"undecodable: {item.decoded}"))
         else:
             rec = item.decoded
-            row = record_row(rec, item.topic, item.partition, item.offset, item.value)
-            chunk.groups[group_of(rec)].append(row)
+            steps = schema.unbatch(rec)  # a step_batch is stored as its step records
+            payloads = (
+                step_payloads(item.value, steps) if rec.kind == "step_batch" else [item.value]
+            )
+            for step, payload in zip(steps, payloads, strict=True):
+                row = record_row(step, item.topic, item.partition, item.offset, payload)
+                chunk.groups[group_of(step)].append(row)
             chunk.records += 1
+            chunk.rows += len(steps)
         chunk.nbytes += len(item.value)
         if chunk.forced_last is not None:
             if item.offset >= chunk.forced_last:

@@ -37,6 +37,7 @@ from steplens.producer.topics import Topics
 from steplens.stream_jobs import config as config_mod
 from steplens.stream_jobs import core, detector, rules, signals
 from steplens.stream_jobs.config import DetectorConfig
+from steplens.stream_jobs.core import SignalRun
 from steplens.stream_jobs.detector import RunDetector
 from steplens.stream_jobs.metrics import WorkerMetrics, reason_class
 from steplens.stream_jobs.outputs import alert_bytes, dead_letter_bytes, signal_bytes
@@ -371,6 +372,9 @@ class Worker:
                 self.saved_at[run] = now
 
     async def _process(self, det: RunDetector, rec: Record) -> None:
+        if rec.kind == "step_batch":
+            await self._process_batch(det, rec)
+            return
         self.consumed += 1
         self.metrics.records.labels(rec.kind).inc()
         sigs, alerts = det.process(rec)
@@ -385,6 +389,36 @@ class Worker:
             await self.signals.send(key=key, value=signal_bytes(run, sig))
             self.metrics.signals.inc()
             published = True
+        for a in alerts:
+            await self.alerts.send(key=key, value=alert_bytes(a))
+            self.metrics.alerts.labels(a.state, a.severity).inc()
+            if self.notifier:
+                self.notifier.notify(a)
+            published = True
+        if published and rec.time_ns:
+            self.metrics.latency.observe(max(0.0, time.time() - rec.time_ns / 1e9))
+
+    async def _process_batch(self, det: RunDetector, rec: Record) -> None:
+        """A step_batch: its steps scored together; breaches and the quiet signals the limiter
+        lets through are built and published, the others never are."""
+        entries = rec.data["records"]
+        self.consumed += len(entries)
+        self.metrics.records.labels("step").inc(len(entries))
+        parts, alerts = det.process_entries(rec.rank, entries)
+        run = det.run_id
+        key = run.encode()
+        now = time.monotonic()
+        published = False
+        for part in parts:
+            sigs = part.signals
+            if isinstance(sigs, SignalRun):
+                out = [sigs.signal(k) for k in self.quiet.picked(run, sigs, now)]
+            else:
+                out = [sig for got in sigs for sig in got if self.quiet.wanted(run, sig, now)]
+            for sig in out:
+                await self.signals.send(key=key, value=signal_bytes(run, sig))
+                self.metrics.signals.inc()
+                published = True
         for a in alerts:
             await self.alerts.send(key=key, value=alert_bytes(a))
             self.metrics.alerts.labels(a.state, a.severity).inc()

@@ -63,6 +63,14 @@ def _route(metric: str, generic: bool) -> tuple[int, bool, bool, bool]:
 _ROUTES: dict[bool, dict[str, tuple[int, bool, bool, bool]]] = {False: {}, True: {}}
 
 
+# entry fields that are not series of their own (scalars are, one by one)
+_NOT_BATCH_SERIES = NOT_SERIES | {"step", "time_ns"}
+
+
+def _number(x: Any) -> bool:
+    return type(x) is float or (isinstance(x, (int, float)) and not isinstance(x, bool))
+
+
 @dataclass(slots=True)
 class Part:
     """Signals of some rows of a batch (``RunDetector.process_columns``): one per row in
@@ -138,8 +146,13 @@ class RunDetector:
     # ------------------------------------------------------------------ records
     def process(self, rec: Record) -> tuple[list[Signal], list[Alert]]:
         """Route one validated record; returns its signals and the alert transitions."""
-        self.records += 1
         kind, data = rec.kind, rec.data
+        if kind == "step_batch":
+            parts, alerts = self.process_entries(rec.rank, data["records"])
+            n = len(data["records"])
+            where = [part.where(n) for part in parts]
+            return [sig for i in range(n) for sig in row_signals(parts, where, i)], alerts
+        self.records += 1
         sigs: list[Signal] = []
         if kind == "step":
             metrics = {k: v for k, v in data.items() if k not in NOT_SERIES}
@@ -292,6 +305,9 @@ class RunDetector:
         steps: list[int],
         times_ns: list[int],
         columns: dict[str, list[float | None]],
+        *,
+        data_times: list[float | None] | None = None,
+        behind: int = 0,
     ) -> list[Part]:
         """``process_step`` over many steps at once, one metric at a time, for the metrics in
         ``columns`` (a row's value, ``None`` where the row has none). Returns the signals as
@@ -378,48 +394,110 @@ class RunDetector:
                 rows = [i for i, g in zip(at, got, strict=True) if g]
                 if rows:
                     parts.append(Part(rows, [g for g in got if g]))
+        if rank != RUN_RANK:
+            parts += self._batch_tail(rank, steps, times_ns, columns, data_times, behind)
+        return parts
+
+    def _batch_tail(  # noqa: PLR0917
+        self,
+        rank: int,
+        steps: list[int],
+        times_ns: list[int],
+        columns: dict[str, list[float | None]],
+        data_times: list[float | None] | None,
+        behind: int,
+    ) -> list[Part]:
+        """``_step_tail`` over the batch's rows: the data waits per row; the step times judged
+        once, after the last row (their signals carry their own steps)."""
+        step_times = columns.get("step_time_s")
         tail_rows: list[int] = []
         tails: list[list[Signal]] = []
-        step_times = columns.get("step_time_s")
+        timed: list[tuple[int, float]] = []
         for i, step in enumerate(steps):
             x = step_times[i] if step_times is not None else None
-            tail = self._step_tail(rank, step, times_ns[i], x, None)
-            if tail:
-                tail_rows.append(i)
-                tails.append(tail)
-        if tail_rows:
-            parts.append(Part(tail_rows, tails, tail=True))
-        return parts
+            if x is not None:
+                timed.append((step, x))
+                wait = data_times[i] if data_times is not None else None
+                if wait is not None:
+                    got = thresholds.data_wait(self.cfg.thresholds, wait, x, step, rank)
+                    if got:
+                        tail_rows.append(i)
+                        tails.append(got)
+            ranks.progress(self.ranks, rank, step, times_ns[i])
+        if times_ns:
+            self.last_step_ns = max(self.last_step_ns, *times_ns)
+        judged = ranks.step_times(self.ranks, self.cfg.ranks, rank, timed, behind)
+        if judged:
+            if tail_rows and tail_rows[-1] == len(steps) - 1:
+                tails[-1] = tails[-1] + judged
+            else:
+                tail_rows.append(len(steps) - 1)
+                tails.append(judged)
+        return [Part(tail_rows, tails, tail=True)] if tail_rows else []
+
+    def process_entries(
+        self, rank: int, entries: list[dict[str, Any]]
+    ) -> tuple[list[Part], list[Alert]]:
+        """The step records of a ``step_batch`` (its entries: step fields with ``step`` and
+        ``time_ns``), scored together: the same signals and alerts as ``process`` gives them one
+        record at a time (the signals of a step come in the order of the batch's columns)."""
+        n = len(entries)
+        self.records += n
+        steps: list[int] = []
+        times: list[int] = []
+        waits: list[float | None] = []
+        columns: dict[str, list[float | None]] = {}
+        for i, e in enumerate(entries):
+            steps.append(e["step"])
+            times.append(e["time_ns"])
+            wait = e.get("data_time_s")
+            waits.append(wait if isinstance(wait, (int, float)) else None)
+            for k, v in e.items():
+                if k in _NOT_BATCH_SERIES:
+                    if k == "scalars" and v:
+                        for name, x in v.items():
+                            if _number(x):
+                                col = columns.get(name)
+                                if col is None:
+                                    col = columns[name] = [None] * n
+                                if col[i] is None:  # a step field of that name wins
+                                    col[i] = float(x)
+                    continue
+                if _number(v):
+                    col = columns.get(k)
+                    if col is None:
+                        col = columns[k] = [None] * n
+                    col[i] = float(v)
+        # the other ranks' batches of the same steps may come after this one
+        behind = max(steps) - min(steps) if steps else 0
+        parts = self.process_columns(rank, steps, times, columns, data_times=waits, behind=behind)
+        alerts: list[Alert] = []
+        for got in self.evaluate_parts(parts, n):
+            alerts += got
+        return parts, alerts
 
     def evaluate_parts(self, parts: list[Part], n: int) -> Iterator[list[Alert]]:
         """The rules over each of the ``n`` rows' signals (``process_columns``), row after row:
         yields each row's alert transitions, as ``evaluate`` per row would (``self.rules`` is the
         state after that row). A row with no breach while nothing fires or correlates only
         moves the rules' latest step, without building its signals."""
-        where = [part.where(n) for part in parts]
         covered = [False] * n
-        full = [False] * n  # rows whose signals must be built: a breach, or another step's signal
-        for part in parts:
-            for i in part.rows:
+        full = [False] * n  # rows with a breach: their signals are built
+        last_step: list[int | None] = [None] * n  # the step of each row's last signal
+        for part in parts:  # in order: a row's last part sets its step last
+            for i, st in part.steps():
                 covered[i] = True
+                last_step[i] = st
             for i in part.breaching():
                 full[i] = True
-            if part.tail:  # the ranks' signals may carry an earlier step
-                for i in part.rows:
-                    full[i] = True
-        last_step: list[int | None] = [None] * n
-        seen = [False] * n
-        for part in reversed(parts):  # the step of each row's last signal
-            if not part.tail:
-                for i, st in part.steps():
-                    if not seen[i]:
-                        seen[i] = True
-                        last_step[i] = st
+        where: list[list[int]] | None = None
         for i in range(n):
             state = self.rules
             if not covered[i]:
                 yield []
             elif full[i] or state.firing or state.correlating:
+                if where is None:
+                    where = [part.where(n) for part in parts]
                 yield self.evaluate(row_signals(parts, where, i))
             else:
                 rules.quiet(state, last_step[i])

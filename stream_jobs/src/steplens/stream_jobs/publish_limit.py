@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from steplens.stream_jobs.core import Signal
+from steplens.stream_jobs.core import Signal, SignalRun
 
 
 @dataclass
@@ -36,3 +36,28 @@ class QuietLimiter:
             self.last.clear()
         self.last[key] = (sig.step, now)
         return True
+
+    def picked(self, run: str, sigs: SignalRun, now: float) -> list[int]:
+        """Which signals of a run of one detector (consecutive steps, one clock reading)
+        ``wanted`` would let through, asked one after the other: every breach, and the quiet
+        ones the limits allow."""
+        scores, severities, steps = sigs.scores, sigs.severities, sigs.steps
+        out = [k for k, sev in enumerate(severities) if sev is not None or scores[k] >= 0.5]
+        if self.every <= 0 or len(out) == len(scores):
+            return out
+        key = (run, sigs.rank, sigs.name, sigs.metric)
+        prev = self.last.get(key)
+        quiet: list[int] = []
+        for k, step in enumerate(steps):
+            if step is None or severities[k] is not None or scores[k] >= 0.5:
+                continue
+            if prev is not None:
+                if now - prev[1] < self.interval_s:
+                    break  # the clock does not move within the run: no later one either
+                if prev[0] <= step < prev[0] + self.every:
+                    continue
+            if len(self.last) >= self.max_keys:
+                self.last.clear()
+            prev = self.last[key] = (step, now)
+            quiet.append(k)
+        return sorted(out + quiet) if quiet else out

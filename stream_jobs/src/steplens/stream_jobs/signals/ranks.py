@@ -70,20 +70,56 @@ def _judge(state: RanksState, cfg: RanksConfig, step: int, times: dict[int, floa
 def step_time(
     state: RanksState, cfg: RanksConfig, rank: int, step: int, seconds: float
 ) -> tuple[RanksState, list[Signal]]:
-    """Collect one rank's step time; judge steps that are complete or old enough."""
+    """Collect one rank's step time; judge steps that are complete or old enough (the rank is
+    ``pending_steps`` past them)."""
     if math.isnan(seconds):
         return state, []
-    state.pending.setdefault(step, {})[rank] = seconds
+    times = state.pending.get(step)
+    if times is None:
+        times = state.pending[step] = {}
+    times[rank] = seconds
+    return state, _judge_ready(state, cfg, step, 0)
+
+
+def step_times(
+    state: RanksState, cfg: RanksConfig, rank: int, times: list[tuple[int, float]], behind: int
+) -> list[Signal]:
+    """``step_time`` over a batch of one rank's steps, judged once after the last: the same
+    judgements as step by step (the batch adds only this rank's times), in one pass. A step
+    waits ``behind`` steps more than ``pending_steps``: the other ranks' batches of the same
+    steps may come after this one."""
+    pending = state.pending
+    last: int | None = None
+    for step, seconds in times:
+        if math.isnan(seconds):
+            continue
+        got = pending.get(step)
+        if got is None:
+            got = pending[step] = {}
+        got[rank] = seconds
+        if last is None or step > last:
+            last = step
+    return [] if last is None else _judge_ready(state, cfg, last, behind)
+
+
+def _judge_ready(state: RanksState, cfg: RanksConfig, step: int, behind: int) -> list[Signal]:
+    """Judge, oldest first, the pending steps that are complete or ``pending_steps`` +
+    ``behind`` older than ``step``, up to the first that is neither."""
+    pending = state.pending
     ranks_known = max(state.world_size, len(state.last_step))
+    old = step - cfg.pending_steps - behind
+    first = min(pending)
+    if first > old and len(pending[first]) < ranks_known:
+        return []  # the oldest step waits, and every later one with it
     out: list[Signal] = []
-    for s in sorted(state.pending):
-        times = state.pending[s]
-        if len(times) >= ranks_known or s <= step - cfg.pending_steps:
+    for s in sorted(pending):
+        times = pending[s]
+        if len(times) >= ranks_known or s <= old:
             out += _judge(state, cfg, s, times)
-            del state.pending[s]
-        elif s > step - cfg.pending_steps:
+            del pending[s]
+        else:
             break
-    return state, out
+    return out
 
 
 def progress(state: RanksState, rank: int, step: int, time_ns: int) -> RanksState:

@@ -1,0 +1,174 @@
+"""The step_batch kind: many step records of one rank in one message, and ``unbatch``."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_wire_schema import (
+    both_ways,
+    canon,
+    full_checks_only,
+    records,
+    step_entries,
+    wire_inputs,
+)
+
+from steplens.producer import schema
+from steplens.producer.schema import DecodeError, Record, SchemaError, decode, encode, unbatch
+
+ENV: dict[str, Any] = {
+    "run_id": "run-b",
+    "rank": 5,
+    "local_rank": 1,
+    "host": "n7",
+    "pid": 99,
+    "seq": 12,
+}
+
+
+def batch_record(entries: list[dict[str, Any]], **env: Any) -> Record:
+    env = {**ENV, **env}
+    last = entries[-1]
+    return Record("step_batch", data={"records": entries}, time_ns=last["time_ns"],
+                  step=last["step"], **env)  # fmt: skip
+
+
+def alone(entry: dict[str, Any], **env: Any) -> Record:
+    """The step record an entry stands for, as it would be sent on its own."""
+    data = {k: v for k, v in entry.items() if k not in ("step", "time_ns")}
+    return Record("step", data=data, time_ns=entry["time_ns"], step=entry["step"], **{**ENV, **env})
+
+
+@settings(max_examples=200, deadline=None)
+@given(step_entries(), st.integers(min_value=-1, max_value=4096), st.integers(0, 1 << 40))
+def test_unbatched_steps_equal_each_step_sent_alone(
+    entries: list[dict[str, Any]], rank: int, seq: int
+) -> None:
+    out = decode(encode(batch_record(entries, rank=rank, seq=seq)))
+    assert isinstance(out, Record), out
+    assert out.kind == "step_batch" and out.step == entries[-1]["step"]
+    expected = [decode(encode(alone(e, rank=rank, seq=seq))) for e in entries]
+    assert all(isinstance(r, Record) for r in expected)
+    # strict: same types (floats restored), same key order, same envelope
+    assert canon(unbatch(out)) == canon(expected)
+
+
+@settings(max_examples=300, deadline=None)
+@given(wire_inputs("step_batch"))
+def test_fast_path_gives_the_full_checks_results_for_batches(raw: bytes) -> None:
+    fast, full = both_ways(raw)
+    assert fast == full
+
+
+@settings(max_examples=100, deadline=None)
+@given(records("step_batch"))
+def test_validate_gives_the_full_checks_results_for_batches(rec: Record) -> None:
+    fast = canon(schema.validate(rec.to_dict()))
+    with full_checks_only():
+        full = canon(schema.validate(rec.to_dict()))
+    assert fast == full and fast[0] == "Record"
+
+
+def test_non_finite_values_in_entries_survive_the_wire() -> None:
+    entries = [
+        {"step": 1, "time_ns": 10, "loss": math.nan, "scalars": {"z": -math.inf}},
+        {"step": 2, "time_ns": 20, "grad_norm": math.inf, "group_lrs": [1, math.nan]},
+    ]
+    wire = encode(batch_record(entries))
+    json.loads(wire)  # strict JSON
+    steps = unbatch(decode(wire))  # type: ignore[arg-type]
+    assert math.isnan(steps[0].data["loss"]) and steps[0].data["scalars"] == {"z": -math.inf}
+    assert steps[1].data["grad_norm"] == math.inf
+    lrs = steps[1].data["group_lrs"]
+    assert lrs[0] == 1.0 and type(lrs[0]) is float and math.isnan(lrs[1])
+
+
+def test_unbatch_keeps_the_envelope_and_order() -> None:
+    entries = [{"step": s, "time_ns": 1000 + s, "loss": float(s)} for s in (7, 8, 9)]
+    rec = decode(encode(batch_record(entries)))
+    assert isinstance(rec, Record)
+    steps = unbatch(rec)
+    assert [(r.kind, r.step, r.time_ns, r.data) for r in steps] == [
+        ("step", 7, 1007, {"loss": 7.0}),
+        ("step", 8, 1008, {"loss": 8.0}),
+        ("step", 9, 1009, {"loss": 9.0}),
+    ]
+    for r in steps:
+        assert (r.run_id, r.rank, r.local_rank, r.host, r.pid, r.seq, r.v) == (
+            "run-b", 5, 1, "n7", 99, 12, 1,
+        )  # fmt: skip
+        assert r.key == rec.key
+    steps[0].data["loss"] = -1.0  # the batch's entries are not shared
+    assert rec.data["records"][0] == {"step": 7, "time_ns": 1007, "loss": 7.0}
+
+
+def test_unbatch_passes_other_kinds_through() -> None:
+    rec = schema.make_record("step", {"loss": 1.0}, run_id="r", step=1)
+    assert unbatch(rec) == [rec] and unbatch(rec)[0] is rec
+
+
+def batch_wire(records: Any, **data: Any) -> bytes:
+    env = {"v": 1, "kind": "step_batch", "time_ns": 1, "step": 1, **ENV}
+    return json.dumps({**env, "data": {"records": records, **data}}).encode()
+
+
+def entry(**fields: Any) -> dict[str, Any]:
+    return {"step": 1, "time_ns": 1, "loss": 1.0, **fields}
+
+
+@pytest.mark.parametrize(
+    ("raw", "path", "words"),
+    [
+        (batch_wire([entry()], extra=1), "data.extra", "unknown field for kind 'step_batch'"),
+        (batch_wire(None), "data.records", "missing required field"),
+        (batch_wire({"a": 1}), "data.records", "expected a list"),
+        (batch_wire([]), "data.records", "expected 1 to 4096 entries, got 0"),
+        (batch_wire([entry()] * 4097), "data.records", "expected 1 to 4096 entries, got 4097"),
+        (batch_wire([entry(), 5]), "data.records[1]", "expected an object"),
+        (batch_wire([entry(), entry(step=None)]), "data.records[1].step", "missing required"),
+        (batch_wire([{"step": 1, "loss": 1.0}]), "data.records[0].time_ns", "missing required"),
+        (batch_wire([entry()] * 3 + [entry(lossy=1.0)]), "data.records[3].lossy", "unknown field"),
+        (batch_wire([entry(), entry(loss="high")]), "data.records[1].loss", "expected a number"),
+        (batch_wire([entry(loss="nan")]), "data.records[0].loss", "expected a number"),
+        (batch_wire([entry(scalars={"a": "x"})]), "data.records[0].scalars.a", "expected a num"),
+        (batch_wire([entry(group_lrs=[1.0, None])]), "data.records[0].group_lrs[1]", "a number"),
+        (batch_wire([entry(clipped=1)]), "data.records[0].clipped", "expected a boolean"),
+        (batch_wire([entry(reason=3)]), "data.records[0].reason", "expected a string"),
+        (batch_wire([entry(step=True)]), "data.records[0].step", "expected an integer"),
+        (batch_wire([entry(step=1.0)]), "data.records[0].step", "expected an integer"),
+        (batch_wire([entry(time_ns=1 << 63)]), "data.records[0].time_ns", "64-bit range"),
+        (batch_wire([entry(tokens=2.5)]), "data.records[0].tokens", "expected an integer"),
+        (batch_wire([entry(reason="x" * 4097)]), "data.records[0].reason", "longer than"),
+    ],
+)
+def test_malformed_batches_get_a_clear_error(raw: bytes, path: str, words: str) -> None:
+    out = decode(raw)
+    assert isinstance(out, DecodeError), out
+    assert (out.path, words in out.reason) == (path, True), out
+    fast, full = both_ways(raw)
+    assert fast == full
+
+
+def test_null_entry_fields_read_as_absent() -> None:
+    out = decode(batch_wire([entry(lr=None, scalars=None)]))
+    assert isinstance(out, Record)
+    assert unbatch(out)[0].data == {"loss": 1.0}
+
+
+def test_size_limits() -> None:
+    full = [entry(step=i) for i in range(schema.MAX_BATCH_ENTRIES)]
+    out = decode(batch_wire(full))
+    assert isinstance(out, Record) and len(unbatch(out)) == schema.MAX_BATCH_ENTRIES
+    with pytest.raises(SchemaError, match="1 to 4096 entries"):
+        schema.make_record("step_batch", {"records": [*full, entry()]}, run_id="r")
+    with pytest.raises(SchemaError, match="1 to 4096 entries"):
+        schema.make_record("step_batch", {"records": []}, run_id="r")
+    # within the entry limit but over the byte limit: refused by encode, never truncated
+    wide = [entry(step=i, scalars={f"s{k}": 0.5 for k in range(40)}) for i in range(4000)]
+    with pytest.raises(SchemaError, match="over the"):
+        encode(batch_record(wide))
