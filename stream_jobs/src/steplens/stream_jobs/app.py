@@ -225,6 +225,9 @@ class Worker:
         if self.s.detector.arima_enabled and self.s.fit_workers > 0:
             ctx = multiprocessing.get_context("spawn")
             self.pool = concurrent.futures.ProcessPoolExecutor(self.s.fit_workers, mp_context=ctx)
+            # each pool process loads statsmodels (seconds) now, not at the first run's first fit
+            for _ in range(self.s.fit_workers):
+                self.pool.submit(arima.warm_up)
         if self.notifier:
             await self.notifier.start()
 

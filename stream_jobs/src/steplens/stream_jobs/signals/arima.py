@@ -149,6 +149,11 @@ def _params(
     )
 
 
+def warm_up() -> None:
+    """Load statsmodels' estimator (about 2 s once per process) before the first fit needs it."""
+    from statsmodels.tsa.arima.estimators.hannan_rissanen import hannan_rissanen  # noqa: F401
+
+
 def fit_input(state: ArimaState, cfg: ArimaConfig) -> np.ndarray:
     return np.fromiter(state.history, float, len(state.history))
 
