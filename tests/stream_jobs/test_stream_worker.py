@@ -98,6 +98,39 @@ def test_step_batches_are_scored_step_by_step(kafka, workers):
     assert 'steplens_worker_records_total{kind="step"} 120.0' in w.metrics()
 
 
+def test_full_resolution_producer_to_alert(kafka, workers, tmp_path):
+    """The producer in full resolution, the worker scoring its step batches: a loss spike
+    alerts at its own step, and every logged step is scored once."""
+    from steplens.producer.monitor import Monitor
+
+    w = workers("--no-arima").start()
+    w.wait_metrics()
+    m = Monitor(
+        f"full-{uuid.uuid4().hex[:6]}",
+        kafka_bootstrap=kafka.bootstrap,
+        topic=kafka.topics.raw,
+        hw_interval_s=0,
+        spool_dir=str(tmp_path),
+        full_resolution=True,
+        batch_steps=50,
+        batch_s=3600,
+    )
+    rng = random.Random(3)
+    for step in range(300):
+        loss = 60.0 if step == 250 else 2.0 + rng.gauss(0, 0.01)
+        m.log_step(step, loss=loss, grad_norm=1.0 + rng.gauss(0, 0.01), step_time_s=0.1)
+    m.close()
+    alerts = kafka.collect(
+        kafka.topics.alerts, lambda got: bool(alerts_matching(got, rule="spike:loss"))
+    )
+    fired = alerts_matching(alerts, rule="spike:loss", state="firing")
+    assert [a.step for a in fired] == [250] and fired[0].run_id == m.run_id
+    deadline = time.monotonic() + 30
+    while 'records_total{kind="step"} 300.0' not in w.metrics() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert 'steplens_worker_records_total{kind="step"} 300.0' in w.metrics()
+
+
 def test_sigkill_resumes_state_and_two_workers_share_partitions(kafka, workers):
     allow_state_classes()
     runs = [f"run-{uuid.uuid4().hex[:6]}-{i}" for i in range(3)]
