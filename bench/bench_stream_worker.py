@@ -28,6 +28,7 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 from steplens.producer.schema import Record, decode, encode, make_record
 from steplens.producer.topics import Topics, ensure_topics
@@ -244,6 +245,42 @@ def latency(bootstrap: str, topics: Topics, rate: float, seconds: float, runs: i
     return timer.finish(10.0)
 
 
+def training_series(
+    prefix: str,
+    runs: int,
+    ranks: int,
+    steps_per_s: float,
+    seconds: float,
+    seed: int,
+    every: int,
+    margin: int,
+) -> tuple[list[str], dict[str, Any], dict[int, list[int]], int]:
+    """Step metrics of ``runs x ranks`` ranks (rows ``run * ranks + rank``): a falling loss,
+    grad norm, step time and throughput, with a loss spike on one rank per run every ``every``
+    steps from a quarter of the run (the baselines warm) to ``margin`` steps before its end
+    (a spike's alert resolves before the next). Returns (run names, series, step -> spiking
+    rows, steps)."""
+    import numpy as np
+
+    n_steps = int(seconds * steps_per_s)
+    rng = np.random.default_rng(seed)
+    names = [f"{prefix}-{uuid.uuid4().hex[:6]}-{i}" for i in range(runs)]
+    k = runs * ranks
+    base = 2.5 - 0.5 * np.arange(n_steps) / n_steps
+    loss = base + rng.normal(0, 0.02, (k, n_steps))
+    grad = 1.0 + rng.normal(0, 0.05, (k, n_steps))
+    step_time = 1.0 / steps_per_s + rng.normal(0, 0.0005, (k, n_steps))
+    tps = 4096 / step_time
+    spikes: dict[int, list[int]] = {}
+    for j in range(runs):
+        for st in range(n_steps // 4 + j * every // runs, n_steps - margin, every):
+            row = j * ranks + int(rng.integers(ranks))
+            loss[row, st] = 60.0
+            spikes.setdefault(st, []).append(row)
+    series = {"loss": loss, "grad_norm": grad, "step_time_s": step_time, "tokens_per_s": tps}
+    return names, series, spikes, n_steps
+
+
 def producer_traffic(
     bootstrap: str,
     topics: Topics,
@@ -262,25 +299,10 @@ def producer_traffic(
     import numpy as np
     from confluent_kafka import Producer
 
-    n_steps = int(seconds * steps_per_s)
-    rng = np.random.default_rng(3)
-    names = [f"traffic-{uuid.uuid4().hex[:6]}-{i}" for i in range(runs)]
+    names, series, spikes, n_steps = training_series(
+        "traffic", runs, ranks, steps_per_s, seconds, seed=3, every=3 * window, margin=window
+    )
     k = runs * ranks
-    base = 2.5 - 0.5 * np.arange(n_steps) / n_steps
-    loss = base + rng.normal(0, 0.02, (k, n_steps))
-    grad = 1.0 + rng.normal(0, 0.05, (k, n_steps))
-    step_time = 1.0 / steps_per_s + rng.normal(0, 0.0005, (k, n_steps))
-    tps = 4096 / step_time
-    # one rank per run spikes every 3 windows (a spike's alert resolves on the next clean
-    # window, so each spike is its own alert), after a quarter of the run (the baselines warm)
-    spikes: dict[int, list[int]] = {}  # step -> rows (run * ranks + rank) spiking there
-    every = 3 * window
-    for j in range(runs):
-        for st in range(n_steps // 4 + j * every // runs, n_steps - window, every):
-            row = j * ranks + int(rng.integers(ranks))
-            loss[row, st] = 60.0
-            spikes.setdefault(st, []).append(row)
-    series = {"loss": loss, "grad_norm": grad, "step_time_s": step_time, "tokens_per_s": tps}
 
     def stats(v: np.ndarray) -> dict[str, float]:
         return {
@@ -353,26 +375,13 @@ def full_resolution_traffic(
     after a guard-flagged spike. The records are built before the clock starts (the load
     generator shares the machine); a spike's latency runs from its send. Returns (spike ->
     firing alert latencies, messages sent, steps sent)."""
-    import numpy as np
     from confluent_kafka import Producer
 
-    n_steps = int(seconds * steps_per_s)
-    rng = np.random.default_rng(4)
-    names = [f"full-{uuid.uuid4().hex[:6]}-{i}" for i in range(runs)]
+    names, series, spikes, n_steps = training_series(
+        "full", runs, ranks, steps_per_s, seconds, seed=4, every=300, margin=100
+    )
     k = runs * ranks
-    base = 2.5 - 0.5 * np.arange(n_steps) / n_steps
-    loss = base + rng.normal(0, 0.02, (k, n_steps))
-    grad = 1.0 + rng.normal(0, 0.05, (k, n_steps))
-    step_time = 1.0 / steps_per_s + rng.normal(0, 0.0005, (k, n_steps))
-    tps = 4096 / step_time
-    spiking: set[tuple[int, int]] = set()  # (row, step)
-    every = 300
-    for j in range(runs):
-        for st in range(n_steps // 4 + j * every // runs, n_steps - 100, every):
-            row = j * ranks + int(rng.integers(ranks))
-            loss[row, st] = 60.0
-            spiking.add((row, st))
-    cols = [("loss", loss), ("grad_norm", grad), ("step_time_s", step_time), ("tokens_per_s", tps)]
+    cols = list(series.items())
     flush_every = max(1, min(batch_steps, round(batch_s * steps_per_s)))
     # at each step, the messages due then: (key, value, spike run and step or None)
     due: list[list[tuple[bytes, bytes, tuple[str, int] | None]]] = [[] for _ in range(n_steps)]
@@ -385,7 +394,7 @@ def full_resolution_traffic(
             for name, v in cols:
                 e[name] = float(v[row, st])
             entries.append(e)
-            spike = (row, st) in spiking
+            spike = row in spikes.get(st, ())
             if spike or len(entries) >= lengths or st == n_steps - 1:
                 data = {"records": entries}
                 rec = make_record("step_batch", data, run_id=run, rank=rank, step=st)

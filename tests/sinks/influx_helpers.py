@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from influxdb_client import InfluxDBClient
+import threading
 
+from confluent_kafka import Consumer
+from influxdb_client import InfluxDBClient
+from sinks_helpers import committed, end_offsets, wait_for
+
+from steplens.producer.topics import Topics
+from steplens.sinks.influx import InfluxSink, make_client
+from steplens.sinks.kafka_io import DeadLetters, consumer_config
+from steplens.sinks.loop import SinkLoop
 from steplens.sinks.query import csv_text
+from steplens.sinks.retry import RetryPolicy
 from steplens.sinks.rollup import flux_string
 from steplens.sinks.settings import InfluxSettings
 
@@ -42,3 +51,40 @@ def rows(s: InfluxSettings, flux_filter: str, bucket: str | None = None) -> list
     with InfluxDBClient(url=s.url, token=s.token, org=s.org) as c:
         tables = c.query_api().query(flux, org=s.org)
     return [{k: csv_text(v) for k, v in r.values.items()} for t in tables for r in t.records]
+
+
+def run_influx_loop(
+    s: InfluxSettings,
+    bootstrap: str,
+    topics: Topics,
+    group: str,
+    batch_size: int,
+    write_chunk: int | None = None,
+) -> SinkLoop:
+    """Run the InfluxDB sink's loop over the raw topic until it has committed every offset
+    there is now; returns the stopped loop (its stats)."""
+    stop = threading.Event()
+    consumer = Consumer(consumer_config(group, bootstrap))
+    consumer.subscribe([topics.raw])
+    dead = DeadLetters(topics.dead_letters, group, bootstrap)
+    with make_client(s) as client:
+        chunk = {} if write_chunk is None else {"write_chunk": write_chunk}
+        sink = InfluxSink(client, s, stop=stop, **chunk)
+        loop = SinkLoop(
+            consumer,
+            sink,
+            dead,
+            stop=stop,
+            batch_size=batch_size,
+            backoff=RetryPolicy(initial_backoff_s=0.2),
+        )
+        thread = threading.Thread(target=loop.run, daemon=True)
+        thread.start()
+        try:
+            ends = end_offsets(bootstrap, topics.raw, 4)
+            wait_for(lambda: committed(bootstrap, group, topics.raw, 4) == ends, 60, "commits")
+        finally:
+            stop.set()
+            thread.join(30)
+            consumer.close()
+    return loop

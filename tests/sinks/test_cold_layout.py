@@ -15,7 +15,6 @@ from steplens.sinks.cold import (
     read_parquet,
     record_row,
     rows_to_parquet,
-    step_payloads,
 )
 
 T = 1_700_000_000_123_456_789  # 2023-11-14T22:13:20Z
@@ -86,6 +85,7 @@ def test_written_layout_reads_back_with_hive_partitioning(tmp_path) -> None:
 
 
 def test_step_payloads_decode_to_the_steps_of_the_batch() -> None:
+    """A batch's step rows carry each step record's own bytes: encoding the unbatched steps."""
     entries = [
         {"step": 1, "time_ns": T, "loss": "NaN", "lr": 1, "scalars": {"z": "-Infinity"}},
         {"step": 2, "time_ns": T + 1, "loss": 0.5, "grad_norm": None, "group_lrs": [1e-4]},
@@ -95,9 +95,8 @@ def test_step_payloads_decode_to_the_steps_of_the_batch() -> None:
     raw = encode({**wire, "data": {"records": entries}})
     batch = decode(raw)
     steps = unbatch(batch)
-    payloads = step_payloads(raw, steps)
+    payloads = [encode(s) for s in steps]
     assert repr([decode(p) for p in payloads]) == repr(steps)  # repr: NaN equals NaN
     assert [decode(p).step for p in payloads] == [1, 2]
     assert b"null" not in payloads[1] and b'"kind":"step"' in payloads[0]
     assert math.isnan(decode(payloads[0]).data["loss"])
-    assert step_payloads(b"{}", steps) == [encode(s) for s in steps]  # fallback

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
-from confluent_kafka import Consumer
-from influx_helpers import count_points, rows, settings_from
-from sinks_helpers import committed, end_offsets, produce, read_all, step_records, unique, wait_for
+from influx_helpers import count_points, rows, run_influx_loop, settings_from
+from sinks_helpers import produce, read_all, step_records, unique
 
 from steplens.producer.schema import decode, make_record
 from steplens.sinks.influx import InfluxSink, make_client
-from steplens.sinks.kafka_io import DeadLetters, consumer_config
-from steplens.sinks.loop import SinkLoop
-from steplens.sinks.retry import RetryPolicy
 
 pytestmark = pytest.mark.stack
 
@@ -163,29 +158,7 @@ def test_loop_commits_after_write_dedupes_and_dead_letters(stack_env, topics) ->
     )
     produce(bootstrap, topics.raw, [*records, *bad, unwritable, *records[:100]])  # 100 re-sent
     group = unique("group")
-    stop = threading.Event()
-    consumer = Consumer(consumer_config(group, bootstrap))
-    consumer.subscribe([topics.raw])
-    dead = DeadLetters(topics.dead_letters, group, bootstrap)
-    with make_client(s) as client:
-        sink = InfluxSink(client, s, stop=stop)
-        loop = SinkLoop(
-            consumer,
-            sink,
-            dead,
-            stop=stop,
-            batch_size=200,
-            backoff=RetryPolicy(initial_backoff_s=0.2),
-        )
-        thread = threading.Thread(target=loop.run, daemon=True)
-        thread.start()
-        try:
-            ends = end_offsets(bootstrap, topics.raw, 4)
-            wait_for(lambda: committed(bootstrap, group, topics.raw, 4) == ends, 60, "commits")
-        finally:
-            stop.set()
-            thread.join(30)
-            consumer.close()
+    run_influx_loop(s, bootstrap, topics, group, batch_size=200)
     assert count_points(s, run_id) == 400
     letters = [decode(m) for m in read_all(bootstrap, topics.dead_letters, 3)]
     assert len(letters) == 3

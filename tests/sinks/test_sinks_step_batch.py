@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import math
-import threading
 import time
 from dataclasses import replace
 
 import pytest
-from confluent_kafka import Consumer
-from influx_helpers import count_points, rows, settings_from
+from influx_helpers import count_points, rows, run_influx_loop, settings_from
 from sinks_helpers import (
     committed,
     end_offsets,
@@ -23,11 +21,9 @@ from test_s3_roller import cold_rows, s3_settings, start_roller
 
 from steplens.producer.schema import Record, decode, encode, make_record
 from steplens.sinks.influx import InfluxSink, make_client
-from steplens.sinks.kafka_io import Consumed, DeadLetters, consumer_config
-from steplens.sinks.loop import SinkLoop
+from steplens.sinks.kafka_io import Consumed
 from steplens.sinks.query import Stores, query_records, query_series
 from steplens.sinks.replay import cold_records
-from steplens.sinks.retry import RetryPolicy
 from steplens.sinks.s3 import S3Roller, ensure_bucket, make_s3_client
 
 
@@ -92,29 +88,9 @@ def test_influx_batches_on_the_raw_topic_equal_the_steps_sent_raw(stack_env, top
     bad = step_batch(bad_steps)
     produce(bootstrap, topics.raw, [*batches, bad, *sent_raw, *batches[:4]])  # 4 redelivered
     group = unique("group")
-    stop = threading.Event()
-    consumer = Consumer(consumer_config(group, bootstrap))
-    consumer.subscribe([topics.raw])
-    dead = DeadLetters(topics.dead_letters, group, bootstrap)
-    with make_client(s) as client:
-        sink = InfluxSink(client, s, stop=stop, write_chunk=7)  # chunks cut through batches
-        loop = SinkLoop(
-            consumer,
-            sink,
-            dead,
-            stop=stop,
-            batch_size=5,
-            backoff=RetryPolicy(initial_backoff_s=0.2),
-        )
-        thread = threading.Thread(target=loop.run, daemon=True)
-        thread.start()
-        try:
-            ends = end_offsets(bootstrap, topics.raw, 4)
-            wait_for(lambda: committed(bootstrap, group, topics.raw, 4) == ends, 60, "commits")
-        finally:
-            stop.set()
-            thread.join(30)
-            consumer.close()
+    loop = run_influx_loop(
+        s, bootstrap, topics, group, batch_size=5, write_chunk=7
+    )  # chunks cut through batches
     assert loop.stats.accepted == len(batches) + len(sent_raw) + 4
     assert count_points(s, raw) == 120
     assert count_points(s, batched) == 120 + 3  # the bad batch's other steps are written

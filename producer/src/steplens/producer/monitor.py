@@ -615,18 +615,16 @@ class Monitor:
         for name, x in metrics.items():
             if guard.check(name, x):
                 flagged = True
+        if flagged:
+            data["reason"] = "guard"
         if batch is not None:  # full resolution: every step, in batches
-            if flagged:
-                data["reason"] = "guard"
             batch.add(step, t_ns + self._wall_offset_ns, data, t_ns)
             if flagged or batch.due(t_ns):  # a spike leaves at once
                 self._emit_batch()
             return
-        if flagged:
-            data["reason"] = "guard"
-        elif is_sampled(step, self._period):
+        if not flagged and is_sampled(step, self._period):
             data["reason"] = "sample"
-        elif watch:
+        elif not flagged and watch:
             data["reason"] = "every"
         if "reason" in data:
             self._send("step", step, t_ns, data)

@@ -328,7 +328,17 @@ def encode(record: Mapping[str, Any] | Record) -> bytes:
     """Serialise a record (a ``Record`` or an envelope dict). Raises ``SchemaError``."""
     d = record.to_dict() if isinstance(record, Record) else dict(record)
     d.setdefault("v", SCHEMA_VERSION)
-    out = _dumps(_wire_value(d))
+    out = None
+    if _orjson is not None:
+        try:
+            out = _orjson.dumps(d)
+        except TypeError:
+            out = None  # the checked path below names the problem
+        # orjson writes a non-finite float as null: without any null, none was there
+        if out is not None and b"null" in out:
+            out = None
+    if out is None:
+        out = _dumps(_wire_value(d))
     if len(out) > MAX_RECORD_BYTES:
         raise SchemaError(f"record is {len(out)} bytes, over the {MAX_RECORD_BYTES} limit")
     return out

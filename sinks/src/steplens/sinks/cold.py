@@ -6,7 +6,7 @@ One row per record: the envelope, the kind's fields (maps flattened to ``<field>
 lists and objects as JSON text), the Kafka position, and ``payload``: the record's exact wire
 bytes, so replay re-sends what was produced. A ``step_batch`` message is stored as the step
 records it stands for (``schema.unbatch``): one ``kind=step`` row each, all at the message's
-offset, each with that step record's wire bytes as ``payload`` (the entry's fields as produced).
+offset, each with that step record's wire bytes (``schema.encode``) as ``payload``.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ _ARROW_TYPE: Final = {
     schema.BOOL: pa.bool_(),
 }
 _MAPS: Final = {schema.NUM_MAP: pa.float64(), schema.INT_MAP: pa.int64()}
-_ENTRY_KEYS: Final = ("step", "time_ns")  # a step_batch entry's own envelope fields
 
 
 @dataclass(frozen=True)
@@ -95,26 +94,6 @@ def hour_from_key(key: str) -> str | None:
 
 def _json(value: Any) -> str:
     return json.dumps(schema._wire_value(value), separators=(",", ":"), default=str)
-
-
-def step_payloads(batch: bytes, steps: list[Record]) -> list[bytes]:
-    """Wire bytes of the step records a step_batch message (``batch``, already decoded to
-    ``steps``) stands for: each step's envelope with its entry's fields as produced (wire
-    form already: non-finite numbers as names), so decoding one gives that step record."""
-    try:
-        entries = json.loads(batch)["data"]["records"]
-        if len(entries) == len(steps):
-            out = []
-            for step, entry in zip(steps, entries, strict=True):
-                d = step.to_dict()
-                d["data"] = {
-                    k: v for k, v in entry.items() if k not in _ENTRY_KEYS and v is not None
-                }
-                out.append(schema._dumps(d))
-            return out
-    except (ValueError, KeyError, TypeError, schema.SchemaError):
-        pass  # not as expected: encode each record instead
-    return [schema.encode(step) for step in steps]
 
 
 def record_row(rec: Record, topic: str, partition: int, offset: int, payload: bytes) -> dict:

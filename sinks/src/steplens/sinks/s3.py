@@ -31,7 +31,6 @@ from steplens.sinks.cold import (
     object_key,
     record_row,
     rows_to_parquet,
-    step_payloads,
 )
 from steplens.sinks.kafka_io import Consumed
 from steplens.sinks.retry import RetryPolicy, call_with_retry
@@ -132,8 +131,11 @@ class S3Roller:
         else:
             rec = item.decoded
             steps = schema.unbatch(rec)  # a step_batch is stored as its step records
+            # each step row keeps its own step record's bytes, so replay re-sends steps
             payloads = (
-                step_payloads(item.value, steps) if rec.kind == "step_batch" else [item.value]
+                [schema.encode(step) for step in steps]
+                if rec.kind == "step_batch"
+                else [item.value]
             )
             for step, payload in zip(steps, payloads, strict=True):
                 row = record_row(step, item.topic, item.partition, item.offset, payload)

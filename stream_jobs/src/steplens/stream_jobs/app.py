@@ -37,7 +37,7 @@ from steplens.producer.topics import Topics
 from steplens.stream_jobs import config as config_mod
 from steplens.stream_jobs import core, detector, rules, signals
 from steplens.stream_jobs.config import DetectorConfig
-from steplens.stream_jobs.core import SignalRun
+from steplens.stream_jobs.core import Alert, Signal, SignalRun
 from steplens.stream_jobs.detector import RunDetector
 from steplens.stream_jobs.metrics import WorkerMetrics, reason_class
 from steplens.stream_jobs.outputs import alert_bytes, dead_letter_bytes, signal_bytes
@@ -382,24 +382,9 @@ class Worker:
         self.metrics.records.labels(rec.kind).inc()
         sigs, alerts = det.process(rec)
         run = det.run_id
-        key = run.encode()
-        published = False
         now = time.monotonic()
         wanted = self.quiet.wanted
-        for sig in sigs:
-            if not wanted(run, sig, now):
-                continue
-            await self.signals.send(key=key, value=signal_bytes(run, sig))
-            self.metrics.signals.inc()
-            published = True
-        for a in alerts:
-            await self.alerts.send(key=key, value=alert_bytes(a))
-            self.metrics.alerts.labels(a.state, a.severity).inc()
-            if self.notifier:
-                self.notifier.notify(a)
-            published = True
-        if published and rec.time_ns:
-            self.metrics.latency.observe(max(0.0, time.time() - rec.time_ns / 1e9))
+        await self._publish(run, [s for s in sigs if wanted(run, s, now)], alerts, rec.time_ns)
 
     async def _process_batch(self, det: RunDetector, rec: Record) -> None:
         """A step_batch: its steps scored together; breaches and the quiet signals the limiter
@@ -409,27 +394,32 @@ class Worker:
         self.metrics.records.labels("step").inc(len(entries))
         parts, alerts = det.process_entries(rec.rank, entries)
         run = det.run_id
-        key = run.encode()
         now = time.monotonic()
-        published = False
+        out: list[Signal] = []
         for part in parts:
             sigs = part.signals
             if isinstance(sigs, SignalRun):
-                out = [sigs.signal(k) for k in self.quiet.picked(run, sigs, now)]
+                out += [sigs.signal(k) for k in self.quiet.picked(run, sigs, now)]
             else:
-                out = [sig for got in sigs for sig in got if self.quiet.wanted(run, sig, now)]
-            for sig in out:
-                await self.signals.send(key=key, value=signal_bytes(run, sig))
-                self.metrics.signals.inc()
-                published = True
+                out += [sig for got in sigs for sig in got if self.quiet.wanted(run, sig, now)]
+        await self._publish(run, out, alerts, rec.time_ns)
+
+    async def _publish(
+        self, run: str, sigs: list[Signal], alerts: list[Alert], time_ns: int
+    ) -> None:
+        """Send a record's signals (those the limiter let through) and alert transitions; the
+        signal latency is measured from the record's ``time_ns``."""
+        key = run.encode()
+        for sig in sigs:
+            await self.signals.send(key=key, value=signal_bytes(run, sig))
+            self.metrics.signals.inc()
         for a in alerts:
             await self.alerts.send(key=key, value=alert_bytes(a))
             self.metrics.alerts.labels(a.state, a.severity).inc()
             if self.notifier:
                 self.notifier.notify(a)
-            published = True
-        if published and rec.time_ns:
-            self.metrics.latency.observe(max(0.0, time.time() - rec.time_ns / 1e9))
+        if (sigs or alerts) and time_ns:
+            self.metrics.latency.observe(max(0.0, time.time() - time_ns / 1e9))
 
     def _submit_fits(self, run: str, det: RunDetector) -> None:
         wanted = det.pending_fits()

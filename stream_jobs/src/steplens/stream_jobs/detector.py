@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from math import isfinite
 from typing import Any
@@ -279,9 +279,16 @@ class RunDetector:
         if metric == "param_norm":
             return training.param_norm(s.train, cfg.training, x, step, rank)[1]
         if metric == "loss" and isfinite(x):
-            a_ = cfg.train_loss_alpha
-            self.train_loss = x if self.train_loss is None else (1 - a_) * self.train_loss + a_ * x
+            self._track_loss((x,))
         return []
+
+    def _track_loss(self, xs: Iterable[float]) -> None:
+        """The training loss's EMA (finite values), for the train/validation gap."""
+        a_ = self.cfg.train_loss_alpha
+        ema = self.train_loss
+        for x in xs:
+            ema = x if ema is None else (1 - a_) * ema + a_ * x
+        self.train_loss = ema
 
     def _step_tail(
         self, rank: int, step: int | None, time_ns: int, st_time: Any, data_time: float | None
@@ -361,30 +368,17 @@ class RunDetector:
                 a = s.arimas.get(metric)
                 if a is None:
                     a = s.arimas[metric] = arima.ArimaState()
-                run, done = arima.update_many(a, cfg.arima, metric, xs, st, rank)
-                while True:
+                run = SignalRun("arima", metric, rank)
+                done = 0
+                while done < len(xs):  # a fit asked for is applied before the next value
+                    done += arima.update_many(
+                        a, cfg.arima, metric, xs[done:], st[done:], rank, out=run
+                    )[1]
                     if a.wants_fit:
                         self._want_fit(rank, metric, a)
-                    if done == len(xs):
-                        break
-                    more, took = arima.update_many(a, cfg.arima, metric, xs[done:], st[done:], rank)
-                    run.extend(
-                        more.steps,
-                        more.values,
-                        more.scores,
-                        more.severities,
-                        more.expected,
-                        more.lower,
-                        more.upper,
-                    )
-                    done += took
                 parts.append(Part(at, run))
-            if special and metric == "loss":  # no signal of its own: the training-loss EMA
-                a_ = cfg.train_loss_alpha
-                ema = self.train_loss
-                for x in xs:
-                    ema = x if ema is None else (1 - a_) * ema + a_ * x
-                self.train_loss = ema
+            if special and metric == "loss":  # no signal of its own
+                self._track_loss(xs)
             elif special:
                 special_of = self._special
                 got = [

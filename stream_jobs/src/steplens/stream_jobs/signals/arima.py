@@ -298,13 +298,16 @@ def update_many(  # noqa: PLR0917
     xs: Sequence[float],
     steps: Sequence[int | None],
     rank: int = -1,
+    out: SignalRun | None = None,
 ) -> tuple[SignalRun, int]:
     """``update`` over finite values until one asks for a fit: their signals as columns and how
-    many values were taken. The caller applies the fit (or not) and passes the rest again.
+    many values were taken (appended to ``out`` when given). The caller applies the fit (or
+    not) and passes the rest again.
 
     With a fitted model of the default order (1, d, 1) the recursion runs with the state in
     locals (the same arithmetic as ``update``, a third of its cost); otherwise, per value."""
-    out = SignalRun("arima", metric, rank)
+    if out is None:
+        out = SignalRun("arima", metric, rank)
     i, n = 0, len(xs)
     d = cfg.order[1]
     while i < n:
