@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from steplens.producer.schema import make_record
+from steplens.producer.schema import encode, make_record
 from steplens.stream_jobs.app import allow_state_classes, load_state
 
 pytestmark = pytest.mark.stack
@@ -96,6 +96,29 @@ def test_step_batches_are_scored_step_by_step(kafka, workers):
     assert len({(s.data["name"], s.step) for s in sigs}) < 40
     # the spike's batch is the last one: once its alert is out, every step was counted
     assert 'steplens_worker_records_total{kind="step"} 120.0' in w.metrics()
+
+
+def test_backlog_of_step_batches_larger_than_a_kafka_message(kafka, workers):
+    """A backlog whose share of one run in a routed batch is megabytes (step batches waiting
+    while no worker ran): every step is scored; the route agent cuts it into messages Kafka
+    takes instead of failing to forward it."""
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    batches = []
+    for lo in range(0, 20_000, 100):
+        entries = [
+            {"step": r.step, "time_ns": r.time_ns, **r.data} for r in steps(run, lo, lo + 100)
+        ]
+        batches.append(make_record("step_batch", {"records": entries}, run_id=run, step=lo + 99))
+    kafka.send(batches)  # before the worker starts: its first batches take many at once
+    assert sum(len(encode(b)) for b in batches) > 2 << 20  # more than a Kafka message holds
+    w = workers("--no-arima").start()
+    deadline = time.monotonic() + 90
+    text = w.wait_metrics()
+    while 'records_total{kind="step"} 20000.0' not in text and time.monotonic() < deadline:
+        time.sleep(0.5)
+        text = w.metrics()
+    assert 'steplens_worker_records_total{kind="step"} 20000.0' in text
+    assert "Crashed" not in w.log.read_text()
 
 
 def test_full_resolution_producer_to_alert(kafka, workers, tmp_path):

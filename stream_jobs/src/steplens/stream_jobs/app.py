@@ -42,7 +42,7 @@ from steplens.stream_jobs.detector import RunDetector
 from steplens.stream_jobs.metrics import WorkerMetrics, reason_class
 from steplens.stream_jobs.outputs import alert_bytes, dead_letter_bytes, signal_bytes
 from steplens.stream_jobs.publish_limit import QuietLimiter
-from steplens.stream_jobs.signals import arima
+from steplens.stream_jobs.signals import arima, kernels
 from steplens.stream_jobs.webhook import WebhookNotifier
 
 log = logging.getLogger("steplens.stream_jobs")
@@ -134,7 +134,10 @@ def ensure_worker_topics(s: WorkerSettings, timeout_s: float = 30.0) -> None:
         name,
         num_partitions=s.by_run_partitions,
         replication_factor=1,
-        config={"retention.ms": str(24 * 3600 * 1000)},
+        config={
+            "retention.ms": str(24 * 3600 * 1000),
+            "max.message.bytes": str(BY_RUN_MAX_BYTES),
+        },
     )
     for fut in admin.create_topics([new], operation_timeout=timeout_s).values():
         try:
@@ -142,6 +145,32 @@ def ensure_worker_topics(s: WorkerSettings, timeout_s: float = 30.0) -> None:
         except Exception as exc:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
+
+
+# A by-run message carries raw messages of one run as JSON strings; a batch of a backlog can
+# hold megabytes of one run (step batches), more than Kafka takes in one message (1 MiB by
+# default), so a run's share of a batch is cut into messages of about this many text bytes.
+BY_RUN_MESSAGE_BYTES = 256 << 10
+# one raw message alone (up to schema.MAX_RECORD_BYTES) must fit, escaped as a JSON string
+BY_RUN_MAX_BYTES = 4 << 20
+
+
+def by_run_chunks(items: list[list[Any]], budget: int = BY_RUN_MESSAGE_BYTES) -> list[list[Any]]:
+    """``items`` ([partition, offset, text]) in order, cut where the texts pass ``budget``
+    bytes (an item larger than that goes alone)."""
+    out: list[list[Any]] = []
+    chunk: list[Any] = []
+    size = 0
+    for item in items:
+        n = len(item[2]) + 32
+        if chunk and size + n > budget:
+            out.append(chunk)
+            chunk, size = [], 0
+        chunk.append(item)
+        size += n
+    if chunk:
+        out.append(chunk)
+    return out
 
 
 def _run_of_key(key: bytes | None) -> str | None:
@@ -160,6 +189,9 @@ class Worker:
 
     def __init__(self, s: WorkerSettings, metrics: WorkerMetrics) -> None:
         allow_state_classes()
+        t = time.perf_counter()
+        kernels.warm_up()  # not at the first batch: compiled once per machine, then cached
+        log.info("compiled detector loops ready in %.1f s", time.perf_counter() - t)
         self.s = s
         self.metrics = metrics
         self.cache: dict[str, RunDetector] = {}
@@ -183,6 +215,7 @@ class Worker:
             broker_session_timeout=s.session_timeout_s,
             broker_heartbeat_interval=max(0.5, s.session_timeout_s / 4),
             producer_linger_ms=5,
+            producer_max_request_size=BY_RUN_MAX_BYTES,
             table_cleanup_interval=60.0,
         )
         app = self.app
@@ -282,8 +315,9 @@ class Worker:
                     run = got.run_id
                 groups.setdefault(run, []).append([msg.partition, msg.offset, text])
             sent = [
-                await self.by_run.send(key=run.encode(), value=orjson.dumps(items))
+                await self.by_run.send(key=run.encode(), value=orjson.dumps(chunk))
                 for run, items in groups.items()
+                for chunk in by_run_chunks(items)
             ]
             await self._commit_routed(events, sent)
 

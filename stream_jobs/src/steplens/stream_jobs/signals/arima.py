@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from steplens.stream_jobs.core import WARNING, Signal, SignalRun, score_of
+from steplens.stream_jobs.signals import kernels
 
 isfinite, sqrt = math.isfinite, math.sqrt
 _INF = math.inf
@@ -304,8 +305,8 @@ def update_many(  # noqa: PLR0917
     many values were taken (appended to ``out`` when given). The caller applies the fit (or
     not) and passes the rest again.
 
-    With a fitted model of the default order (1, d, 1) the recursion runs with the state in
-    locals (the same arithmetic as ``update``, a third of its cost); otherwise, per value."""
+    With a fitted model of the default order (1, 1, 1) the recursion runs compiled
+    (``kernels.arima_111``, the same arithmetic as ``update``); otherwise, per value."""
     if out is None:
         out = SignalRun("arima", metric, rank)
     i, n = 0, len(xs)
@@ -327,69 +328,48 @@ def update_many(  # noqa: PLR0917
             if state.wants_fit and not asked:
                 return out, i
             continue
-        ar, ma, sigma = p.ar[0], p.ma[0], p.sigma
-        mu, var, last, n_out = state.mean, state.var, state.last, state.outside
         diffs, errors, history = state.diffs, state.errors, state.history
         prev_d = diffs[-1] if diffs else None
         prev_e = errors[-1] if errors else None
-        z, rel, consecutive = cfg.z, cfg.rel_floor, cfg.consecutive
-        noise_alpha, drift_alpha, fit_window = cfg.noise_alpha, cfg.drift_alpha, cfg.fit_window
         seen, next_fit = state.seen, state.next_fit
+        taken, scores, sev, expected, lower, upper, learnt, after = kernels.arima_111(
+            np.asarray(xs[i:] if i else xs, dtype=float),
+            float(p.ar[0]),
+            float(p.ma[0]),
+            float(p.sigma),
+            float(state.mean),
+            float(state.var),
+            float(state.last),
+            int(state.outside),
+            0.0 if prev_d is None else float(prev_d),
+            0.0 if prev_e is None else float(prev_e),
+            prev_d is not None,
+            prev_e is not None,
+            seen,
+            next_fit,
+            float(cfg.z),
+            float(cfg.rel_floor),
+            int(cfg.consecutive),
+            float(cfg.noise_alpha),
+            float(cfg.drift_alpha),
+        )
+        out.steps += steps[i : i + taken]
+        out.values += xs[i : i + taken]
+        out.scores += scores.tolist()
+        out.severities += [WARNING if v else None for v in sev.tolist()]
+        out.expected += expected.tolist()
+        out.lower += lower.tolist()
+        out.upper += upper.tolist()
+        i += taken
+        state.mean, state.var, state.last, state.outside, prev_d, prev_e, seen = after
+        state.seen = seen
+        diffs.append(prev_d)
+        errors.append(prev_e)
+        # as update keeps it: each value appended, then the oldest dropped past fit_window
+        history.extend(learnt.tolist())
+        for _ in range(min(taken, len(history) - cfg.fit_window)):
+            history.popleft()
         asked = False
-        add_step, add_value, add_score = out.steps.append, out.values.append, out.scores.append
-        add_sev, add_exp = out.severities.append, out.expected.append
-        add_lo, add_hi = out.lower.append, out.upper.append
-        while i < n:
-            x = xs[i]
-            pred = mu
-            if prev_d is not None:
-                pred += ar * (prev_d - mu)
-            if prev_e is not None:
-                pred += ma * prev_e
-            expected = last + pred
-            band = sigma
-            noise = sqrt(var)
-            if noise > band:  # noqa: PLR1730
-                band = noise
-            noise = rel * abs(expected)
-            if noise > band:  # noqa: PLR1730
-                band = noise
-            band *= z
-            dev = abs(x - expected)
-            outside = dev > band
-            n_out = n_out + 1 if outside else 0
-            ratio = dev / band
-            add_step(steps[i])
-            add_value(x)
-            add_score(ratio / (ratio + 1.0) if 0.0 < ratio < _INF else score_of(ratio))
-            add_sev(WARNING if n_out >= consecutive else None)
-            add_exp(expected)
-            add_lo(expected - band)
-            add_hi(expected + band)
-            if outside and n_out < consecutive:
-                x = expected
-            y = x - last
-            err = y - pred
-            prev_d, prev_e = y, err
-            lim = band / z * 3.0
-            e = abs(err)
-            if lim < e:  # noqa: PLR1730
-                e = lim
-            var += noise_alpha * (e * e - var)
-            mu += drift_alpha * (y - mu)
-            last = x
-            history.append(x)
-            if len(history) > fit_window:
-                history.popleft()
-            seen += 1
-            i += 1
-            if seen >= next_fit:
-                break
-        state.mean, state.var, state.last, state.outside, state.seen = mu, var, last, n_out, seen
-        if prev_d is not None:
-            diffs.append(prev_d)
-        if prev_e is not None:
-            errors.append(prev_e)
         if seen >= next_fit:  # as update schedules it
             if next_fit == 0:
                 _schedule(state, cfg)

@@ -24,6 +24,7 @@ from operator import sub
 import numpy as np
 
 from steplens.stream_jobs.core import CRITICAL, WARNING, Signal, SignalRun, score_of
+from steplens.stream_jobs.signals import kernels
 
 isfinite = math.isfinite
 _INF = math.inf
@@ -203,71 +204,41 @@ def _score_full(
     xl: Sequence[float],
     steps: Sequence[int | None],
 ) -> None:
-    """``update_many`` once ``state`` holds a full window of values and of differences."""
-    w, m = cfg.window, len(xl)
-    fl = [*state.values, *xl]  # before x_i the baseline is fl[i : i + w]
-    dl = [*state.diffs, xl[0] - state.values[-1], *map(sub, xl[1:], xl)]
-    # after learning x_i its differences are dl[i + 1 : i + 1 + w]
-    ordered = state.ordered
-    h = w // 2
-    odd = w % 2
-    meds: list[float] = []
-    scales: list[float] = []
-    scale, since = state.scale, state.since_rescale
-    every = cfg.rescale_every
-    for i in range(m):
-        meds.append(ordered[h] if odd else 0.5 * (ordered[h - 1] + ordered[h]))
-        scales.append(scale)
-        insort(ordered, xl[i])
-        del ordered[bisect_left(ordered, fl[i])]
-        since += 1
-        if since >= every or scale == 0.0:
-            scale = _scale_of(dl[i + 1 : i + 1 + w], fl[i + 1 : i + 1 + w], ordered, cfg)
-            since = 0
-    # the scores, as _score computes them, over the batch
-    xs = np.asarray(xl, dtype=float)
-    med = np.asarray(meds)
-    amed = np.abs(med)
-    floor = cfg.rel_floor * amed
-    sc = np.asarray(scales)
-    sc = np.where(floor > sc, floor, sc)
-    sc = np.where(cfg.abs_floor > sc, cfg.abs_floor, sc)
-    up = cfg.direction == "up"
-    dev = xs - med
-    if not up:
-        dev = np.abs(dev)
-    z_cfg = cfg.z
-    with np.errstate(all="ignore"):
-        z = dev / sc
-        moved = dev >= cfg.min_rel_change * amed
-        crit = moved & (z >= z_cfg) & (z >= 2.0 * z_cfg)
-        warn = moved & (z >= z_cfg) & ~crit
-        ok = (amed > cfg.near_zero) & (amed > 3.0 * sc) & (xs * med > 0)
-        ratio = xs / med if up else np.maximum(xs / med, med / xs)
-        ratio = np.where(ok, ratio, 0.0)
-        crit |= ratio >= cfg.ratio
-        score = np.where(moved, _scores(z / z_cfg), 0.0)
-        by_ratio = np.where(ratio >= 1.0, _scores(ratio / cfg.ratio), 0.0)
-        score = np.where(by_ratio > score, by_ratio, score)
-        band = z_cfg * sc
-    names = (None, WARNING, CRITICAL)
-    sev = [names[v] for v in np.where(crit, 2, np.where(warn, 1, 0)).tolist()]
+    """``update_many`` once ``state`` holds a full window of values and of differences: the
+    compiled loop over the batch (``kernels.spike_full``)."""
+    w = cfg.window
+    fl = np.array([*state.values, *xl], dtype=float)  # before x_i the baseline is fl[i : i + w]
+    scores, sev, meds, lower, upper, ordered, dl, scale, since = kernels.spike_full(
+        fl,
+        np.array(state.diffs, dtype=float),
+        np.array(state.ordered, dtype=float),
+        float(state.scale),
+        int(state.since_rescale),
+        int(cfg.rescale_every),
+        cfg.trend_tolerant is not False,
+        cfg.direction == "up",
+        float(cfg.z),
+        float(cfg.ratio),
+        float(cfg.min_rel_change),
+        float(cfg.rel_floor),
+        float(cfg.abs_floor),
+        float(cfg.near_zero),
+    )
     run.extend(
         steps,
         list(xl),
-        score.tolist(),
-        sev,
-        meds,
-        (med - band).tolist(),
-        (med + band).tolist(),
+        scores.tolist(),
+        list(map(_SEVERITIES.__getitem__, sev.tolist())),
+        meds.tolist(),
+        lower.tolist(),
+        upper.tolist(),
     )
     # the state after learning the batch, as update leaves it
-    state.values = deque(fl[-w:])
-    state.diffs = deque(dl[-w:])
+    state.values = deque(fl[-w:].tolist())
+    state.diffs = deque(dl[-w:].tolist())
+    state.ordered = ordered.tolist()
     state.scale, state.since_rescale = scale, since
-    state.last = fl[-1]
+    state.last = xl[-1]
 
 
-def _scores(r: np.ndarray) -> np.ndarray:
-    """``r / (r + 1)`` where ``0 < r < inf``, else ``score_of(r)``, elementwise."""
-    return np.where((r > 0.0) & (r < _INF), r / (r + 1.0), np.where(r == _INF, 1.0, 0.0))
+_SEVERITIES = (None, WARNING, CRITICAL)  # by kernels' severity code

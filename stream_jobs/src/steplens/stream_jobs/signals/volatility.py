@@ -11,8 +11,11 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from steplens.producer.schema import RUN_RANK
 from steplens.stream_jobs.core import WARNING, Signal, SignalRun, score_of
+from steplens.stream_jobs.signals import kernels
 
 isfinite, sqrt = math.isfinite, math.sqrt
 _INF = math.inf
@@ -92,8 +95,8 @@ def update_many(
     xs: Sequence[float],
     steps: Sequence[int | None],
 ) -> SignalRun:
-    """``update`` over finite values: their signals as columns; the running sums stay in locals
-    once the window is full (the same arithmetic as ``update``)."""
+    """``update`` over finite values: their signals as columns; once the window is full, in
+    the compiled loop ``kernels.volatility_full`` (the same arithmetic as ``update``)."""
     out = SignalRun("volatility", metric)
     i, n = 0, len(xs)
     window = cfg.window
@@ -103,40 +106,28 @@ def update_many(
         i += 1
     if i == n:
         return out
-    sum_v, sum_d, sum_d2 = state.sum_v, state.sum_d, state.sum_d2
-    k = len(diffs)  # window - 1, at least 2
-    threshold, abs_floor = cfg.threshold, cfg.abs_floor
-    prev = values[-1]
-    scores, severities = out.scores, out.severities
-    for j in range(i, n):
-        x = xs[j]
-        d = x - prev
-        prev = x
-        diffs.append(d)
-        sum_d += d
-        sum_d2 += d * d
-        old = diffs.popleft()
-        sum_d -= old
-        sum_d2 -= old * old
-        values.append(x)
-        sum_v += x
-        sum_v -= values.popleft()
-        var = (sum_d2 - sum_d * sum_d / k) / (k - 1)
-        if not var > 0.0:
-            var = 0.0
-        noise = sqrt(var / 2.0)
-        floor = abs(sum_v / window)
-        if abs_floor > floor:  # noqa: PLR1730
-            floor = abs_floor
-        cv = noise / floor
-        ratio = cv / threshold
-        out.values.append(cv)
-        scores.append(ratio / (ratio + 1.0) if 0.0 < ratio < _INF else score_of(ratio))
-        severities.append(WARNING if cv > threshold else None)
+    vals = np.array([*values, *(xs[i:] if i else xs)], dtype=float)
+    cvs, scores, sev, all_diffs, sum_v, sum_d, sum_d2 = kernels.volatility_full(
+        vals,
+        len(values),
+        np.array(diffs, dtype=float),
+        int(window),
+        float(state.sum_v),
+        float(state.sum_d),
+        float(state.sum_d2),
+        float(cfg.threshold),
+        float(cfg.abs_floor),
+    )
     taken = n - i
     out.steps += steps[i:]
-    out.expected += [threshold] * taken
+    out.values += cvs.tolist()
+    out.scores += scores.tolist()
+    out.severities += [WARNING if v else None for v in sev.tolist()]
+    out.expected += [cfg.threshold] * taken
     out.lower += [None] * taken
     out.upper += [None] * taken
+    # the window as update leaves it (both deques keep their lengths)
+    state.values = deque(vals[-len(values) :].tolist())
+    state.diffs = deque(all_diffs[-len(diffs) :].tolist())
     state.sum_v, state.sum_d, state.sum_d2 = sum_v, sum_d, sum_d2
     return out
