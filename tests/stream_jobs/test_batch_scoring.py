@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from steplens.stream_jobs.config import DetectorConfig
 from steplens.stream_jobs.detector import RunDetector, row_signals
-from steplens.stream_jobs.signals import arima, spike, volatility
+from steplens.stream_jobs.signals import arima, lr_schedule, spike, volatility
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 
@@ -90,6 +90,39 @@ def test_volatility_update_many_equals_update(window, xs, data):
     assert got == want
     assert (many.values, many.diffs) == (one.values, one.diffs)
     assert (many.sum_v, many.sum_d, many.sum_d2) == (one.sum_v, one.sum_d, one.sum_d2)
+
+
+SCHEDULES = [
+    None,
+    {"kind": "cosine", "peak_lr": 3e-4, "min_lr": 3e-5, "warmup_steps": 20, "total_steps": 300},
+    {"kind": "step", "peak_lr": 1e-3, "warmup_steps": 0, "milestones": [100, 200], "gamma": 0.1},
+]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(SCHEDULES), st.integers(0, 2**32 - 1), st.data())
+def test_lr_update_many_equals_update(schedule, seed, data):
+    """Learning rates that follow the schedule, then deviate (jumps, a wrong decay, a
+    non-finite value): the same signals, details (where a deviation started) and state."""
+    rng = random.Random(seed)
+    steps_ = list(range(300))
+    follow = lr_schedule.expected_lr(schedule, 0) if schedule else 1e-4
+    xs = []
+    for i in steps_:
+        want = lr_schedule.expected_lr(schedule, i) if schedule else follow * (1 + i / 100)
+        x = (want or 0.0) * (1 + rng.gauss(0, 0.02))
+        if rng.random() < 0.05:
+            x *= rng.choice([5.0, 0.1, math.inf, math.nan])
+        xs.append(x)
+    cfg = lr_schedule.LrConfig()
+    one, many = lr_schedule.LrState(schedule), lr_schedule.LrState(schedule)
+    want = [lr_schedule.update(one, cfg, x, i, 2)[1][0] for i, x in zip(steps_, xs, strict=True)]
+    got = []
+    for lo, hi in itertools.pairwise(cuts(data.draw, len(xs))):
+        got += lr_schedule.update_many(many, cfg, xs[lo:hi], steps_[lo:hi], 2).signals()
+    assert [repr(g) for g in got] == [repr(w) for w in want]  # nan == nan as text
+    assert any(w.detail for w in want)  # deviations were met
+    assert (many.recent, many.deviating_since) == (one.recent, one.deviating_since)
 
 
 def _fake_fit(state: arima.ArimaState, order: tuple[int, int, int]) -> arima.ArimaParams | None:

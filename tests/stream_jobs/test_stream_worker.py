@@ -43,7 +43,11 @@ def test_spike_alert_and_dead_letters(kafka, workers):
     run = f"run-{uuid.uuid4().hex[:6]}"
     w = workers("--no-arima").start()
     w.wait_metrics()
-    kafka.send(steps(run, 0, 60, spike_at=50))
+    # a declared schedule that cannot be read: refused, and the run goes on without it
+    meta = {"world_size": 1, "lr_schedule": {"peak_lr": 1e-3, "warmup_steps": "ten"}}
+    kafka.send([make_record("run_meta", meta, run_id=run, rank=0)])
+    kafka.send([make_record("step", {"loss": 2.0, "lr": 1e-3}, run_id=run, rank=0, step=0)])
+    kafka.send(steps(run, 1, 60, spike_at=50))
     kafka.send([b"{not json", b'{"v": 1, "kind": "step"}'], key=f"{run}:0".encode())
     alerts = kafka.collect(
         kafka.topics.alerts, lambda got: bool(alerts_matching(got, rule="spike:loss"))
@@ -51,10 +55,11 @@ def test_spike_alert_and_dead_letters(kafka, workers):
     fired = alerts_matching(alerts, rule="spike:loss", state="firing")
     assert len(fired) == 1 and fired[0].step == 50 and fired[0].data["severity"] == "critical"
     assert fired[0].run_id == run and fired[0].data["hint"]
-    dead = kafka.collect(kafka.topics.dead_letters, lambda got: len(got) >= 2)
+    dead = kafka.collect(kafka.topics.dead_letters, lambda got: len(got) >= 3)
     reasons = sorted(d.data["reason"] for d in dead)
-    assert reasons[0].startswith("not valid JSON")
-    assert reasons[1] == "run_id: missing required field"
+    assert reasons[0].startswith("lr_schedule.warmup_steps: must be a whole number")
+    assert reasons[1].startswith("not valid JSON")
+    assert reasons[2] == "run_id: missing required field"
     assert all(d.data["source_topic"] == kafka.topics.raw for d in dead)
     sigs = kafka.collect(
         kafka.topics.signals,
@@ -64,6 +69,7 @@ def test_spike_alert_and_dead_letters(kafka, workers):
     text = w.metrics()
     assert "steplens_worker_dead_letters_total" in text
     assert 'steplens_worker_records_total{kind="step"} 60.0' in text
+    assert "Crashed" not in w.log.read_text()
 
 
 def test_step_batches_are_scored_step_by_step(kafka, workers):

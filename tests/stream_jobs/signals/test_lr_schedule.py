@@ -1,6 +1,14 @@
 import math
 
-from steplens.stream_jobs.signals.lr_schedule import LrConfig, LrState, expected_lr, update
+import pytest
+
+from steplens.stream_jobs.signals.lr_schedule import (
+    LrConfig,
+    LrState,
+    check_schedule,
+    expected_lr,
+    update,
+)
 
 COSINE = {"kind": "cosine", "peak_lr": 1e-3, "min_lr": 1e-5, "warmup_steps": 10, "total_steps": 100}
 
@@ -75,3 +83,43 @@ def test_window_mean_of_a_steep_decay_is_quiet_and_a_blow_up_in_it_is_not():
 def test_back_on_schedule_after_a_blow_up_is_quiet_again():
     series = [(s, expected_lr(STEEP, s + 1) * (10.0 if 20 <= s < 25 else 1.0)) for s in range(40)]
     assert breaches_of(LrState(schedule=STEEP), series) == [20, 21, 22, 23, 24]
+
+
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        ({**COSINE, "warmup_steps": "ten"}, "lr_schedule.warmup_steps"),
+        ({**COSINE, "total_steps": -5}, "lr_schedule.total_steps"),
+        ({**COSINE, "total_steps": 10.5}, "lr_schedule.total_steps"),
+        ({**COSINE, "peak_lr": "3e-4"}, "lr_schedule.peak_lr"),
+        ({**COSINE, "min_lr": math.inf}, "lr_schedule.min_lr"),
+        ({**COSINE, "kind": "exponential"}, "lr_schedule.kind"),
+        ({"kind": "step", "peak_lr": 1.0, "milestones": [10, "20"]}, "lr_schedule.milestones"),
+        ({"kind": "step", "peak_lr": 1.0, "milestones": 10}, "lr_schedule.milestones"),
+        ([1e-3], "lr_schedule"),
+    ],
+)
+def test_a_schedule_that_cannot_be_read_is_refused_with_its_field(bad, field):
+    with pytest.raises(ValueError, match=rf"^{field}: must"):
+        check_schedule(bad)
+
+
+def test_a_readable_schedule_is_kept_with_whole_counts():
+    got = check_schedule({**COSINE, "warmup_steps": 10.0})
+    assert got == COSINE and type(got["warmup_steps"]) is int
+    assert check_schedule({"peak_lr": 1e-3})["kind"] == "constant"
+
+
+def test_a_refused_schedule_leaves_the_run_on_the_one_it_had():
+    from steplens.producer.schema import make_record
+    from steplens.stream_jobs.detector import RunDetector
+
+    det = RunDetector("r")
+    det.process(make_record("run_meta", {"world_size": 1, "lr_schedule": COSINE}, run_id="r"))
+    bad = {"world_size": 1, "lr_schedule": {**COSINE, "warmup_steps": "ten"}}
+    with pytest.raises(ValueError, match="warmup_steps"):
+        det.process(make_record("run_meta", bad, run_id="r"))
+    assert det.schedule == COSINE
+    step = make_record("step", {"loss": 2.0, "lr": 10.0}, run_id="r", rank=0, step=50)
+    sigs, _ = det.process(step)  # scored against the schedule it had: a deviation
+    assert [s.severity for s in sigs if s.name == "lr_schedule"] == ["warning"]

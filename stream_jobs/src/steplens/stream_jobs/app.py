@@ -401,7 +401,14 @@ class Worker:
                 if isinstance(rec, DecodeError):
                     await self._dead(str(rec), text.encode(), run, None, partition, offset)
                     continue
-                await self._process(det, rec)
+                try:
+                    await self._process(det, rec)
+                except ValueError as exc:  # a record the detectors refuse, with the reason
+                    await self._dead(str(exc), text.encode(), run, None, partition, offset)
+                except Exception as exc:  # one record must not stop every run's detection
+                    log.exception("record not processed (run %s, offset %s)", run, offset)
+                    reason = f"processing: {type(exc).__name__}: {exc}"
+                    await self._dead(reason, text.encode(), run, None, partition, offset)
             self._submit_fits(run, det)
             now = time.monotonic()
             if now - self.saved_at.get(run, 0.0) >= self.s.checkpoint_s:

@@ -49,6 +49,8 @@ class SignalRun:
     expected: list[float | None] = field(default_factory=list)
     lower: list[float | None] = field(default_factory=list)
     upper: list[float | None] = field(default_factory=list)
+    # None: no signal has a detail (``add`` and ``extend`` append none)
+    details: list[dict[str, Any] | None] | None = None
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -66,6 +68,7 @@ class SignalRun:
             self.expected[k],
             self.lower[k],
             self.upper[k],
+            None if self.details is None else self.details[k],
         )
 
     def signals(self) -> list[Signal]:

@@ -71,6 +71,33 @@ def _number(x: Any) -> bool:
     return type(x) is float or (isinstance(x, (int, float)) and not isinstance(x, bool))
 
 
+def _entry_columns(entries: list[dict[str, Any]]) -> dict[str, list[float | None]]:
+    """The series of a step_batch's entries as columns (a row's value, or ``None``), in the
+    order the fields first appear, then the scalars' (a step field of the same name wins)."""
+    n = len(entries)
+    columns: dict[str, list[float | None]] = {}
+    names = dict.fromkeys(k for e in entries for k in e)
+    for name in names:
+        if name in _NOT_BATCH_SERIES:
+            continue
+        got: list[Any] = [e.get(name) for e in entries]
+        if not all(type(v) is float for v in got):  # the common case, checked first
+            got = [float(v) if _number(v) else None for v in got]
+            if all(v is None for v in got):
+                continue
+        columns[name] = got
+    if "scalars" in names:
+        for i, e in enumerate(entries):
+            for name, x in (e.get("scalars") or {}).items():
+                if _number(x):
+                    col = columns.get(name)
+                    if col is None:
+                        col = columns[name] = [None] * n
+                    if col[i] is None:
+                        col[i] = float(x)
+    return columns
+
+
 @dataclass(slots=True)
 class Part:
     """Signals of some rows of a batch (``RunDetector.process_columns``): one per row in
@@ -145,7 +172,8 @@ class RunDetector:
 
     # ------------------------------------------------------------------ records
     def process(self, rec: Record) -> tuple[list[Signal], list[Alert]]:
-        """Route one validated record; returns its signals and the alert transitions."""
+        """Route one validated record; returns its signals and the alert transitions.
+        ``ValueError`` (with the reason) for a record whose content cannot be used."""
         kind, data = rec.kind, rec.data
         if kind == "step_batch":
             parts, alerts = self.process_entries(rec.rank, data["records"])
@@ -165,8 +193,10 @@ class RunDetector:
             sigs = self._window(rec)
         elif kind == "run_meta":
             self.ranks.world_size = max(self.ranks.world_size, int(data.get("world_size", 0)))
-            if isinstance(data.get("lr_schedule"), dict):
-                self.schedule = data["lr_schedule"]
+            if data.get("lr_schedule") is not None:
+                # a bad schedule is refused with the reason (the record becomes a dead letter
+                # in the worker); the run goes on with the schedule it had
+                self.schedule = lr_schedule.check_schedule(data["lr_schedule"])
                 for s in self.series.values():
                     s.lr.schedule = self.schedule
         elif kind == "eval":
@@ -379,6 +409,8 @@ class RunDetector:
                 parts.append(Part(at, run))
             if special and metric == "loss":  # no signal of its own
                 self._track_loss(xs)
+            elif special and metric == "lr":
+                parts.append(Part(at, lr_schedule.update_many(s.lr, cfg.lr, xs, st, rank)))
             elif special:
                 special_of = self._special
                 got = [
@@ -437,31 +469,11 @@ class RunDetector:
         record at a time (the signals of a step come in the order of the batch's columns)."""
         n = len(entries)
         self.records += n
-        steps: list[int] = []
-        times: list[int] = []
-        waits: list[float | None] = []
-        columns: dict[str, list[float | None]] = {}
-        for i, e in enumerate(entries):
-            steps.append(e["step"])
-            times.append(e["time_ns"])
-            wait = e.get("data_time_s")
-            waits.append(wait if isinstance(wait, (int, float)) else None)
-            for k, v in e.items():
-                if k in _NOT_BATCH_SERIES:
-                    if k == "scalars" and v:
-                        for name, x in v.items():
-                            if _number(x):
-                                col = columns.get(name)
-                                if col is None:
-                                    col = columns[name] = [None] * n
-                                if col[i] is None:  # a step field of that name wins
-                                    col[i] = float(x)
-                    continue
-                if _number(v):
-                    col = columns.get(k)
-                    if col is None:
-                        col = columns[k] = [None] * n
-                    col[i] = float(v)
+        steps: list[int] = [e["step"] for e in entries]
+        times: list[int] = [e["time_ns"] for e in entries]
+        waits = [e.get("data_time_s") for e in entries]
+        waits = [w if isinstance(w, (int, float)) else None for w in waits]
+        columns = _entry_columns(entries)
         # the other ranks' batches of the same steps may come after this one
         behind = max(steps) - min(steps) if steps else 0
         parts = self.process_columns(rank, steps, times, columns, data_times=waits, behind=behind)

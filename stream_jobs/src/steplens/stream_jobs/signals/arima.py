@@ -356,7 +356,7 @@ def update_many(  # noqa: PLR0917
         out.steps += steps[i : i + taken]
         out.values += xs[i : i + taken]
         out.scores += scores.tolist()
-        out.severities += [WARNING if v else None for v in sev.tolist()]
+        out.severities += kernels.severities(sev)
         out.expected += expected.tolist()
         out.lower += lower.tolist()
         out.upper += upper.tolist()
@@ -366,6 +366,8 @@ def update_many(  # noqa: PLR0917
         diffs.append(prev_d)
         errors.append(prev_e)
         # as update keeps it: each value appended, then the oldest dropped past fit_window
+        if history.maxlen != cfg.fit_window and len(history) <= cfg.fit_window:
+            history = state.history = deque(history, maxlen=cfg.fit_window)
         history.extend(learnt.tolist())
         for _ in range(min(taken, len(history) - cfg.fit_window)):
             history.popleft()

@@ -17,10 +17,20 @@ import math
 import numba
 import numpy as np
 
+from steplens.stream_jobs.core import CRITICAL, WARNING
+
 _jit = numba.njit(cache=True, nogil=True, error_model="numpy")
 
 # severity codes in the kernels' outputs
 NONE, WARN, CRIT = 0, 1, 2
+_NAMES = (None, WARNING, CRITICAL)
+
+
+def severities(codes: np.ndarray) -> list[str | None]:
+    """A kernel's severity codes as the signals' severities."""
+    if not codes.any():  # the common case
+        return [None] * len(codes)
+    return list(map(_NAMES.__getitem__, codes.tolist()))
 
 
 @_jit

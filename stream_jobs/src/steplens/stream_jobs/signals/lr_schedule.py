@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from steplens.stream_jobs.core import WARNING, Signal, score_of
+from steplens.stream_jobs.core import WARNING, Signal, SignalRun, score_of
 
 isfinite = math.isfinite
 
@@ -37,6 +38,44 @@ class LrState:
     schedule: dict[str, Any] | None = None
     recent: deque[float] = field(default_factory=deque)
     deviating_since: int | None = None
+
+
+KINDS = ("constant", "linear", "cosine", "step")
+
+
+def check_schedule(raw: Any) -> dict[str, Any]:
+    """A declared schedule (``run_meta``'s ``lr_schedule``) checked field by field: a copy
+    with counts as ints, or ``ValueError`` naming the bad field (a schedule that cannot be
+    read would otherwise fail at every later step)."""
+    if not isinstance(raw, dict):
+        # ValueError like every other refusal: the worker dead-letters a record with it
+        raise ValueError(f"lr_schedule: must be an object, got {type(raw).__name__}")  # noqa: TRY004
+    out = dict(raw)
+    kind = out.setdefault("kind", "constant")
+    if kind not in KINDS:
+        raise ValueError(f"lr_schedule.kind: must be one of {', '.join(KINDS)}, got {kind!r}")
+    for key in ("peak_lr", "min_lr", "gamma"):
+        v = out.get(key)
+        if v is not None and not _real(v):
+            raise ValueError(f"lr_schedule.{key}: must be a finite number, got {v!r}")
+    for key in ("warmup_steps", "total_steps"):
+        v = out.get(key)
+        if v is not None:
+            if not _real(v) or v < 0 or v != int(v):
+                raise ValueError(f"lr_schedule.{key}: must be a whole number >= 0, got {v!r}")
+            out[key] = int(v)
+    ms = out.get("milestones")
+    if ms is not None and not (isinstance(ms, list) and all(_count(m) for m in ms)):
+        raise ValueError(f"lr_schedule.milestones: must be a list of step numbers, got {ms!r}")
+    return out
+
+
+def _real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def expected_lr(schedule: dict[str, Any], step: int) -> float | None:
@@ -94,6 +133,42 @@ def update(  # noqa: PLR0917
     """Score the lr logged at ``step`` (a window's mean when ``first_step`` is given)."""
     if step is None:
         return state, []
+    score, breach, expected, lower, upper = _judge(state, cfg, lr, step, first_step)
+    detail = {"since_step": state.deviating_since} if breach else None
+    sev = WARNING if breach else None
+    return state, [
+        Signal(
+            "lr_schedule", "lr", step, lr, score, rank, "run", sev, expected, lower, upper, detail
+        )
+    ]
+
+
+def update_many(
+    state: LrState, cfg: LrConfig, xs: Sequence[float], steps: Sequence[int], rank: int = -1
+) -> SignalRun:
+    """``update`` over the lrs logged at ``steps`` (step records): their signals as columns."""
+    run = SignalRun("lr_schedule", "lr", rank)
+    details: list[dict[str, Any] | None] = []
+    for lr, step in zip(xs, steps, strict=True):
+        score, breach, expected, lower, upper = _judge(state, cfg, lr, step, None)
+        run.steps.append(step)
+        run.values.append(lr)
+        run.scores.append(score)
+        run.severities.append(WARNING if breach else None)
+        run.expected.append(expected)
+        run.lower.append(lower)
+        run.upper.append(upper)
+        details.append({"since_step": state.deviating_since} if breach else None)
+    if any(details):
+        run.details = details
+    return run
+
+
+def _judge(
+    state: LrState, cfg: LrConfig, lr: float, step: int, first_step: int | None
+) -> tuple[float, bool, float, float, float]:
+    """(score, breach, expected, lower, upper) of the lr logged at ``step``; keeps the step
+    where a deviation started."""
     first = step if first_step is None else min(first_step, step)
     span = expected_range(state.schedule, first, step, cfg.step_offset) if state.schedule else None
     if span is not None and state.schedule is not None:
@@ -122,23 +197,6 @@ def update(  # noqa: PLR0917
     if breach:
         if state.deviating_since is None:
             state.deviating_since = step
-        detail: dict[str, Any] | None = {"since_step": state.deviating_since}
     else:
         state.deviating_since = None
-        detail = None
-    return state, [
-        Signal(
-            "lr_schedule",
-            "lr",
-            step,
-            lr,
-            score,
-            rank,
-            "run",
-            WARNING if breach else None,
-            expected,
-            lower,
-            upper,
-            detail,
-        )
-    ]
+    return score, breach, expected, lower, upper

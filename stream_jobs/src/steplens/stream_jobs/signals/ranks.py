@@ -7,6 +7,7 @@ not mistaken for a stuck rank."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -40,31 +41,40 @@ def _judge(state: RanksState, cfg: RanksConfig, step: int, times: dict[int, floa
     if len(times) < 2:
         return []
     med = median(times.values())
+    factor, keep = cfg.straggler_factor, cfg.straggler_steps
+    upper = factor * med
+    ratios = state.ratios
     out = []
     for rank, t in times.items():
         ratio = t / med if med > 0 else 1.0
-        recent = state.ratios.get(rank)
+        recent = ratios.get(rank)
         if recent is None:
-            recent = state.ratios[rank] = deque(maxlen=cfg.straggler_steps)
+            recent = ratios[rank] = deque(maxlen=keep)
         recent.append(ratio)
         typical = median(recent)  # one slow step (GC, a checkpoint) is not a straggler
-        slow = len(recent) == cfg.straggler_steps and typical > cfg.straggler_factor
+        slow = len(recent) == keep and typical > factor
+        r = typical / factor
         out.append(
             Signal(
                 "straggler",
                 "step_time_s",
                 step,
                 typical,
-                score_of(typical / cfg.straggler_factor),
+                r / (r + 1.0) if 0.0 < r < math.inf else score_of(r),
                 rank,
-                f"rank:{rank}",
+                _scope(rank),
                 WARNING if slow else None,
                 med,
                 None,
-                cfg.straggler_factor * med,
+                upper,
             )
         )
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _scope(rank: int) -> str:
+    return f"rank:{rank}"
 
 
 def step_time(

@@ -228,7 +228,7 @@ def _score_full(
         steps,
         list(xl),
         scores.tolist(),
-        list(map(_SEVERITIES.__getitem__, sev.tolist())),
+        kernels.severities(sev),
         meds.tolist(),
         lower.tolist(),
         upper.tolist(),
@@ -239,6 +239,3 @@ def _score_full(
     state.ordered = ordered.tolist()
     state.scale, state.since_rescale = scale, since
     state.last = xl[-1]
-
-
-_SEVERITIES = (None, WARNING, CRITICAL)  # by kernels' severity code

@@ -122,7 +122,7 @@ def update_many(
     out.steps += steps[i:]
     out.values += cvs.tolist()
     out.scores += scores.tolist()
-    out.severities += [WARNING if v else None for v in sev.tolist()]
+    out.severities += kernels.severities(sev)
     out.expected += [cfg.threshold] * taken
     out.lower += [None] * taken
     out.upper += [None] * taken
