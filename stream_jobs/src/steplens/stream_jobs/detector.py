@@ -76,7 +76,10 @@ def _entry_columns(entries: list[dict[str, Any]]) -> dict[str, list[float | None
     order the fields first appear, then the scalars' (a step field of the same name wins)."""
     n = len(entries)
     columns: dict[str, list[float | None]] = {}
-    names = dict.fromkeys(k for e in entries for k in e)
+    names = dict.fromkeys(entries[0]) if entries else {}
+    for e in entries:
+        if e.keys() != names.keys():
+            names.update(dict.fromkeys(e))
     for name in names:
         if name in _NOT_BATCH_SERIES:
             continue
@@ -439,17 +442,21 @@ class RunDetector:
         tail_rows: list[int] = []
         tails: list[list[Signal]] = []
         timed: list[tuple[int, float]] = []
-        for i, step in enumerate(steps):
-            x = step_times[i] if step_times is not None else None
-            if x is not None:
-                timed.append((step, x))
-                wait = data_times[i] if data_times is not None else None
-                if wait is not None:
-                    got = thresholds.data_wait(self.cfg.thresholds, wait, x, step, rank)
-                    if got:
-                        tail_rows.append(i)
-                        tails.append(got)
-            ranks.progress(self.ranks, rank, step, times_ns[i])
+        if step_times is not None:
+            timed = [(st, x) for st, x in zip(steps, step_times, strict=True) if x is not None]
+            if data_times is not None and any(w is not None for w in data_times):
+                for i, (step, x, wait) in enumerate(
+                    zip(steps, step_times, data_times, strict=True)
+                ):
+                    if x is not None and wait is not None:
+                        got = thresholds.data_wait(self.cfg.thresholds, wait, x, step, rank)
+                        if got:
+                            tail_rows.append(i)
+                            tails.append(got)
+        if steps:
+            # progress row by row keeps the first row of the largest step: the same, at once
+            top = max(range(len(steps)), key=steps.__getitem__)
+            ranks.progress(self.ranks, rank, steps[top], times_ns[top])
         if times_ns:
             self.last_step_ns = max(self.last_step_ns, *times_ns)
         judged = ranks.step_times(self.ranks, self.cfg.ranks, rank, timed, behind)

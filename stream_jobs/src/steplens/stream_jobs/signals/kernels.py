@@ -28,7 +28,7 @@ _NAMES = (None, WARNING, CRITICAL)
 
 def severities(codes: np.ndarray) -> list[str | None]:
     """A kernel's severity codes as the signals' severities."""
-    if not codes.any():  # the common case
+    if not np.count_nonzero(codes):  # the common case
         return [None] * len(codes)
     return list(map(_NAMES.__getitem__, codes.tolist()))
 
