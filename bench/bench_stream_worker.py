@@ -17,6 +17,7 @@ firing alert on the alerts topic, p50/p99.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import random
@@ -459,6 +460,7 @@ def main() -> None:
         ceiling = run_null_agent(boot, topics.raw, n)
     port = args.port = 20464 + random.randrange(500)
     proc = start_worker(boot, topics, tag, port, args.worker_arg)
+    args.worker_pid = proc.pid
     try:
         if n:
             per_record(boot, topics, args, port, n, floor, ceiling)
@@ -552,10 +554,12 @@ def traffic(boot: str, topics: Topics, args: argparse.Namespace) -> None:
     wait_idle(port)
     before = worker_counter(port)
     t0 = time.monotonic()
+    cpu0 = CpuShares.now(args.worker_pid)
     lat, sent, steps = full_resolution_traffic(boot, topics, runs, ranks, per_s, secs)
     sent_s = time.monotonic() - t0
     caught_up = wait_caught_up(port, before + steps)
     took = time.monotonic() - t0
+    cpu = CpuShares.now(args.worker_pid).since(cpu0)
     print(
         f"full resolution: the same {steps / secs:,.0f} step records/s, every step sent and "
         f"scored (a step_batch per rank every 100 steps or 1 s, spikes at once): "
@@ -567,6 +571,12 @@ def traffic(boot: str, topics: Topics, args: argparse.Namespace) -> None:
         f" -> {steps / took:,.0f} step records/s sustained; target 20,000"
     )
     report(lat, "  log_step -> alert:")
+    print(
+        f"  cores busy meanwhile (of {os.cpu_count()}): the worker's event loop "
+        f"{cpu['loop']:.2f}, the rest of it (fit pool, client threads) {cpu['pool']:.2f}, "
+        f"everything else (Kafka, the load generator) {cpu['other']:.2f}; sending took "
+        f"{sent_s:.0f} s for {secs:g} s of steps"
+    )
     wait_idle(port)
     before = worker_counter(port)
     n = prefill_batched(boot, topics.raw, args.records * 5, 100)
@@ -575,6 +585,38 @@ def traffic(boot: str, topics: Topics, args: argparse.Namespace) -> None:
         f"  a backlog of {n:,} step records in step_batches of 100: drained at {rate:,.0f} step "
         f"records/s; target 20,000 -> {rate / 20000:.2f}x"
     )
+
+
+class CpuShares:
+    """CPU time of the worker (its main thread and the rest of its process tree) and of the
+    whole machine, from /proc, to tell where the cores went during a run."""
+
+    def __init__(self, t: float, loop: float, pool: float, machine: float) -> None:
+        self.t, self.loop, self.pool, self.machine = t, loop, pool, machine
+
+    @staticmethod
+    def _ticks(path: str) -> float:
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    @classmethod
+    def now(cls, pid: int) -> CpuShares:
+        loop = cls._ticks(f"/proc/{pid}/task/{pid}/stat")
+        total = cls._ticks(f"/proc/{pid}/stat")
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        for child in children:
+            with contextlib.suppress(OSError):
+                total += cls._ticks(f"/proc/{child}/stat")
+        cpu = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        busy = (sum(cpu) - cpu[3] - cpu[4]) / os.sysconf("SC_CLK_TCK")
+        return cls(time.monotonic(), loop, total - loop, busy)
+
+    def since(self, start: CpuShares) -> dict[str, float]:
+        dt = max(self.t - start.t, 1e-9)
+        loop = (self.loop - start.loop) / dt
+        pool = (self.pool - start.pool) / dt
+        machine = (self.machine - start.machine) / dt
+        return {"loop": loop, "pool": pool, "other": max(0.0, machine - loop - pool)}
 
 
 def prefill_batched(boot: str, topic: str, records: int, batch: int) -> int:

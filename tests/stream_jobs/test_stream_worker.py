@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from steplens.producer.schema import encode, make_record
-from steplens.stream_jobs.app import allow_state_classes, load_state
+from steplens.stream_jobs.app import allow_state_classes, load_state, rank_key
 
 pytestmark = pytest.mark.stack
 
@@ -127,6 +127,40 @@ def test_backlog_of_step_batches_larger_than_a_kafka_message(kafka, workers):
     assert "Crashed" not in w.log.read_text()
 
 
+def test_the_state_of_a_run_with_many_ranks_reaches_the_changelog(kafka, workers):
+    """A run of 128 ranks: its state (megabytes with the ARIMA histories) is checkpointed as
+    one value per rank, each small enough for Kafka, and loads back whole."""
+    allow_state_classes()
+    run = f"wide-{uuid.uuid4().hex[:6]}"
+    w = workers("--checkpoint-s", "0").start()
+    w.wait_metrics()
+    batches = []
+    for rank in range(128):
+        entries = [
+            {"step": r.step, "time_ns": r.time_ns, **r.data}
+            for r in steps(run, 0, 100, rank=rank, seed=rank)
+        ]
+        batches.append(make_record("step_batch", {"records": entries}, run_id=run, rank=rank))
+    kafka.send(batches)
+
+    def restored(msgs):
+        latest = {k.decode(): v for k, v in msgs if k and v}
+        det = (
+            load_state(latest[run], lambda r: latest.get(rank_key(run, r)))
+            if run in latest
+            else None
+        )
+        return det is not None and det.records == 12_800 and len(det.series) == 128
+
+    msgs = kafka.collect(f"{w.app_id}-runs-changelog", restored, 90, raw=True)
+    latest = {k.decode(): v for k, v in msgs if k and v}
+    det = load_state(latest[run], lambda r: latest.get(rank_key(run, r)))
+    assert det is not None
+    assert sum(len(v) for k, v in latest.items() if k.startswith(run)) > 1 << 20
+    assert all(len(s.arimas["loss"].history) == 100 for s in det.series.values())
+    assert "TooLarge" not in w.log.read_text()
+
+
 def test_full_resolution_producer_to_alert(kafka, workers, tmp_path):
     """The producer in full resolution, the worker scoring its step batches: a loss spike
     alerts at its own step, and every logged step is scored once."""
@@ -178,8 +212,15 @@ def test_sigkill_resumes_state_and_two_workers_share_partitions(kafka, workers):
 
     def checkpointed(msgs):
         latest = {k.decode(): v for k, v in msgs if k and v}
-        states = {run: load_state(latest[run]) for run in runs if run in latest}
-        return all(states.get(run) is not None and states[run].records >= 40 for run in runs)
+        states = {
+            run: load_state(latest[run], lambda r, run=run: latest.get(rank_key(run, r)))
+            for run in runs
+            if run in latest
+        }
+        return all(
+            states.get(run) is not None and states[run].records >= 40 and states[run].series
+            for run in runs
+        )
 
     kafka.collect(changelog, checkpointed, 60, raw=True)
     first.kill()  # SIGKILL: no clean shutdown, state only in the changelog

@@ -2,10 +2,12 @@
 
 raw topic (key run_id:rank, 8 partitions)
   -> ``route``: batches of raw messages (``take_events`` with ``within``), grouped by run id from
-     the key and forwarded to the internal ``<app id>-by-run`` topic, one message per run and
-     batch; undecodable keys or non-UTF-8 payloads become dead letters here
+     the key and forwarded to the internal ``<app id>-by-run`` topic, a run's share of a batch
+     cut into messages of about ``BY_RUN_MESSAGE_BYTES``; undecodable keys or non-UTF-8
+     payloads become dead letters here
   -> ``detect``: one ``RunDetector`` per run, kept in the ``runs`` table (changelog-backed, so a
-     restarted or newly joined worker resumes it); publishes signals, alerts and dead letters.
+     restarted or newly joined worker resumes it; each rank's series is a value of its own);
+     publishes signals, alerts and dead letters (a record its detectors refuse or fail on).
 ARIMA fits run in a process pool; their parameters are applied when they come back.
 """
 
@@ -24,6 +26,7 @@ import multiprocessing
 import pickle
 import pkgutil
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -77,24 +80,61 @@ def allow_state_classes() -> None:
 
 
 class StateTable(faust.Table):
-    """A table of raw bytes: run id -> pickled ``RunDetector`` (see ``dump_state``)."""
+    """A table of raw bytes: a run's detector under its run id, and each of its ranks' series
+    under ``rank_key`` (see ``dump_state``)."""
 
     def _serializer_from_type(self, typ: Any) -> Any:
         return "raw" if typ in (bytes, str) else super()._serializer_from_type(typ)
 
 
-def dump_state(det: RunDetector) -> bytes:
-    return pickle.dumps(det, protocol=pickle.HIGHEST_PROTOCOL)
+def rank_key(run: str, rank: int) -> str:
+    """The table key of one rank's series of ``run``."""
+    return f"{run}\x1frank:{rank}"
 
 
-def load_state(blob: bytes) -> RunDetector | None:
-    """Rebuild a detector; only our allowlisted state classes can be constructed."""
+def dump_state(det: RunDetector, ranks: Iterable[int]) -> tuple[bytes, dict[int, bytes]]:
+    """A run's state as table values: the detector without its per-rank series (with the
+    list of its ranks), and the series of ``ranks``, each a value of its own. One value for a
+    whole run grew with its ranks past what Kafka takes in one message (a 128-rank run is over
+    1 MB), and the changelog then refused every checkpoint of it."""
+    series = det.series
+    det.series = {}
     try:
-        det = RestrictedUnpickler(io.BytesIO(blob)).load()
-    except Exception:
-        log.warning("could not restore a run's state; starting it afresh", exc_info=True)
+        head = pickle.dumps((det, sorted(series)), protocol=pickle.HIGHEST_PROTOCOL)
+    finally:
+        det.series = series
+    parts = {
+        r: pickle.dumps(series[r], protocol=pickle.HIGHEST_PROTOCOL) for r in ranks if r in series
+    }
+    return head, parts
+
+
+def load_state(blob: bytes, rank_blob: Callable[[int], bytes | None]) -> RunDetector | None:
+    """Rebuild a run's detector from its value and its ranks' (``rank_blob(rank)``); only our
+    allowlisted state classes can be constructed. A state stored whole (one value per run)
+    loads as it is; a rank whose series is missing starts afresh."""
+    head = _unpickle(blob)
+    if isinstance(head, RunDetector):
+        return head
+    if not (isinstance(head, tuple) and len(head) == 2 and isinstance(head[0], RunDetector)):
         return None
-    return det if isinstance(det, RunDetector) else None
+    det, ranks = head
+    for rank in ranks:
+        part = rank_blob(rank)
+        series = _unpickle(part) if part else None
+        if isinstance(series, detector.RankSeries):
+            det.series[rank] = series
+        else:
+            log.warning("no stored state for rank %s of run %s; it starts afresh", rank, det.run_id)
+    return det
+
+
+def _unpickle(blob: bytes) -> Any:
+    try:
+        return RestrictedUnpickler(io.BytesIO(blob)).load()
+    except Exception:
+        log.warning("could not restore a stored state; starting it afresh", exc_info=True)
+        return None
 
 
 @dataclass
@@ -373,12 +413,13 @@ class Worker:
         det = self.cache.get(run)
         if det is None:
             blob = self.table.get(run)
-            det = load_state(blob) if blob else None
+            det = load_state(blob, lambda r: self.table.get(rank_key(run, r))) if blob else None
             if det is None:
                 det = RunDetector(run, self.s.detector, fit_inline=False)
             else:
                 det.cfg = self.s.detector
                 det.fit_inline = False
+                det.touched.update(det.series)
                 for rs in det.series.values():  # fits in flight died with the old worker
                     for a in rs.arimas.values():
                         a.wants_fit = False
@@ -412,7 +453,10 @@ class Worker:
             self._submit_fits(run, det)
             now = time.monotonic()
             if now - self.saved_at.get(run, 0.0) >= self.s.checkpoint_s:
-                self.table[run] = dump_state(det)
+                head, ranks = dump_state(det, det.take_touched())
+                for rank, blob in ranks.items():  # before the head that lists them
+                    self.table[rank_key(run, rank)] = blob
+                self.table[run] = head
                 self.saved_at[run] = now
 
     async def _process(self, det: RunDetector, rec: Record) -> None:

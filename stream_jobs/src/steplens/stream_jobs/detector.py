@@ -172,6 +172,7 @@ class RunDetector:
     fits_wanted: set[FitKey] = field(default_factory=set)
     records: int = 0
     offsets: dict[int, int] = field(default_factory=dict)  # raw partition -> last offset applied
+    touched: set[int] = field(default_factory=set)  # ranks whose series changed (take_touched)
 
     # ------------------------------------------------------------------ records
     def process(self, rec: Record) -> tuple[list[Signal], list[Alert]]:
@@ -202,6 +203,7 @@ class RunDetector:
                 self.schedule = lr_schedule.check_schedule(data["lr_schedule"])
                 for s in self.series.values():
                     s.lr.schedule = self.schedule
+                self.touched.update(self.series)
         elif kind == "eval":
             sigs = self._eval(rec)
         elif kind == "batch":
@@ -250,6 +252,7 @@ class RunDetector:
         s = self.series.get(rank)
         if s is None:
             s = self._rank(rank)
+        self.touched.add(rank)
         out: list[Signal] = []
         arima_on = cfg.arima_enabled
         routes = _ROUTES[self.generic]
@@ -358,6 +361,7 @@ class RunDetector:
         s = self.series.get(rank)
         if s is None:
             s = self._rank(rank)
+        self.touched.add(rank)
         parts: list[Part] = []
         routes = _ROUTES[self.generic]
         spike_cfgs = (cfg.spike, cfg.grad_spike, cfg.spike, cfg.generic_spike)
@@ -580,6 +584,12 @@ class RunDetector:
         s = self.series.get(key[0])
         if s is not None and key[1] in s.arimas:
             arima.apply_fit(s.arimas[key[1]], self.cfg.arima, params)
+            self.touched.add(key[0])
+
+    def take_touched(self) -> set[int]:
+        """The ranks whose series changed since the last call (to save only those)."""
+        got, self.touched = self.touched, set()
+        return got
 
     def firing(self) -> list[tuple[str, str]]:
         return list(self.rules.firing)
