@@ -1,7 +1,8 @@
 """`steplens detect` speed: rows/s scoring a CSV, against reading and writing the same CSV
 with the csv module (the I/O floor) in the same run; ARIMA on and off. The first ARIMA run is
-cold (it imports statsmodels, about 2 s); the warm one is what a long-lived process sees. The
-floor and the warm runs are the best of ``--repeat`` runs, so a busy shared machine shows less.
+cold (it loads statsmodels, about 2 s, and the compiled loops, under 1 s); the warm one is what
+a long-lived process sees. The floor and the warm runs are the best of ``--repeat`` runs, so a
+busy shared machine shows less.
 
     python bench/bench_stream_detect.py              # 20,000 rows
     python bench/bench_stream_detect.py --rows 200000 --repeat 1
