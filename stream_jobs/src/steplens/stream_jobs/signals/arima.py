@@ -181,6 +181,9 @@ def apply_fit(state: ArimaState, cfg: ArimaConfig, params: ArimaParams | None) -
             state.diffs = deque(state.diffs, maxlen=keep)
         if state.errors.maxlen != keep:
             state.errors = deque(state.errors, maxlen=keep)
+        window = cfg.fit_window
+        if state.history.maxlen != window and len(state.history) <= window:
+            state.history = deque(state.history, maxlen=window)
     return state
 
 
@@ -366,8 +369,7 @@ def update_many(  # noqa: PLR0917
         diffs.append(prev_d)
         errors.append(prev_e)
         # as update keeps it: each value appended, then the oldest dropped past fit_window
-        if history.maxlen != cfg.fit_window and len(history) <= cfg.fit_window:
-            history = state.history = deque(history, maxlen=cfg.fit_window)
+        # (a history bounded at the fit by apply_fit drops them itself)
         history.extend(learnt.tolist())
         for _ in range(min(taken, len(history) - cfg.fit_window)):
             history.popleft()
