@@ -28,6 +28,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -332,8 +333,7 @@ def producer_traffic(
         p.produce(topics.raw, encode(rec), key=rec.key)
         sent += 1
 
-    start = time.monotonic()
-    for st in range(n_steps):
+    for st in paced(n_steps, steps_per_s, p, timer):
         for row in spikes.get(st, ()):  # the guard sends a spike at once
             timer.sent(names[row // ranks], st, time.time_ns())
             send("step", row, st, {m: float(v[row, st]) for m, v in series.items()})
@@ -352,13 +352,21 @@ def producer_traffic(
                     "metrics": metrics,
                 }
                 send("step_window", row, st, data)
+    p.flush(30)
+    return timer.finish(15.0), sent, n_steps * k
+
+
+def paced(n_steps: int, steps_per_s: float, p: Any, timer: AlertTimer) -> Iterator[int]:
+    """Steps 0 .. n_steps - 1 at ``steps_per_s``: after each step's sends, serve the producer
+    and collect alerts, then wait for the next step's time (no wait once behind)."""
+    start = time.monotonic()
+    for st in range(n_steps):
+        yield st
         p.poll(0)
         timer.collect(0.0)
         ahead = start + (st + 1) / steps_per_s - time.monotonic()
         if ahead > 0:
             time.sleep(ahead)
-    p.flush(30)
-    return timer.finish(15.0), sent, n_steps * k
 
 
 def full_resolution_traffic(
@@ -404,18 +412,12 @@ def full_resolution_traffic(
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     timer = AlertTimer(bootstrap, topics.alerts)
     sent = 0
-    start = time.monotonic()
-    for st in range(n_steps):
+    for st in paced(n_steps, steps_per_s, p, timer):
         for key, value, spike in due[st]:
             if spike is not None:
                 timer.sent(spike[0], spike[1], time.time_ns())
             p.produce(topics.raw, value, key=key)
             sent += 1
-        p.poll(0)
-        timer.collect(0.0)
-        ahead = start + (st + 1) / steps_per_s - time.monotonic()
-        if ahead > 0:
-            time.sleep(ahead)
     p.flush(30)
     return timer.finish(15.0), sent, n_steps * k
 

@@ -147,8 +147,6 @@ def update_many(
     state: LrState, cfg: LrConfig, xs: Sequence[float], steps: Sequence[int], rank: int = -1
 ) -> SignalRun:
     """``update`` over the lrs logged at ``steps`` (step records): their signals as columns."""
-    if state.schedule is None:
-        return _jumps_many(state, cfg, xs, steps, rank)
     run = SignalRun("lr_schedule", "lr", rank)
     details: list[dict[str, Any] | None] = []
     for lr, step in zip(xs, steps, strict=True):
@@ -162,58 +160,6 @@ def update_many(
         run.upper.append(upper)
         details.append({"since_step": state.deviating_since} if breach else None)
     if any(details):
-        run.details = details
-    return run
-
-
-def _jumps_many(
-    state: LrState, cfg: LrConfig, xs: Sequence[float], steps: Sequence[int], rank: int
-) -> SignalRun:
-    """``update_many`` without a declared schedule: ``_judge``'s jump rule in one loop."""
-    run = SignalRun("lr_schedule", "lr", rank)
-    details: list[dict[str, Any] | None] = []
-    recent = state.recent
-    since = state.deviating_since
-    window, warmup, jump = cfg.jump_window, cfg.warmup, cfg.jump
-    add_score, add_sev, add_exp, add_hi = (
-        run.scores.append,
-        run.severities.append,
-        run.expected.append,
-        run.upper.append,
-    )
-    any_breach = False
-    for lr, step in zip(xs, steps, strict=True):
-        top = max(recent) if recent else 0.0
-        finite = isfinite(lr)
-        if finite:
-            recent.append(lr)
-            if len(recent) > window:
-                recent.popleft()
-        limit = jump * top
-        ready = len(recent) > warmup and top > 0
-        breach = ready and (not finite or lr > limit)
-        if ready and finite:
-            r = lr / limit
-            add_score(r / (r + 1.0) if 0.0 < r < math.inf else score_of(r))
-        else:
-            add_score(0.0)
-        add_exp(top)
-        add_hi(limit)
-        if breach:
-            if since is None:
-                since = step
-            add_sev(WARNING)
-            details.append({"since_step": since})
-            any_breach = True
-        else:
-            since = None
-            add_sev(None)
-            details.append(None)
-    state.deviating_since = since
-    run.steps += steps
-    run.values += xs
-    run.lower += [0.0] * len(xs)
-    if any_breach:
         run.details = details
     return run
 

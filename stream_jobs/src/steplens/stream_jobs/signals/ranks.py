@@ -51,12 +51,8 @@ def _judge(state: RanksState, cfg: RanksConfig, step: int, times: dict[int, floa
         if recent is None:
             recent = ratios[rank] = deque(maxlen=keep)
         recent.append(ratio)
-        # the median (one slow step, a GC or a checkpoint, is not a straggler), inline
-        srt = sorted(recent)
-        n = len(srt)
-        h = n // 2
-        typical = srt[h] if n % 2 else (srt[h - 1] + srt[h]) / 2
-        slow = n == keep and typical > factor
+        typical = median(recent)  # one slow step (GC, a checkpoint) is not a straggler
+        slow = len(recent) == keep and typical > factor
         r = typical / factor
         out.append(
             Signal(
