@@ -149,7 +149,8 @@ class WorkerSettings:
     by_run_partitions: int = 8
     signal_every: int = 50  # publish a non-breaching signal per rank and rule every N steps
     signal_interval_s: float = 5.0  # ... and at most once in this many seconds
-    checkpoint_s: float = 1.0  # a run's state goes to the table at most this often
+    # a run's state goes to the table at most this often; its messages are acknowledged then
+    checkpoint_s: float = 5.0
     fit_workers: int = 1
     max_pending_fits: int = 16
     detector: DetectorConfig = field(default_factory=DetectorConfig)
@@ -195,6 +196,13 @@ BY_RUN_MESSAGE_BYTES = 256 << 10
 BY_RUN_MAX_BYTES = 4 << 20
 
 
+# a record batch stays under the 1 MiB Kafka takes by default per message (signals, changelog)
+PRODUCER_BATCH_BYTES = 512 << 10
+# table writes (checkpoint values, tens of KB each) that may wait to be sent before Faust holds
+# back consumption
+PRODUCER_BUFFER_MESSAGES = 1024
+
+
 def by_run_chunks(items: list[list[Any]], budget: int = BY_RUN_MESSAGE_BYTES) -> list[list[Any]]:
     """``items`` ([partition, offset, text]) in order, cut where the texts pass ``budget``
     bytes (an item larger than that goes alone)."""
@@ -236,6 +244,9 @@ class Worker:
         self.metrics = metrics
         self.cache: dict[str, RunDetector] = {}
         self.saved_at: dict[str, float] = {}
+        # per run, the by-run messages scored since its last checkpoint (not yet acknowledged)
+        self.held: dict[str, list[Any]] = {}
+        self.partition_of: dict[str, int] = {}  # each held run's by-run partition
         self.quiet = QuietLimiter(s.signal_every, s.signal_interval_s)
         self.pending_fits = 0
         self.consumed = 0
@@ -256,7 +267,13 @@ class Worker:
             broker_heartbeat_interval=max(0.5, s.session_timeout_s / 4),
             producer_linger_ms=5,
             producer_max_request_size=BY_RUN_MAX_BYTES,
+            # a batch per partition per produce request (aiokafka sends one request per broker
+            # at a time): at Faust's 16 KiB each rank's checkpoint value went alone in a batch
+            producer_max_batch_size=PRODUCER_BATCH_BYTES,
             table_cleanup_interval=60.0,
+            # by-run messages stay unacknowledged until their run's next checkpoint: a
+            # rebalance must not wait for them (they are scored again by the new owner)
+            stream_wait_empty=False,
         )
         app = self.app
         self.raw = app.topic(s.topics.raw, key_serializer="raw", value_serializer="raw")
@@ -291,6 +308,10 @@ class Worker:
 
     # ------------------------------------------------------------------ lifecycle
     async def _startup(self) -> None:
+        # Table writes wait in Faust's producer buffer, and past ``max_messages`` (100) Faust
+        # holds every fetched message back until it is under that again: a checkpoint writes
+        # a value per rank at once, so each one stopped consumption (and warned) for wide runs
+        self.app.producer.buffer.max_messages = PRODUCER_BUFFER_MESSAGES
         # Faust's worker leaves the root logger at DEBUG (its handler filters): every debug
         # call of faust and aiokafka then builds a record, a tenth of the loop's time under load
         with contextlib.suppress(ValueError):
@@ -308,6 +329,9 @@ class Worker:
         # another worker may own these runs now: reload from the table when they come back
         self.cache.clear()
         self.saved_at.clear()
+        # not acknowledged: whoever owns these runs now scores those messages again
+        self.held.clear()
+        self.partition_of.clear()
 
     async def _assigned(self, app: faust.App, assigned: Any, **kw: Any) -> None:
         raw = sum(1 for tp in assigned if tp.topic == self.s.topics.raw)
@@ -429,6 +453,10 @@ class Worker:
         return det
 
     async def _detect(self, stream: Any) -> None:
+        """Score each by-run message into its run's detector. A message is acknowledged (its
+        offset may then be committed) only once a checkpoint of its run holds it, so a worker
+        killed between checkpoints leaves those messages to be scored again, not lost."""
+        stream = stream.noack()
         async for event in stream.events():
             run = event.key.decode() if isinstance(event.key, bytes) else str(event.key)
             items = orjson.loads(event.value)
@@ -451,13 +479,27 @@ class Worker:
                     reason = f"processing: {type(exc).__name__}: {exc}"
                     await self._dead(reason, text.encode(), run, None, partition, offset)
             self._submit_fits(run, det)
+            self.held.setdefault(run, []).append(event)
+            self.partition_of[run] = part = event.message.partition
             now = time.monotonic()
-            if now - self.saved_at.get(run, 0.0) >= self.s.checkpoint_s:
-                head, ranks = dump_state(det, det.take_touched())
-                for rank, blob in ranks.items():  # before the head that lists them
-                    self.table[rank_key(run, rank)] = blob
-                self.table[run] = head
-                self.saved_at[run] = now
+            due = self.s.checkpoint_s
+            for other in [r for r in self.held if r == run or self.partition_of[r] == part]:
+                # runs of this by-run partition, this one included: table writes go to the
+                # changelog partition of the message being processed, theirs too
+                if now - self.saved_at.get(other, 0.0) >= due:
+                    await self._checkpoint(stream, other, now)
+
+    async def _checkpoint(self, stream: Any, run: str, now: float) -> None:
+        """Write ``run``'s changed state to the table, then acknowledge the messages it holds
+        (Faust flushes the table's changelog writes before it commits their offsets)."""
+        det = self.cache[run]
+        head, ranks = dump_state(det, det.take_touched())
+        for rank, blob in ranks.items():  # before the head that lists them
+            self.table[rank_key(run, rank)] = blob
+        self.table[run] = head
+        self.saved_at[run] = now
+        for event in self.held.pop(run, ()):
+            await stream.ack(event)
 
     async def _process(self, det: RunDetector, rec: Record) -> None:
         if rec.kind == "step_batch":

@@ -47,8 +47,9 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
     ap.add_argument(
         "--checkpoint-s",
         type=float,
-        default=1.0,
-        help="write a run's state to the table at most this often",
+        default=5.0,
+        help="write a run's state to the table at most this often; a run's messages since "
+        "then are acknowledged only by its next checkpoint (after a crash they are scored again)",
     )
     ap.add_argument("--no-arima", action="store_true", help="disable the ARIMA baselines")
     ap.add_argument("--fit-workers", type=int, default=1, help="processes for ARIMA fits")
