@@ -247,6 +247,7 @@ class Worker:
         # per run, the by-run messages scored since its last checkpoint (not yet acknowledged)
         self.held: dict[str, list[Any]] = {}
         self.partition_of: dict[str, int] = {}  # each held run's by-run partition
+        self.nudged: dict[str, float] = {}  # when a quiet run was last sent an empty message
         self.quiet = QuietLimiter(s.signal_every, s.signal_interval_s)
         self.pending_fits = 0
         self.consumed = 0
@@ -301,6 +302,7 @@ class Worker:
         app.agent(self.raw, name="route")(self._route)
         app.agent(self.by_run, name="detect")(self._detect)
         app.timer(2.0)(self._report)
+        app.timer(max(1.0, s.checkpoint_s))(self._nudge_quiet_runs)
         app.on_partitions_revoked.connect(cast(Any, self._revoked))
         app.on_partitions_assigned.connect(cast(Any, self._assigned))
         app.task(self._startup)
@@ -332,6 +334,7 @@ class Worker:
         # not acknowledged: whoever owns these runs now scores those messages again
         self.held.clear()
         self.partition_of.clear()
+        self.nudged.clear()
 
     async def _assigned(self, app: faust.App, assigned: Any, **kw: Any) -> None:
         raw = sum(1 for tp in assigned if tp.topic == self.s.topics.raw)
@@ -488,6 +491,19 @@ class Worker:
                 # changelog partition of the message being processed, theirs too
                 if now - self.saved_at.get(other, 0.0) >= due:
                     await self._checkpoint(stream, other, now)
+
+    async def _nudge_quiet_runs(self) -> None:
+        """A run that went quiet holds its last messages until its next checkpoint, which comes
+        with a message of its by-run partition (table writes need one). Each such run past
+        ``checkpoint_s`` is sent an empty by-run message: the detect agent then checkpoints it
+        and acknowledges them, and its partition's offsets are committed."""
+        now = time.monotonic()
+        every = self.s.checkpoint_s
+        for run in list(self.held):
+            quiet = now - self.saved_at.get(run, 0.0) >= every
+            if quiet and now - self.nudged.get(run, 0.0) >= every:
+                self.nudged[run] = now
+                await self.by_run.send(key=run.encode(), value=b"[]")
 
     async def _checkpoint(self, stream: Any, run: str, now: float) -> None:
         """Write ``run``'s changed state to the table, then acknowledge the messages it holds
