@@ -39,6 +39,22 @@ def steps(
     return out
 
 
+def stored_state(msgs: list, run: str):
+    """``run``'s detector as the latest changelog values in ``msgs`` store it, or None."""
+    latest = {k.decode(): v for k, v in msgs if k and v}
+    if run not in latest:
+        return None
+    return load_state(latest[run], lambda r: latest.get(rank_key(run, r)))
+
+
+def wait_scored(worker, n: int, timeout_s: float = 90.0) -> None:
+    """Until ``worker`` has scored ``n`` step records in all."""
+    deadline = time.monotonic() + timeout_s
+    while f'records_total{{kind="step"}} {n}.0' not in worker.metrics():
+        assert time.monotonic() < deadline, worker.metrics()
+        time.sleep(0.1)
+
+
 def test_spike_alert_and_dead_letters(kafka, workers):
     run = f"run-{uuid.uuid4().hex[:6]}"
     w = workers("--no-arima").start()
@@ -144,12 +160,7 @@ def test_the_state_of_a_run_with_many_ranks_reaches_the_changelog(kafka, workers
     kafka.send(batches)
 
     def restored(msgs):
-        latest = {k.decode(): v for k, v in msgs if k and v}
-        det = (
-            load_state(latest[run], lambda r: latest.get(rank_key(run, r)))
-            if run in latest
-            else None
-        )
+        det = stored_state(msgs, run)
         return det is not None and det.records == 12_800 and len(det.series) == 128
 
     msgs = kafka.collect(f"{w.app_id}-runs-changelog", restored, 90, raw=True)
@@ -202,36 +213,23 @@ def test_sigkill_between_checkpoints_loses_no_record(kafka, workers):
     run = f"held-{uuid.uuid4().hex[:6]}"
     first = workers("--no-arima", "--checkpoint-s", "3600").start()
     first.wait_metrics()
-
-    def wait_scored(n: int) -> None:
-        deadline = time.monotonic() + 90
-        while f'records_total{{kind="step"}} {n}.0' not in first.metrics():
-            assert time.monotonic() < deadline, first.metrics()
-            time.sleep(0.2)
-
     kafka.send(steps(run, 0, 5))  # the run's first message is checkpointed at once
-    wait_scored(5)
+    wait_scored(first, 5)
     for first_step in range(5, 40, 5):  # these only at the next checkpoint, an hour away
         kafka.send(steps(run, first_step, first_step + 5))
-        wait_scored(first_step + 5)
+        wait_scored(first, first_step + 5)
     time.sleep(8)  # past Faust's commit interval (2.8 s): acknowledged offsets would be committed
     first.kill()
     second = workers("--no-arima", "--checkpoint-s", "0", state="w1").start()
     second.wait_metrics()
     kafka.send(steps(run, 40, 45))
-    changelog = f"{first.app_id}-runs-changelog"
-
-    def latest_state(msgs):
-        latest = {k.decode(): v for k, v in msgs if k and v}
-        if run not in latest:
-            return None
-        return load_state(latest[run], lambda r: latest.get(rank_key(run, r)))
 
     def done(msgs):
-        det = latest_state(msgs)
+        det = stored_state(msgs, run)
         return det is not None and det.records >= 45
 
-    det = latest_state(kafka.collect(changelog, done, 150, raw=True))
+    changelog = f"{first.app_id}-runs-changelog"
+    det = stored_state(kafka.collect(changelog, done, 150, raw=True), run)
     assert det is not None
     assert det.records == 45  # every record applied once: none lost, none twice
     # the first checkpoint held the run's first message (up to 5 records): the rest was
@@ -248,24 +246,15 @@ def test_a_run_that_goes_quiet_is_checkpointed(kafka, workers):
     w = workers("--no-arima", "--checkpoint-s", "1").start()
     w.wait_metrics()
     kafka.send(steps(run, 0, 5))  # checkpointed at once: the run's first message
-    deadline = time.monotonic() + 90
-    while 'records_total{kind="step"} 5.0' not in w.metrics():
-        assert time.monotonic() < deadline, w.metrics()
-        time.sleep(0.1)
+    wait_scored(w, 5)
     kafka.send(steps(run, 5, 10))  # under a second later: held for the next checkpoint
 
-    def state_of(msgs):
-        latest = {k.decode(): v for k, v in msgs if k and v}
-        if run not in latest:
-            return None
-        return load_state(latest[run], lambda r: latest.get(rank_key(run, r)))
-
     def all_ten(msgs):
-        det = state_of(msgs)
+        det = stored_state(msgs, run)
         return det is not None and det.records == 10
 
     msgs = kafka.collect(f"{w.app_id}-runs-changelog", all_ten, 30, raw=True)
-    det = state_of(msgs)
+    det = stored_state(msgs, run)
     assert det is not None and det.records == 10
 
 
