@@ -244,10 +244,9 @@ class Worker:
         self.metrics = metrics
         self.cache: dict[str, RunDetector] = {}
         self.saved_at: dict[str, float] = {}
-        # per run, the by-run messages scored since its last checkpoint (not yet acknowledged)
-        self.held: dict[str, list[Any]] = {}
-        self.partition_of: dict[str, int] = {}  # each held run's by-run partition
-        self.nudged: dict[str, float] = {}  # when a quiet run was last sent an empty message
+        # by-run partition -> run -> its messages scored since its last checkpoint (not yet
+        # acknowledged)
+        self.held: dict[int, dict[str, list[Any]]] = {}
         self.quiet = QuietLimiter(s.signal_every, s.signal_interval_s)
         self.pending_fits = 0
         self.consumed = 0
@@ -333,8 +332,6 @@ class Worker:
         self.saved_at.clear()
         # not acknowledged: whoever owns these runs now scores those messages again
         self.held.clear()
-        self.partition_of.clear()
-        self.nudged.clear()
 
     async def _assigned(self, app: faust.App, assigned: Any, **kw: Any) -> None:
         raw = sum(1 for tp in assigned if tp.topic == self.s.topics.raw)
@@ -482,15 +479,14 @@ class Worker:
                     reason = f"processing: {type(exc).__name__}: {exc}"
                     await self._dead(reason, text.encode(), run, None, partition, offset)
             self._submit_fits(run, det)
-            self.held.setdefault(run, []).append(event)
-            self.partition_of[run] = part = event.message.partition
+            # this run and the others of its by-run partition that are due: table writes go
+            # to the changelog partition of the message being processed, theirs too
+            held = self.held.setdefault(event.message.partition, {})
+            held.setdefault(run, []).append(event)
             now = time.monotonic()
-            due = self.s.checkpoint_s
-            for other in [r for r in self.held if r == run or self.partition_of[r] == part]:
-                # runs of this by-run partition, this one included: table writes go to the
-                # changelog partition of the message being processed, theirs too
-                if now - self.saved_at.get(other, 0.0) >= due:
-                    await self._checkpoint(stream, other, now)
+            due = [r for r in held if now - self.saved_at.get(r, 0.0) >= self.s.checkpoint_s]
+            for other in due:
+                await self._checkpoint(stream, other, held.pop(other), now)
 
     async def _nudge_quiet_runs(self) -> None:
         """A run that went quiet holds its last messages until its next checkpoint, which comes
@@ -498,23 +494,25 @@ class Worker:
         ``checkpoint_s`` is sent an empty by-run message: the detect agent then checkpoints it
         and acknowledges them, and its partition's offsets are committed."""
         now = time.monotonic()
-        every = self.s.checkpoint_s
-        for run in list(self.held):
-            quiet = now - self.saved_at.get(run, 0.0) >= every
-            if quiet and now - self.nudged.get(run, 0.0) >= every:
-                self.nudged[run] = now
-                await self.by_run.send(key=run.encode(), value=b"[]")
+        quiet = [
+            run
+            for held in self.held.values()
+            for run in held
+            if now - self.saved_at.get(run, 0.0) >= self.s.checkpoint_s
+        ]
+        for run in quiet:
+            await self.by_run.send(key=run.encode(), value=b"[]")
 
-    async def _checkpoint(self, stream: Any, run: str, now: float) -> None:
-        """Write ``run``'s changed state to the table, then acknowledge the messages it holds
-        (Faust flushes the table's changelog writes before it commits their offsets)."""
+    async def _checkpoint(self, stream: Any, run: str, events: list[Any], now: float) -> None:
+        """Write ``run``'s changed state to the table, then acknowledge ``events``, the messages
+        it holds (Faust flushes the changelog writes before it commits their offsets)."""
         det = self.cache[run]
         head, ranks = dump_state(det, det.take_touched())
         for rank, blob in ranks.items():  # before the head that lists them
             self.table[rank_key(run, rank)] = blob
         self.table[run] = head
         self.saved_at[run] = now
-        for event in self.held.pop(run, ()):
+        for event in events:
             await stream.ack(event)
 
     async def _process(self, det: RunDetector, rec: Record) -> None:
