@@ -36,6 +36,7 @@ from steplens.sinks.loop import SinkLoop
 from steplens.sinks.points import record_points
 from steplens.sinks.rollup import flux_string
 from steplens.sinks.settings import InfluxSettings
+from steplens.stack.scratch_topics import scratch_topics
 
 
 def batches_of(recs: list[Record], per: int) -> list[Record]:
@@ -200,4 +201,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with scratch_topics(os.environ.get("STEPLENS_KAFKA_BOOTSTRAP", "127.0.0.1:19092")):
+        rc = main()
+    sys.exit(rc)

@@ -34,6 +34,7 @@ from typing import Any
 
 from steplens.producer.schema import Record, decode, encode, make_record
 from steplens.producer.topics import Topics, ensure_topics
+from steplens.stack.scratch_topics import scratch_topics
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_stream_throughput import step_records
@@ -682,4 +683,5 @@ def report(lat: list[float], head: str) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with scratch_topics(os.environ.get("STEPLENS_KAFKA_BOOTSTRAP", "127.0.0.1:19092")):
+        main()

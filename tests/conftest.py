@@ -1,7 +1,8 @@
 """Session fixtures shared by every part's tests.
 
 ``stack_env``: the shared local stack (started if needed, left running for the next run; CI
-stops it). ``STEPLENS_STACK_SERVICES=kafka,s3`` limits which services it starts.
+stops it); the Kafka topics created during the session are deleted at its end.
+``STEPLENS_STACK_SERVICES=kafka,s3`` limits which services it starts.
 ``private_stack``: a factory of private stacks on free ports in a temporary folder, for tests
 that stop and restart services; each is torn down at the end of the test.
 """
@@ -16,8 +17,9 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def stack_env() -> dict[str, str]:
+def stack_env() -> Iterator[dict[str, str]]:
     import steplens.stack
+    from steplens.stack.scratch_topics import scratch_topics
 
     raw = os.environ.get("STEPLENS_STACK_SERVICES", "")
     services = [s.strip() for s in raw.split(",") if s.strip()] or None
@@ -26,7 +28,11 @@ def stack_env() -> dict[str, str]:
     except steplens.stack.StackError as exc:
         pytest.fail(f"the local stack did not start: {exc}", pytrace=False)
     os.environ.update(env)
-    return env
+    if "STEPLENS_KAFKA_BOOTSTRAP" not in env:
+        yield env
+        return
+    with scratch_topics(env["STEPLENS_KAFKA_BOOTSTRAP"]):
+        yield env
 
 
 @pytest.fixture

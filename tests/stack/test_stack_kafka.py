@@ -97,3 +97,20 @@ def test_restart_keeps_messages(private_stack) -> None:
     stack.start("kafka")
     assert stack.pid("kafka") not in (None, old_pid)
     assert _consume(bootstrap, topic, len(values)) == values
+
+
+def test_scratch_topics_deletes_only_what_the_block_created(stack_env: dict[str, str]) -> None:
+    from steplens.stack.scratch_topics import scratch_topics, topic_names
+
+    boot = stack_env["STEPLENS_KAFKA_BOOTSTRAP"]
+    older, newer = _topics(), _topics()
+    ensure_topics(boot, older)
+    with scratch_topics(boot):
+        ensure_topics(boot, newer)
+    # metadata reaches the broker a moment after the controller commits a change
+    deadline = time.monotonic() + 15
+    while set(newer.all()) & (names := topic_names(boot)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not set(newer.all()) & names
+    assert set(older.all()) <= names
+    assert set(Topics().all()) <= names
