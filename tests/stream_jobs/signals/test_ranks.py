@@ -1,3 +1,8 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from steplens.stream_jobs.core import Signal
+from steplens.stream_jobs.signals import ranks
 from steplens.stream_jobs.signals.ranks import RanksConfig, RanksState, progress, step_time, tick
 
 
@@ -78,3 +83,46 @@ def test_median_is_statistics_median():
         xs = [rng.choice([rng.gauss(0, 1), 1, 2.5, float("inf")]) for _ in range(n)]
         assert median(xs) == statistics.median(xs)
         assert median(iter(xs)) == statistics.median(xs)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n_ranks=st.integers(2, 7),
+    keep=st.integers(1, 6),
+    batch=st.integers(1, 12),
+    n_batches=st.integers(1, 5),
+    times=st.lists(st.sampled_from([0.0, 0.1, 0.1, 0.1, 0.2, 0.3, 1.0, 5.0]), min_size=1),
+    missing=st.sets(st.tuples(st.integers(0, 60), st.integers(0, 6)), max_size=6),
+)
+def test_steps_judged_together_equal_steps_judged_one_by_one(
+    n_ranks: int,
+    keep: int,
+    batch: int,
+    n_batches: int,
+    times: list[float],
+    missing: set[tuple[int, int]],
+) -> None:
+    """Batches of every rank's steps (``step_times``), judged with numpy where the steps have
+    the same ranks, give the signals and state of the same steps judged one at a time."""
+    cfg = RanksConfig(straggler_steps=keep, pending_steps=3)
+
+    def run(many_from: int) -> tuple[list[Signal], dict[int, list[float]]]:
+        old = ranks._MANY_STEPS
+        ranks._MANY_STEPS = many_from
+        try:
+            state = RanksState(world_size=n_ranks)
+            out: list[Signal] = []
+            k = 0
+            for b in range(n_batches):
+                for rank in range(n_ranks):
+                    got = []
+                    for step in range(b * batch, (b + 1) * batch):
+                        if (step, rank) not in missing:
+                            got.append((step, times[k % len(times)] * (1 + rank % 2)))
+                            k += 1
+                    out += ranks.step_times(state, cfg, rank, got, batch)
+            return out, {r: list(d) for r, d in state.ratios.items()}
+        finally:
+            ranks._MANY_STEPS = old
+
+    assert run(1) == run(10**9)

@@ -148,7 +148,7 @@ class WorkerSettings:
     within_s: float = 0.05
     by_run_partitions: int = 8
     signal_every: int = 50  # publish a non-breaching signal per rank and rule every N steps
-    signal_interval_s: float = 5.0  # ... and at most once in this many seconds
+    signal_interval_s: float = 15.0  # ... and at most once in this many seconds (a scrape)
     # a run's state goes to the table at most this often; its messages are acknowledged then
     checkpoint_s: float = 5.0
     fit_workers: int = 1

@@ -41,7 +41,7 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
     ap.add_argument(
         "--signal-interval",
         type=float,
-        default=5.0,
+        default=15.0,
         help="... and at most once in this many seconds (0: no time limit)",
     )
     ap.add_argument(

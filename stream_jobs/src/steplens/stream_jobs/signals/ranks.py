@@ -12,7 +12,13 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
 from steplens.stream_jobs.core import CRITICAL, WARNING, Signal, median, score_of
+
+# steps judged at once, and ranks per step, from which numpy pays (``_judge_many``)
+_MANY_STEPS, _MANY_RANKS = 4, 4
 
 
 @dataclass
@@ -72,6 +78,95 @@ def _judge(state: RanksState, cfg: RanksConfig, step: int, times: dict[int, floa
     return out
 
 
+def _judge_many(
+    state: RanksState, cfg: RanksConfig, steps: list[int], times: list[dict[int, float]]
+) -> list[Signal] | None:
+    """``_judge`` over consecutive steps that all have the same ranks, with numpy: the same
+    signals in the same order, and the same floats (the medians ``core.median`` takes, each
+    rank's recent ratios as its deque holds them). ``None`` when the steps' ranks differ."""
+    keys = times[0].keys()
+    if any(t.keys() != keys for t in times):
+        return None
+    order = list(keys)
+    keep, factor = cfg.straggler_steps, cfg.straggler_factor
+    ratios = state.ratios
+    recents = [ratios.get(rank) for rank in order]
+    if any(d is not None and d.maxlen != keep for d in recents):
+        return None  # deques of another configuration: ``_judge`` keeps using them
+    n_steps, n_ranks = len(steps), len(order)
+    grid = np.array([[t[r] for r in order] for t in times], dtype=float)
+    med = np.median(grid, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(med[:, None] > 0, grid / med[:, None], 1.0)
+    if all(d is not None and len(d) == keep for d in recents):
+        # every rank has ``keep`` recent ratios: all its windows are ``keep`` long
+        seq = np.concatenate((np.array(recents, dtype=float), ratio.T), axis=1)
+        windows = np.sort(sliding_window_view(seq, keep, axis=1)[:, 1:, :], axis=2)
+        h = keep // 2
+        mid = windows[:, :, h] if keep % 2 else (windows[:, :, h - 1] + windows[:, :, h]) / 2
+        typical = mid.T
+        full = np.ones((n_steps, n_ranks), dtype=bool)
+        for rank, row in zip(order, seq[:, -keep:].tolist(), strict=True):
+            ratios[rank] = deque(row, maxlen=keep)
+    else:
+        typical, full = _typical_per_rank(ratios, keep, order, ratio)
+    r = typical / factor
+    with np.errstate(invalid="ignore"):
+        inside = (r > 0) & (r < math.inf)
+        score = np.where(inside, r / (r + 1.0), np.where(r == math.inf, 1.0, 0.0))
+    slow = full & (typical > factor)
+    typical_l, score_l, slow_l = typical.tolist(), score.tolist(), slow.tolist()
+    med_l, upper_l = med.tolist(), (factor * med).tolist()
+    index = {rank: k for k, rank in enumerate(order)}
+    scopes = [_scope(rank) for rank in order]
+    out: list[Signal] = []
+    append = out.append
+    for j, step in enumerate(steps):
+        ty, sc, sl, m, up = typical_l[j], score_l[j], slow_l[j], med_l[j], upper_l[j]
+        for rank in times[j]:
+            k = index[rank]
+            append(
+                Signal(
+                    "straggler",
+                    "step_time_s",
+                    step,
+                    ty[k],
+                    sc[k],
+                    rank,
+                    scopes[k],
+                    WARNING if sl[k] else None,
+                    m,
+                    None,
+                    up,
+                )
+            )
+    return out
+
+
+def _typical_per_rank(
+    ratios: dict[int, deque[float]], keep: int, order: list[int], ratio: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``_judge_many``'s typical ratios rank by rank, for when some ranks have fewer than
+    ``keep`` recent ratios (their first windows are shorter). Also whether each is full."""
+    n_steps, n_ranks = ratio.shape
+    typical = np.empty((n_steps, n_ranks))
+    full = np.ones((n_steps, n_ranks), dtype=bool)
+    for k, rank in enumerate(order):
+        recent = ratios.get(rank)
+        before = list(recent) if recent is not None else []
+        seq = np.concatenate((np.array(before, dtype=float), ratio[:, k]))
+        p = len(before)
+        short = max(0, min(n_steps, keep - 1 - p))  # windows not yet ``keep`` long
+        for j in range(short):
+            typical[j, k] = median(seq[: p + j + 1].tolist())
+        full[:short, k] = False
+        if short < n_steps:
+            windows = sliding_window_view(seq[p + short + 1 - keep :], keep)
+            typical[short:, k] = np.median(windows, axis=1)
+        ratios[rank] = deque(seq[-keep:].tolist(), maxlen=keep)
+    return typical, full
+
+
 @functools.lru_cache(maxsize=4096)
 def _scope(rank: int) -> str:
     return f"rank:{rank}"
@@ -121,14 +216,20 @@ def _judge_ready(state: RanksState, cfg: RanksConfig, step: int, behind: int) ->
     first = min(pending)
     if first > old and len(pending[first]) < ranks_known:
         return []  # the oldest step waits, and every later one with it
-    out: list[Signal] = []
+    ready: list[int] = []
     for s in sorted(pending):
-        times = pending[s]
-        if len(times) >= ranks_known or s <= old:
-            out += _judge(state, cfg, s, times)
-            del pending[s]
+        if len(pending[s]) >= ranks_known or s <= old:
+            ready.append(s)
         else:
             break
+    judged = [pending.pop(s) for s in ready]
+    if len(ready) >= _MANY_STEPS and len(judged[0]) >= _MANY_RANKS:
+        many = _judge_many(state, cfg, ready, judged)
+        if many is not None:
+            return many
+    out: list[Signal] = []
+    for s, times in zip(ready, judged, strict=True):
+        out += _judge(state, cfg, s, times)
     return out
 
 
