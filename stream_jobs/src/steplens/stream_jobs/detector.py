@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from math import isfinite
-from typing import Any
+from typing import Any, cast
 
 from steplens.producer.schema import RUN_RANK, Record
 from steplens.stream_jobs import rules
@@ -67,6 +67,12 @@ _ROUTES: dict[bool, dict[str, tuple[int, bool, bool, bool]]] = {False: {}, True:
 _NOT_BATCH_SERIES = NOT_SERIES | {"step", "time_ns"}
 
 
+def _all_finite(xs: list[float | None]) -> bool:
+    """Whether the floats ``xs`` are all finite: their sum is unless one is not (or the sum
+    overflows, a false no)."""
+    return isfinite(sum(cast(list[float], xs)))
+
+
 def _number(x: Any) -> bool:
     return type(x) is float or (isinstance(x, (int, float)) and not isinstance(x, bool))
 
@@ -116,6 +122,12 @@ class Part:
         for k, i in enumerate(self.rows):
             at[i] = k
         return at
+
+    def any_breach(self) -> bool:
+        sigs = self.signals
+        if isinstance(sigs, SignalRun):
+            return sigs.severities.count(None) != len(sigs.severities)
+        return any(g.severity for got in sigs for g in got)
 
     def breaching(self) -> list[int]:
         sigs = self.signals
@@ -370,25 +382,29 @@ class RunDetector:
             if route is None:
                 route = routes[metric] = _route(metric, self.generic)
             spike_kind, vol, arima_too, special = route
-            at: list[int] = []  # the rows of the finite values
-            xs: list[float] = []
-            bad: list[int] = []
-            bad_sigs: list[list[Signal]] = []
-            for i, x in enumerate(cells):
-                if x is None:
+            at: list[int]  # the rows of the finite values
+            xs: list[float]
+            if None not in cells and _all_finite(cells):  # the common case, without a loop
+                at, xs, st = list(range(len(cells))), cast(list[float], cells), steps
+            else:
+                at, xs = [], []
+                bad: list[int] = []
+                bad_sigs: list[list[Signal]] = []
+                for i, x in enumerate(cells):
+                    if x is None:
+                        continue
+                    if isfinite(x):
+                        at.append(i)
+                        xs.append(x)
+                    else:  # as process_step: a nonfinite signal, nothing learnt
+                        bad.append(i)
+                        sig = Signal("nonfinite", metric, steps[i], x, 1.0, rank, severity=CRITICAL)
+                        bad_sigs.append([sig])
+                if bad:
+                    parts.append(Part(bad, bad_sigs))
+                if not xs:
                     continue
-                if isfinite(x):
-                    at.append(i)
-                    xs.append(x)
-                else:  # as process_step: a nonfinite signal, nothing learnt
-                    bad.append(i)
-                    sig = Signal("nonfinite", metric, steps[i], x, 1.0, rank, severity=CRITICAL)
-                    bad_sigs.append([sig])
-            if bad:
-                parts.append(Part(bad, bad_sigs))
-            if not xs:
-                continue
-            st = [steps[i] for i in at]
+                st = [steps[i] for i in at]
             if spike_kind:
                 state = s.spikes.get(metric)
                 if state is None:
@@ -498,6 +514,23 @@ class RunDetector:
         yields each row's alert transitions, as ``evaluate`` per row would (``self.rules`` is the
         state after that row). A row with no breach while nothing fires or correlates only
         moves the rules' latest step, without building its signals."""
+        state = self.rules
+        if not (state.firing or state.correlating or any(p.any_breach() for p in parts)):
+            # every row is quiet: each moves the latest step on, to its last signal's step
+            last: list[int | None] = [None] * n
+            for part in parts:  # in order: a row's last part sets its step last
+                sigs = part.signals
+                if isinstance(sigs, SignalRun) and len(part.rows) == n:
+                    last[:] = sigs.steps  # every row, in order
+                else:
+                    for i, st in part.steps():
+                        last[i] = st
+            steps = [st for st in last if st is not None]
+            if steps:
+                rules.quiet(state, max(steps))
+            for _ in range(n):
+                yield []
+            return
         covered = [False] * n
         full = [False] * n  # rows with a breach: their signals are built
         last_step: list[int | None] = [None] * n  # the step of each row's last signal

@@ -325,6 +325,44 @@ def volatility_full(  # noqa: PLR0917
     return cvs, scores, sev, ds, sum_v, sum_d, sum_d2
 
 
+@_jit
+def lr_recent(
+    recent: np.ndarray, lr: np.ndarray, window: int, warmup: int, jump: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``lr_schedule._judge`` without a schedule over finite lrs: each against ``jump`` x the
+    largest of the (at most ``window``) lrs before it. ``recent``: those before the first.
+
+    Returns (scores, breaches, tops, limits, the last ``window`` lrs)."""
+    r0 = len(recent)
+    n = len(lr)
+    seq = np.empty(r0 + n)
+    seq[:r0] = recent
+    seq[r0:] = lr
+    scores = np.empty(n)
+    breach = np.zeros(n, np.bool_)
+    tops = np.empty(n)
+    limits = np.empty(n)
+    for i in range(n):
+        k = r0 + i  # the window before this lr ends at seq[k]
+        top = 0.0
+        start = k - window if k > window else 0
+        if k > start:
+            top = seq[start]
+            for j in range(start + 1, k):
+                if seq[j] > top:
+                    top = seq[j]
+        x = lr[i]
+        limit = jump * top
+        size = k + 1 if k + 1 < window else window
+        ready = size > warmup and top > 0
+        breach[i] = ready and x > limit
+        tops[i] = top
+        limits[i] = limit
+        scores[i] = score(x / limit) if ready else 0.0
+    keep = r0 + n if r0 + n < window else window
+    return scores, breach, tops, limits, seq[r0 + n - keep :].copy()
+
+
 def warm_up() -> None:
     """Compile the kernels, or load them from the cache, before the first batch needs them."""
     one = np.ones(8)
@@ -333,3 +371,4 @@ def warm_up() -> None:
         one, 0.5, 0.5, 1.0, 0.0, 1.0, 1.0, 0, 0.0, 0.0, True, True, 0, 8, 4.0, 1e-3, 3, 0.02, 0.05
     )
     volatility_full(one, 4, one[:3], 4, 4.0, 0.0, 0.0, 0.1, 1e-3)
+    lr_recent(one[:2], one, 4, 2, 2.0)

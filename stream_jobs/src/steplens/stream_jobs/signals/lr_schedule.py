@@ -19,7 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from steplens.stream_jobs.core import WARNING, Signal, SignalRun, score_of
+from steplens.stream_jobs.signals import kernels
 
 isfinite = math.isfinite
 
@@ -146,22 +149,138 @@ def update(  # noqa: PLR0917
 def update_many(
     state: LrState, cfg: LrConfig, xs: Sequence[float], steps: Sequence[int], rank: int = -1
 ) -> SignalRun:
-    """``update`` over the lrs logged at ``steps`` (step records): their signals as columns."""
+    """``update`` over the lrs logged at ``steps`` (step records): their signals as columns.
+    Finite lrs go through numpy (``_judge_many``: the same arithmetic, so the same floats)."""
     run = SignalRun("lr_schedule", "lr", rank)
-    details: list[dict[str, Any] | None] = []
+    judged = _judge_many(state, cfg, xs, steps) if len(xs) >= _MANY else None
+    if judged is not None:
+        scores, breaches, expected, lower, upper = judged
+        run.steps += steps
+        run.values += xs
+        run.scores = scores
+        run.expected += expected
+        run.lower += lower
+        run.upper += upper
+        run.severities = [WARNING if b else None for b in breaches]
+        since = state.deviating_since
+        details: list[dict[str, Any] | None] = [None] * len(xs)
+        for i, b in enumerate(breaches):
+            if b:
+                if since is None:
+                    since = steps[i]
+                details[i] = {"since_step": since}
+            else:
+                since = None
+        state.deviating_since = since
+        if any(breaches):
+            run.details = details
+        return run
+    details = []
     for lr, step in zip(xs, steps, strict=True):
-        score, breach, expected, lower, upper = _judge(state, cfg, lr, step, None)
+        score, breach, exp, low, up = _judge(state, cfg, lr, step, None)
         run.steps.append(step)
         run.values.append(lr)
         run.scores.append(score)
         run.severities.append(WARNING if breach else None)
-        run.expected.append(expected)
-        run.lower.append(lower)
-        run.upper.append(upper)
+        run.expected.append(exp)
+        run.lower.append(low)
+        run.upper.append(up)
         details.append({"since_step": state.deviating_since} if breach else None)
     if any(details):
         run.details = details
     return run
+
+
+_MANY = 8  # values from which the numpy path pays
+
+Columns = tuple[list[float], list[bool], list[float], list[float], list[float]]
+
+
+def _judge_many(
+    state: LrState, cfg: LrConfig, xs: Sequence[float], steps: Sequence[int]
+) -> Columns | None:
+    """``_judge`` over finite lrs with numpy: (scores, breaches, expected, lower, upper), or
+    None where only the scalar path applies (a non-finite lr, a schedule with no declared lr
+    at some step, settings that divide by zero). Leaves ``deviating_since`` to the caller."""
+    lr = np.asarray(xs, dtype=float)
+    if not np.isfinite(lr).all() or cfg.rel_tolerance <= 0 or cfg.jump <= 0:
+        return None
+    if state.schedule:
+        # None where a step has no declared lr (then it is judged as if there were no
+        # schedule): step by step
+        return _against_schedule(state.schedule, cfg, lr, steps)
+    return _against_recent(state, cfg, lr)
+
+
+def _against_schedule(
+    schedule: dict[str, Any], cfg: LrConfig, lr: np.ndarray, steps: Sequence[int]
+) -> Columns | None:
+    """The scheduled branch of ``_judge``: the declared lr is computed once per step seen
+    (``expected_lr``, in Python: the same floats), the ranges and scores with numpy."""
+    off = cfg.step_offset
+    at = np.asarray(steps, dtype=np.int64)
+    lo_at, hi_at = np.maximum(at - off, 0), np.maximum(at + off, 0)
+    known: dict[int, float] = {}
+
+    def declared(points: np.ndarray) -> np.ndarray | None:
+        out = []
+        for p in points.tolist():
+            v = known.get(p)
+            if v is None:
+                got = expected_lr(schedule, p)
+                if got is None:
+                    return None
+                v = known[p] = got
+            out.append(v)
+        return np.array(out, dtype=float)
+
+    e_lo, e_hi, want = declared(lo_at), declared(hi_at), declared(at)
+    if e_lo is None or e_hi is None or want is None:
+        return None
+    lo, hi = np.minimum(e_lo, e_hi), np.maximum(e_lo, e_hi)
+    warm = int(schedule.get("warmup_steps") or 0)
+    extra: list[tuple[np.ndarray, tuple[int, ...]]] = [
+        ((lo_at <= p) & (p <= hi_at), (p,)) for p in (warm - 1, warm)
+    ]
+    for m in schedule.get("milestones") or []:
+        if isinstance(m, int):
+            extra.append(((lo_at < m) & (m <= hi_at), (m - 1, m)))
+    for inside, points in extra:
+        if inside.any():
+            for p in points:
+                v = declared(np.array([p]))
+                if v is None:
+                    return None
+                lo = np.where(inside, np.minimum(lo, v[0]), lo)
+                hi = np.where(inside, np.maximum(hi, v[0]), hi)
+    peak = float(schedule["peak_lr"])  # a declared lr exists: so does a numeric peak_lr
+    near = np.where(lr < lo, lo, hi)
+    tol = cfg.rel_tolerance * np.maximum(np.maximum(np.abs(near), 0.01 * abs(peak)), 1e-12)
+    dev = np.maximum(np.maximum(lo - lr, lr - hi), 0.0)
+    breach = dev > tol
+    score = np.where(dev > 0, _score_of(dev / tol), 0.0)
+    return score.tolist(), breach.tolist(), want.tolist(), (lo - tol).tolist(), (hi + tol).tolist()
+
+
+def _against_recent(state: LrState, cfg: LrConfig, lr: np.ndarray) -> Columns | None:
+    """The branch of ``_judge`` without a schedule (``kernels.lr_recent``): each lr against
+    ``jump`` x the largest of the ``jump_window`` finite lrs before it."""
+    recent, window = state.recent, cfg.jump_window
+    if len(recent) > window or window < 1:
+        return None
+    score, breach, top, limit, kept = kernels.lr_recent(
+        np.array(recent, dtype=float), lr, window, cfg.warmup, float(cfg.jump)
+    )
+    state.recent = deque(kept.tolist())
+    zeros = [0.0] * len(lr)
+    return score.tolist(), breach.tolist(), top.tolist(), zeros, limit.tolist()
+
+
+def _score_of(r: np.ndarray) -> np.ndarray:
+    """``core.score_of`` elementwise."""
+    with np.errstate(invalid="ignore"):
+        inside = (r > 0) & (r < math.inf)
+        return np.where(inside, r / (r + 1.0), np.where(r == math.inf, 1.0, 0.0))
 
 
 def _judge(
