@@ -161,6 +161,7 @@ def bench_pure(n: int) -> None:
         f"per point (target <= 50 us)"
     )
     bench_batched(recs, len(recs) / total)
+    bench_steady(len(recs) / t_decode)
     bench_groups(recs, t_decode)
 
 
@@ -190,6 +191,54 @@ def bench_batched(recs: list[Record], one_by_one: float, size: int = 100) -> Non
     print(
         f"  detect, in step_batches of {size} {rate:>10,.0f} records/s = {rate / one_by_one:.1f}x "
         f"one record at a time; target 20,000 -> {rate / 20000:.2f}x"
+    )
+
+
+def bench_steady(decode_rate: float, runs: int = 4, ranks: int = 32, size: int = 80) -> None:
+    """A long run's cost: step_batches of ``size`` steps (``runs`` x ``ranks``, as the live
+    bench sends them) once the baselines are warm (1,100 steps in: fitted, windows full), the
+    ARIMA fits timed apart (the worker runs them in a process pool)."""
+    rng = np.random.default_rng(1)
+    dets = {f"s{r}": RunDetector(f"s{r}", DetectorConfig(), fit_inline=False) for r in range(runs)}
+
+    def batches(first: int, last: int) -> list[tuple[str, int, list[dict[str, Any]]]]:
+        out = []
+        for b0 in range(first, last, size):
+            n = min(size, last - b0)
+            for r in range(runs):
+                for k in range(ranks):
+                    loss = 3.0 - np.arange(b0, b0 + n) * 1e-4 + rng.normal(0, 0.02, n)
+                    grad = 1.0 + rng.normal(0, 0.05, n)
+                    st = 0.1 + rng.normal(0, 0.002, n)
+                    tps = 1e5 + rng.normal(0, 500, n)
+                    out.append((f"s{r}", k, [
+                        {"step": b0 + i, "time_ns": 0, "loss": float(loss[i]),
+                         "grad_norm": float(grad[i]), "lr": 3e-4, "step_time_s": float(st[i]),
+                         "tokens_per_s": float(tps[i])}
+                        for i in range(n)
+                    ]))  # fmt: skip
+        return out
+
+    def score(work: list[tuple[str, int, list[dict[str, Any]]]]) -> float:
+        fit_time = 0.0
+        t = time.perf_counter()
+        for run, rank, entries in work:
+            det = dets[run]
+            det.process_entries(rank, entries)
+            if det.fits_wanted:
+                t_fit = time.perf_counter()
+                for key, values in det.pending_fits():
+                    det.apply_fit(key, arima.fit(values, (1, 1, 1), "hannan_rissanen"))
+                fit_time += time.perf_counter() - t_fit
+        return time.perf_counter() - t - fit_time
+
+    score(batches(0, 1100))
+    steps = 480
+    rate = runs * ranks * steps / score(batches(1100, 1100 + steps))
+    print(
+        f"  detect, warm, in step_batches of {size} ({runs} runs x {ranks} ranks) "
+        f"{rate:>8,.0f} records/s = {decode_rate / rate:.2f}x the decode time; "
+        f"target 20,000 -> {rate / 20000:.2f}x"
     )
 
 
