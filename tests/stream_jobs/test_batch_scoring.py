@@ -183,6 +183,42 @@ def test_arima_update_many_equals_update(order, inline, xs, data):
     assert (many.next_fit, many.wants_fit, many.params) == (one.next_fit, one.wants_fit, one.params)
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from([(1, 1, 1), (2, 1, 2), (1, 0, 1), (0, 1, 3)]),
+    st.integers(2, 40),
+    series(max_size=300),
+    st.data(),
+)
+def test_arima_values_before_any_model_equal_update(order, window, xs, data):
+    """Long stretches without a model (every fit fails, a history window shorter than the
+    first fit): ``update_many`` learns them at once, as ``update`` does one by one."""
+    cfg = arima.ArimaConfig(order=order, first_fit=30, fit_window=window, retry_after=5)
+    one, many = arima.ArimaState(), arima.ArimaState()
+
+    def learnt(state: arima.ArimaState) -> tuple[object, ...]:
+        return (list(state.history), list(state.diffs), list(state.errors), state.last)
+
+    want, after = [], []  # after[i]: the state once value i is learnt
+    for i, x in enumerate(xs):
+        want += arima.update(one, cfg, "m", x, i, 1)[1]
+        if one.wants_fit:
+            arima.apply_fit(one, cfg, None)
+        after.append(learnt(one))
+    got = []
+    for lo, hi in itertools.pairwise(cuts(data.draw, len(xs))):
+        i = lo
+        while i < hi:
+            run, took = arima.update_many(many, cfg, "m", xs[i:hi], list(range(i, hi)), 1)
+            got += run.signals()
+            i += took
+            if many.wants_fit:
+                arima.apply_fit(many, cfg, None)
+            assert learnt(many) == after[i - 1]
+    assert got == want
+    assert (many.seen, many.next_fit, many.failed_fits) == (one.seen, one.next_fit, one.failed_fits)
+
+
 cell = st.one_of(
     finite,
     st.sampled_from([None, math.nan, math.inf, -math.inf, 0.0, 1.0]),

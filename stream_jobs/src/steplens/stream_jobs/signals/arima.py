@@ -295,6 +295,49 @@ def _trim(diffs: deque[float], errors: deque[float], keep: int) -> None:
         errors.popleft()
 
 
+def _learn_unfitted(
+    state: ArimaState,
+    cfg: ArimaConfig,
+    xs: Sequence[float],
+    steps: Sequence[int | None],
+    out: SignalRun,
+) -> None:
+    """``update`` over finite values before any model, none of which asks for a fit: each
+    gets a signal with no score, and is learnt as ``update`` learns it (the differences and
+    errors keep their last ``max(p, q, 1)``, the history its last ``fit_window``)."""
+    k = len(xs)
+    d = cfg.order[1]
+    keep = max(cfg.order[0], cfg.order[2], 1)
+    last = state.last
+    added: list[float] = []  # the last differences these values append
+    for t in range(max(0, k - keep), k):
+        if not d:
+            added.append(xs[t])
+        elif t:
+            added.append(xs[t] - xs[t - 1])
+        elif last is not None:
+            added.append(xs[0] - last)
+    diffs, errors = state.diffs, state.errors
+    diffs.extend(added)
+    errors.extend([0.0] * min(k, keep))
+    _trim(diffs, errors, keep)
+    state.last = xs[-1]
+    history = state.history
+    room = max(0, cfg.fit_window - len(history))
+    history.extend(xs)
+    for _ in range(max(0, k - room)):  # update drops one per value once past fit_window
+        history.popleft()
+    state.seen += k
+    none: list[None] = [None] * k
+    out.steps += steps
+    out.values += xs
+    out.scores += [0.0] * k
+    out.severities += none
+    out.expected += none
+    out.lower += none
+    out.upper += none
+
+
 def update_many(  # noqa: PLR0917
     state: ArimaState,
     cfg: ArimaConfig,
@@ -325,6 +368,13 @@ def update_many(  # noqa: PLR0917
             or state.diffs.maxlen != 1
             or state.errors.maxlen != 1
         ):
+            if p is None and state.next_fit and state.history.maxlen is None:
+                # before any model: the values up to the one that asks for a fit, at once
+                k = n - i if state.wants_fit else min(n - i, state.next_fit - state.seen - 1)
+                if k > 1:
+                    _learn_unfitted(state, cfg, xs[i : i + k], steps[i : i + k], out)
+                    i += k
+                    continue
             asked = state.wants_fit
             out.add(update(state, cfg, metric, xs[i], steps[i], rank)[1][0])
             i += 1
