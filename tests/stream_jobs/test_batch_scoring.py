@@ -356,6 +356,44 @@ def test_step_batch_entries_equal_step_records(entries, data):
     assert many.ranks == one.ranks
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.data())
+def test_quiet_steps_while_alerts_fire_equal_step_records(seed, data):
+    """Quiet steps while alerts fire (a GPU-memory alert from a hardware record, loss spikes
+    that resolve after the correlation window): batches give the step records' alerts."""
+    from steplens.producer.schema import make_record
+    from steplens.stream_jobs.rules import RulesConfig
+
+    rng = random.Random(seed)
+    cfg = DetectorConfig()
+    cfg.rules = RulesConfig(resolve_after=30, correlation_steps=20)
+    one, many = RunDetector("r", copy.deepcopy(cfg)), RunDetector("r", copy.deepcopy(cfg))
+    gpu = {"index": 0, "mem_used_bytes": 95, "mem_total_bytes": 100}
+    hw = make_record("hw", {"gpus": [gpu]}, run_id="r", rank=1, time_ns=1)
+    spikes = set(rng.sample(range(80, 400), 3))
+    entries = [
+        {
+            "step": i,
+            "time_ns": 10 + i,
+            "loss": 60.0 if i in spikes else 2.0 + rng.gauss(0, 0.01),
+            "grad_norm": 1.0 + rng.gauss(0, 0.05),
+        }
+        for i in range(400)
+    ]
+    want = one.process(hw)[1]
+    got = many.process(hw)[1]
+    for e in entries:
+        fields = {k: v for k, v in e.items() if k not in ("step", "time_ns")}
+        rec = make_record("step", fields, run_id="r", rank=1, step=e["step"], time_ns=e["time_ns"])
+        want += one.process(rec)[1]
+    for lo, hi in itertools.pairwise(cuts(data.draw, len(entries))):
+        got += many.process_entries(1, entries[lo:hi])[1]
+    assert sorted(got, key=repr) == sorted(want, key=repr)
+    assert [(a.step, a.state) for a in got] == [(a.step, a.state) for a in want]
+    assert many.rules == one.rules
+    assert any(a.state == "resolved" and a.rule == "spike:loss" for a in want)
+
+
 def test_a_straggler_is_found_when_every_rank_sends_its_steps_in_batches():
     """Each rank's batch arrives before the others' batches of the same steps: its steps wait
     for them instead of being judged alone."""

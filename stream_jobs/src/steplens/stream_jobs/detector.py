@@ -541,17 +541,52 @@ class RunDetector:
             for i in part.breaching():
                 full[i] = True
         where: list[list[int]] | None = None
+        # the (rule, scope) of each column part's signals ("run"), to ask if it fires
+        keys = [
+            (f"{p.signals.name}:{p.signals.metric}", "run")
+            if isinstance(p.signals, SignalRun)
+            else None
+            for p in parts
+        ]
         for i in range(n):
             state = self.rules
             if not covered[i]:
                 yield []
-            elif full[i] or state.firing or state.correlating:
+            elif full[i] or state.correlating:
                 if where is None:
                     where = [part.where(n) for part in parts]
                 yield self.evaluate(row_signals(parts, where, i))
+            elif state.firing:  # a quiet row only counts towards resolving what fires
+                if where is None:
+                    where = [part.where(n) for part in parts]
+                yield self._quiet_while_firing(parts, where, keys, i, last_step[i])
             else:
                 rules.quiet(state, last_step[i])
                 yield []
+
+    def _quiet_while_firing(
+        self,
+        parts: list[Part],
+        where: list[list[int]],
+        keys: list[tuple[str, str] | None],
+        i: int,
+        last: int | None,
+    ) -> list[Alert]:
+        """``evaluate`` of row ``i`` (no breach) while something fires: only the signals of
+        firing rules and scopes are built."""
+        firing = self.rules.firing
+        sigs: list[Signal] = []
+        for part, at, key in zip(parts, where, keys, strict=True):
+            k = at[i]
+            if k < 0:
+                continue
+            got = part.signals
+            if isinstance(got, SignalRun):
+                if key in firing:
+                    sigs.append(got.signal(k))
+            else:
+                sigs += [g for g in got[k] if (f"{g.name}:{g.metric}", g.scope) in firing]
+        return rules.quiet_while_firing(self.rules, self.cfg.rules, self.run_id, sigs, last)
 
     def _window(self, rec: Record) -> list[Signal]:
         metrics: dict[str, float] = {}

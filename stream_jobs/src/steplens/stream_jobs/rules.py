@@ -179,6 +179,31 @@ def evaluate(
     return state, alerts
 
 
+def quiet_while_firing(
+    state: RulesState, cfg: RulesConfig, run_id: str, signals: list[Signal], last: int | None
+) -> list[Alert]:
+    """What ``evaluate`` does with signals none of which breaches while something fires and
+    nothing correlates: ``signals`` are those of the firing rules and scopes (in order; the
+    others change nothing), ``last`` the step of the record's last signal."""
+    alerts: list[Alert] = []
+    firing = state.firing
+    for sig in signals:
+        key = (f"{sig.name}:{sig.metric}", sig.scope)
+        cur = firing.get(key)
+        if cur is None:
+            continue
+        if sig.step is not None and cur.last_step is not None:
+            done = sig.step - cur.last_step >= cfg.resolve_after
+        else:
+            cur.clean += 1
+            done = cur.clean >= cfg.resolve_after
+        if done:
+            del firing[key]
+            alerts.append(_resolved(run_id, key, cur, sig.step))
+    quiet(state, last)
+    return alerts
+
+
 def quiet(state: RulesState, step: int | None) -> None:
     """What ``evaluate`` does with signals none of which breaches while nothing fires or
     correlates: the latest step (of the last signal) moves on."""
