@@ -127,15 +127,9 @@ def evaluate(
         key = (rule, sig.scope)
         cur = firing.get(key)
         if sig.severity is None:
-            if cur is not None:
-                if sig.step is not None and cur.last_step is not None:
-                    done = sig.step - cur.last_step >= cfg.resolve_after
-                else:
-                    cur.clean += 1
-                    done = cur.clean >= cfg.resolve_after
-                if done:
-                    del firing[key]
-                    alerts.append(_resolved(run_id, key, cur, sig.step))
+            if cur is not None and _resolves(cfg, cur, sig):
+                del firing[key]
+                alerts.append(_resolved(run_id, key, cur, sig.step))
             continue
         breached = True
         if sig.step is not None:
@@ -190,18 +184,20 @@ def quiet_while_firing(
     for sig in signals:
         key = (f"{sig.name}:{sig.metric}", sig.scope)
         cur = firing.get(key)
-        if cur is None:
-            continue
-        if sig.step is not None and cur.last_step is not None:
-            done = sig.step - cur.last_step >= cfg.resolve_after
-        else:
-            cur.clean += 1
-            done = cur.clean >= cfg.resolve_after
-        if done:
+        if cur is not None and _resolves(cfg, cur, sig):
             del firing[key]
             alerts.append(_resolved(run_id, key, cur, sig.step))
     quiet(state, last)
     return alerts
+
+
+def _resolves(cfg: RulesConfig, cur: Firing, sig: Signal) -> bool:
+    """A quiet signal of what fires: whether it resolves now (``resolve_after`` steps after
+    the last breach, or that many clean samples for signals without a step)."""
+    if sig.step is not None and cur.last_step is not None:
+        return sig.step - cur.last_step >= cfg.resolve_after
+    cur.clean += 1
+    return cur.clean >= cfg.resolve_after
 
 
 def quiet(state: RulesState, step: int | None) -> None:
