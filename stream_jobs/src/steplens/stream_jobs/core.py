@@ -7,6 +7,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from steplens.producer.schema import RUN_RANK
 
 WARNING, CRITICAL, INFO = "warning", "critical", "info"
@@ -54,6 +56,10 @@ class SignalRun:
 
     def __len__(self) -> int:
         return len(self.scores)
+
+    @property
+    def rule(self) -> str:
+        return f"{self.name}:{self.metric}"
 
     def signal(self, k: int) -> Signal:
         return Signal(
@@ -127,6 +133,13 @@ def score_of(ratio: float) -> float:
     if math.isinf(ratio):
         return 1.0
     return ratio / (ratio + 1.0)
+
+
+def scores_of(ratios: np.ndarray) -> np.ndarray:
+    """``score_of`` elementwise."""
+    with np.errstate(invalid="ignore"):
+        inside = (ratios > 0) & (ratios < math.inf)
+        return np.where(inside, ratios / (ratios + 1.0), np.where(ratios == math.inf, 1.0, 0.0))
 
 
 def median(values: Iterable[float]) -> float:

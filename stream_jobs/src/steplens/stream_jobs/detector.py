@@ -143,6 +143,19 @@ class Part:
         return ((i, got[-1].step) for i, got in zip(self.rows, sigs, strict=True))
 
 
+def _last_steps(parts: list[Part], n: int) -> list[int | None]:
+    """Each of the ``n`` rows' step of its last signal (None for a row without signals)."""
+    last: list[int | None] = [None] * n
+    for part in parts:  # in order: a row's last part sets its step last
+        sigs = part.signals
+        if isinstance(sigs, SignalRun) and len(part.rows) == n:
+            last[:] = sigs.steps  # every row, in order
+        else:
+            for i, st in part.steps():
+                last[i] = st
+    return last
+
+
 def row_signals(parts: list[Part], where: list[list[int]], i: int) -> list[Signal]:
     """Row ``i``'s signals, in order (``where``: each part's ``where``)."""
     out: list[Signal] = []
@@ -514,78 +527,50 @@ class RunDetector:
         yields each row's alert transitions, as ``evaluate`` per row would (``self.rules`` is the
         state after that row). A row with no breach while nothing fires or correlates only
         moves the rules' latest step, without building its signals."""
+        last_step = _last_steps(parts, n)
         state = self.rules
         if not (state.firing or state.correlating or any(p.any_breach() for p in parts)):
             # every row is quiet: each moves the latest step on, to its last signal's step
-            last: list[int | None] = [None] * n
-            for part in parts:  # in order: a row's last part sets its step last
-                sigs = part.signals
-                if isinstance(sigs, SignalRun) and len(part.rows) == n:
-                    last[:] = sigs.steps  # every row, in order
-                else:
-                    for i, st in part.steps():
-                        last[i] = st
-            steps = [st for st in last if st is not None]
+            steps = [st for st in last_step if st is not None]
             if steps:
                 rules.quiet(state, max(steps))
             for _ in range(n):
                 yield []
             return
-        covered = [False] * n
         full = [False] * n  # rows with a breach: their signals are built
-        last_step: list[int | None] = [None] * n  # the step of each row's last signal
-        for part in parts:  # in order: a row's last part sets its step last
-            for i, st in part.steps():
-                covered[i] = True
-                last_step[i] = st
+        for part in parts:
             for i in part.breaching():
                 full[i] = True
-        where: list[list[int]] | None = None
-        # the (rule, scope) of each column part's signals ("run"), to ask if it fires
-        keys = [
-            (f"{p.signals.name}:{p.signals.metric}", "run")
-            if isinstance(p.signals, SignalRun)
-            else None
-            for p in parts
-        ]
-        for i in range(n):
+        where: list[list[int]] = []  # each part's ``where``, once a row needs its signals
+        for i in range(n):  # a row without signals yields no alert and changes nothing
             state = self.rules
-            if not covered[i]:
-                yield []
-            elif full[i] or state.correlating:
-                if where is None:
-                    where = [part.where(n) for part in parts]
+            if full[i] or state.correlating:
+                where = where or [part.where(n) for part in parts]
                 yield self.evaluate(row_signals(parts, where, i))
             elif state.firing:  # a quiet row only counts towards resolving what fires
-                if where is None:
-                    where = [part.where(n) for part in parts]
-                yield self._quiet_while_firing(parts, where, keys, i, last_step[i])
+                where = where or [part.where(n) for part in parts]
+                yield self._quiet_while_firing(parts, where, i, last_step[i])
             else:
                 rules.quiet(state, last_step[i])
                 yield []
 
     def _quiet_while_firing(
-        self,
-        parts: list[Part],
-        where: list[list[int]],
-        keys: list[tuple[str, str] | None],
-        i: int,
-        last: int | None,
+        self, parts: list[Part], where: list[list[int]], i: int, last: int | None
     ) -> list[Alert]:
         """``evaluate`` of row ``i`` (no breach) while something fires: only the signals of
-        firing rules and scopes are built."""
+        firing rules and scopes are built (a column's signals have the scope "run")."""
         firing = self.rules.firing
         sigs: list[Signal] = []
-        for part, at, key in zip(parts, where, keys, strict=True):
+        for part, at in zip(parts, where, strict=True):
             k = at[i]
             if k < 0:
                 continue
             got = part.signals
             if isinstance(got, SignalRun):
-                if key in firing:
+                if (got.rule, "run") in firing:
                     sigs.append(got.signal(k))
             else:
-                sigs += [g for g in got[k] if (f"{g.name}:{g.metric}", g.scope) in firing]
+                sigs += [g for g in got[k] if (g.rule, g.scope) in firing]
         return rules.quiet_while_firing(self.rules, self.cfg.rules, self.run_id, sigs, last)
 
     def _window(self, rec: Record) -> list[Signal]:

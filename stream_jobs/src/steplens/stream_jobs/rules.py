@@ -182,7 +182,7 @@ def quiet_while_firing(
     alerts: list[Alert] = []
     firing = state.firing
     for sig in signals:
-        key = (f"{sig.name}:{sig.metric}", sig.scope)
+        key = (sig.rule, sig.scope)
         cur = firing.get(key)
         if cur is not None and _resolves(cfg, cur, sig):
             del firing[key]

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from steplens.stream_jobs.core import WARNING, Signal, SignalRun, score_of
+from steplens.stream_jobs.core import WARNING, Signal, SignalRun, score_of, scores_of
 from steplens.stream_jobs.signals import kernels
 
 isfinite = math.isfinite
@@ -258,7 +258,7 @@ def _against_schedule(
     tol = cfg.rel_tolerance * np.maximum(np.maximum(np.abs(near), 0.01 * abs(peak)), 1e-12)
     dev = np.maximum(np.maximum(lo - lr, lr - hi), 0.0)
     breach = dev > tol
-    score = np.where(dev > 0, _score_of(dev / tol), 0.0)
+    score = np.where(dev > 0, scores_of(dev / tol), 0.0)
     return score.tolist(), breach.tolist(), want.tolist(), (lo - tol).tolist(), (hi + tol).tolist()
 
 
@@ -274,13 +274,6 @@ def _against_recent(state: LrState, cfg: LrConfig, lr: np.ndarray) -> Columns | 
     state.recent = deque(kept.tolist())
     zeros = [0.0] * len(lr)
     return score.tolist(), breach.tolist(), top.tolist(), zeros, limit.tolist()
-
-
-def _score_of(r: np.ndarray) -> np.ndarray:
-    """``core.score_of`` elementwise."""
-    with np.errstate(invalid="ignore"):
-        inside = (r > 0) & (r < math.inf)
-        return np.where(inside, r / (r + 1.0), np.where(r == math.inf, 1.0, 0.0))
 
 
 def _judge(

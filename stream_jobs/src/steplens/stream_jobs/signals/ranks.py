@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from steplens.stream_jobs.core import CRITICAL, WARNING, Signal, median, score_of
+from steplens.stream_jobs.core import CRITICAL, WARNING, Signal, median, score_of, scores_of
 
 # steps judged at once, and ranks per step, from which numpy pays (``_judge_many``: about
 # 0.5 ms a call, as much as judging 8 steps of 32 ranks one by one)
@@ -82,9 +82,10 @@ def _judge(state: RanksState, cfg: RanksConfig, step: int, times: dict[int, floa
 def _judge_many(
     state: RanksState, cfg: RanksConfig, steps: list[int], times: list[dict[int, float]]
 ) -> list[Signal] | None:
-    """``_judge`` over consecutive steps that all have the same ranks, with numpy: the same
-    signals in the same order, and the same floats (the medians ``core.median`` takes, each
-    rank's recent ratios as its deque holds them). ``None`` when the steps' ranks differ."""
+    """``_judge`` over consecutive steps that all have the same ranks, each with ``keep``
+    recent ratios, with numpy: the same signals in the same order, and the same floats (the
+    medians ``core.median`` takes, each rank's recent ratios as its deque holds them).
+    ``None`` otherwise (a run's first steps, ranks that differ): ``_judge`` takes them."""
     keys = times[0].keys()
     if any(t.keys() != keys for t in times):
         return None
@@ -92,30 +93,21 @@ def _judge_many(
     keep, factor = cfg.straggler_steps, cfg.straggler_factor
     ratios = state.ratios
     recents = [ratios.get(rank) for rank in order]
-    if any(d is not None and d.maxlen != keep for d in recents):
-        return None  # deques of another configuration: ``_judge`` keeps using them
-    n_steps, n_ranks = len(steps), len(order)
+    if not all(d is not None and d.maxlen == keep and len(d) == keep for d in recents):
+        return None
     grid = np.array([[t[r] for r in order] for t in times], dtype=float)
     med = np.median(grid, axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(med[:, None] > 0, grid / med[:, None], 1.0)
-    if all(d is not None and len(d) == keep for d in recents):
-        # every rank has ``keep`` recent ratios: all its windows are ``keep`` long
-        seq = np.concatenate((np.array(recents, dtype=float), ratio.T), axis=1)
-        windows = np.sort(sliding_window_view(seq, keep, axis=1)[:, 1:, :], axis=2)
-        h = keep // 2
-        mid = windows[:, :, h] if keep % 2 else (windows[:, :, h - 1] + windows[:, :, h]) / 2
-        typical = mid.T
-        full = np.ones((n_steps, n_ranks), dtype=bool)
-        for rank, row in zip(order, seq[:, -keep:].tolist(), strict=True):
-            ratios[rank] = deque(row, maxlen=keep)
-    else:
-        typical, full = _typical_per_rank(ratios, keep, order, ratio)
-    r = typical / factor
-    with np.errstate(invalid="ignore"):
-        inside = (r > 0) & (r < math.inf)
-        score = np.where(inside, r / (r + 1.0), np.where(r == math.inf, 1.0, 0.0))
-    slow = full & (typical > factor)
+    # each rank's windows of its ``keep`` latest ratios, one ending at each step
+    seq = np.concatenate((np.array(recents, dtype=float), ratio.T), axis=1)
+    windows = np.sort(sliding_window_view(seq, keep, axis=1)[:, 1:, :], axis=2)
+    h = keep // 2
+    typical = (windows[:, :, h] if keep % 2 else (windows[:, :, h - 1] + windows[:, :, h]) / 2).T
+    for rank, row in zip(order, seq[:, -keep:].tolist(), strict=True):
+        ratios[rank] = deque(row, maxlen=keep)
+    score = scores_of(typical / factor)
+    slow = typical > factor
     typical_l, score_l, slow_l = typical.tolist(), score.tolist(), slow.tolist()
     med_l, upper_l = med.tolist(), (factor * med).tolist()
     index = {rank: k for k, rank in enumerate(order)}
@@ -142,30 +134,6 @@ def _judge_many(
                 )
             )
     return out
-
-
-def _typical_per_rank(
-    ratios: dict[int, deque[float]], keep: int, order: list[int], ratio: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """``_judge_many``'s typical ratios rank by rank, for when some ranks have fewer than
-    ``keep`` recent ratios (their first windows are shorter). Also whether each is full."""
-    n_steps, n_ranks = ratio.shape
-    typical = np.empty((n_steps, n_ranks))
-    full = np.ones((n_steps, n_ranks), dtype=bool)
-    for k, rank in enumerate(order):
-        recent = ratios.get(rank)
-        before = list(recent) if recent is not None else []
-        seq = np.concatenate((np.array(before, dtype=float), ratio[:, k]))
-        p = len(before)
-        short = max(0, min(n_steps, keep - 1 - p))  # windows not yet ``keep`` long
-        for j in range(short):
-            typical[j, k] = median(seq[: p + j + 1].tolist())
-        full[:short, k] = False
-        if short < n_steps:
-            windows = sliding_window_view(seq[p + short + 1 - keep :], keep)
-            typical[short:, k] = np.median(windows, axis=1)
-        ratios[rank] = deque(seq[-keep:].tolist(), maxlen=keep)
-    return typical, full
 
 
 @functools.lru_cache(maxsize=4096)
