@@ -410,7 +410,7 @@ def full_resolution_traffic(
                 rec = make_record("step_batch", data, run_id=run, rank=rank, step=st)
                 due[st].append((rec.key, encode(rec), (run, st) if spike else None))
                 entries, lengths = [], flush_every
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "compression.type": "lz4"})
     timer = AlertTimer(bootstrap, topics.alerts)
     sent = 0
     t0 = time.monotonic()

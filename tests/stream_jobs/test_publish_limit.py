@@ -1,3 +1,5 @@
+import itertools
+
 from steplens.stream_jobs.core import CRITICAL, Signal
 from steplens.stream_jobs.publish_limit import QuietLimiter
 
@@ -17,15 +19,47 @@ def test_breaches_always_go_out():
     assert lim.wanted("run", quiet(4, score=0.6), 0.0)  # at or above the alert threshold
 
 
+def gaps(values):
+    return [b - a for a, b in itertools.pairwise(values)]
+
+
 def test_quiet_signals_need_both_steps_and_seconds():
     lim = QuietLimiter(every=50, interval_s=5.0)
     # a step every 0.2 s: 50 steps take 10 s, so the step rule decides
-    fast_clock = [(quiet(s), s * 0.2) for s in range(200)]
-    assert [s for s, _ in published(lim, fast_clock)] == [0, 50, 100, 150]
+    fast_clock = [(quiet(s), s * 0.2) for s in range(300)]
+    steps = [s for s, _ in published(lim, fast_clock)]
+    assert steps[0] == 0 and 1 <= steps[1] <= 50  # the series' first wait: a part of the limit
+    assert gaps(steps[1:]) == [50] * (len(steps) - 2) and len(steps) >= 6
     # windows of 100 steps each second: the seconds decide
     lim = QuietLimiter(every=50, interval_s=5.0)
-    windows = [(quiet(99 + 100 * i), float(i)) for i in range(12)]
-    assert [t for _, t in published(lim, windows)] == [0.0, 5.0, 10.0]
+    windows = [(quiet(99 + 100 * i), float(i)) for i in range(20)]
+    times = [t for _, t in published(lim, windows)]
+    assert times[0] == 0.0 and 1.0 <= times[1] <= 5.0
+    assert gaps(times[1:]) == [5.0] * (len(times) - 2) and len(times) >= 4
+
+
+def test_series_first_seen_together_come_due_spread_over_the_interval():
+    """Every rank of a run starts at once: their quiet signals must not all come due in the
+    same second each interval (a burst of thousands of sends), but each series keeps its
+    limit."""
+    lim = QuietLimiter(every=50, interval_s=15.0)
+    ranks = 1000
+    per_second: list[int] = []
+    last_at: dict[int, float] = {}
+    for t in range(61):  # a window of 100 steps from every rank each second
+        sent = 0
+        for rank in range(ranks):
+            if lim.wanted("run", quiet(99 + 100 * t, rank=rank), float(t)):
+                if rank in last_at and len(per_second) > 16:
+                    assert t - last_at[rank] >= 15.0
+                last_at[rank] = float(t)
+                sent += 1
+        per_second.append(sent)
+    assert per_second[0] == ranks  # the first of each series goes out at once
+    # then about ranks / 15 a second, never a burst of them all
+    assert max(per_second[1:]) <= 0.15 * ranks
+    assert sum(per_second[1:16]) == ranks  # each series again within its first 15 s
+    assert sum(per_second[1:]) == 4 * ranks  # and then every 15 s
 
 
 def test_series_are_limited_separately_and_a_restart_publishes():

@@ -3,11 +3,16 @@
 A quiet signal (no severity, score below the alert threshold) carries the detector's score for
 dashboards; publishing every one would cost more than detecting it. One goes out per run, rank
 and rule when both ``every`` steps and ``interval_s`` seconds have passed since the last one, so
-a series sent as 100-step windows is not published at every window either.
+a series sent as 100-step windows is not published at every window either. A series' first wait
+is a fixed fraction of both, from a hash of its key: the series of a run start together (every
+rank at once) and would otherwise come due in the same second each interval, thousands of sends
+at once that stall the worker's producer.
 """
 
 from __future__ import annotations
 
+import math
+import zlib
 from dataclasses import dataclass, field
 
 from steplens.stream_jobs.core import Signal, SignalRun
@@ -18,7 +23,17 @@ class QuietLimiter:
     every: int = 50  # steps; <= 0: quiet signals are never published
     interval_s: float = 5.0
     max_keys: int = 100_000  # bounded memory: forget everything past this many series
-    last: dict[tuple[str, int, str, str], tuple[int, float]] = field(default_factory=dict)
+    # series -> (step of its last quiet signal, steps to wait after it, time it may go again)
+    last: dict[tuple[str, int, str, str], tuple[int, int, float]] = field(default_factory=dict)
+
+    def _after(self, key: tuple[str, int, str, str], step: int, now: float, first: bool) -> None:
+        if len(self.last) >= self.max_keys:
+            self.last.clear()
+        if first:
+            f = _phase(key)
+            self.last[key] = (step, max(1, math.ceil(self.every * f)), now + self.interval_s * f)
+        else:
+            self.last[key] = (step, self.every, now + self.interval_s)
 
     def wanted(self, run: str, sig: Signal, now: float) -> bool:
         if sig.severity is not None or sig.score >= 0.5:
@@ -28,13 +43,11 @@ class QuietLimiter:
         key = (run, sig.rank, sig.name, sig.metric)
         prev = self.last.get(key)
         if prev is not None:
-            too_soon = now - prev[1] < self.interval_s
-            too_close = prev[0] <= sig.step < prev[0] + self.every  # a step back: publish
+            too_soon = now < prev[2]
+            too_close = prev[0] <= sig.step < prev[0] + prev[1]  # a step back: publish
             if too_soon or too_close:
                 return False
-        if len(self.last) >= self.max_keys:
-            self.last.clear()
-        self.last[key] = (sig.step, now)
+        self._after(key, sig.step, now, prev is None)
         return True
 
     def picked(self, run: str, sigs: SignalRun, now: float) -> list[int]:
@@ -52,12 +65,17 @@ class QuietLimiter:
             if step is None or severities[k] is not None or scores[k] >= 0.5:
                 continue
             if prev is not None:
-                if now - prev[1] < self.interval_s:
+                if now < prev[2]:
                     break  # the clock does not move within the run: no later one either
-                if prev[0] <= step < prev[0] + self.every:
+                if prev[0] <= step < prev[0] + prev[1]:
                     continue
-            if len(self.last) >= self.max_keys:
-                self.last.clear()
-            prev = self.last[key] = (step, now)
+            self._after(key, step, now, prev is None)
+            prev = self.last[key]
             quiet.append(k)
         return sorted(out + quiet) if quiet else out
+
+
+def _phase(key: tuple[str, int, str, str]) -> float:
+    """A series' fixed fraction in (0, 1]: the same on every worker and after a restart."""
+    run, rank, name, metric = key
+    return (zlib.crc32(f"{run}|{rank}|{name}|{metric}".encode()) % 1024 + 1) / 1024
