@@ -172,3 +172,38 @@ def test_size_limits() -> None:
     wide = [entry(step=i, scalars={f"s{k}": 0.5 for k in range(40)}) for i in range(4000)]
     with pytest.raises(SchemaError, match="over the"):
         encode(batch_record(wide))
+
+
+def test_entries_with_changing_names_get_the_full_checks_results() -> None:
+    """Entries are checked by a checker compiled for their names, kept while the next entry
+    has the same ones: switching names, converted values and bad names in between."""
+    a = {"step": 1, "time_ns": 10, "loss": 1.5, "lr": 3e-4}
+    b = {"step": 2, "time_ns": 20, "loss": 2, "grad_norm": "NaN", "clipped": True}
+    cases = [
+        [a, a, b, b, a],
+        [a, {**a, "lr": None}, a],
+        [a, {**a, "nope": 1.0}, a],
+        [b, {k: v for k, v in a.items() if k != "time_ns"}],
+        [a, {**a, "loss": "x"}],
+        [{**b, "step": 3}, {"time_ns": 30, "step": 4, "tokens": 7}],  # other order, same check
+    ]
+    for entries in cases:
+        wire = json.loads(encode(batch_record([a])))
+        wire["data"]["records"] = entries
+        raw = json.dumps(wire).encode()
+        fast, full = both_ways(raw)
+        assert fast == full, entries
+
+
+def test_many_sets_of_entry_names_are_checked_with_a_bounded_cache() -> None:
+    optional = [n for n, spec in schema.STEP_ENTRY.items() if not spec.required]
+    optional = [n for n in optional if schema.STEP_ENTRY[n].type == schema.NUM]
+    seen = 0
+    for mask in range(1, 1 << len(optional)):
+        entry = {"step": mask, "time_ns": mask}
+        entry.update({n: 0.5 for k, n in enumerate(optional) if mask >> k & 1})
+        out = decode(encode(batch_record([entry])))
+        assert isinstance(out, Record) and out.data["records"] == [entry]
+        seen += 1
+    assert seen > schema._ENTRY_CHECKS_MAX
+    assert len(schema._ENTRY_CHECKS) <= schema._ENTRY_CHECKS_MAX

@@ -639,6 +639,7 @@ def _restore(value: Any) -> Any:
 # Plain loops over ``type(x) is T`` are the fastest form in CPython here (map(type, ...) is not).
 
 _BAD: Final[Any] = object()  # "not sure": let the full checks decide
+_MISS: Final[Any] = object()  # an entry checker for other names
 _I64: Final = 1 << 63  # integers must satisfy abs(x) < _I64
 _NONFINITE_NAMES: Final = frozenset(_STR_TO_NONFINITE)
 # Free-form objects are taken unwalked (``_OWN``) only from shallow records, so a deep one still
@@ -823,16 +824,20 @@ def _copy_step_entries(v: Any) -> Any:
 
 
 def _step_entries(v: Any, table: dict[str, Any]) -> Any:
-    """Each entry through the compiled STEP_ENTRY checker (a new dict per entry)."""
+    """Each entry through a compiled STEP_ENTRY checker (a new dict per entry): the one for the
+    names of the entry before it while they are the same, else the one for its names."""
     if type(v) is not list or not 0 < len(v) <= MAX_BATCH_ENTRIES:
         return _BAD
-    check = _check_entry
+    check = None
     out: list[dict[str, Any]] = []
     append = out.append
     for x in v:
         if type(x) is not dict:
             return _BAD
-        entry = check(x, table)
+        entry = _MISS if check is None else check(x, table)
+        if entry is _MISS:
+            check = _entry_checker(x)
+            entry = check(x, table)
         if entry is _BAD:
             return _BAD
         append(entry)
@@ -870,6 +875,21 @@ _PLAIN_TEST: Final = {
 }
 
 
+def _check_lines(spec: Field, ind: str) -> list[str]:
+    """The checks of one present, non-null value ``x`` (converted in place, or return _BAD)."""
+    test = _PLAIN_TEST.get(spec.type)
+    if test is None:  # a container, or a finite number
+        return [f"{ind}x = table[{spec.type!r}](x)", f"{ind}if x is _BAD:", f"{ind}    return _BAD"]
+    if spec.type == NUM:  # an int or a non-finite name is converted
+        return [
+            f"{ind}if not ({test}):",
+            f"{ind}    x = _fast_num(x)",
+            f"{ind}    if x is _BAD:",
+            f"{ind}        return _BAD",
+        ]
+    return [f"{ind}if not ({test}):", f"{ind}    return _BAD"]
+
+
 def _payload_source(kind: str, fields: dict[str, Field]) -> str:
     """Straight-line checker of one kind's payload: no per-field loop, no call for scalars.
 
@@ -885,32 +905,68 @@ def _payload_source(kind: str, fields: dict[str, Field]) -> str:
         else:
             lines.append("    if x is not None:")
             ind = "        "
-        test = _PLAIN_TEST.get(spec.type)
-        if test is None:  # a container, or a finite number
-            lines += [
-                f"{ind}x = table[{spec.type!r}](x)",
-                f"{ind}if x is _BAD:",
-                f"{ind}    return _BAD",
-            ]
-        elif spec.type == NUM:  # an int or a non-finite name is converted
-            lines += [f"{ind}if not ({test}):", f"{ind}    x = _fast_num(x)"]
-            lines += [f"{ind}    if x is _BAD:", f"{ind}        return _BAD"]
-        else:
-            lines += [f"{ind}if not ({test}):", f"{ind}    return _BAD"]
+        lines += _check_lines(spec, ind)
         lines.append(f"{ind}data[{name!r}] = x")
     lines.append("    return data if len(data) == len(data_in) else _BAD")
     return "\n".join(lines) + "\n"
 
 
-def _compile_payload(kind: str, fields: dict[str, Field]) -> Any:
+def _entry_source(names: list[str]) -> str:
+    """Straight-line checker of the step entries that have exactly ``names`` (table names, the
+    required ones among them): each value taken by name, not one ``get`` per table field, and
+    checked as ``_payload_step_entry`` checks it. ``_MISS`` for an entry with other names."""
+    lines = [
+        "def _entry(data_in, table):",
+        f"    if len(data_in) != {len(names)}:",
+        "        return _MISS",
+        "    try:",
+        *(f"        v{i} = data_in[{name!r}]" for i, name in enumerate(names)),
+        "    except KeyError:",
+        "        return _MISS",
+    ]
+    for i, name in enumerate(names):  # a null value fails each type's check
+        lines.append(f"    x = v{i}")
+        lines += _check_lines(STEP_ENTRY[name], "    ")
+        lines.append(f"    v{i} = x")
+    body = ", ".join(f"{name!r}: v{i}" for i, name in enumerate(names))
+    lines.append(f"    return {{{body}}}")
+    return "\n".join(lines) + "\n"
+
+
+def _compile(source: str, name: str) -> Any:
     scope: dict[str, Any] = {
         "_BAD": _BAD,
+        "_MISS": _MISS,
         "_I64": _I64,
         "MAX_STR_LEN": MAX_STR_LEN,
         "_fast_num": _fast_num,
     }
-    exec(_payload_source(kind, fields), scope)  # source built from KINDS only
-    return scope[f"_payload_{kind}"]
+    exec(source, scope)  # source built from the tables only
+    return scope[name]
+
+
+def _compile_payload(kind: str, fields: dict[str, Field]) -> Any:
+    return _compile(_payload_source(kind, fields), f"_payload_{kind}")
+
+
+# the names of step entries (a producer sends the same few in every entry) -> their checker
+_ENTRY_CHECKS: Final[dict[frozenset[str], Any]] = {}
+_ENTRY_CHECKS_MAX: Final = 256
+
+
+def _entry_checker(entry: dict[str, Any]) -> Any:
+    """The checker compiled for ``entry``'s names, or the table's checker for names that are
+    not table names, lack a required one, or once too many sets of names were seen."""
+    names = frozenset(entry)
+    check = _ENTRY_CHECKS.get(names)
+    if check is not None:
+        return check
+    known = [name for name in STEP_ENTRY if name in names]
+    required = all(name in names for name, spec in STEP_ENTRY.items() if spec.required)
+    if len(known) != len(names) or not required or len(_ENTRY_CHECKS) >= _ENTRY_CHECKS_MAX:
+        return _check_entry
+    check = _ENTRY_CHECKS[names] = _compile(_entry_source(known), "_entry")
+    return check
 
 
 # kind -> its payload checker, compiled once from KINDS
