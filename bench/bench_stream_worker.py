@@ -28,7 +28,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -379,11 +379,13 @@ def full_resolution_traffic(
     seconds: float,
     batch_steps: int = 100,
     batch_s: float = 1.0,
+    on_sent: Callable[[], None] | None = None,
 ) -> tuple[list[float], int, int, float]:
     """Every step of ``runs x ranks`` ranks, sent as the producer's full-resolution mode sends
     them: a step_batch per rank every ``batch_steps`` steps or ``batch_s`` seconds, and at once
     after a guard-flagged spike. The records are built before the clock starts (the load
-    generator shares the machine); a spike's latency runs from its send. Returns (spike ->
+    generator shares the machine); a spike's latency runs from its send. ``on_sent`` is called
+    once the last message is sent, before the wait for the last alerts. Returns (spike ->
     firing alert latencies, messages sent, steps sent, seconds the sending took)."""
     from confluent_kafka import Producer
 
@@ -415,12 +417,14 @@ def full_resolution_traffic(
     sent = 0
     t0 = time.monotonic()
     for st in paced(n_steps, steps_per_s, p, timer):
-        for key, value, spike in due[st]:
-            if spike is not None:
-                timer.sent(spike[0], spike[1], time.time_ns())
+        for key, value, spiked in due[st]:
+            if spiked is not None:
+                timer.sent(spiked[0], spiked[1], time.time_ns())
             p.produce(topics.raw, value, key=key)
             sent += 1
     sending_s = time.monotonic() - t0
+    if on_sent is not None:
+        on_sent()
     p.flush(30)
     return timer.finish(15.0), sent, n_steps * k, sending_s
 
@@ -560,11 +564,18 @@ def traffic(boot: str, topics: Topics, args: argparse.Namespace) -> None:
     before = worker_counter(port)
     t0 = time.monotonic()
     cpu0 = CpuShares.now(args.worker_pid)
-    lat, sent, steps, sending_s = full_resolution_traffic(boot, topics, runs, ranks, per_s, secs)
+    at_end: list[CpuShares] = []  # the cores while the steps were sent, not the wait after
+
+    def sent_all() -> None:
+        at_end.append(CpuShares.now(args.worker_pid))
+
+    lat, sent, steps, sending_s = full_resolution_traffic(
+        boot, topics, runs, ranks, per_s, secs, on_sent=sent_all
+    )
     alerted_s = time.monotonic() - t0  # sending, then the wait for the spikes' alerts
     caught_up = wait_caught_up(port, before + steps)
     took = time.monotonic() - t0
-    cpu = CpuShares.now(args.worker_pid).since(cpu0)
+    cpu = at_end[0].since(cpu0)
     print(
         f"full resolution: the same {steps / secs:,.0f} step records/s, every step sent and "
         f"scored (a step_batch per rank every 100 steps or 1 s, spikes at once): "
@@ -577,7 +588,7 @@ def traffic(boot: str, topics: Topics, args: argparse.Namespace) -> None:
     )
     report(lat, "  log_step -> alert:")
     print(
-        f"  cores busy meanwhile (of {os.cpu_count()}): the worker's event loop "
+        f"  cores busy while sending (of {os.cpu_count()}): the worker's event loop "
         f"{cpu['loop']:.2f}, the rest of it (fit pool, client threads) {cpu['pool']:.2f}, "
         f"everything else (Kafka, the load generator) {cpu['other']:.2f}; sending took "
         f"{sending_s:.1f} s for {secs:g} s of steps"
