@@ -418,3 +418,44 @@ def test_a_straggler_is_found_when_every_rank_sends_its_steps_in_batches():
     firing = {a.scope for a in alerts if a.rule == "straggler:step_time_s" and a.state == "firing"}
     assert firing == {"rank:2"}
     assert judged >= 4 * 250  # every rank's time of nearly every step judged with the others
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(2, 40), st.data())
+def test_alerts_resolved_in_quiet_batches_equal_step_records(seed, resolve_after, data):
+    """Loss spikes whose alerts (spike, volatility) resolve in batches without a breach, while
+    nothing correlates: each resolves at the same step as from the step records, and the
+    rules' state after every batch is the same."""
+    from steplens.producer.schema import make_record
+    from steplens.stream_jobs.rules import RulesConfig
+
+    rng = random.Random(seed)
+    cfg = DetectorConfig()
+    cfg.rules = RulesConfig(resolve_after=resolve_after, correlation_steps=1)
+    one, many = RunDetector("r", copy.deepcopy(cfg)), RunDetector("r", copy.deepcopy(cfg))
+    loss_spikes = {100 + 60 * k + rng.randrange(20) for k in range(5)}
+    entries = [
+        {
+            "step": i,
+            "time_ns": 10 + i,
+            "loss": 60.0 if i in loss_spikes else 2.0 + rng.gauss(0, 0.01),
+            "grad_norm": 1.0 + rng.gauss(0, 0.05),
+        }
+        for i in range(450)
+    ]
+    bounds = sorted({0, len(entries), *data.draw(st.lists(st.integers(0, 450), max_size=40))})
+    want: list = []
+    got: list = []
+    for lo, hi in itertools.pairwise(bounds):
+        for e in entries[lo:hi]:
+            fields = {k: v for k, v in e.items() if k not in ("step", "time_ns")}
+            rec = make_record(
+                "step", fields, run_id="r", rank=1, step=e["step"], time_ns=e["time_ns"]
+            )
+            want += one.process(rec)[1]
+        got += many.process_entries(1, entries[lo:hi])[1]
+        assert many.rules == one.rules
+    assert [(a.rule, a.scope, a.step, a.state) for a in got] == [
+        (a.rule, a.scope, a.step, a.state) for a in want
+    ]
+    assert sum(a.state == "resolved" for a in want) >= 5
