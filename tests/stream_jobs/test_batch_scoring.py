@@ -356,6 +356,19 @@ def test_step_batch_entries_equal_step_records(entries, data):
     assert many.ranks == one.ranks
 
 
+def loss_spike_entries(rng: random.Random, spikes: set[int], n: int) -> list[dict]:
+    """``n`` steps of one rank with a loss of 60 at ``spikes`` and noise around 2 elsewhere."""
+    return [
+        {
+            "step": i,
+            "time_ns": 10 + i,
+            "loss": 60.0 if i in spikes else 2.0 + rng.gauss(0, 0.01),
+            "grad_norm": 1.0 + rng.gauss(0, 0.05),
+        }
+        for i in range(n)
+    ]
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.data())
 def test_quiet_steps_while_alerts_fire_equal_step_records(seed, data):
@@ -371,15 +384,7 @@ def test_quiet_steps_while_alerts_fire_equal_step_records(seed, data):
     gpu = {"index": 0, "mem_used_bytes": 95, "mem_total_bytes": 100}
     hw = make_record("hw", {"gpus": [gpu]}, run_id="r", rank=1, time_ns=1)
     spikes = {start + rng.randrange(40) for start in (100, 200, 300)}  # each resolves
-    entries = [
-        {
-            "step": i,
-            "time_ns": 10 + i,
-            "loss": 60.0 if i in spikes else 2.0 + rng.gauss(0, 0.01),
-            "grad_norm": 1.0 + rng.gauss(0, 0.05),
-        }
-        for i in range(400)
-    ]
+    entries = loss_spike_entries(rng, spikes, 400)
     want = one.process(hw)[1]
     got = many.process(hw)[1]
     for e in entries:
@@ -433,16 +438,7 @@ def test_alerts_resolved_in_quiet_batches_equal_step_records(seed, resolve_after
     cfg = DetectorConfig()
     cfg.rules = RulesConfig(resolve_after=resolve_after, correlation_steps=1)
     one, many = RunDetector("r", copy.deepcopy(cfg)), RunDetector("r", copy.deepcopy(cfg))
-    loss_spikes = {100 + 60 * k + rng.randrange(20) for k in range(5)}
-    entries = [
-        {
-            "step": i,
-            "time_ns": 10 + i,
-            "loss": 60.0 if i in loss_spikes else 2.0 + rng.gauss(0, 0.01),
-            "grad_norm": 1.0 + rng.gauss(0, 0.05),
-        }
-        for i in range(450)
-    ]
+    entries = loss_spike_entries(rng, {100 + 60 * k + rng.randrange(20) for k in range(5)}, 450)
     bounds = sorted({0, len(entries), *data.draw(st.lists(st.integers(0, 450), max_size=40))})
     want: list = []
     got: list = []
