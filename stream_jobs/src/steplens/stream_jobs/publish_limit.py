@@ -26,14 +26,15 @@ class QuietLimiter:
     # series -> (step of its last quiet signal, steps to wait after it, time it may go again)
     last: dict[tuple[str, int, str, str], tuple[int, int, float]] = field(default_factory=dict)
 
-    def _after(self, key: tuple[str, int, str, str], step: int, now: float, first: bool) -> None:
+    def _after(
+        self, key: tuple[str, int, str, str], step: int, now: float, first: bool
+    ) -> tuple[int, int, float]:
+        """Record a quiet signal of ``key`` published at ``step``; returns what it records."""
         if len(self.last) >= self.max_keys:
             self.last.clear()
-        if first:
-            f = _phase(key)
-            self.last[key] = (step, max(1, math.ceil(self.every * f)), now + self.interval_s * f)
-        else:
-            self.last[key] = (step, self.every, now + self.interval_s)
+        f = _phase(key) if first else 1.0
+        got = self.last[key] = (step, max(1, math.ceil(self.every * f)), now + self.interval_s * f)
+        return got
 
     def wanted(self, run: str, sig: Signal, now: float) -> bool:
         if sig.severity is not None or sig.score >= 0.5:
@@ -69,8 +70,7 @@ class QuietLimiter:
                     break  # the clock does not move within the run: no later one either
                 if prev[0] <= step < prev[0] + prev[1]:
                     continue
-            self._after(key, step, now, prev is None)
-            prev = self.last[key]
+            prev = self._after(key, step, now, prev is None)
             quiet.append(k)
         return sorted(out + quiet) if quiet else out
 
