@@ -47,3 +47,37 @@ def test_other_methods_still_go_through_statsmodels_arima():
     ss = arima.fit(x, (1, 0, 0), "statespace")
     assert hr is not None and ss is not None
     assert abs(hr.ar[0] - ss.ar[0]) < 0.05
+
+
+@pytest.mark.parametrize("order", [(1, 1), (2, 1), (1, 2), (0, 1), (2, 0), (1, 0), (0, 0)])
+@pytest.mark.parametrize("n", [13, 40, 64, 255, 1023])
+def test_the_fit_is_statsmodels_hannan_rissanen(order, n):
+    """The worker's fit against statsmodels' own function on drifting, noisy, near-zero and
+    ARMA series: the same coefficients and noise variance, or no model where it raises."""
+    from statsmodels.tsa.arima.estimators.hannan_rissanen import hannan_rissanen
+
+    p, q = order
+    rng = np.random.default_rng(n * 10 + p * 3 + q)
+    shapes = [
+        arma11(n, 0.6, 0.3, 5.0, n),
+        np.cumsum(rng.normal(0.01, 0.2, n)),
+        rng.normal(0.0, 1e-6, n),
+        np.exp(-np.arange(n) / 50.0) + rng.normal(0, 0.01, n),
+    ]
+    for x in shapes:
+        got = arima.fit(x, (p, 0, q), "hannan_rissanen")
+        if n < 2 * (p + q) + 8:  # too short for any fit
+            assert got is None
+            continue
+        c = x - x.mean()
+        try:
+            ref, _ = hannan_rissanen(c, ar_order=p, ma_order=q, demean=False, unbiased=False)
+        except ValueError:
+            assert got is None
+            continue
+        want = arima._params(list(ref.ar_params), list(ref.ma_params), x.mean(), ref.sigma2, x)
+        assert got is not None and want is not None
+        np.testing.assert_allclose(got.ar, want.ar, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(got.ma, want.ma, rtol=1e-9, atol=1e-12)
+        assert got.sigma == pytest.approx(want.sigma, rel=1e-9)
+        assert got.const == want.const
