@@ -88,3 +88,70 @@ def test_loss_grad_correlation_is_one_alert_for_a_long_incident_with_steps():
         ("firing", 105, 100),
         ("resolved", 280, 100),
     ]
+
+
+def grid_of(rng, steps, n_ranks, p_breach):
+    """A straggler grid with breaches where ``rng`` puts them, its ranks in a shuffled order."""
+    import numpy as np
+
+    from steplens.stream_jobs.core import SignalGrid
+
+    values = np.array([[rng.uniform(0.5, 3.0) for _ in range(n_ranks)] for _ in steps])
+    breach = np.array([[rng.random() < p_breach for _ in range(n_ranks)] for _ in steps])
+    ranks = rng.sample(range(100), n_ranks)
+    order = [rng.sample(range(n_ranks), n_ranks) for _ in steps] if rng.random() < 0.5 else None
+    return SignalGrid(
+        "straggler",
+        "step_time_s",
+        list(steps),
+        ranks,
+        [f"rank:{r}" for r in ranks],
+        values,
+        values / (values + 1.0),
+        breach,
+        "warning",
+        [1.0] * len(steps),
+        [1.5] * len(steps),
+        order,
+    )
+
+
+def test_the_rules_read_of_a_grid_is_the_read_of_every_signal():
+    """What the rules take of a grid (``signals(firing)``: breaches, the ranks that fire or
+    breach, the last signal) changes their state and alerts as every signal of it does, with
+    ranks firing before it, correlations open or not, and grids with or without breaches."""
+    import copy
+    import random
+
+    from steplens.stream_jobs.rules import Firing, quiet_while_firing
+
+    rng = random.Random(7)
+    resolved = 0
+    for _ in range(400):
+        start, n_steps, n_ranks = rng.randrange(0, 50), rng.randrange(1, 30), rng.randrange(4, 9)
+        steps = range(start, start + n_steps)
+        grid = grid_of(rng, steps, n_ranks, rng.choice([0.0, 0.0, 0.02, 0.2]))
+        cfg = RulesConfig(resolve_after=rng.choice([1, 2, 5, 20]))
+        state = RulesState(latest_step=start - 1)
+        for scope in rng.sample(grid.scopes, rng.randrange(0, n_ranks)):
+            last = start - rng.randrange(1, 25)
+            state.firing[("straggler:step_time_s", scope)] = Firing("warning", last - 3, last)
+        if rng.random() < 0.3:
+            state.firing[("spike:loss", "run")] = Firing("critical", start - 2, start - 2)
+        if rng.random() < 0.3:
+            state.recent["spike:loss"] = start - 1
+            state.correlating = True
+        every, part = copy.deepcopy(state), copy.deepcopy(state)
+        _, want = evaluate(every, cfg, "r", grid.signals())
+        _, got = evaluate(part, cfg, "r", grid.signals(part.firing))
+        assert (got, part) == (want, every)
+        resolved += any(a.state == "resolved" and a.rule.startswith("straggler") for a in want)
+        if not grid.any_breach() and state.firing and not state.correlating:
+            # the worker's quiet rows while something fires: only the firing keys' signals
+            every, part = copy.deepcopy(state), copy.deepcopy(state)
+            quiet = [s for s in grid.signals() if (s.rule, s.scope) in every.firing]
+            want = quiet_while_firing(every, cfg, "r", quiet, steps[-1])
+            kept = [s for s in grid.signals(part.firing) if (s.rule, s.scope) in part.firing]
+            got = quiet_while_firing(part, cfg, "r", kept, steps[-1])
+            assert (got, part) == (want, every)
+    assert resolved > 20  # grids where a rank's quiet signals resolve what fired before

@@ -419,7 +419,9 @@ def test_a_straggler_is_found_when_every_rank_sends_its_steps_in_batches():
             ]
             parts, got = det.process_entries(rank, entries)
             alerts += got
-            judged += sum(len(got) for p in parts if p.tail for got in p.signals)
+            judged += sum(
+                s.name == "straggler" for p in parts for _, sigs in p.lists() for s in sigs
+            )
     firing = {a.scope for a in alerts if a.rule == "straggler:step_time_s" and a.state == "firing"}
     assert firing == {"rank:2"}
     assert judged >= 4 * 250  # every rank's time of nearly every step judged with the others
@@ -455,3 +457,68 @@ def test_alerts_resolved_in_quiet_batches_equal_step_records(seed, resolve_after
         (a.rule, a.scope, a.step, a.state) for a in want
     ]
     assert sum(a.state == "resolved" for a in want) >= 5
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(4, 8),
+    st.integers(12, 60),
+    st.sampled_from([2, 5, 20]),
+)
+def test_stragglers_judged_as_grids_equal_signals_judged_one_by_one(
+    seed, n_ranks, batch, resolve_after
+):
+    """Many ranks' step_batches, in a new order each time, with a rank straggling on and off
+    and loss spikes (alerts that fire, resolve and correlate): stragglers judged as grids
+    (which the rules read only in part) give the alerts, rules' state and row signals of the
+    same steps judged as one signal each."""
+    from steplens.stream_jobs.core import SignalGrid
+    from steplens.stream_jobs.rules import RulesConfig
+    from steplens.stream_jobs.signals import ranks
+
+    rng = random.Random(seed)
+    cfg = DetectorConfig(arima_enabled=False)
+    cfg.rules = RulesConfig(resolve_after=resolve_after)
+    grid, flat = RunDetector("r", copy.deepcopy(cfg)), RunDetector("r", copy.deepcopy(cfg))
+    grid.ranks.world_size = flat.ranks.world_size = n_ranks
+    slow, period, shift = rng.randrange(n_ranks), rng.randrange(30, 90), rng.randrange(90)
+    grids, alerts = 0, []
+    for b in range(480 // batch):
+        for rank in rng.sample(range(n_ranks), n_ranks):
+            entries = []
+            for s in range(b * batch, (b + 1) * batch):
+                t = 0.1 + rng.random() * 0.01
+                if rank == slow and (s + shift) // period % 2 == 1:
+                    t *= 3
+                loss = 2.0 - s * 1e-3 + rng.gauss(0, 0.01)
+                if rng.random() < 0.01:
+                    loss *= 10
+                entries.append(
+                    {
+                        "step": s,
+                        "time_ns": s * 10**8,
+                        "step_time_s": t,
+                        "loss": loss,
+                        "grad_norm": abs(1.0 + rng.gauss(0, 0.05)),
+                    }
+                )
+            parts, got = grid.process_entries(rank, copy.deepcopy(entries))
+            many = ranks._MANY_SIGNALS
+            ranks._MANY_SIGNALS = 10**9  # every step judged alone, as a list of signals
+            try:
+                flat_parts, want = flat.process_entries(rank, copy.deepcopy(entries))
+            finally:
+                ranks._MANY_SIGNALS = many
+            assert got == want
+            assert grid.rules == flat.rules
+            n = len(entries)
+            at, flat_at = [p.where(n) for p in parts], [p.where(n) for p in flat_parts]
+            assert [row_signals(parts, at, i) for i in range(n)] == [
+                row_signals(flat_parts, flat_at, i) for i in range(n)
+            ]
+            grids += sum(isinstance(p.signals, SignalGrid) for p in parts)
+            alerts += got
+    assert grids > 0
+    straggled = [a.state for a in alerts if a.rule == "straggler:step_time_s"]
+    assert "firing" in straggled and "resolved" in straggled

@@ -101,3 +101,53 @@ def test_picked_from_a_run_is_what_wanted_lets_through_one_by_one():
             want = [k for k, sig in enumerate(sigs) if one.wanted("run", sig, now)]
             assert many.picked("run", run, now) == want
             assert many.last == one.last
+
+
+def test_a_grid_is_picked_as_its_signals_one_by_one():
+    """``picked_grid`` lets through the signals ``wanted`` lets through, asked one after the
+    other (each rank's series in step order), and leaves the limiter in the same state."""
+    import copy
+    import random
+
+    import numpy as np
+
+    from steplens.stream_jobs.core import SignalGrid
+
+    rng = random.Random(3)
+    loud_seen = quiet_seen = 0
+    for _ in range(300):
+        n_steps, n_ranks = rng.randrange(1, 40), rng.randrange(1, 9)
+        start = rng.randrange(0, 500)
+        ranks = rng.sample(range(64), n_ranks)
+        scores = np.array([[rng.uniform(0.0, 0.6) for _ in ranks] for _ in range(n_steps)])
+        breach = np.array([[rng.random() < 0.03 for _ in ranks] for _ in range(n_steps)])
+        grid = SignalGrid(
+            "straggler",
+            "step_time_s",
+            list(range(start, start + n_steps)),
+            ranks,
+            [f"rank:{r}" for r in ranks],
+            scores,
+            scores,
+            breach,
+            "warning",
+            [1.0] * n_steps,
+            [1.5] * n_steps,
+        )
+        lim = QuietLimiter(every=rng.choice([0, 1, 10, 50]), interval_s=rng.choice([0.0, 5.0]))
+        now = rng.uniform(0, 20)
+        for r in rng.sample(ranks, rng.randrange(0, n_ranks + 1)):  # series seen before
+            lim.last[("run", r, "straggler", "step_time_s")] = (
+                start - rng.randrange(0, 80),
+                rng.randrange(1, 60),
+                now + rng.uniform(-5, 5),
+            )
+        one = copy.deepcopy(lim)
+        by_rank = sorted(grid.signals(), key=lambda s: (grid.ranks.index(s.rank), s.step))
+        want = [s for s in by_rank if one.wanted("run", s, now)]
+        got = lim.picked_grid("run", grid, now)
+        assert got == want
+        assert lim.last == one.last
+        loud_seen += any(s.severity or s.score >= 0.5 for s in got)
+        quiet_seen += any(not s.severity and s.score < 0.5 for s in got)
+    assert loud_seen > 50 and quiet_seen > 50

@@ -172,6 +172,60 @@ def test_the_state_of_a_run_with_many_ranks_reaches_the_changelog(kafka, workers
     assert "TooLarge" not in w.log.read_text()
 
 
+def test_arima_fits_of_a_wide_run_go_to_the_pool_together(kafka, workers):
+    """32 ranks whose series all come due for their fits at once: every fit comes back from
+    the pool, in far fewer jobs than fits, and the signals after it carry the model's
+    forecast and interval."""
+    run = f"arima-{uuid.uuid4().hex[:6]}"
+    w = workers("--signal-every", "50", "--signal-interval", "0").start()
+    w.wait_metrics()
+
+    def send(lo: int, hi: int) -> None:
+        batches = []
+        for rank in range(32):
+            entries = [
+                {"step": r.step, "time_ns": r.time_ns, **r.data}
+                for r in steps(run, lo, hi, rank=rank, seed=rank)
+            ]
+            batches.append(make_record("step_batch", {"records": entries}, run_id=run, rank=rank))
+        kafka.send(batches)
+
+    def arima_metrics() -> dict[str, float]:
+        return {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in w.metrics().splitlines()
+            if line.startswith("steplens_worker_arima") and "_created" not in line
+        }
+
+    ok = 'steplens_worker_arima_fits_total{outcome="ok"}'
+
+    def wait_fits(n: int) -> dict[str, float]:
+        deadline = time.monotonic() + 60
+        got = arima_metrics()
+        while got.get(ok, 0) < n and time.monotonic() < deadline:
+            time.sleep(0.2)
+            got = arima_metrics()
+        assert got.get(ok, 0) >= n and len(got) == 2, got  # none skipped, none failed
+        return got
+
+    # the 96 series (loss, grad_norm, step_time_s) ask for their first fit at 64 values
+    send(0, 100)
+    wait_fits(96)
+    send(100, 300)  # and again at 256
+    wait_scored(w, 32 * 300)
+    got = wait_fits(2 * 96)
+    assert 2 <= got["steplens_worker_arima_fit_jobs_total"] <= got[ok] / 8, got
+
+    def fitted(got):
+        return [s for s in got if s.data["name"] == "arima" and "expected" in s.data]
+
+    sigs = fitted(
+        kafka.collect(kafka.topics.signals, lambda got: len({s.rank for s in fitted(got)}) == 32)
+    )
+    assert all(s.data["lower"] < s.data["expected"] < s.data["upper"] for s in sigs)
+    assert {s.rank for s in sigs} == set(range(32)) and min(s.step for s in sigs) >= 100
+
+
 def test_full_resolution_producer_to_alert(kafka, workers, tmp_path):
     """The producer in full resolution, the worker scoring its step batches: a loss spike
     alerts at its own step, and every logged step is scored once."""

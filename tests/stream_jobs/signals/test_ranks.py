@@ -1,7 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from steplens.stream_jobs.core import Signal
+from steplens.stream_jobs.core import Signal, SignalGrid
 from steplens.stream_jobs.signals import ranks
 from steplens.stream_jobs.signals.ranks import RanksConfig, RanksState, progress, step_time, tick
 
@@ -107,22 +107,24 @@ def test_steps_judged_together_equal_steps_judged_one_by_one(
     cfg = RanksConfig(straggler_steps=keep, pending_steps=3)
 
     def run(many_from: int) -> tuple[list[Signal], dict[int, list[float]]]:
-        old = ranks._MANY_STEPS
-        ranks._MANY_STEPS = many_from
+        old = ranks._MANY_SIGNALS
+        ranks._MANY_SIGNALS = many_from
         try:
             state = RanksState(world_size=n_ranks)
             out: list[Signal] = []
             k = 0
             for b in range(n_batches):
-                for rank in range(n_ranks):
+                # the ranks' batches come in another order each time, as from Kafka
+                for rank in [(r + b * 3) % n_ranks for r in range(n_ranks)]:
                     got = []
                     for step in range(b * batch, (b + 1) * batch):
                         if (step, rank) not in missing:
                             got.append((step, times[k % len(times)] * (1 + rank % 2)))
                             k += 1
-                    out += ranks.step_times(state, cfg, rank, got, batch)
+                    for g in ranks.step_times(state, cfg, rank, got, batch):
+                        out += g.signals() if isinstance(g, SignalGrid) else [g]
             return out, {r: list(d) for r, d in state.ratios.items()}
         finally:
-            ranks._MANY_STEPS = old
+            ranks._MANY_SIGNALS = old
 
     assert run(1) == run(10**9)

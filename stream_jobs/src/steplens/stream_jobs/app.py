@@ -8,7 +8,8 @@ raw topic (key run_id:rank, 8 partitions)
   -> ``detect``: one ``RunDetector`` per run, kept in the ``runs`` table (changelog-backed, so a
      restarted or newly joined worker resumes it; each rank's series is a value of its own);
      publishes signals, alerts and dead letters (a record its detectors refuse or fail on).
-ARIMA fits run in a process pool; their parameters are applied when they come back.
+ARIMA fits run in a process pool, many to a job (``FitQueue``); their parameters are applied
+when they come back.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
-import functools
 import importlib
 import inspect
 import io
@@ -40,8 +40,9 @@ from steplens.producer.topics import Topics
 from steplens.stream_jobs import config as config_mod
 from steplens.stream_jobs import core, detector, rules, signals
 from steplens.stream_jobs.config import DetectorConfig
-from steplens.stream_jobs.core import Alert, Signal, SignalRun
+from steplens.stream_jobs.core import Alert, Signal, SignalGrid, SignalRun
 from steplens.stream_jobs.detector import RunDetector
+from steplens.stream_jobs.fit_queue import FitQueue
 from steplens.stream_jobs.metrics import WorkerMetrics, reason_class
 from steplens.stream_jobs.outputs import alert_bytes, dead_letter_bytes, signal_bytes
 from steplens.stream_jobs.publish_limit import QuietLimiter
@@ -152,7 +153,8 @@ class WorkerSettings:
     # a run's state goes to the table at most this often; its messages are acknowledged then
     checkpoint_s: float = 5.0
     fit_workers: int = 1
-    max_pending_fits: int = 16
+    max_pending_fits: int = 4096  # queued or running; past it a fit is skipped (asked again)
+    fit_batch: int = 64  # fits per pool job at most
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     webhook_url: str | None = None
     session_timeout_s: float = 10.0  # a SIGKILLed worker's partitions move after this
@@ -201,6 +203,9 @@ PRODUCER_BATCH_BYTES = 512 << 10
 # table writes (checkpoint values, tens of KB each) that may wait to be sent before Faust holds
 # back consumption
 PRODUCER_BUFFER_MESSAGES = 1024
+# routed batches whose commit (after their by-run writes are acknowledged) may be pending
+# while the route agent takes the next ones
+ROUTED_IN_FLIGHT = 8
 
 
 def by_run_chunks(items: list[list[Any]], budget: int = BY_RUN_MESSAGE_BYTES) -> list[list[Any]]:
@@ -248,8 +253,20 @@ class Worker:
         # acknowledged)
         self.held: dict[int, dict[str, list[Any]]] = {}
         self.quiet = QuietLimiter(s.signal_every, s.signal_interval_s)
-        self.pending_fits = 0
+        self.fits = FitQueue(
+            None,
+            s.detector.arima.order,
+            s.detector.arima.method,
+            self._fitted,
+            jobs=s.fit_workers,
+            max_batch=s.fit_batch,
+            max_pending=s.max_pending_fits,
+            on_job=lambda n: self.metrics.fit_jobs.inc(),
+        )
         self.consumed = 0
+        # the commit of the last routed batch; each waits for the one before it
+        self.routed: asyncio.Future[None] | None = None
+        self.routed_pending = 0
         self.pool: concurrent.futures.ProcessPoolExecutor | None = None
         self.notifier = WebhookNotifier(s.webhook_url) if s.webhook_url else None
         self.app = faust.App(
@@ -323,6 +340,7 @@ class Worker:
             # each pool process loads statsmodels (seconds) now, not at the first run's first fit
             for _ in range(self.s.fit_workers):
                 self.pool.submit(arima.warm_up)
+            self.fits.pool = self.pool
         if self.notifier:
             await self.notifier.start()
 
@@ -383,7 +401,24 @@ class Worker:
                 for run, items in groups.items()
                 for chunk in by_run_chunks(items)
             ]
+            self.routed_pending += 1
+            self.routed = asyncio.ensure_future(self._commit_after(self.routed, events, sent))
+            if self.routed_pending >= ROUTED_IN_FLIGHT:
+                await self.routed  # and every one before it
+
+    async def _commit_after(
+        self, before: asyncio.Future[None] | None, events: list[Any], sent: list[Any]
+    ) -> None:
+        """``_commit_routed`` once the batches routed before this one are committed: the route
+        agent goes on to its next batch while the broker acknowledges this one's by-run writes
+        (waiting cost it half its time), and a raw offset is still never committed before the
+        by-run writes of every message below it. A failed one fails every later one."""
+        try:
+            if before is not None:
+                await before
             await self._commit_routed(events, sent)
+        finally:
+            self.routed_pending -= 1
 
     async def _commit_routed(self, events: list[Any], sent: list[Any]) -> None:
         """Commit the batch's raw offsets once its by-run writes are acknowledged.
@@ -541,6 +576,8 @@ class Worker:
             sigs = part.signals
             if isinstance(sigs, SignalRun):
                 out += [sigs.signal(k) for k in self.quiet.picked(run, sigs, now)]
+            elif isinstance(sigs, SignalGrid):
+                out += self.quiet.picked_grid(run, sigs, now)
             else:
                 out += [sig for got in sigs for sig in got if self.quiet.wanted(run, sig, now)]
         await self._publish(run, out, alerts, rec.time_ns)
@@ -563,24 +600,16 @@ class Worker:
             self.metrics.latency.observe(max(0.0, time.time() - time_ns / 1e9))
 
     def _submit_fits(self, run: str, det: RunDetector) -> None:
-        wanted = det.pending_fits()
-        if not wanted:
+        if not det.fits_wanted:
             return
-        cfg = self.s.detector.arima
-        loop = asyncio.get_running_loop()
-        for key, values in wanted:
-            if self.pool is None or self.pending_fits >= self.s.max_pending_fits:
+        for key, values in det.pending_fits():
+            if not self.fits.want((run, key), values):
                 det.apply_fit(key, None)  # skipped; asked again at its next scheduled refit
                 self.metrics.fits.labels("skipped").inc()
-                continue
-            self.pending_fits += 1
-            fut = loop.run_in_executor(self.pool, arima.fit, values, cfg.order, cfg.method)
-            fut.add_done_callback(functools.partial(self._fitted, run, key))
 
-    def _fitted(self, run: str, key: detector.FitKey, fut: asyncio.Future[Any]) -> None:
-        self.pending_fits -= 1
-        params = None if fut.cancelled() or fut.exception() else fut.result()
+    def _fitted(self, key: Any, params: arima.ArimaParams | None) -> None:
+        run, fit_key = key
         self.metrics.fits.labels("ok" if params is not None else "failed").inc()
         det = self.cache.get(run)
         if det is not None:
-            det.apply_fit(key, params)
+            det.apply_fit(fit_key, params)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +107,77 @@ class SignalRun:
         self.expected += expected
         self.lower += lower
         self.upper += upper
+
+
+@dataclass(slots=True)
+class SignalGrid:
+    """One detector's signals over steps x ranks as arrays (stragglers judged for many steps
+    at once): ``signals()`` is the list that judging step by step gives, each step's ranks in
+    the order it has them. The worker publishes and the rules evaluate only what they need of
+    it; building a ``Signal`` for every step of every rank cost more than the judgement."""
+
+    name: str
+    metric: str
+    steps: list[int]
+    ranks: list[int]  # column k's rank
+    scopes: list[str]  # column k's scope
+    values: np.ndarray  # (steps, ranks)
+    scores: np.ndarray
+    breach: np.ndarray  # bool: the signal has ``severity``
+    severity: str
+    expected: list[float]  # per step
+    upper: list[float]
+    order: list[list[int]] | None = None  # per step, its columns in signal order (None: 0..n-1)
+
+    def __len__(self) -> int:
+        return self.values.size
+
+    @property
+    def rule(self) -> str:
+        return f"{self.name}:{self.metric}"
+
+    def any_breach(self) -> bool:
+        return bool(self.breach.any())
+
+    def signal(self, j: int, k: int) -> Signal:
+        """The signal of step ``steps[j]`` and rank ``ranks[k]``."""
+        return Signal(
+            self.name,
+            self.metric,
+            self.steps[j],
+            float(self.values[j, k]),
+            float(self.scores[j, k]),
+            self.ranks[k],
+            self.scopes[k],
+            self.severity if self.breach[j, k] else None,
+            self.expected[j],
+            None,
+            self.upper[j],
+        )
+
+    def signals(self, firing: Container[tuple[str, str]] | None = None) -> list[Signal]:
+        """Every signal, in order; with ``firing`` (the rules' firing keys) only those the rules
+        act on, in the same order: the breaches, the quiet signals of ranks that fire or breach
+        here (a quiet one may resolve them) and the last signal (its step is the row's)."""
+        n_steps, n_ranks = self.values.shape
+        order = self.order
+        if firing is None:
+            return [
+                self.signal(j, k)
+                for j in range(n_steps)
+                for k in (order[j] if order is not None else range(n_ranks))
+            ]
+        rule = self.rule
+        hit: list[bool] = np.any(self.breach, axis=0).tolist()
+        keep = {k for k in range(n_ranks) if hit[k] or (rule, self.scopes[k]) in firing}
+        last = order[-1][-1] if order is not None else n_ranks - 1
+        out: list[Signal] = []
+        for j in range(n_steps):
+            ks = order[j] if order is not None else range(n_ranks)
+            out += [self.signal(j, k) for k in ks if k in keep]
+        if last not in keep:
+            out.append(self.signal(n_steps - 1, last))
+        return out
 
 
 @dataclass(slots=True)

@@ -135,7 +135,7 @@ def score_rows(
                 j = signal_cols[f"{sigs.name}_{sigs.metric}"]
                 res[part.rows, j] = np.fmax(res[part.rows, j], sigs.scores)
             else:
-                for i, got in zip(part.rows, sigs, strict=True):
+                for i, got in part.lists():
                     for sig in got:
                         j = signal_cols[f"{sig.name}_{sig.metric}"]
                         res[i, j] = max(res[i, j], sig.score)
@@ -164,7 +164,7 @@ def _add_columns(parts: list[Part], signal_cols: dict[str, int], width: int) -> 
                 if col not in first or key < first[col]:
                     first[col] = key
             continue
-        for i, got in zip(part.rows, sigs, strict=True):
+        for i, got in part.lists():
             for k, sig in enumerate(got):
                 col = f"{sig.name}_{sig.metric}"
                 if col not in signal_cols:

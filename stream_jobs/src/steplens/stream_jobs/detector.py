@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from math import isfinite
 from typing import Any, cast
@@ -24,7 +24,7 @@ from steplens.stream_jobs.config import (
     VOLATILITY_METRICS,
     DetectorConfig,
 )
-from steplens.stream_jobs.core import CRITICAL, Alert, Signal, SignalRun
+from steplens.stream_jobs.core import CRITICAL, Alert, Signal, SignalGrid, SignalRun
 from steplens.stream_jobs.signals import (
     arima,
     data_quality,
@@ -113,8 +113,7 @@ class Part:
     ``rows`` (a run of one detector) or a list per row."""
 
     rows: list[int]  # ascending
-    signals: SignalRun | list[list[Signal]]
-    tail: bool = False  # the per-step signals after the metrics' (ranks)
+    signals: SignalRun | list[list[Signal]] | SignalGrid  # a grid: all on its one row
 
     def where(self, n: int) -> list[int]:
         """For each of ``n`` rows, its index in ``rows``, or -1."""
@@ -127,12 +126,16 @@ class Part:
         sigs = self.signals
         if isinstance(sigs, SignalRun):
             return sigs.severities.count(None) != len(sigs.severities)
+        if isinstance(sigs, SignalGrid):
+            return sigs.any_breach()
         return any(g.severity for got in sigs for g in got)
 
     def breaching(self) -> list[int]:
         sigs = self.signals
         if isinstance(sigs, SignalRun):
             return [i for i, sev in zip(self.rows, sigs.severities, strict=True) if sev is not None]
+        if isinstance(sigs, SignalGrid):
+            return self.rows if sigs.any_breach() else []
         return [i for i, got in zip(self.rows, sigs, strict=True) if any(g.severity for g in got)]
 
     def steps(self) -> Iterator[tuple[int, int | None]]:
@@ -140,7 +143,18 @@ class Part:
         sigs = self.signals
         if isinstance(sigs, SignalRun):
             return zip(self.rows, sigs.steps, strict=True)
+        if isinstance(sigs, SignalGrid):
+            return iter([(self.rows[0], sigs.steps[-1])])
         return ((i, got[-1].step) for i, got in zip(self.rows, sigs, strict=True))
+
+    def lists(self) -> Iterator[tuple[int, list[Signal]]]:
+        """Each row with its signals here (a ``SignalRun``'s one each)."""
+        sigs = self.signals
+        if isinstance(sigs, SignalRun):
+            return ((i, [sigs.signal(k)]) for k, i in enumerate(self.rows))
+        if isinstance(sigs, SignalGrid):
+            return iter([(self.rows[0], sigs.signals())])
+        return zip(self.rows, sigs, strict=True)
 
 
 def _last_steps(parts: list[Part], n: int) -> list[int | None]:
@@ -156,8 +170,14 @@ def _last_steps(parts: list[Part], n: int) -> list[int | None]:
     return last
 
 
-def row_signals(parts: list[Part], where: list[list[int]], i: int) -> list[Signal]:
-    """Row ``i``'s signals, in order (``where``: each part's ``where``)."""
+def row_signals(
+    parts: list[Part],
+    where: list[list[int]],
+    i: int,
+    firing: Container[tuple[str, str]] | None = None,
+) -> list[Signal]:
+    """Row ``i``'s signals, in order (``where``: each part's ``where``); with ``firing``, of a
+    grid only those the rules act on (``SignalGrid.signals``)."""
     out: list[Signal] = []
     for part, at in zip(parts, where, strict=True):
         k = at[i]
@@ -165,6 +185,8 @@ def row_signals(parts: list[Part], where: list[list[int]], i: int) -> list[Signa
             sigs = part.signals
             if isinstance(sigs, SignalRun):
                 out.append(sigs.signal(k))
+            elif isinstance(sigs, SignalGrid):
+                out += sigs.signals(firing)
             else:
                 out += sigs[k]
     return out
@@ -493,13 +515,18 @@ class RunDetector:
         if times_ns:
             self.last_step_ns = max(self.last_step_ns, *times_ns)
         judged = ranks.step_times(self.ranks, self.cfg.ranks, rank, timed, behind)
-        if judged:
+        grid = judged[0] if judged and isinstance(judged[0], SignalGrid) else None
+        if judged and grid is None:
+            sigs = cast(list[Signal], judged)
             if tail_rows and tail_rows[-1] == len(steps) - 1:
-                tails[-1] = tails[-1] + judged
+                tails[-1] = tails[-1] + sigs
             else:
                 tail_rows.append(len(steps) - 1)
-                tails.append(judged)
-        return [Part(tail_rows, tails, tail=True)] if tail_rows else []
+                tails.append(sigs)
+        out = [Part(tail_rows, tails)] if tail_rows else []
+        if grid is not None:  # after the row's other signals, as its judgements come
+            out.append(Part([len(steps) - 1], grid))
+        return out
 
     def process_entries(
         self, rank: int, entries: list[dict[str, Any]]
@@ -546,7 +573,7 @@ class RunDetector:
             state = self.rules
             if full[i] or state.correlating:
                 where = where or [part.where(n) for part in parts]
-                yield self.evaluate(row_signals(parts, where, i))
+                yield self.evaluate(row_signals(parts, where, i, state.firing))
             elif state.firing:  # a quiet row only counts towards resolving what fires
                 where = where or [part.where(n) for part in parts]
                 yield self._quiet_while_firing(parts, where, i, last_step[i])
@@ -569,6 +596,8 @@ class RunDetector:
             if isinstance(got, SignalRun):
                 if (got.rule, "run") in firing:
                     sigs.append(got.signal(k))
+            elif isinstance(got, SignalGrid):
+                sigs += [g for g in got.signals(firing) if (g.rule, g.scope) in firing]
             else:
                 sigs += [g for g in got[k] if (g.rule, g.scope) in firing]
         return rules.quiet_while_firing(self.rules, self.cfg.rules, self.run_id, sigs, last)

@@ -43,6 +43,9 @@ class WorkerMetrics:
             registry=r,
         )
         self.fits = Counter("steplens_worker_arima_fits", "ARIMA fits", ["outcome"], registry=r)
+        self.fit_jobs = Counter(
+            "steplens_worker_arima_fit_jobs", "pool jobs the ARIMA fits went in", registry=r
+        )
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)

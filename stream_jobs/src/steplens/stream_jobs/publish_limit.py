@@ -15,7 +15,9 @@ import math
 import zlib
 from dataclasses import dataclass, field
 
-from steplens.stream_jobs.core import Signal, SignalRun
+import numpy as np
+
+from steplens.stream_jobs.core import Signal, SignalGrid, SignalRun
 
 
 @dataclass
@@ -56,7 +58,10 @@ class QuietLimiter:
         ``wanted`` would let through, asked one after the other: every breach, and the quiet
         ones the limits allow."""
         scores, severities, steps = sigs.scores, sigs.severities, sigs.steps
-        out = [k for k, sev in enumerate(severities) if sev is not None or scores[k] >= 0.5]
+        if severities.count(None) == len(severities) and (not scores or max(scores) < 0.5):
+            out = []  # the common case: nothing loud
+        else:
+            out = [k for k, sev in enumerate(severities) if sev is not None or scores[k] >= 0.5]
         if self.every <= 0 or len(out) == len(scores):
             return out
         key = (run, sigs.rank, sigs.name, sigs.metric)
@@ -73,6 +78,32 @@ class QuietLimiter:
             prev = self._after(key, step, now, prev is None)
             quiet.append(k)
         return sorted(out + quiet) if quiet else out
+
+    def picked_grid(self, run: str, grid: SignalGrid, now: float) -> list[Signal]:
+        """The signals of a grid (steps x ranks) that ``wanted`` would let through, asked one
+        after the other (each rank's series in step order): every breach, and the quiet ones
+        the limits allow. A rank with no breach whose time limit has not passed is skipped
+        whole, without building its signals."""
+        loud = grid.breach | (grid.scores >= 0.5)
+        loud_ranks: list[bool] = np.any(loud, axis=0).tolist()
+        out: list[Signal] = []
+        for k, rank in enumerate(grid.ranks):
+            key = (run, rank, grid.name, grid.metric)
+            prev = self.last.get(key)
+            if not loud_ranks[k] and (self.every <= 0 or (prev is not None and now < prev[2])):
+                continue  # the common case
+            column: list[bool] = loud[:, k].tolist()
+            for j, step in enumerate(grid.steps):
+                if column[j]:
+                    out.append(grid.signal(j, k))
+                    continue
+                if self.every <= 0 or (prev is not None and now < prev[2]):
+                    continue  # later breaches of this rank still go out
+                if prev is not None and prev[0] <= step < prev[0] + prev[1]:
+                    continue
+                prev = self._after(key, step, now, prev is None)
+                out.append(grid.signal(j, k))
+        return out
 
 
 def _phase(key: tuple[str, int, str, str]) -> float:

@@ -363,6 +363,51 @@ def lr_recent(
     return scores, breach, tops, limits, seq[r0 + n - keep :].copy()
 
 
+@_jit
+def stragglers(
+    times: np.ndarray, recents: np.ndarray, factor: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``ranks._judge`` over consecutive steps (rows of ``times``: each rank's step time, in
+    the same rank order; ``recents``: each rank's ``keep`` latest ratios, oldest first).
+    Returns each step's median, each rank's typical ratio and score at each step, and each
+    rank's latest ratios after the last step. Medians as ``core.median`` takes them."""
+    n_steps, n_ranks = times.shape
+    keep = recents.shape[1]
+    window = recents.copy()
+    med = np.empty(n_steps)
+    typical = np.empty((n_steps, n_ranks))
+    scores = np.empty((n_steps, n_ranks))
+    h, g = n_ranks // 2, keep // 2
+    row = np.empty(n_ranks)
+    w = np.empty(keep)
+    for j in range(n_steps):
+        _sorted_into(times[j], row)
+        m = row[h] if n_ranks % 2 else (row[h - 1] + row[h]) / 2
+        med[j] = m
+        for k in range(n_ranks):
+            ratio = times[j, k] / m if m > 0 else 1.0
+            for q in range(keep - 1):
+                window[k, q] = window[k, q + 1]
+            window[k, keep - 1] = ratio
+            _sorted_into(window[k], w)
+            ty = w[g] if keep % 2 else (w[g - 1] + w[g]) / 2
+            typical[j, k] = ty
+            scores[j, k] = score(ty / factor)
+    return med, typical, scores, window
+
+
+@_jit
+def _sorted_into(xs: np.ndarray, out: np.ndarray) -> None:
+    """``out`` = ``xs`` sorted ascending (insertion sort: the rows here are short)."""
+    for i in range(len(xs)):
+        x = xs[i]
+        q = i
+        while q > 0 and out[q - 1] > x:
+            out[q] = out[q - 1]
+            q -= 1
+        out[q] = x
+
+
 def warm_up() -> None:
     """Compile the kernels, or load them from the cache, before the first batch needs them."""
     one = np.ones(8)
@@ -372,3 +417,4 @@ def warm_up() -> None:
     )
     volatility_full(one, 4, one[:3], 4, 4.0, 0.0, 0.0, 0.1, 1e-3)
     lr_recent(one[:2], one, 4, 2, 2.0)
+    stragglers(np.ones((2, 4)), np.ones((4, 3)), 1.5)

@@ -11,15 +11,25 @@ import functools
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
-from steplens.stream_jobs.core import CRITICAL, WARNING, Signal, median, score_of, scores_of
+from steplens.stream_jobs.core import (
+    CRITICAL,
+    WARNING,
+    Signal,
+    SignalGrid,
+    median,
+    score_of,
+)
+from steplens.stream_jobs.signals import kernels
 
-# steps judged at once, and ranks per step, from which numpy pays (``_judge_many``: about
-# 0.5 ms a call, as much as judging 8 steps of 32 ranks one by one)
-_MANY_STEPS, _MANY_RANKS = 12, 4
+# signals (steps x ranks) judged at once, and ranks per step, from which the compiled grid
+# pays (``_judge_many``: about 65 us a call and 3 us a step of 32 ranks; one by one, 3 us a
+# signal, and a ``Signal`` built for each)
+_MANY_SIGNALS, _MANY_RANKS = 24, 4
 
 
 @dataclass
@@ -81,59 +91,46 @@ def _judge(state: RanksState, cfg: RanksConfig, step: int, times: dict[int, floa
 
 def _judge_many(
     state: RanksState, cfg: RanksConfig, steps: list[int], times: list[dict[int, float]]
-) -> list[Signal] | None:
+) -> SignalGrid | None:
     """``_judge`` over consecutive steps that all have the same ranks, each with ``keep``
-    recent ratios, with numpy: the same signals in the same order, and the same floats (the
-    medians ``core.median`` takes, each rank's recent ratios as its deque holds them).
-    ``None`` otherwise (a run's first steps, ranks that differ): ``_judge`` takes them."""
+    recent ratios, compiled (``kernels.stragglers``): the same signals in the same order, and
+    the same floats (the medians ``core.median`` takes, each rank's recent ratios as its deque
+    holds them), as a grid. ``None`` otherwise (a run's first steps, ranks that differ):
+    ``_judge`` takes them."""
     keys = times[0].keys()
     if any(t.keys() != keys for t in times):
         return None
     order = list(keys)
     keep, factor = cfg.straggler_steps, cfg.straggler_factor
     ratios = state.ratios
-    recents = [ratios.get(rank) for rank in order]
-    if not all(d is not None and d.maxlen == keep and len(d) == keep for d in recents):
+    got = [ratios.get(rank) for rank in order]
+    recents = [d for d in got if d is not None and d.maxlen == keep and len(d) == keep]
+    if len(recents) < len(got):
         return None
-    grid = np.array([[t[r] for r in order] for t in times], dtype=float)
-    med = np.median(grid, axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(med[:, None] > 0, grid / med[:, None], 1.0)
-    # each rank's windows of its ``keep`` latest ratios, one ending at each step
-    seq = np.concatenate((np.array(recents, dtype=float), ratio.T), axis=1)
-    windows = np.sort(sliding_window_view(seq, keep, axis=1)[:, 1:, :], axis=2)
-    h = keep // 2
-    typical = (windows[:, :, h] if keep % 2 else (windows[:, :, h - 1] + windows[:, :, h]) / 2).T
-    for rank, row in zip(order, seq[:, -keep:].tolist(), strict=True):
-        ratios[rank] = deque(row, maxlen=keep)
-    score = scores_of(typical / factor)
-    slow = typical > factor
-    typical_l, score_l, slow_l = typical.tolist(), score.tolist(), slow.tolist()
-    med_l, upper_l = med.tolist(), (factor * med).tolist()
-    index = {rank: k for k, rank in enumerate(order)}
-    scopes = [_scope(rank) for rank in order]
-    out: list[Signal] = []
-    append = out.append
-    for j, step in enumerate(steps):
-        ty, sc, sl, m, up = typical_l[j], score_l[j], slow_l[j], med_l[j], upper_l[j]
-        for rank in times[j]:
-            k = index[rank]
-            append(
-                Signal(
-                    "straggler",
-                    "step_time_s",
-                    step,
-                    ty[k],
-                    sc[k],
-                    rank,
-                    scopes[k],
-                    WARNING if sl[k] else None,
-                    m,
-                    None,
-                    up,
-                )
-            )
-    return out
+    n = len(order)
+    grid = np.fromiter(chain.from_iterable(map(t.__getitem__, order) for t in times), float)
+    last = np.fromiter(chain.from_iterable(recents), float, n * keep).reshape(n, keep)
+    med, typical, scores, window = kernels.stragglers(grid.reshape(-1, n), last, factor)
+    for d, row in zip(recents, window.tolist(), strict=True):
+        d.extend(row)  # bounded at ``keep``: the row replaces what it held
+    per_step: list[list[int]] | None = None
+    if any(list(t) != order for t in times):  # a step that has its ranks in another order
+        index = {rank: k for k, rank in enumerate(order)}
+        per_step = [[index[rank] for rank in t] for t in times]
+    return SignalGrid(
+        "straggler",
+        "step_time_s",
+        steps,
+        order,
+        [_scope(rank) for rank in order],
+        typical,
+        scores,
+        typical > factor,
+        WARNING,
+        med.tolist(),
+        (factor * med).tolist(),
+        per_step,
+    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -157,11 +154,12 @@ def step_time(
 
 def step_times(
     state: RanksState, cfg: RanksConfig, rank: int, times: list[tuple[int, float]], behind: int
-) -> list[Signal]:
+) -> list[Signal | SignalGrid]:
     """``step_time`` over a batch of one rank's steps, judged once after the last: the same
     judgements as step by step (the batch adds only this rank's times), in one pass. A step
     waits ``behind`` steps more than ``pending_steps``: the other ranks' batches of the same
-    steps may come after this one."""
+    steps may come after this one. Runs of steps judged at once come as ``SignalGrid``s, in
+    their place among the signals."""
     pending = state.pending
     last: int | None = None
     for step, seconds in times:
@@ -173,12 +171,15 @@ def step_times(
         got[rank] = seconds
         if last is None or step > last:
             last = step
-    return [] if last is None else _judge_ready(state, cfg, last, behind)
+    return [] if last is None else _judge_ready(state, cfg, last, behind, grids=True)
 
 
-def _judge_ready(state: RanksState, cfg: RanksConfig, step: int, behind: int) -> list[Signal]:
+def _judge_ready(
+    state: RanksState, cfg: RanksConfig, step: int, behind: int, grids: bool = False
+) -> list[Any]:
     """Judge, oldest first, the pending steps that are complete or ``pending_steps`` +
-    ``behind`` older than ``step``, up to the first that is neither."""
+    ``behind`` older than ``step``, up to the first that is neither: their signals (with
+    ``grids``, those judged at once as one ``SignalGrid``)."""
     pending = state.pending
     ranks_known = max(state.world_size, len(state.last_step))
     old = step - cfg.pending_steps - behind
@@ -192,10 +193,11 @@ def _judge_ready(state: RanksState, cfg: RanksConfig, step: int, behind: int) ->
         else:
             break
     judged = [pending.pop(s) for s in ready]
-    if len(ready) >= _MANY_STEPS and len(judged[0]) >= _MANY_RANKS:
+    n_ranks = len(judged[0])
+    if n_ranks >= _MANY_RANKS and len(ready) * n_ranks >= _MANY_SIGNALS:
         many = _judge_many(state, cfg, ready, judged)
         if many is not None:
-            return many
+            return [many] if grids else many.signals()
     out: list[Signal] = []
     for s, times in zip(ready, judged, strict=True):
         out += _judge(state, cfg, s, times)
