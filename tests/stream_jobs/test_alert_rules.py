@@ -155,3 +155,44 @@ def test_the_rules_read_of_a_grid_is_the_read_of_every_signal():
             got = quiet_while_firing(part, cfg, "r", kept, steps[-1])
             assert (got, part) == (want, every)
     assert resolved > 20  # grids where a rank's quiet signals resolve what fired before
+
+
+def test_a_quiet_record_while_correlating_reads_only_what_fires():
+    """``quiet_while_correlating`` (the firing keys' signals, the last step and the largest
+    one) changes the rules' state and alerts as ``evaluate`` of every signal does, for records
+    without a breach while correlations are open or breaches recent."""
+    import copy
+    import random
+
+    from steplens.stream_jobs.rules import Firing, quiet_while_correlating
+
+    rng = random.Random(11)
+    rules_ = ["spike:loss", "spike:grad_norm", "volatility:loss", "arima:loss", "straggler:x"]
+    changed = 0
+    for _ in range(600):
+        base = rng.randrange(20, 200)
+        cfg = RulesConfig(resolve_after=rng.choice([1, 3, 10]), correlation_steps=20)
+        state = RulesState(latest_step=base, correlating=True)
+        for r in rng.sample(rules_, rng.randrange(0, 4)):
+            state.recent[r] = base - rng.randrange(0, 30)
+        for r in rng.sample(rules_, rng.randrange(0, 4)):
+            last = base - rng.randrange(0, 25)
+            scope = rng.choice(["run", "rank:1"])
+            state.firing[(r, scope)] = Firing("warning", last - 2, last, rng.randrange(0, 3))
+        if rng.random() < 0.3:
+            state.firing[("correlation:loss_grad", "run")] = Firing("warning", base - 5, base - 5)
+        sigs = []
+        for _ in range(rng.randrange(1, 8)):
+            name, metric = rng.choice(rules_).split(":")
+            step = None if rng.random() < 0.1 else base + rng.randrange(-3, 15)
+            sigs.append(sig(step, name=name, metric=metric, scope=rng.choice(["run", "rank:1"])))
+        every, part = copy.deepcopy(state), copy.deepcopy(state)
+        _, want = evaluate(every, cfg, "r", sigs)
+        firing = [s for s in sigs if (s.rule, s.scope) in part.firing]
+        steps = [s.step for s in sigs if s.step is not None]
+        got = quiet_while_correlating(
+            part, cfg, "r", firing, sigs[-1].step, max(steps) if steps else None
+        )
+        assert (got, part) == (want, every)
+        changed += bool(want)
+    assert changed > 50

@@ -170,6 +170,31 @@ def _last_steps(parts: list[Part], n: int) -> list[int | None]:
     return last
 
 
+_NO_SIGNAL: Any = object()  # ``_top_steps`` of a row without signals
+
+
+def _top_steps(parts: list[Part], n: int) -> list[int | None]:
+    """Each of the ``n`` rows' largest step of its signals (None when none has a step,
+    ``_NO_SIGNAL`` for a row without signals)."""
+    top: list[Any] = [_NO_SIGNAL] * n
+    for part in parts:
+        sigs = part.signals
+        if isinstance(sigs, SignalRun):
+            pairs: Iterable[tuple[int, int | None]] = zip(part.rows, sigs.steps, strict=True)
+        elif isinstance(sigs, SignalGrid):
+            pairs = [(part.rows[0], sigs.steps[-1])]  # ascending steps
+        else:
+            pairs = [
+                (i, max((g.step for g in got if g.step is not None), default=None))
+                for i, got in zip(part.rows, sigs, strict=True)
+            ]
+        for i, st in pairs:
+            cur = top[i]
+            if cur is _NO_SIGNAL or (st is not None and (cur is None or st > cur)):
+                top[i] = st
+    return top
+
+
 def row_signals(
     parts: list[Part],
     where: list[list[int]],
@@ -569,23 +594,35 @@ class RunDetector:
             for i in part.breaching():
                 full[i] = True
         where: list[list[int]] = []  # each part's ``where``, once a row needs its signals
+        top: list[int | None] = []  # each row's largest step, once a row needs it
         for i in range(n):  # a row without signals yields no alert and changes nothing
             state = self.rules
-            if full[i] or state.correlating:
+            if full[i]:
                 where = where or [part.where(n) for part in parts]
                 yield self.evaluate(row_signals(parts, where, i, state.firing))
+            elif state.correlating:  # a quiet row: resolutions, then the correlations
+                where = where or [part.where(n) for part in parts]
+                top = top or _top_steps(parts, n)
+                if top[i] is _NO_SIGNAL:
+                    yield []
+                    continue
+                sigs = self._firing_signals(parts, where, i)
+                yield rules.quiet_while_correlating(
+                    state, self.cfg.rules, self.run_id, sigs, last_step[i], top[i]
+                )
             elif state.firing:  # a quiet row only counts towards resolving what fires
                 where = where or [part.where(n) for part in parts]
-                yield self._quiet_while_firing(parts, where, i, last_step[i])
+                sigs = self._firing_signals(parts, where, i)
+                yield rules.quiet_while_firing(
+                    state, self.cfg.rules, self.run_id, sigs, last_step[i]
+                )
             else:
                 rules.quiet(state, last_step[i])
                 yield []
 
-    def _quiet_while_firing(
-        self, parts: list[Part], where: list[list[int]], i: int, last: int | None
-    ) -> list[Alert]:
-        """``evaluate`` of row ``i`` (no breach) while something fires: only the signals of
-        firing rules and scopes are built (a column's signals have the scope "run")."""
+    def _firing_signals(self, parts: list[Part], where: list[list[int]], i: int) -> list[Signal]:
+        """Row ``i``'s signals of firing rules and scopes, in order: all that ``evaluate`` reads
+        of a row without a breach (a column's signals have the scope "run")."""
         firing = self.rules.firing
         sigs: list[Signal] = []
         for part, at in zip(parts, where, strict=True):
@@ -600,7 +637,7 @@ class RunDetector:
                 sigs += [g for g in got.signals(firing) if (g.rule, g.scope) in firing]
             else:
                 sigs += [g for g in got[k] if (g.rule, g.scope) in firing]
-        return rules.quiet_while_firing(self.rules, self.cfg.rules, self.run_id, sigs, last)
+        return sigs
 
     def _window(self, rec: Record) -> list[Signal]:
         metrics: dict[str, float] = {}

@@ -200,6 +200,27 @@ def _resolves(cfg: RulesConfig, cur: Firing, sig: Signal) -> bool:
     return cur.clean >= cfg.resolve_after
 
 
+def quiet_while_correlating(  # noqa: PLR0917
+    state: RulesState,
+    cfg: RulesConfig,
+    run_id: str,
+    signals: list[Signal],
+    last: int | None,
+    top: int | None,
+) -> list[Alert]:
+    """What ``evaluate`` does with signals none of which breaches while a correlation is open
+    or a breach is recent: ``signals`` are those of the firing rules and scopes (in order; the
+    others change nothing), ``last`` the step of the record's last signal and ``top`` the
+    largest step of its signals (None when none has one)."""
+    alerts = quiet_while_firing(state, cfg, run_id, signals, last)
+    state, more = _correlate_at(state, cfg, run_id, top if top is not None else state.latest_step)
+    alerts += more
+    if state.firing and last is not None and last > state.swept_step:
+        state.swept_step = last
+        alerts += _sweep(state, cfg, run_id, last)
+    return alerts
+
+
 def quiet(state: RulesState, step: int | None) -> None:
     """What ``evaluate`` does with signals none of which breaches while nothing fires or
     correlates: the latest step (of the last signal) moves on."""
@@ -248,7 +269,13 @@ def _correlate(
     known nothing is judged, so every correlation alert carries its steps.
     """
     steps = [s.step for s in signals if s.step is not None]
-    step = max(steps) if steps else state.latest_step
+    return _correlate_at(state, cfg, run_id, max(steps) if steps else state.latest_step)
+
+
+def _correlate_at(
+    state: RulesState, cfg: RulesConfig, run_id: str, step: int
+) -> tuple[RulesState, list[Alert]]:
+    """``_correlate`` at ``step``, the largest step of the record's signals."""
     if step < 0:
         return state, []
     w = cfg.correlation_steps
