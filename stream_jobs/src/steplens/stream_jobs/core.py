@@ -129,9 +129,6 @@ class SignalGrid:
     upper: list[float]
     order: list[list[int]] | None = None  # per step, its columns in signal order (None: 0..n-1)
 
-    def __len__(self) -> int:
-        return self.values.size
-
     @property
     def rule(self) -> str:
         return f"{self.name}:{self.metric}"
@@ -161,20 +158,16 @@ class SignalGrid:
         here (a quiet one may resolve them) and the last signal (its step is the row's)."""
         n_steps, n_ranks = self.values.shape
         order = self.order
-        if firing is None:
-            return [
-                self.signal(j, k)
-                for j in range(n_steps)
-                for k in (order[j] if order is not None else range(n_ranks))
-            ]
-        rule = self.rule
-        hit: list[bool] = np.any(self.breach, axis=0).tolist()
-        keep = {k for k in range(n_ranks) if hit[k] or (rule, self.scopes[k]) in firing}
-        last = order[-1][-1] if order is not None else n_ranks - 1
+        keep: Container[int] = range(n_ranks)
+        if firing is not None:
+            rule = self.rule
+            hit: list[bool] = np.any(self.breach, axis=0).tolist()
+            keep = {k for k in range(n_ranks) if hit[k] or (rule, self.scopes[k]) in firing}
         out: list[Signal] = []
         for j in range(n_steps):
             ks = order[j] if order is not None else range(n_ranks)
             out += [self.signal(j, k) for k in ks if k in keep]
+        last = order[-1][-1] if order is not None else n_ranks - 1
         if last not in keep:
             out.append(self.signal(n_steps - 1, last))
         return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,26 +58,16 @@ class QuietLimiter:
         """Which signals of a run of one detector (consecutive steps, one clock reading)
         ``wanted`` would let through, asked one after the other: every breach, and the quiet
         ones the limits allow."""
-        scores, severities, steps = sigs.scores, sigs.severities, sigs.steps
+        scores, severities = sigs.scores, sigs.severities
         if severities.count(None) == len(severities) and (not scores or max(scores) < 0.5):
-            out = []  # the common case: nothing loud
+            loud = None  # the common case: nothing loud
+            out: list[int] = []
         else:
-            out = [k for k, sev in enumerate(severities) if sev is not None or scores[k] >= 0.5]
+            loud = [sev is not None or scores[k] >= 0.5 for k, sev in enumerate(severities)]
+            out = [k for k, is_loud in enumerate(loud) if is_loud]
         if self.every <= 0 or len(out) == len(scores):
             return out
-        key = (run, sigs.rank, sigs.name, sigs.metric)
-        prev = self.last.get(key)
-        quiet: list[int] = []
-        for k, step in enumerate(steps):
-            if step is None or severities[k] is not None or scores[k] >= 0.5:
-                continue
-            if prev is not None:
-                if now < prev[2]:
-                    break  # the clock does not move within the run: no later one either
-                if prev[0] <= step < prev[0] + prev[1]:
-                    continue
-            prev = self._after(key, step, now, prev is None)
-            quiet.append(k)
+        quiet = self._quiet((run, sigs.rank, sigs.name, sigs.metric), sigs.steps, loud, now)
         return sorted(out + quiet) if quiet else out
 
     def picked_grid(self, run: str, grid: SignalGrid, now: float) -> list[Signal]:
@@ -93,16 +84,33 @@ class QuietLimiter:
             if not loud_ranks[k] and (self.every <= 0 or (prev is not None and now < prev[2])):
                 continue  # the common case
             column: list[bool] = loud[:, k].tolist()
-            for j, step in enumerate(grid.steps):
-                if column[j]:
-                    out.append(grid.signal(j, k))
+            picks = [j for j, is_loud in enumerate(column) if is_loud]
+            if self.every > 0:
+                picks = sorted(picks + self._quiet(key, grid.steps, column, now))
+            out += [grid.signal(j, k) for j in picks]
+        return out
+
+    def _quiet(
+        self,
+        key: tuple[str, int, str, str],
+        steps: Sequence[int | None],
+        loud: Sequence[bool] | None,
+        now: float,
+    ) -> list[int]:
+        """The quiet signals (not ``loud``; None: none is) of one series over consecutive
+        steps that the limits let through, recorded as published."""
+        prev = self.last.get(key)
+        out: list[int] = []
+        for k, step in enumerate(steps):
+            if step is None or (loud is not None and loud[k]):
+                continue
+            if prev is not None:
+                if now < prev[2]:
+                    break  # the clock does not move within the run: no later one either
+                if prev[0] <= step < prev[0] + prev[1]:
                     continue
-                if self.every <= 0 or (prev is not None and now < prev[2]):
-                    continue  # later breaches of this rank still go out
-                if prev is not None and prev[0] <= step < prev[0] + prev[1]:
-                    continue
-                prev = self._after(key, step, now, prev is None)
-                out.append(grid.signal(j, k))
+            prev = self._after(key, step, now, prev is None)
+            out.append(k)
         return out
 
 
