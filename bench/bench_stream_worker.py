@@ -379,13 +379,15 @@ def full_resolution_traffic(
     seconds: float,
     batch_steps: int = 100,
     batch_s: float = 1.0,
+    on_start: Callable[[], None] | None = None,
     on_sent: Callable[[], None] | None = None,
 ) -> tuple[list[float], int, int, float]:
     """Every step of ``runs x ranks`` ranks, sent as the producer's full-resolution mode sends
     them: a step_batch per rank every ``batch_steps`` steps or ``batch_s`` seconds, and at once
     after a guard-flagged spike. The records are built before the clock starts (the load
-    generator shares the machine); a spike's latency runs from its send. ``on_sent`` is called
-    once the last message is sent, before the wait for the last alerts. Returns (spike ->
+    generator shares the machine); a spike's latency runs from its send. ``on_start`` is called
+    once the records are built, before the first send, and ``on_sent`` once the last message
+    is sent, before the wait for the last alerts. Returns (spike ->
     firing alert latencies, messages sent, steps sent, seconds the sending took)."""
     from confluent_kafka import Producer
 
@@ -415,6 +417,8 @@ def full_resolution_traffic(
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "compression.type": "lz4"})
     timer = AlertTimer(bootstrap, topics.alerts)
     sent = 0
+    if on_start is not None:
+        on_start()
     t0 = time.monotonic()
     for st in paced(n_steps, steps_per_s, p, timer):
         for key, value, spiked in due[st]:
@@ -563,19 +567,24 @@ def traffic(boot: str, topics: Topics, args: argparse.Namespace) -> None:
     wait_idle(port)
     before = worker_counter(port)
     t0 = time.monotonic()
-    cpu0 = CpuShares.now(args.worker_pid)
-    at_end: list[CpuShares] = []  # the cores while the steps were sent, not the wait after
+    # the cores while the steps were sent: not while the generator built them (the worker
+    # idles then), nor the wait after
+    at_start: list[CpuShares] = []
+    at_end: list[CpuShares] = []
+
+    def start() -> None:
+        at_start.append(CpuShares.now(args.worker_pid))
 
     def sent_all() -> None:
         at_end.append(CpuShares.now(args.worker_pid))
 
     lat, sent, steps, sending_s = full_resolution_traffic(
-        boot, topics, runs, ranks, per_s, secs, on_sent=sent_all
+        boot, topics, runs, ranks, per_s, secs, on_start=start, on_sent=sent_all
     )
     alerted_s = time.monotonic() - t0  # sending, then the wait for the spikes' alerts
     caught_up = wait_caught_up(port, before + steps)
     took = time.monotonic() - t0
-    cpu = at_end[0].since(cpu0)
+    cpu = at_end[0].since(at_start[0])
     print(
         f"full resolution: the same {steps / secs:,.0f} step records/s, every step sent and "
         f"scored (a step_batch per rank every 100 steps or 1 s, spikes at once): "

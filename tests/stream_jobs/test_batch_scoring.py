@@ -427,6 +427,58 @@ def test_a_straggler_is_found_when_every_rank_sends_its_steps_in_batches():
     assert judged >= 4 * 250  # every rank's time of nearly every step judged with the others
 
 
+def test_a_batch_cut_short_does_not_split_the_steps_of_the_ranks_behind_it():
+    """Ranks flush batches of 40 steps at staggered steps, and rank 3 flushes early at steps
+    where its loss spikes (as the producer does at a guard spike): its short batches are then
+    ahead of ranks still filling a whole one. Every step is still judged once, with all six
+    ranks, against the median of all six, as when every rank's time of a step comes before
+    the next step."""
+    n_ranks, n_steps, width = 6, 400, 40
+    rng = random.Random(7)
+    times = [[0.1 + rng.gauss(0, 0.002) for _ in range(n_steps)] for _ in range(n_ranks)]
+    cut_at = {130, 131, 250}
+    batches: list[tuple[int, int, list[dict]]] = []  # (step sent at, rank, entries)
+    for rank in range(n_ranks):
+        entries: list[dict] = []
+        length = width - rank * 6  # the ranks' batches do not end together
+        for s in range(n_steps):
+            e = {"step": s, "time_ns": s * 10**8, "step_time_s": times[rank][s], "loss": 2.0}
+            entries.append(e)
+            if (rank == 3 and s in cut_at) or len(entries) >= length or s == n_steps - 1:
+                batches.append((s, rank, entries))
+                entries, length = [], width
+    batches.sort(key=lambda b: b[0])  # in the order they are sent
+
+    def stragglers(parts: list) -> list:
+        return [
+            (g.step, g.rank, g.expected)
+            for p in parts
+            for _, sigs in p.lists()
+            for g in sigs
+            if g.name == "straggler"
+        ]
+
+    det = RunDetector("r")
+    det.ranks.world_size = n_ranks
+    got = []
+    for _, rank, entries in batches:
+        parts, _ = det.process_entries(rank, entries)
+        got += stragglers(parts)
+    ref = RunDetector("r")
+    ref.ranks.world_size = n_ranks
+    want = []
+    for s in range(n_steps):  # all ranks' time of a step before the next step
+        for rank in range(n_ranks):
+            e = {"step": s, "time_ns": s * 10**8, "step_time_s": times[rank][s], "loss": 2.0}
+            parts, _ = ref.process_entries(rank, [e])
+            want += stragglers(parts)
+    assert sorted(got) == sorted(want)
+    per_step: dict[int, int] = {}
+    for step, _, _ in got:
+        per_step[step] = per_step.get(step, 0) + 1
+    assert per_step == dict.fromkeys(range(n_steps), n_ranks)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.integers(2, 40), st.data())
 def test_alerts_resolved_in_quiet_batches_equal_step_records(seed, resolve_after, data):

@@ -30,6 +30,8 @@ from steplens.stream_jobs.signals import kernels
 # pays (``_judge_many``: about 65 us a call and 3 us a step of 32 ranks; one by one, 3 us a
 # signal, and a ``Signal`` built for each)
 _MANY_SIGNALS, _MANY_RANKS = 24, 4
+# the most a batch span may hold a step back (bounded memory with a rank that never reports)
+MAX_BATCH_SPAN = 4096
 
 
 @dataclass
@@ -52,6 +54,9 @@ class RanksState:
     checked_ns: int = 0
     hung: set[int] = field(default_factory=set)
     suspects: set[int] = field(default_factory=set)
+    # steps spanned by the widest step batch of the run (capped): how far behind another rank's
+    # batch of the same steps may still be; when to judge, not a judgement (not compared)
+    batch_span: int = field(default=0, compare=False)
 
 
 def _judge(state: RanksState, cfg: RanksConfig, step: int, times: dict[int, float]) -> list[Signal]:
@@ -157,9 +162,12 @@ def step_times(
 ) -> list[Signal | SignalGrid]:
     """``step_time`` over a batch of one rank's steps, judged once after the last: the same
     judgements as step by step (the batch adds only this rank's times), in one pass. A step
-    waits ``behind`` steps more than ``pending_steps``: the other ranks' batches of the same
-    steps may come after this one. Runs of steps judged at once come as ``SignalGrid``s, in
-    their place among the signals."""
+    waits ``behind`` steps more than ``pending_steps``, or the span of the widest batch seen
+    when that is more (up to ``MAX_BATCH_SPAN``): the other ranks' batches of the same steps
+    may come after this one, and a rank whose batch was cut short (flushed at a spike) is
+    ahead of ranks that still fill a whole one. Runs of steps judged at once come as
+    ``SignalGrid``s, in their place among the signals."""
+    state.batch_span = behind = max(min(behind, MAX_BATCH_SPAN), state.batch_span)
     pending = state.pending
     last: int | None = None
     for step, seconds in times:
