@@ -57,7 +57,7 @@ def wait_scored(worker, n: int, timeout_s: float = 90.0) -> None:
 
 def test_spike_alert_and_dead_letters(kafka, workers):
     run = f"run-{uuid.uuid4().hex[:6]}"
-    w = workers("--no-arima").start()
+    w = workers("--no-arima", "--fetch-wait-ms", "40").start()
     w.wait_metrics()
     # a declared schedule that cannot be read: refused, and the run goes on without it
     meta = {"world_size": 1, "lr_schedule": {"peak_lr": 1e-3, "warmup_steps": "ten"}}
@@ -85,6 +85,8 @@ def test_spike_alert_and_dead_letters(kafka, workers):
     text = w.metrics()
     assert "steplens_worker_dead_letters_total" in text
     assert 'steplens_worker_records_total{kind="step"} 60.0' in text
+    # the consumer fetches with the wait asked for, read back from its fetcher
+    assert "steplens_worker_fetch_wait_seconds 0.04" in text
     assert "Crashed" not in w.log.read_text()
 
 
@@ -117,7 +119,10 @@ def test_step_batches_are_scored_step_by_step(kafka, workers):
     # quiet signals are thinned out as for single records: not one per step and rule
     assert len({(s.data["name"], s.step) for s in sigs}) < 40
     # the spike's batch is the last one: once its alert is out, every step was counted
-    assert 'steplens_worker_records_total{kind="step"} 120.0' in w.metrics()
+    text = w.metrics()
+    assert 'steplens_worker_records_total{kind="step"} 120.0' in text
+    # the default fetch wait, not the 1.5 s of Faust's consumer
+    assert "steplens_worker_fetch_wait_seconds 0.1" in text
 
 
 def test_backlog_of_step_batches_larger_than_a_kafka_message(kafka, workers):

@@ -138,6 +138,27 @@ def _unpickle(blob: bytes) -> Any:
         return None
 
 
+# Longest a fetch waits at the broker for new records. Faust builds its consumer with 1,500 ms,
+# and aiokafka keeps one fetch in flight per broker, for the partitions that hold no fetched
+# records yet: a fetch for by-run partitions alone (the raw ones still held records when it
+# went) then held back every raw partition, and with them the by-run records they route to,
+# until it timed out. At full resolution the worker fell seconds behind with its loop idle.
+FETCH_WAIT_MS = 100
+
+
+def set_fetch_wait(consumer: Any, ms: int) -> int | None:
+    """Set the fetch wait of Faust's aiokafka consumer (its fetcher reads it for each request;
+    aiokafka takes it only as an argument, which Faust fixes); returns the wait in use, or None
+    where the consumer is not there (not started, or another client library)."""
+    fetcher = getattr(
+        getattr(getattr(consumer, "_thread", None), "_consumer", None), "_fetcher", None
+    )
+    if fetcher is None or not hasattr(fetcher, "_fetch_max_wait_ms"):
+        return None
+    fetcher._fetch_max_wait_ms = ms
+    return int(fetcher._fetch_max_wait_ms)
+
+
 @dataclass
 class WorkerSettings:
     bootstrap: str
@@ -147,6 +168,7 @@ class WorkerSettings:
     faust_web_port: int = 0  # 0: Faust's web server off
     batch: int = 1000
     within_s: float = 0.05
+    fetch_wait_ms: int = FETCH_WAIT_MS
     by_run_partitions: int = 8
     signal_every: int = 50  # publish a non-breaching signal per rank and rule every N steps
     signal_interval_s: float = 15.0  # ... and at most once in this many seconds (a scrape)
@@ -354,6 +376,14 @@ class Worker:
     async def _assigned(self, app: faust.App, assigned: Any, **kw: Any) -> None:
         raw = sum(1 for tp in assigned if tp.topic == self.s.topics.raw)
         self.metrics.assigned.set(raw)
+        self._fetch_wait()
+
+    def _fetch_wait(self) -> None:
+        ms = set_fetch_wait(self.app.consumer, self.s.fetch_wait_ms)
+        if ms is None:
+            log.warning("the consumer's fetch wait could not be set; it stays Faust's 1.5 s")
+            return
+        self.metrics.fetch_wait.set(ms / 1000)
 
     async def _report(self) -> None:
         now = time.monotonic()

@@ -31,6 +31,12 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
     )
     ap.add_argument("--state-dir", default=None, help="Faust data directory")
     ap.add_argument("--batch", type=int, default=1000, help="raw records per routing batch")
+    ap.add_argument(
+        "--fetch-wait-ms",
+        type=int,
+        default=100,
+        help="longest a fetch waits at the broker for new records (Faust's consumer: 1,500)",
+    )
     ap.add_argument("--within", type=float, default=0.05, help="seconds to wait for a batch")
     ap.add_argument(
         "--signal-every",
@@ -81,6 +87,7 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
         faust_web_port=args.faust_web_port,
         batch=args.batch,
         within_s=args.within,
+        fetch_wait_ms=args.fetch_wait_ms,
         signal_every=args.signal_every,
         signal_interval_s=args.signal_interval,
         checkpoint_s=args.checkpoint_s,

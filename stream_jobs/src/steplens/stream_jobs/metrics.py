@@ -46,6 +46,11 @@ class WorkerMetrics:
         self.fit_jobs = Counter(
             "steplens_worker_arima_fit_jobs", "pool jobs the ARIMA fits went in", registry=r
         )
+        self.fetch_wait = Gauge(
+            "steplens_worker_fetch_wait_seconds",
+            "longest the consumer's fetch waits at the broker for new records (as in use)",
+            registry=r,
+        )
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)
