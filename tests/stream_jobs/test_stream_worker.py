@@ -5,11 +5,13 @@ from __future__ import annotations
 import random
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 from steplens.producer.schema import encode, make_record
 from steplens.stream_jobs.app import allow_state_classes, load_state, rank_key
+from steplens.stream_jobs.fit_queue import FIT_NICENESS
 
 pytestmark = pytest.mark.stack
 
@@ -229,6 +231,23 @@ def test_arima_fits_of_a_wide_run_go_to_the_pool_together(kafka, workers):
     )
     assert all(s.data["lower"] < s.data["expected"] < s.data["upper"] for s in sigs)
     assert {s.rank for s in sigs} == set(range(32)) and min(s.step for s in sigs) >= 100
+    # the fits are background work: the pool's process runs at a lower CPU priority
+    assert w.proc is not None
+    mine = nice_of(w.proc.pid)
+    pool = [nice_of(c) for c in children_of(w.proc.pid) if "spawn_main" in cmdline_of(c)]
+    assert len(pool) == 1 and pool[0] == min(19, mine + FIT_NICENESS), (mine, pool)
+
+
+def children_of(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def cmdline_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+def nice_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
 
 
 def test_full_resolution_producer_to_alert(kafka, workers, tmp_path):

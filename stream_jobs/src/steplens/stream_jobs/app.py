@@ -42,7 +42,7 @@ from steplens.stream_jobs import core, detector, rules, signals
 from steplens.stream_jobs.config import DetectorConfig
 from steplens.stream_jobs.core import Alert, Signal, SignalGrid, SignalRun
 from steplens.stream_jobs.detector import RunDetector
-from steplens.stream_jobs.fit_queue import FitQueue
+from steplens.stream_jobs.fit_queue import FitQueue, background_priority
 from steplens.stream_jobs.metrics import WorkerMetrics, reason_class
 from steplens.stream_jobs.outputs import alert_bytes, dead_letter_bytes, signal_bytes
 from steplens.stream_jobs.publish_limit import QuietLimiter
@@ -358,7 +358,9 @@ class Worker:
             logging.getLogger().setLevel(self.s.log_level.upper())
         if self.s.detector.arima_enabled and self.s.fit_workers > 0:
             ctx = multiprocessing.get_context("spawn")
-            self.pool = concurrent.futures.ProcessPoolExecutor(self.s.fit_workers, mp_context=ctx)
+            self.pool = concurrent.futures.ProcessPoolExecutor(
+                self.s.fit_workers, mp_context=ctx, initializer=background_priority
+            )
             # each pool process loads statsmodels (seconds) now, not at the first run's first fit
             for _ in range(self.s.fit_workers):
                 self.pool.submit(arima.warm_up)

@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import os
 from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -23,6 +24,19 @@ from steplens.stream_jobs.signals import arima
 log = logging.getLogger("steplens.stream_jobs")
 
 Done = Callable[[Hashable, "arima.ArimaParams | None"], None]
+
+# Niceness of the pool's processes: fits are background work. A new run's first fits come all
+# at once, and at equal priority the pool took the cores from the event loop, Kafka and the
+# producers for seconds: the worker fell behind at the start of a wide run and did not catch up.
+FIT_NICENESS = 10
+
+
+def background_priority() -> None:
+    """A pool process's initializer: lower its CPU priority by ``FIT_NICENESS``."""
+    try:
+        os.nice(FIT_NICENESS)
+    except OSError:  # not allowed here: the fits run at the worker's priority
+        log.debug("could not lower the fit pool's priority", exc_info=True)
 
 
 class FitQueue:

@@ -19,7 +19,10 @@ import numpy as np
 
 from steplens.stream_jobs.core import CRITICAL, WARNING
 
-_jit = numba.njit(cache=True, nogil=True, error_model="numpy")
+# The kernels keep the GIL: each runs for microseconds, thousands of times a second, and one
+# that released it let the Kafka client's and the fit pool's threads take it, so the event loop
+# waited at the end of each call to get it back.
+_jit = numba.njit(cache=True, error_model="numpy")
 
 # severity codes in the kernels' outputs
 NONE, WARN, CRIT = 0, 1, 2
