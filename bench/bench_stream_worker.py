@@ -35,11 +35,12 @@ from typing import Any
 from steplens.producer.schema import Record, decode, encode, make_record
 from steplens.producer.topics import Topics, ensure_topics
 from steplens.stack.scratch_topics import scratch_topics
+from steplens.stream_jobs.app import WorkerSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_stream_throughput import step_records
 
-BATCH, WITHIN = 1000, 0.05
+BATCH, WITHIN = WorkerSettings.batch, WorkerSettings.within_s  # as the worker takes batches
 
 
 def null_agent(bootstrap: str, topic: str, n: int) -> None:

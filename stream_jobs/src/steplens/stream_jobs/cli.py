@@ -37,7 +37,13 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
         default=100,
         help="longest a fetch waits at the broker for new records (Faust's consumer: 1,500)",
     )
-    ap.add_argument("--within", type=float, default=0.05, help="seconds to wait for a batch")
+    ap.add_argument(
+        "--within",
+        type=float,
+        default=0.2,
+        help="seconds to wait for a routing batch (fewer, larger by-run messages: less per-message "
+        "work for the worker, this much more latency)",
+    )
     ap.add_argument(
         "--signal-every",
         type=int,
