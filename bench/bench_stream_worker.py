@@ -570,22 +570,18 @@ def traffic(boot: str, topics: Topics, args: argparse.Namespace) -> None:
     t0 = time.monotonic()
     # the cores while the steps were sent: not while the generator built them (the worker
     # idles then), nor the wait after
-    at_start: list[CpuShares] = []
-    at_end: list[CpuShares] = []
+    shares: list[CpuShares] = []
 
-    def start() -> None:
-        at_start.append(CpuShares.now(args.worker_pid))
-
-    def sent_all() -> None:
-        at_end.append(CpuShares.now(args.worker_pid))
+    def mark() -> None:
+        shares.append(CpuShares.now(args.worker_pid))
 
     lat, sent, steps, sending_s = full_resolution_traffic(
-        boot, topics, runs, ranks, per_s, secs, on_start=start, on_sent=sent_all
+        boot, topics, runs, ranks, per_s, secs, on_start=mark, on_sent=mark
     )
     alerted_s = time.monotonic() - t0  # sending, then the wait for the spikes' alerts
     caught_up = wait_caught_up(port, before + steps)
     took = time.monotonic() - t0
-    cpu = at_end[0].since(at_start[0])
+    cpu = shares[1].since(shares[0])
     print(
         f"full resolution: the same {steps / secs:,.0f} step records/s, every step sent and "
         f"scored (a step_batch per rank every 100 steps or 1 s, spikes at once): "

@@ -323,7 +323,6 @@ class Worker:
             partitions=s.by_run_partitions,
             internal=True,
         )
-        self.signals = app.topic(s.topics.signals, key_serializer="raw", value_serializer="raw")
         self.alerts = app.topic(s.topics.alerts, key_serializer="raw", value_serializer="raw")
         self.dead = app.topic(s.topics.dead_letters, key_serializer="raw", value_serializer="raw")
         self.table: Any = app.tables.add(
