@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import socket
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from steplens.producer.schema import MAX_STR_LEN, RUN_RANK, DecodeError, Record, decode, encode
-from steplens.producer.schema import make_record as _make_record
+from steplens.producer.dead_letter import dead_letter_bytes
+from steplens.producer.schema import RUN_RANK, DecodeError, Record, decode
 from steplens.producer.settings import kafka_bootstrap, kafka_security_config
 
 log = logging.getLogger("steplens.sinks")
@@ -121,27 +119,21 @@ class DeadLetters:
     def send(self, item: Consumed, reason: str) -> None:
         rec = item.decoded
         run_id, rank = (rec.run_id, rec.rank) if isinstance(rec, Record) else ("unknown", RUN_RANK)
-        dl = _make_record(
-            "dead_letter",
-            {
-                "reason": reason[:MAX_STR_LEN],
-                "source_topic": item.topic,
-                "partition": item.partition,
-                "offset": item.offset,
-                "consumer": self.consumer_name,
-                "payload": item.value.decode("utf-8", "replace")[:MAX_STR_LEN],
-            },
-            run_id=run_id or "unknown",
+        body = dead_letter_bytes(
+            reason,
+            item.value,
+            source_topic=item.topic,
+            partition=item.partition,
+            offset=item.offset,
+            consumer=self.consumer_name,
+            run_id=run_id,
             rank=rank,
-            host=self._host,
-            pid=os.getpid(),
             seq=next(self._seq),
-            time_ns=time.time_ns(),
         )
         for _ in range(100):  # bounded: a full local queue drains within seconds
             try:
                 self._producer.produce(
-                    self.topic, encode(dl), key=item.key, on_delivery=self._on_delivery
+                    self.topic, body, key=item.key, on_delivery=self._on_delivery
                 )
                 break
             except BufferError:

@@ -35,6 +35,7 @@ import orjson
 from faust.serializers.codecs import RestrictedUnpickler
 from faust.types import TP
 
+from steplens.producer.dead_letter import dead_letter_bytes
 from steplens.producer.schema import DecodeError, Record, decode
 from steplens.producer.topics import Topics
 from steplens.stream_jobs import config as config_mod
@@ -44,7 +45,7 @@ from steplens.stream_jobs.core import Alert, Signal, SignalGrid, SignalRun
 from steplens.stream_jobs.detector import RunDetector
 from steplens.stream_jobs.fit_queue import FitQueue, background_priority
 from steplens.stream_jobs.metrics import WorkerMetrics, reason_class
-from steplens.stream_jobs.outputs import alert_bytes, dead_letter_bytes, signal_bytes
+from steplens.stream_jobs.outputs import alert_bytes, signal_bytes
 from steplens.stream_jobs.publish_limit import QuietLimiter
 from steplens.stream_jobs.signals import arima, kernels
 from steplens.stream_jobs.webhook import WebhookNotifier
@@ -494,7 +495,13 @@ class Worker:
     ) -> None:
         self.metrics.dead_letters.labels(reason_class(reason)).inc()
         body = dead_letter_bytes(
-            reason, payload, run or "unknown", self.s.topics.raw, partition, offset, self.s.app_id
+            reason,
+            payload,
+            source_topic=self.s.topics.raw,
+            partition=partition,
+            offset=offset,
+            consumer=self.s.app_id,
+            run_id=run,
         )
         await self.dead.send(key=key if isinstance(key, bytes) else None, value=body)
 

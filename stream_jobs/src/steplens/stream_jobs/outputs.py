@@ -1,4 +1,4 @@
-"""Wire records for the worker's outputs: signals, alerts and dead letters (schema v1)."""
+"""Wire records for the worker's outputs: signals and alerts (schema v1)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,10 @@ import os
 import socket
 import time
 
-from steplens.producer.schema import RUN_RANK, encode, make_record
+from steplens.producer.schema import RUN_RANK, encode
 from steplens.stream_jobs.core import Alert, Signal
 
 HOST = socket.gethostname()
-PAYLOAD_LIMIT = 4096
 
 
 def _optional(**kw: object) -> dict[str, object]:
@@ -71,32 +70,3 @@ def alert_bytes(a: Alert, seq: int = 0) -> bytes:
     return _envelope(
         "alert", a.run_id, rank if isinstance(rank, int) else RUN_RANK, a.step, data, seq
     )
-
-
-def dead_letter_bytes(  # noqa: PLR0917
-    reason: str,
-    payload: bytes | None,
-    run_id: str,
-    topic: str,
-    partition: int,
-    offset: int,
-    consumer: str,
-) -> bytes:
-    text = (payload or b"")[:PAYLOAD_LIMIT].decode("utf-8", "replace")
-    rec = make_record(
-        "dead_letter",
-        {
-            "reason": reason[:4000],
-            "source_topic": topic,
-            "partition": partition,
-            "offset": offset,
-            "consumer": consumer,
-            "payload": text,
-        },
-        run_id=run_id or "unknown",
-        rank=RUN_RANK,
-        host=HOST,
-        pid=os.getpid(),
-        time_ns=time.time_ns(),
-    )
-    return encode(rec)
