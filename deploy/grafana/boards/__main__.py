@@ -1,0 +1,4 @@
+from boards import write_all
+
+for path in write_all():
+    print(path)
