@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import multiprocessing
+import os
 import time
 from typing import Any, cast
 
@@ -26,7 +27,7 @@ import orjson
 from steplens.producer.schema import DecodeError, Record, decode
 from steplens.stream_jobs import compat
 from steplens.stream_jobs.detector import RunDetector
-from steplens.stream_jobs.fit_queue import FitQueue, background_priority
+from steplens.stream_jobs.fit_queue import FitQueue, pool_initializer
 from steplens.stream_jobs.metrics import WorkerMetrics
 from steplens.stream_jobs.publish_limit import QuietLimiter
 from steplens.stream_jobs.publisher import Publisher
@@ -139,7 +140,8 @@ class Worker:
             self.pool = concurrent.futures.ProcessPoolExecutor(
                 self.s.fit_workers,
                 mp_context=ctx,
-                initializer=background_priority,
+                initializer=pool_initializer,
+                initargs=(os.getpid(),),
             )
             # each pool process loads statsmodels (seconds) now, not at the first run's first fit
             for _ in range(self.s.fit_workers):
