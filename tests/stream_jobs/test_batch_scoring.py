@@ -283,7 +283,7 @@ def test_columns_equal_rows(table, data):
             got_alerts.append((alerts, bool(by_col.rules.firing)))
     assert repr(got_sigs) == repr(want_sigs)  # nan == nan as text
     assert repr(got_alerts) == repr(want_alerts)
-    assert by_col.rules == by_row.rules
+    assert repr(by_col.rules) == repr(by_row.rules)  # evidence may hold a nan
     assert by_col.train_loss == by_row.train_loss
 
 

@@ -301,8 +301,12 @@ def last_steps(batch: list[Signals], n: int) -> np.ndarray:
     """Each of the ``n`` rows' step of its last signal (``NO_STEP``: none, or no signal)."""
     last = np.full(n, NO_STEP, dtype=np.int64)
     for s in batch:  # in order: a row's last Signals sets it last
-        if len(s):
-            last[s.row] = s.step  # a repeated row keeps its last
+        k = len(s)
+        if k == 1 or (k and s.row[0] == s.row[-1]):
+            last[s.row[-1]] = s.step[-1]
+        elif k:
+            ends = np.flatnonzero(np.append(s.row[1:] != s.row[:-1], True))  # each row's last
+            last[s.row[ends]] = s.step[ends]
     return last
 
 
