@@ -35,7 +35,11 @@ from typing import Any
 from steplens.producer.schema import Record, decode, encode, make_record
 from steplens.producer.topics import Topics, ensure_topics
 from steplens.stack.scratch_topics import scratch_topics
-from steplens.stream_jobs.app import WorkerSettings
+
+try:
+    from steplens.stream_jobs.settings import WorkerSettings
+except ImportError:  # an earlier release (``--before``-style runs of its code)
+    from steplens.stream_jobs.app import WorkerSettings  # type: ignore[no-redef]
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_stream_throughput import step_records

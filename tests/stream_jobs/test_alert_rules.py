@@ -91,39 +91,48 @@ def test_loss_grad_correlation_is_one_alert_for_a_long_incident_with_steps():
 
 
 def grid_of(rng, steps, n_ranks, p_breach):
-    """A straggler grid with breaches where ``rng`` puts them, its ranks in a shuffled order."""
+    """Straggler signals of every rank of each of ``steps`` on one batch row, with breaches
+    where ``rng`` puts them, each step's ranks in a shuffled order or not."""
     import numpy as np
 
-    from steplens.stream_jobs.core import SignalGrid
+    from steplens.stream_jobs.core import Signals
 
-    values = np.array([[rng.uniform(0.5, 3.0) for _ in range(n_ranks)] for _ in steps])
-    breach = np.array([[rng.random() < p_breach for _ in range(n_ranks)] for _ in steps])
     ranks = rng.sample(range(100), n_ranks)
-    order = [rng.sample(range(n_ranks), n_ranks) for _ in steps] if rng.random() < 0.5 else None
-    return SignalGrid(
+    shuffled = rng.random() < 0.5
+    at, rank, value, breach = [], [], [], []
+    for step in steps:
+        for k in rng.sample(range(n_ranks), n_ranks) if shuffled else range(n_ranks):
+            at.append(step)
+            rank.append(ranks[k])
+            value.append(rng.uniform(0.5, 3.0))
+            breach.append(rng.random() < p_breach)
+    v = np.array(value)
+    return Signals.of(
         "straggler",
         "step_time_s",
-        list(steps),
-        ranks,
-        [f"rank:{r}" for r in ranks],
-        values,
-        values / (values + 1.0),
-        breach,
-        "warning",
-        [1.0] * len(steps),
-        [1.5] * len(steps),
-        order,
+        np.zeros(len(at), dtype=np.int64),
+        np.array(at, dtype=np.int64),
+        v,
+        v / (v + 1.0),
+        np.where(breach, 2, 0),
+        1.0,
+        None,
+        1.5,
+        np.array(rank, dtype=np.int64),
+        [f"rank:{r}" for r in rank],
     )
 
 
-def test_the_rules_read_of_a_grid_is_the_read_of_every_signal():
-    """What the rules take of a grid (``signals(firing)``: breaches, the ranks that fire or
-    breach, the last signal) changes their state and alerts as every signal of it does, with
-    ranks firing before it, correlations open or not, and grids with or without breaches."""
+def test_the_rules_read_of_many_signals_of_a_row_is_the_read_of_every_one():
+    """What the rules take of a row's many straggler signals (breaches, the ranks that fire
+    or breach, the largest step and the last signal; the firing ranks' alone in a quiet row)
+    changes their state and alerts as every signal of it does, with ranks firing before it,
+    correlations open or not, and rows with or without breaches."""
     import copy
     import random
 
-    from steplens.stream_jobs.rules import Firing, quiet_while_firing
+    from steplens.stream_jobs.batch_rules import evaluate_batch
+    from steplens.stream_jobs.rules import Firing
 
     rng = random.Random(7)
     resolved = 0
@@ -133,7 +142,7 @@ def test_the_rules_read_of_a_grid_is_the_read_of_every_signal():
         grid = grid_of(rng, steps, n_ranks, rng.choice([0.0, 0.0, 0.02, 0.2]))
         cfg = RulesConfig(resolve_after=rng.choice([1, 2, 5, 20]))
         state = RulesState(latest_step=start - 1)
-        for scope in rng.sample(grid.scopes, rng.randrange(0, n_ranks)):
+        for scope in rng.sample(sorted(set(grid.scope)), rng.randrange(0, n_ranks)):
             last = start - rng.randrange(1, 25)
             state.firing[("straggler:step_time_s", scope)] = Firing("warning", last - 3, last)
         if rng.random() < 0.3:
@@ -142,19 +151,11 @@ def test_the_rules_read_of_a_grid_is_the_read_of_every_signal():
             state.recent["spike:loss"] = start - 1
             state.correlating = True
         every, part = copy.deepcopy(state), copy.deepcopy(state)
-        _, want = evaluate(every, cfg, "r", grid.signals())
-        _, got = evaluate(part, cfg, "r", grid.signals(part.firing))
+        _, want = evaluate(every, cfg, "r", grid.views())
+        got = next(evaluate_batch(part, cfg, "r", [grid], 1))
         assert (got, part) == (want, every)
         resolved += any(a.state == "resolved" and a.rule.startswith("straggler") for a in want)
-        if not grid.any_breach() and state.firing and not state.correlating:
-            # the worker's quiet rows while something fires: only the firing keys' signals
-            every, part = copy.deepcopy(state), copy.deepcopy(state)
-            quiet = [s for s in grid.signals() if (s.rule, s.scope) in every.firing]
-            want = quiet_while_firing(every, cfg, "r", quiet, steps[-1])
-            kept = [s for s in grid.signals(part.firing) if (s.rule, s.scope) in part.firing]
-            got = quiet_while_firing(part, cfg, "r", kept, steps[-1])
-            assert (got, part) == (want, every)
-    assert resolved > 20  # grids where a rank's quiet signals resolve what fired before
+    assert resolved > 20  # rows where a rank's quiet signals resolve what fired before
 
 
 def test_a_quiet_record_while_correlating_reads_only_what_fires():

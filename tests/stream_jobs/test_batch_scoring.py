@@ -1,5 +1,8 @@
-"""The batch paths (``update_many``, ``RunDetector.process_columns``) against the per-value ones:
-the same signals, alerts and state for any series, split into batches anywhere."""
+"""Each detector's one columnar ``update`` against its per-value reference
+(``tests/stream_jobs/reference``): the same signals and state for any series, split into
+batches anywhere (one value at a time included); and ``RunDetector`` split-invariant: any
+batching of the same steps (step records, step batches, columns) gives the same signals,
+alerts and state."""
 
 from __future__ import annotations
 
@@ -8,12 +11,26 @@ import itertools
 import math
 import random
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference import arima_ref, lr_ref, spike_ref, volatility_ref
 
 from steplens.stream_jobs.config import DetectorConfig
-from steplens.stream_jobs.detector import RunDetector, row_signals
+from steplens.stream_jobs.core import Column, flatten, row_views
+from steplens.stream_jobs.detector import RunDetector
 from steplens.stream_jobs.signals import arima, lr_schedule, spike, volatility
+
+
+def col(xs, lo: int, hi: int, rank: int = -1, **kw) -> Column:
+    """Values ``xs[lo:hi]`` at steps ``lo..hi-1``, as a detector's column."""
+    steps = np.arange(lo, hi, dtype=np.int64)
+    return Column(np.array(xs[lo:hi], dtype=float), steps, steps - lo, rank, **kw)
+
+
+def row_signals(batch, n):
+    return [row_views(batch, i) for i in range(n)]
+
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 
@@ -65,31 +82,33 @@ def spike_configs() -> st.SearchStrategy[spike.SpikeConfig]:
 
 @settings(max_examples=150, deadline=None)
 @given(spike_configs(), series(), st.data())
-def test_spike_update_many_equals_update(cfg, xs, data):
-    one, many = spike.SpikeState(), spike.SpikeState()
-    want = [spike.update(one, cfg, "m", x, i, 3)[1][0] for i, x in enumerate(xs)]
+def test_spike_equals_the_reference(cfg, xs, data):
+    one, many = spike_ref.SpikeState(), spike.SpikeState()
+    want = [spike_ref.update(one, cfg, "m", x, i, 3)[1][0] for i, x in enumerate(xs)]
     got = []
     bounds = cuts(data.draw, len(xs))
     for lo, hi in itertools.pairwise(bounds):
-        got += spike.update_many(many, cfg, "m", xs[lo:hi], list(range(lo, hi)), 3).signals()
+        got += spike.update(many, cfg, "m", col(xs, lo, hi, 3)).views()
     assert got == want
-    assert (many.values, many.ordered, many.diffs) == (one.values, one.ordered, one.diffs)
-    assert (many.scale, many.since_rescale, many.last) == (one.scale, one.since_rescale, one.last)
+    assert list(many.values) == list(one.values)
+    assert list(many.ordered) == list(one.ordered)
+    assert list(many.diffs) == list(one.diffs)
+    assert (many.scale, many.since_rescale) == (one.scale, one.since_rescale)
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.sampled_from([4, 10, 50]), series(), st.data())
-def test_volatility_update_many_equals_update(window, xs, data):
+def test_volatility_equals_the_reference(window, xs, data):
     cfg = volatility.VolatilityConfig(window=window)
-    one, many = volatility.VolatilityState(), volatility.VolatilityState()
-    want = [volatility.update(one, cfg, "loss", x, i)[1][0] for i, x in enumerate(xs)]
+    one, many = volatility_ref.VolatilityState(), volatility.VolatilityState()
+    want = [volatility_ref.update(one, cfg, "loss", x, i)[1][0] for i, x in enumerate(xs)]
     got = []
     bounds = cuts(data.draw, len(xs))
     for lo, hi in itertools.pairwise(bounds):
-        got += volatility.update_many(many, cfg, "loss", xs[lo:hi], list(range(lo, hi))).signals()
+        got += volatility.update(many, cfg, "loss", col(xs, lo, hi)).views()
     assert got == want
-    assert (many.values, many.diffs) == (one.values, one.diffs)
-    assert (many.sum_v, many.sum_d, many.sum_d2) == (one.sum_v, one.sum_d, one.sum_d2)
+    assert (list(many.values), list(many.diffs)) == (list(one.values), list(one.diffs))
+    assert list(many.sums) == [one.sum_v, one.sum_d, one.sum_d2]
 
 
 SCHEDULES = [
@@ -101,7 +120,7 @@ SCHEDULES = [
 
 @settings(max_examples=100, deadline=None)
 @given(st.sampled_from(SCHEDULES), st.integers(0, 2**32 - 1), st.data())
-def test_lr_update_many_equals_update(schedule, seed, data):
+def test_lr_equals_the_reference(schedule, seed, data):
     """Learning rates that follow the schedule, then deviate (jumps, a wrong decay, and in
     some series a non-finite value): the same signals, details (where a deviation started)
     and state."""
@@ -117,20 +136,20 @@ def test_lr_update_many_equals_update(schedule, seed, data):
             x *= rng.choice(odd)
         xs.append(x)
     cfg = lr_schedule.LrConfig(step_offset=data.draw(st.sampled_from([1, 0, 3])))
-    one, many = lr_schedule.LrState(schedule), lr_schedule.LrState(schedule)
-    want = [lr_schedule.update(one, cfg, x, i, 2)[1][0] for i, x in zip(steps_, xs, strict=True)]
+    one, many = lr_ref.LrState(schedule), lr_schedule.LrState(schedule)
+    want = [lr_ref.update(one, cfg, x, i, 2)[1][0] for i, x in zip(steps_, xs, strict=True)]
     got = []
     for lo, hi in itertools.pairwise(cuts(data.draw, len(xs))):
-        got += lr_schedule.update_many(many, cfg, xs[lo:hi], steps_[lo:hi], 2).signals()
+        got += lr_schedule.update(many, cfg, "lr", col(xs, lo, hi, 2)).views()
     assert [repr(g) for g in got] == [repr(w) for w in want]  # nan == nan as text
     assert any(w.detail for w in want)  # deviations were met
-    assert (many.recent, many.deviating_since) == (one.recent, one.deviating_since)
+    assert (list(many.recent), many.deviating_since) == (list(one.recent), one.deviating_since)
 
 
-def _fake_fit(state: arima.ArimaState, order: tuple[int, int, int]) -> arima.ArimaParams | None:
-    """A model from the history without statsmodels: the same for both paths, and sometimes
-    none (a failed fit)."""
-    h = list(state.history)
+def _fake_fit(history, order: tuple[int, int, int]) -> arima.ArimaParams | None:
+    """A model from the history without statsmodels: the same for both, and sometimes none
+    (a failed fit)."""
+    h = list(history)
     if len(h) % 5 == 0:
         return None
     p, _, q = order
@@ -138,85 +157,66 @@ def _fake_fit(state: arima.ArimaState, order: tuple[int, int, int]) -> arima.Ari
     return arima.ArimaParams([0.3] * p, [-0.2] * q, (h[-1] - h[0]) / len(h), spread / 10)
 
 
+def _arima_state(state) -> tuple:
+    return (
+        list(state.history),
+        list(state.diffs),
+        list(state.errors),
+        state.last,
+        state.mean,
+        state.var,
+        state.seen,
+        state.next_fit,
+        state.wants_fit,
+        state.params,
+        state.failed_fits,
+        state.outside,
+    )
+
+
 @settings(max_examples=150, deadline=None)
 @given(
-    st.sampled_from([(1, 1, 1), (2, 1, 1), (1, 0, 1)]),
+    st.sampled_from([(1, 1, 1), (2, 1, 1), (1, 0, 1), (2, 1, 2), (0, 1, 3)]),
+    st.booleans(),
     st.booleans(),
     series(max_size=400),
     st.data(),
 )
-def test_arima_update_many_equals_update(order, inline, xs, data):
-    cfg = arima.ArimaConfig(order=order, first_fit=20, refit_every=60, consecutive=2)
-    one, many = arima.ArimaState(), arima.ArimaState()
+def test_arima_equals_the_reference(order, inline, failing, xs, data):
+    """Fits applied as soon as asked (``steplens detect``) or where a batch ends (the pool's
+    come back between messages), or failing every time: the same signals and state after
+    every batch."""
+    window = data.draw(st.sampled_from([256, 30]))
+    cfg = arima.ArimaConfig(
+        order=order, first_fit=20, refit_every=60, consecutive=2, fit_window=window, retry_after=5
+    )
 
-    def settle(state: arima.ArimaState, waited: int) -> bool:
-        """Apply a wanted fit now (inline) or after 7 values (a pool)."""
-        if state.wants_fit and (inline or waited >= 7):
-            arima.apply_fit(state, cfg, _fake_fit(state, order))
-            return True
-        return False
+    def model(history):
+        return None if failing else _fake_fit(history, order)
 
-    want = []
-    waited = 0
-    for i, x in enumerate(xs):
-        want += arima.update(one, cfg, "m", x, i, 1)[1]
-        waited = waited + 1 if one.wants_fit else 0
-        if settle(one, waited):
-            waited = 0
-    got = []
+    one, many = arima_ref.ArimaState(), arima.ArimaState()
     bounds = cuts(data.draw, len(xs))
-    waited = 0
+    want, after = [], []
     for lo, hi in itertools.pairwise(bounds):
-        i = lo
-        while i < hi:
-            # fits not inline: one value at a time while one is pending, as the worker sees them
-            end = i + 1 if many.wants_fit and not inline else hi
-            run, took = arima.update_many(many, cfg, "m", xs[i:end], list(range(i, end)), 1)
-            got += run.signals()
-            i += took
-            waited = waited + 1 if many.wants_fit else 0
-            if settle(many, waited):
-                waited = 0
-    assert got == want
-    assert (many.history, many.diffs, many.errors) == (one.history, one.diffs, one.errors)
-    assert (many.mean, many.var, many.last, many.seen) == (one.mean, one.var, one.last, one.seen)
-    assert (many.next_fit, many.wants_fit, many.params) == (one.next_fit, one.wants_fit, one.params)
-
-
-@settings(max_examples=100, deadline=None)
-@given(
-    st.sampled_from([(1, 1, 1), (2, 1, 2), (1, 0, 1), (0, 1, 3)]),
-    st.integers(2, 40),
-    series(max_size=300),
-    st.data(),
-)
-def test_arima_values_before_any_model_equal_update(order, window, xs, data):
-    """Long stretches without a model (every fit fails, a history window shorter than the
-    first fit): ``update_many`` learns them at once, as ``update`` does one by one."""
-    cfg = arima.ArimaConfig(order=order, first_fit=30, fit_window=window, retry_after=5)
-    one, many = arima.ArimaState(), arima.ArimaState()
-
-    def learnt(state: arima.ArimaState) -> tuple[object, ...]:
-        return (list(state.history), list(state.diffs), list(state.errors), state.last)
-
-    want, after = [], []  # after[i]: the state once value i is learnt
-    for i, x in enumerate(xs):
-        want += arima.update(one, cfg, "m", x, i, 1)[1]
+        for i in range(lo, hi):
+            want += arima_ref.update(one, cfg, "m", xs[i], i, 1)[1]
+            if inline and one.wants_fit:
+                arima_ref.apply_fit(one, cfg, model(one.history))
         if one.wants_fit:
-            arima.apply_fit(one, cfg, None)
-        after.append(learnt(one))
+            arima_ref.apply_fit(one, cfg, model(one.history))
+        after.append(_arima_state(one))
+
+    def want_fit(state: arima.ArimaState) -> None:
+        if inline:
+            arima.apply_fit(state, cfg, model(state.history))
+
     got = []
-    for lo, hi in itertools.pairwise(cuts(data.draw, len(xs))):
-        i = lo
-        while i < hi:
-            run, took = arima.update_many(many, cfg, "m", xs[i:hi], list(range(i, hi)), 1)
-            got += run.signals()
-            i += took
-            if many.wants_fit:
-                arima.apply_fit(many, cfg, None)
-            assert learnt(many) == after[i - 1]
+    for k, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+        got += arima.update(many, cfg, "m", col(xs, lo, hi, 1, want_fit=want_fit)).views()
+        if many.wants_fit:
+            arima.apply_fit(many, cfg, model(many.history))
+        assert _arima_state(many) == after[k]
     assert got == want
-    assert (many.seen, many.next_fit, many.failed_fits) == (one.seen, one.next_fit, one.failed_fits)
 
 
 cell = st.one_of(
@@ -254,8 +254,8 @@ def tables(draw: st.DrawFn) -> tuple[list[int], dict[str, list[float | None]]]:
 @settings(max_examples=80, deadline=None)
 @given(tables(), st.data())
 def test_columns_equal_rows(table, data):
-    """Signals and alerts of ``process_columns`` + ``evaluate_parts`` equal those of
-    ``process_step`` + ``evaluate`` row by row, with the ARIMA fits of statsmodels."""
+    """Signals and alerts of ``process_columns`` + ``evaluate_rows`` over chunks equal those of
+    the same rows one at a time, with the ARIMA fits of statsmodels."""
     steps, cols = table
     cfg = DetectorConfig()
     cfg.spike = spike.SpikeConfig(window=8, warmup=4, rescale_every=3)
@@ -266,23 +266,24 @@ def test_columns_equal_rows(table, data):
     by_col = RunDetector("r", copy.deepcopy(cfg), generic=True)
     want_sigs, want_alerts = [], []
     for i, step in enumerate(steps):
-        metrics = {k: v[i] for k, v in cols.items() if v[i] is not None}
-        sigs = by_row.process_step(0, step, step * 1000, metrics)
-        want_sigs.append(sigs)
-        want_alerts.append((by_row.evaluate(sigs), bool(by_row.rules.firing)))
+        metrics = {k: [v[i]] for k, v in cols.items() if v[i] is not None}
+        batch = by_row.process_columns(0, [step], [step * 1000], metrics)
+        want_sigs.append(row_views(batch, 0))
+        want_alerts.append((by_row.evaluate(batch, 1, [step * 1000]), bool(by_row.rules.firing)))
     got_sigs, got_alerts = [], []
     bounds = cuts(data.draw, len(steps))
     for lo, hi in itertools.pairwise(bounds):
         part_cols = {k: v[lo:hi] for k, v in cols.items()}
-        parts = by_col.process_columns(0, steps[lo:hi], [s * 1000 for s in steps[lo:hi]], part_cols)
-        where = [p.where(hi - lo) for p in parts]
-        got_sigs += [row_signals(parts, where, i) for i in range(hi - lo)]
-        got_alerts += [
-            (a, bool(by_col.rules.firing)) for a in by_col.evaluate_parts(parts, hi - lo)
-        ]
-    assert got_sigs == want_sigs
-    assert got_alerts == want_alerts
-    assert by_col.rules == by_row.rules
+        times = [s * 1000 for s in steps[lo:hi]]
+        batch = by_col.process_columns(0, steps[lo:hi], times, part_cols)
+        got_sigs += row_signals(batch, hi - lo)
+        for i, alerts in enumerate(by_col.evaluate_rows(batch, hi - lo)):
+            for a in alerts:
+                a.time_ns = times[i]
+            got_alerts.append((alerts, bool(by_col.rules.firing)))
+    assert repr(got_sigs) == repr(want_sigs)  # nan == nan as text
+    assert repr(got_alerts) == repr(want_alerts)
+    assert repr(by_col.rules) == repr(by_row.rules)  # evidence may hold a nan
     assert by_col.train_loss == by_row.train_loss
 
 
@@ -336,22 +337,21 @@ def test_step_batch_entries_equal_step_records(entries, data):
         fields = {k: v for k, v in e.items() if k not in ("step", "time_ns")}
         rec = make_record("step", fields, run_id="r", rank=1, step=e["step"], time_ns=e["time_ns"])
         sigs, alerts = one.process(rec)
-        want_sigs.append(sigs)
+        want_sigs.append(row_views(sigs, 0))
         want_alerts += alerts
     got_sigs, got_alerts = [], []
     bounds = cuts(data.draw, len(entries))
     for lo, hi in itertools.pairwise(bounds):
-        parts, alerts = many.process_entries(1, entries[lo:hi])
-        where = [p.where(hi - lo) for p in parts]
-        got_sigs += [row_signals(parts, where, i) for i in range(hi - lo)]
+        batch, alerts = many.process_entries(1, entries[lo:hi])
+        got_sigs += row_signals(batch, hi - lo)
         got_alerts += alerts
     # the same signals for every step, and the same alerts (within a step, the batch's column
     # order may differ from a record's field order)
-    assert [sorted(row, key=repr) for row in got_sigs] == [
-        sorted(row, key=repr) for row in want_sigs
+    assert [sorted(map(repr, row)) for row in got_sigs] == [
+        sorted(map(repr, row)) for row in want_sigs
     ]
-    assert sorted(got_alerts, key=repr) == sorted(want_alerts, key=repr)
-    assert [a.step for a in got_alerts] == [a.step for a in want_alerts]
+    assert sorted(map(repr, got_alerts)) == sorted(map(repr, want_alerts))
+    assert [(a.step, a.time_ns) for a in got_alerts] == [(a.step, a.time_ns) for a in want_alerts]
     assert many.records == one.records
     assert many.ranks == one.ranks
 
@@ -393,7 +393,7 @@ def test_quiet_steps_while_alerts_fire_equal_step_records(seed, data):
         want += one.process(rec)[1]
     for lo, hi in itertools.pairwise(cuts(data.draw, len(entries))):
         got += many.process_entries(1, entries[lo:hi])[1]
-    assert sorted(got, key=repr) == sorted(want, key=repr)
+    assert sorted(map(repr, got)) == sorted(map(repr, want))
     assert [(a.step, a.state) for a in got] == [(a.step, a.state) for a in want]
     assert many.rules == one.rules
     assert any(a.state == "resolved" and a.rule == "spike:loss" for a in want)
@@ -417,11 +417,9 @@ def test_a_straggler_is_found_when_every_rank_sends_its_steps_in_batches():
                 }
                 for s in range(b * 50, b * 50 + 50)
             ]
-            parts, got = det.process_entries(rank, entries)
+            batch, got = det.process_entries(rank, entries)
             alerts += got
-            judged += sum(
-                s.name == "straggler" for p in parts for _, sigs in p.lists() for s in sigs
-            )
+            judged += sum(s.name == "straggler" for s in flatten(batch))
     firing = {a.scope for a in alerts if a.rule == "straggler:step_time_s" and a.state == "firing"}
     assert firing == {"rank:2"}
     assert judged >= 4 * 250  # every rank's time of nearly every step judged with the others
@@ -449,14 +447,8 @@ def test_a_batch_cut_short_does_not_split_the_steps_of_the_ranks_behind_it():
                 entries, length = [], width
     batches.sort(key=lambda b: b[0])  # in the order they are sent
 
-    def stragglers(parts: list) -> list:
-        return [
-            (g.step, g.rank, g.expected)
-            for p in parts
-            for _, sigs in p.lists()
-            for g in sigs
-            if g.name == "straggler"
-        ]
+    def stragglers(batch: list) -> list:
+        return [(g.step, g.rank, g.expected) for g in flatten(batch) if g.name == "straggler"]
 
     det = RunDetector("r")
     det.ranks.world_size = n_ranks
@@ -518,24 +510,30 @@ def test_alerts_resolved_in_quiet_batches_equal_step_records(seed, resolve_after
     st.integers(12, 60),
     st.sampled_from([2, 5, 20]),
 )
-def test_stragglers_judged_as_grids_equal_signals_judged_one_by_one(
+def test_stragglers_of_batches_equal_the_reference_and_rules_read_them_in_part(
     seed, n_ranks, batch, resolve_after
 ):
     """Many ranks' step_batches, in a new order each time, with a rank straggling on and off
-    and loss spikes (alerts that fire, resolve and correlate): stragglers judged as grids
-    (which the rules read only in part) give the alerts, rules' state and row signals of the
-    same steps judged as one signal each."""
-    from steplens.stream_jobs.core import SignalGrid
+    and loss spikes (alerts that fire, resolve and correlate): each straggler signal is its
+    step's judgement (the rank's time against the median of the step's, typical over its last
+    ``straggler_steps``), and the rules, which read a row's many straggler signals only in part,
+    give the alerts and state of the rules fed every signal of every row."""
+    import statistics
+    from collections import deque
+
+    from steplens.stream_jobs import rules
     from steplens.stream_jobs.rules import RulesConfig
-    from steplens.stream_jobs.signals import ranks
 
     rng = random.Random(seed)
     cfg = DetectorConfig(arima_enabled=False)
     cfg.rules = RulesConfig(resolve_after=resolve_after)
-    grid, flat = RunDetector("r", copy.deepcopy(cfg)), RunDetector("r", copy.deepcopy(cfg))
-    grid.ranks.world_size = flat.ranks.world_size = n_ranks
+    det = RunDetector("r", copy.deepcopy(cfg))
+    det.ranks.world_size = n_ranks
+    ref_rules = rules.RulesState()
     slow, period, shift = rng.randrange(n_ranks), rng.randrange(30, 90), rng.randrange(90)
-    grids, alerts = 0, []
+    times: dict[int, dict[int, float]] = {}
+    recent: dict[int, deque] = {}
+    judged, alerts = 0, []
     for b in range(480 // batch):
         for rank in rng.sample(range(n_ranks), n_ranks):
             entries = []
@@ -543,6 +541,7 @@ def test_stragglers_judged_as_grids_equal_signals_judged_one_by_one(
                 t = 0.1 + rng.random() * 0.01
                 if rank == slow and (s + shift) // period % 2 == 1:
                     t *= 3
+                times.setdefault(s, {})[rank] = t
                 loss = 2.0 - s * 1e-3 + rng.gauss(0, 0.01)
                 if rng.random() < 0.01:
                     loss *= 10
@@ -555,22 +554,26 @@ def test_stragglers_judged_as_grids_equal_signals_judged_one_by_one(
                         "grad_norm": abs(1.0 + rng.gauss(0, 0.05)),
                     }
                 )
-            parts, got = grid.process_entries(rank, copy.deepcopy(entries))
-            many = ranks._MANY_SIGNALS
-            ranks._MANY_SIGNALS = 10**9  # every step judged alone, as a list of signals
-            try:
-                flat_parts, want = flat.process_entries(rank, copy.deepcopy(entries))
-            finally:
-                ranks._MANY_SIGNALS = many
-            assert got == want
-            assert grid.rules == flat.rules
-            n = len(entries)
-            at, flat_at = [p.where(n) for p in parts], [p.where(n) for p in flat_parts]
-            assert [row_signals(parts, at, i) for i in range(n)] == [
-                row_signals(flat_parts, flat_at, i) for i in range(n)
+            sigs, got = det.process_entries(rank, entries)
+            want = []
+            for i in range(len(entries)):
+                want += rules.evaluate(ref_rules, cfg.rules, "r", row_views(sigs, i))[1]
+            assert [(a.rule, a.scope, a.step, a.state) for a in got] == [
+                (a.rule, a.scope, a.step, a.state) for a in want
             ]
-            grids += sum(isinstance(p.signals, SignalGrid) for p in parts)
+            assert det.rules == ref_rules
+            for g in flatten(sigs):
+                if g.name != "straggler":
+                    continue
+                judged += 1
+                med = statistics.median(times[g.step].values())
+                assert len(times[g.step]) == n_ranks
+                d = recent.setdefault(g.rank, deque(maxlen=cfg.ranks.straggler_steps))
+                d.append(times[g.step][g.rank] / med)
+                assert (g.expected, g.value) == (med, statistics.median(d))
+                slow_now = len(d) == d.maxlen and g.value > cfg.ranks.straggler_factor
+                assert (g.severity is not None) == slow_now
             alerts += got
-    assert grids > 0
+    assert judged > 0
     straggled = [a.state for a in alerts if a.rule == "straggler:step_time_s"]
     assert "firing" in straggled and "resolved" in straggled

@@ -19,7 +19,8 @@ def test_detect_scores_every_row_and_flags_the_spike(tmp_path, capsys):
             w.writerow([i, "nan" if i == 350 else f"{loss:.6f}", f"{depth:.9f}"])
     out = tmp_path / "out.csv"
     assert main([str(src), "--out", str(out)], prog="steplens detect") == 0
-    rows = list(csv.DictReader(out.open()))
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
     assert len(rows) == 400
     assert {"anomaly_score", "alert", "spike_loss", "arima_queue_depth"} <= set(rows[0])
     assert all(0.0 <= float(r["anomaly_score"]) <= 1.0 for r in rows)

@@ -82,36 +82,45 @@ def test_off_and_bounded():
 def test_picked_from_a_run_is_what_wanted_lets_through_one_by_one():
     import random
 
-    from steplens.stream_jobs.core import SignalRun
+    from steplens.stream_jobs.core import Signals
 
     rng = random.Random(5)
     for every, interval in ((50, 5.0), (10, 0.0), (0, 0.0), (3, 1.0)):
         one, many = QuietLimiter(every, interval), QuietLimiter(every, interval)
         step = 0
         for t in range(40):
-            run = SignalRun("spike", "loss", 2)
             sigs = []
             for _ in range(rng.randint(0, 30)):
                 step += rng.choice([1, 1, 1, 5, -20]) if step > 20 else 1
                 sev = CRITICAL if rng.random() < 0.05 else None
                 sig = Signal("spike", "loss", step, 1.0, rng.choice([0.1, 0.2, 0.7]), 2, "run", sev)
                 sigs.append(sig)
-                run.add(sig)
+            run = Signals.of(
+                "spike",
+                "loss",
+                list(range(len(sigs))),
+                [g.step for g in sigs],
+                [g.value for g in sigs],
+                [g.score for g in sigs],
+                [g.severity for g in sigs],
+                rank=2,
+            )
             now = t * 0.7
             want = [k for k, sig in enumerate(sigs) if one.wanted("run", sig, now)]
             assert many.picked("run", run, now) == want
             assert many.last == one.last
 
 
-def test_a_grid_is_picked_as_its_signals_one_by_one():
-    """``picked_grid`` lets through the signals ``wanted`` lets through, asked one after the
-    other (each rank's series in step order), and leaves the limiter in the same state."""
+def test_signals_of_many_ranks_are_picked_as_their_signals_one_by_one():
+    """``picked`` of signals of many ranks (stragglers) lets through the signals ``wanted``
+    lets through, asked one after the other (each rank's series in step order), and leaves the
+    limiter in the same state."""
     import copy
     import random
 
     import numpy as np
 
-    from steplens.stream_jobs.core import SignalGrid
+    from steplens.stream_jobs.core import Signals
 
     rng = random.Random(3)
     loud_seen = quiet_seen = 0
@@ -119,20 +128,22 @@ def test_a_grid_is_picked_as_its_signals_one_by_one():
         n_steps, n_ranks = rng.randrange(1, 40), rng.randrange(1, 9)
         start = rng.randrange(0, 500)
         ranks = rng.sample(range(64), n_ranks)
-        scores = np.array([[rng.uniform(0.0, 0.6) for _ in ranks] for _ in range(n_steps)])
-        breach = np.array([[rng.random() < 0.03 for _ in ranks] for _ in range(n_steps)])
-        grid = SignalGrid(
+        n = n_steps * n_ranks
+        score = np.array([rng.uniform(0.0, 0.6) for _ in range(n)])
+        breach = np.array([rng.random() < 0.03 for _ in range(n)])
+        sigs = Signals.of(
             "straggler",
             "step_time_s",
-            list(range(start, start + n_steps)),
-            ranks,
-            [f"rank:{r}" for r in ranks],
-            scores,
-            scores,
-            breach,
-            "warning",
-            [1.0] * n_steps,
-            [1.5] * n_steps,
+            np.zeros(n, dtype=np.int64),
+            np.repeat(np.arange(start, start + n_steps), n_ranks),
+            score,
+            score,
+            np.where(breach, 2, 0),
+            1.0,
+            None,
+            1.5,
+            np.array(ranks * n_steps),
+            [f"rank:{r}" for r in ranks] * n_steps,
         )
         lim = QuietLimiter(every=rng.choice([0, 1, 10, 50]), interval_s=rng.choice([0.0, 5.0]))
         now = rng.uniform(0, 20)
@@ -143,11 +154,11 @@ def test_a_grid_is_picked_as_its_signals_one_by_one():
                 now + rng.uniform(-5, 5),
             )
         one = copy.deepcopy(lim)
-        by_rank = sorted(grid.signals(), key=lambda s: (grid.ranks.index(s.rank), s.step))
-        want = [s for s in by_rank if one.wanted("run", s, now)]
-        got = lim.picked_grid("run", grid, now)
+        by_rank = sorted(sigs.views(), key=lambda s: (s.rank, s.step))
+        want = sorted(map(repr, (s for s in by_rank if one.wanted("run", s, now))))
+        got = sorted(map(repr, sigs.views(lim.picked("run", sigs, now))))
         assert got == want
         assert lim.last == one.last
-        loud_seen += any(s.severity or s.score >= 0.5 for s in got)
-        quiet_seen += any(not s.severity and s.score < 0.5 for s in got)
+        loud_seen += any("severity='warning'" in g or "score=0.5" in g for g in got)
+        quiet_seen += any("severity=None" in g for g in got)
     assert loud_seen > 50 and quiet_seen > 50

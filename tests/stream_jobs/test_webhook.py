@@ -67,3 +67,30 @@ def test_unreachable_webhook_gives_up_without_raising():
 
     notifier = asyncio.run(main())
     assert notifier.failed == 1 and notifier.sent == 0
+
+
+def test_an_alert_sent_again_is_posted_once_and_a_new_episode_is_posted():
+    """An alert scored again after a worker restart (the same fingerprint, state and start)
+    pages once; the same alert firing again after it resolved is a new episode and pages; the
+    memory of what was posted is bounded."""
+    import dataclasses
+
+    async def main():
+        notifier = WebhookNotifier("http://127.0.0.1:9/hook", remember=3)
+        first = alert(1)
+        notifier.notify(first)
+        notifier.notify(dataclasses.replace(first))  # scored again after a restart
+        notifier.notify(dataclasses.replace(first, state="resolved", step=20))
+        notifier.notify(dataclasses.replace(first, step=40, started_step=40))  # fires again
+        for i in range(2, 6):
+            notifier.notify(alert(i))
+        notifier.notify(dataclasses.replace(first))  # forgotten: past ``remember``
+        return notifier, [notifier.queue.get_nowait() for _ in range(notifier.queue.qsize())]
+
+    notifier, queued = asyncio.run(main())
+    assert [(a.fingerprint, a.state, a.started_step) for a in queued[:3]] == [
+        ("fp1", "firing", 1),
+        ("fp1", "resolved", 1),
+        ("fp1", "firing", 40),
+    ]
+    assert notifier.repeated == 1 and len(notifier.seen) == 3 and len(queued) == 8

@@ -1,6 +1,23 @@
 import math
 
+import numpy as np
+
+from steplens.stream_jobs.core import Column
 from steplens.stream_jobs.signals import data_quality, evals, thresholds, training
+
+
+def rows(got):
+    """A record detector's signals (state and list, or list) as rows."""
+    state, sigs = got if isinstance(got, tuple) else (None, got)
+    out = [v for s in sigs for v in s.views()]
+    return out if state is None else (state, out)
+
+
+def one(st, cfg, metric, x, step):
+    got = training.update(
+        st, cfg, metric, Column(np.array([float(x)]), np.array([step]), np.array([0]), 0)
+    )
+    return st, [] if got is None else got.views()
 
 
 def test_plateau_after_patience_and_perplexity_mismatch():
@@ -8,12 +25,12 @@ def test_plateau_after_patience_and_perplexity_mismatch():
     cfg = evals.EvalConfig()
     sev = []
     for i, loss in enumerate([3.0, 2.5, 2.4, 2.41, 2.42, 2.40]):
-        st, sigs = evals.update(
-            st, cfg, "val", {"loss": loss, "perplexity": math.exp(loss)}, None, i
+        st, sigs = rows(
+            evals.update(st, cfg, "val", {"loss": loss, "perplexity": math.exp(loss)}, None, i)
         )
         sev.append({s.name for s in sigs if s.severity})
     assert sev[:5] == [set()] * 5 and "plateau" in sev[5]
-    _, sigs = evals.update(st, cfg, "val", {"loss": 2.0, "perplexity": 12.0}, None, 9)
+    _, sigs = rows(evals.update(st, cfg, "val", {"loss": 2.0, "perplexity": 12.0}, None, 9))
     assert "perplexity" in {s.name for s in sigs if s.severity}
 
 
@@ -22,13 +39,13 @@ def test_widening_gap_and_unstable_metric():
     cfg = evals.EvalConfig()
     names = set()
     for i, (val, train) in enumerate([(2.0, 1.9), (2.1, 1.7), (2.2, 1.5), (2.3, 1.3)]):
-        st, sigs = evals.update(st, cfg, "val", {"loss": val}, train, i)
+        st, sigs = rows(evals.update(st, cfg, "val", {"loss": val}, train, i))
         names |= {s.name for s in sigs if s.severity}
     assert "generalization_gap" in names
     st = evals.EvalState()
     flagged = []
     for i, acc in enumerate([0.5, 0.8, 0.4, 0.85, 0.3]):
-        st, sigs = evals.update(st, cfg, "val", {"accuracy": acc}, None, i)
+        st, sigs = rows(evals.update(st, cfg, "val", {"accuracy": acc}, None, i))
         flagged += [s.step for s in sigs if s.name == "eval_unstable" and s.severity]
     assert flagged == [4]
 
@@ -42,8 +59,8 @@ def test_duplicates_across_ranks_and_label_imbalance():
             hashes = [f"{step}-{rank}-{i}" for i in range(32)]
             if step >= 5:  # rank 1 sees rank 0's samples
                 hashes = [f"{step}-0-{i}" for i in range(32)]
-            st, sigs = data_quality.update(
-                st, cfg, {"n_samples": 32, "sample_hashes": hashes}, step, rank
+            st, sigs = rows(
+                data_quality.update(st, cfg, {"n_samples": 32, "sample_hashes": hashes}, step, rank)
             )
             rates += [(step, s.severity) for s in sigs if s.metric == "duplicate_rate"]
     assert all(sev is None for step, sev in rates if step < 5)
@@ -52,13 +69,13 @@ def test_duplicates_across_ranks_and_label_imbalance():
     st3 = data_quality.DataState()
     for step in range(20):
         hashes = [f"s{(step % 4) * 32 + i}" for i in range(32)]
-        st3, sigs = data_quality.update(
-            st3, cfg, {"n_samples": 32, "sample_hashes": hashes}, step, 0
+        st3, sigs = rows(
+            data_quality.update(st3, cfg, {"n_samples": 32, "sample_hashes": hashes}, step, 0)
         )
         assert sigs[-1].severity is None
     st2 = data_quality.DataState()
-    _, sigs = data_quality.update(
-        st2, cfg, {"n_samples": 500, "label_counts": {"a": 495, "b": 4}}, 1, 0
+    _, sigs = rows(
+        data_quality.update(st2, cfg, {"n_samples": 500, "label_counts": {"a": 495, "b": 4}}, 1, 0)
     )
     assert [s.severity for s in sigs if s.metric == "label_imbalance"] == ["warning"]
 
@@ -82,11 +99,11 @@ def test_hw_thresholds_and_sustained_low_util():
             "mem_available_bytes": 1 * gib,
             "mem_total_bytes": 100 * gib,
         }
-        st, sigs = thresholds.hw(st, cfg, data, "n1", None, 0, True)
+        st, sigs = rows(thresholds.hw(st, cfg, data, "n1", None, 0, True))
         seen.append(sorted(s.metric for s in sigs if s.severity))
     assert seen[0] == ["gpu_mem_pct", "host_mem_available_pct"]
     assert "gpu_util" in seen[2] and "disk_io_latency_ms" not in seen[3]
-    comm = thresholds.comm(cfg, {"op": "all_reduce", "latency_ms": 80.0}, 3, 1)
+    comm = rows(thresholds.comm(cfg, {"op": "all_reduce", "latency_ms": 80.0}, 3, 1))
     assert comm[0].severity == "warning" and comm[0].scope == "rank:1"
 
 
@@ -96,12 +113,12 @@ def test_update_ratio_collapse_and_param_norm_instability():
     flags = []
     for i in range(40):
         r = 1e-3 if i < 30 else 1e-6
-        st, sigs = training.update_ratio(st, cfg, r, i, 0)
+        st, sigs = one(st, cfg, "update_ratio", r, i)
         flags += [s.step for s in sigs if s.severity]
     assert flags and flags[0] == 30
     st = training.TrainingState()
     flags = []
     for i in range(40):
-        st, sigs = training.param_norm(st, cfg, 100.0 if i < 25 else 100.0 * 1.5 ** (i - 24), i, 0)
+        st, sigs = one(st, cfg, "param_norm", 100.0 if i < 25 else 100.0 * 1.5 ** (i - 24), i)
         flags += [s.step for s in sigs if s.severity]
     assert flags and 25 < flags[0] < 32

@@ -1,14 +1,25 @@
 import math
 
+import numpy as np
 import pytest
 
-from steplens.stream_jobs.signals.lr_schedule import (
-    LrConfig,
-    LrState,
-    check_schedule,
-    expected_lr,
-    update,
-)
+from steplens.stream_jobs.core import Column
+from steplens.stream_jobs.signals import lr_schedule
+from steplens.stream_jobs.signals.lr_schedule import LrConfig, LrState, check_schedule, expected_lr
+
+
+def update(st, cfg, lr, step, rank=-1, first_step=None):
+    """The lr logged at ``step`` (a window's mean from ``first_step``)."""
+    col = Column(
+        np.array([lr]),
+        np.array([step]),
+        np.array([0]),
+        rank,
+        firsts=None if first_step is None else np.array([first_step]),
+    )
+    got = lr_schedule.update(st, cfg, "lr", col)
+    return st, [] if got is None else got.views()
+
 
 COSINE = {"kind": "cosine", "peak_lr": 1e-3, "min_lr": 1e-5, "warmup_steps": 10, "total_steps": 100}
 
@@ -112,6 +123,7 @@ def test_a_readable_schedule_is_kept_with_whole_counts():
 
 def test_a_refused_schedule_leaves_the_run_on_the_one_it_had():
     from steplens.producer.schema import make_record
+    from steplens.stream_jobs.core import flatten
     from steplens.stream_jobs.detector import RunDetector
 
     det = RunDetector("r")
@@ -122,4 +134,4 @@ def test_a_refused_schedule_leaves_the_run_on_the_one_it_had():
     assert det.schedule == COSINE
     step = make_record("step", {"loss": 2.0, "lr": 10.0}, run_id="r", rank=0, step=50)
     sigs, _ = det.process(step)  # scored against the schedule it had: a deviation
-    assert [s.severity for s in sigs if s.name == "lr_schedule"] == ["warning"]
+    assert [s.severity for s in flatten(sigs) if s.name == "lr_schedule"] == ["warning"]

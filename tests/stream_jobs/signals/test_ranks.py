@@ -1,9 +1,21 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference import ranks_ref
 
-from steplens.stream_jobs.core import Signal, SignalGrid
+from steplens.stream_jobs.core import Signal
 from steplens.stream_jobs.signals import ranks
-from steplens.stream_jobs.signals.ranks import RanksConfig, RanksState, progress, step_time, tick
+from steplens.stream_jobs.signals.ranks import RanksConfig, RanksState, progress
+
+
+def step_time(st, cfg, rank, step, t):
+    """A step record's time: judged as the detector does for a record (a batch of one)."""
+    got = ranks.step_times(st, cfg, rank, [(step, t)], 0, 0)
+    return st, [] if got is None else got.views()
+
+
+def tick(st, cfg, time_ns):
+    got = ranks.tick(st, cfg, time_ns)
+    return st, [] if got is None else got.views()
 
 
 def test_straggler_needs_most_recent_steps_slow():
@@ -94,7 +106,7 @@ def test_median_is_statistics_median():
     times=st.lists(st.sampled_from([0.0, 0.1, 0.1, 0.1, 0.2, 0.3, 1.0, 5.0]), min_size=1),
     missing=st.sets(st.tuples(st.integers(0, 60), st.integers(0, 6)), max_size=6),
 )
-def test_steps_judged_together_equal_steps_judged_one_by_one(
+def test_steps_judged_together_equal_the_reference(
     n_ranks: int,
     keep: int,
     batch: int,
@@ -102,29 +114,30 @@ def test_steps_judged_together_equal_steps_judged_one_by_one(
     times: list[float],
     missing: set[tuple[int, int]],
 ) -> None:
-    """Batches of every rank's steps (``step_times``), judged with numpy where the steps have
-    the same ranks, give the signals and state of the same steps judged one at a time."""
+    """Batches of every rank's steps (``step_times``), judged in the compiled loop, give the
+    signals and the ranks' recent ratios of the reference judging the same steps one at a
+    time, in the same order; every step with two ranks or more is judged once."""
     cfg = RanksConfig(straggler_steps=keep, pending_steps=3)
-
-    def run(many_from: int) -> tuple[list[Signal], dict[int, list[float]]]:
-        old = ranks._MANY_SIGNALS
-        ranks._MANY_SIGNALS = many_from
-        try:
-            state = RanksState(world_size=n_ranks)
-            out: list[Signal] = []
-            k = 0
-            for b in range(n_batches):
-                # the ranks' batches come in another order each time, as from Kafka
-                for rank in [(r + b * 3) % n_ranks for r in range(n_ranks)]:
-                    got = []
-                    for step in range(b * batch, (b + 1) * batch):
-                        if (step, rank) not in missing:
-                            got.append((step, times[k % len(times)] * (1 + rank % 2)))
-                            k += 1
-                    for g in ranks.step_times(state, cfg, rank, got, batch):
-                        out += g.signals() if isinstance(g, SignalGrid) else [g]
-            return out, {r: list(d) for r, d in state.ratios.items()}
-        finally:
-            ranks._MANY_SIGNALS = old
-
-    assert run(1) == run(10**9)
+    state = RanksState(world_size=n_ranks)
+    sent: dict[int, dict[int, float]] = {}
+    got: list[Signal] = []
+    k = 0
+    for b in range(n_batches):
+        # the ranks' batches come in another order each time, as from Kafka
+        for rank in [(r + b * 3) % n_ranks for r in range(n_ranks)]:
+            pairs = []
+            for step in range(b * batch, (b + 1) * batch):
+                if (step, rank) not in missing:
+                    pairs.append((step, times[k % len(times)] * (1 + rank % 2)))
+                    sent.setdefault(step, {})[rank] = pairs[-1][1]
+                    k += 1
+            judged = ranks.step_times(state, cfg, rank, pairs, batch, 0)
+            got += [] if judged is None else judged.views()
+    ratios: dict = {}
+    want: list[Signal] = []
+    for step in dict.fromkeys(g.step for g in got):  # the steps in the order judged
+        want += ranks_ref.judge(ratios, cfg, step, sent[step])
+    assert got == want
+    assert state.ratios == {r: list(d) for r, d in ratios.items()}
+    judged_steps = {g.step for g in got}
+    assert judged_steps == {s for s, t in sent.items() if len(t) >= 2} - set(state.pending)

@@ -1,16 +1,36 @@
 import math
 import random
 
-from steplens.stream_jobs.signals.spike import SpikeConfig, SpikeState, update
+import numpy as np
+
+from steplens.stream_jobs.core import Column, score_of
+from steplens.stream_jobs.signals import spike
+from steplens.stream_jobs.signals.spike import SpikeConfig, SpikeState
+
+
+def update(st, cfg, metric, x, step, rank=-1, peak=None):
+    """One value (a step record's, or a window's mean with its ``peak``)."""
+    col = Column(
+        np.array([x]),
+        np.array([step]),
+        np.array([0]),
+        rank,
+        probes=None if peak is None else np.array([peak]),
+    )
+    return st, spike.update(st, cfg, metric, col).views()
 
 
 def run(values, cfg=None, metric="loss"):
+    """The signals of ``values`` one at a time; one column of them all gives the same."""
     cfg = cfg or SpikeConfig()
     st = SpikeState()
     out = []
     for i, x in enumerate(values):
         st, sigs = update(st, cfg, metric, x, i)
         out.append(sigs[0])
+    steps = np.arange(len(values))
+    whole = spike.update(SpikeState(), cfg, metric, Column(np.array(values), steps, steps))
+    assert whole.views() == out
     return out
 
 
@@ -29,11 +49,17 @@ def test_tenfold_jump_is_critical_and_noise_is_quiet():
 
 
 def test_nonfinite_is_critical_at_once_even_in_warmup():
-    sigs = run([1.0, 1.1, math.nan, 1.0, math.inf])
+    from steplens.stream_jobs.core import flatten
+    from steplens.stream_jobs.detector import RunDetector
+
+    det = RunDetector("r")
+    got = det.process_columns(0, range(5), [0] * 5, {"loss": [1.0, 1.1, math.nan, 1.0, math.inf]})
+    sigs = flatten(got)
     assert [(s.step, s.name, s.severity) for s in sigs if s.severity] == [
         (2, "nonfinite", "critical"),
         (4, "nonfinite", "critical"),
     ]
+    assert len(det.series[0]["spike"]["loss"].values) == 3  # nothing non-finite learnt
 
 
 def test_falling_trend_is_not_a_spike():
@@ -43,15 +69,20 @@ def test_falling_trend_is_not_a_spike():
 
 
 def test_near_zero_baseline_uses_the_z_rule_not_the_ratio():
+    """10 noise scales above a baseline near 0 is a warning by the z rule; as a ratio to the
+    baseline (far above 10 x) it would be critical, but a ratio against ~0 means nothing."""
     rng = random.Random(3)
+    cfg = SpikeConfig(direction="both", min_rel_change=0.0)
     values = [rng.gauss(0, 1e-6) for _ in range(200)]
-    values[120] = 5e-5  # 50 sigma, but a ratio against ~0 means nothing
-    sigs = run(values, SpikeConfig(direction="both", min_rel_change=0.0))
+    probe = run(values, cfg)[120]  # the baseline and the noise scale before step 120
+    scale = (probe.upper - probe.expected) / cfg.z
+    values[120] = probe.expected + 10 * scale
+    sigs = run(values, cfg)
+    assert abs(values[120] / probe.expected) > cfg.ratio
     assert 120 in breaches(sigs)
-    assert all(s.detail is None for s in sigs)
-    quiet = run(
-        [rng.gauss(0, 1e-6) for _ in range(200)], SpikeConfig(direction="both", min_rel_change=0.0)
-    )
+    assert sigs[120].severity == "warning"
+    assert math.isclose(sigs[120].score, score_of(10 / cfg.z))
+    quiet = run([rng.gauss(0, 1e-6) for _ in range(200)], cfg)
     assert len(breaches(quiet)) <= 1
 
 
@@ -77,7 +108,7 @@ def test_median_matches_statistics_median_for_odd_and_even_lengths():
     import random
     import statistics
 
-    from steplens.stream_jobs.signals.spike import _median
+    from reference.spike_ref import _median
 
     rng = random.Random(4)
     for n in (1, 2, 5, 64, 65):

@@ -1,16 +1,17 @@
 import random
 
-from steplens.stream_jobs.signals.volatility import VolatilityConfig, VolatilityState, update
+import numpy as np
+
+from steplens.stream_jobs.core import Column
+from steplens.stream_jobs.signals import volatility
+from steplens.stream_jobs.signals.volatility import VolatilityConfig, VolatilityState
 
 
 def run(values, cfg=None):
     cfg = cfg or VolatilityConfig()
-    st = VolatilityState()
-    out = []
-    for i, x in enumerate(values):
-        st, sigs = update(st, cfg, "loss", x, i)
-        out += sigs
-    return out
+    steps = np.arange(len(values))
+    col = Column(np.array(values, dtype=float), steps, steps)
+    return volatility.update(VolatilityState(), cfg, "loss", col).views()
 
 
 def test_noisy_loss_warns_and_smooth_decay_does_not():

@@ -79,9 +79,10 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
 
     from steplens.producer.settings import kafka_bootstrap
     from steplens.producer.topics import Topics
-    from steplens.stream_jobs.app import Worker, WorkerSettings, ensure_worker_topics
+    from steplens.stream_jobs.app import Worker
     from steplens.stream_jobs.config import DetectorConfig
     from steplens.stream_jobs.metrics import WorkerMetrics
+    from steplens.stream_jobs.settings import WorkerSettings, ensure_worker_topics
 
     det = DetectorConfig(arima_enabled=not args.no_arima)
     det.ranks.hang_after_s = args.hang_after

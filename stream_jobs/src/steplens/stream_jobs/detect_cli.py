@@ -14,14 +14,15 @@ import csv
 import math
 import sys
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TextIO
 
 import numpy as np
 
 from steplens.stream_jobs.config import DetectorConfig
-from steplens.stream_jobs.core import Alert, SignalRun
-from steplens.stream_jobs.detector import Part, RunDetector
+from steplens.stream_jobs.core import Alert, Signals
+from steplens.stream_jobs.detector import RunDetector
 from steplens.stream_jobs.signals import arima, kernels
 
 STEP_COLUMNS = ("step", "iteration", "iter", "global_step")
@@ -119,30 +120,23 @@ def score_rows(
                     step = int(s)
             steps.append(step)
             times.append(_time_ns(row[time_at]) if time_at >= 0 else 0)
-        cells: dict[str, list[float | None]] = {}
+        cells: dict[str, Sequence[float | None]] = {}
         for c, at in metric_cols:
             raw = [row[at] for row in chunk]
             try:
                 cells[c] = list(map(float, raw))  # the common case: every cell a number
             except ValueError:
                 cells[c] = [_number(cell) if cell else None for cell in raw]
-        parts = det.process_columns(0, steps, times, cells)
-        width = _add_columns(parts, signal_cols, width)
+        batch = det.process_columns(0, steps, times, cells)
+        width = _add_columns(batch, signal_cols, width)
         res = np.full((len(chunk), width), ABSENT)
-        for part in parts:
-            sigs = part.signals
-            if isinstance(sigs, SignalRun):
-                j = signal_cols[f"{sigs.name}_{sigs.metric}"]
-                res[part.rows, j] = np.fmax(res[part.rows, j], sigs.scores)
-            else:
-                for i, got in part.lists():
-                    for sig in got:
-                        j = signal_cols[f"{sig.name}_{sig.metric}"]
-                        res[i, j] = max(res[i, j], sig.score)
+        for sigs in batch:
+            j = signal_cols[f"{sigs.name}_{sigs.metric}"]
+            np.fmax.at(res[:, j], sigs.row, sigs.score)
         # the row's largest score (0 when none is above 0), at most 1
         top = np.fmax(res[:, 2:].max(axis=1, initial=0.0), 0.0) if width > 2 else 0.0
         res[:, 0] = np.fmin(top, 1.0)
-        for i, alerts in enumerate(det.evaluate_parts(parts, len(chunk))):
+        for i, alerts in enumerate(det.evaluate_rows(batch, len(chunk))):
             res[i, 1] = 1.0 if det.rules.firing else 0.0
             if alerts and out is not None:
                 for a in alerts:
@@ -151,26 +145,16 @@ def score_rows(
     return results, list(signal_cols)
 
 
-def _add_columns(parts: list[Part], signal_cols: dict[str, int], width: int) -> int:
-    """Give the signals' columns that are new in ``parts`` their place, in the order a row
+def _add_columns(batch: list[Signals], signal_cols: dict[str, int], width: int) -> int:
+    """Give the signals' columns that are new in ``batch`` their place, in the order a row
     after row reading would meet them; returns the new width."""
-    first: dict[str, tuple[int, int, int]] = {}  # column -> (row, part, place in the row's list)
-    for p, part in enumerate(parts):
-        sigs = part.signals
-        if isinstance(sigs, SignalRun):
-            col = f"{sigs.name}_{sigs.metric}"
-            if part.rows and col not in signal_cols:
-                key = (part.rows[0], p, 0)
-                if col not in first or key < first[col]:
-                    first[col] = key
-            continue
-        for i, got in part.lists():
-            for k, sig in enumerate(got):
-                col = f"{sig.name}_{sig.metric}"
-                if col not in signal_cols:
-                    key = (i, p, k)
-                    if col not in first or key < first[col]:
-                        first[col] = key
+    first: dict[str, tuple[int, int]] = {}  # column -> (row, place in the batch)
+    for p, sigs in enumerate(batch):
+        col = f"{sigs.name}_{sigs.metric}"
+        if len(sigs) and col not in signal_cols:
+            key = (int(sigs.row[0]), p)
+            if col not in first or key < first[col]:
+                first[col] = key
     for col in sorted(first, key=first.__getitem__):
         signal_cols[col] = width
         width += 1

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
 import functools
 import logging
 import os
+import signal
+import sys
 from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -31,12 +34,32 @@ Done = Callable[[Hashable, "arima.ArimaParams | None"], None]
 FIT_NICENESS = 10
 
 
-def background_priority() -> None:
-    """A pool process's initializer: lower its CPU priority by ``FIT_NICENESS``."""
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def pool_initializer(parent: int) -> None:
+    """A pool process's initializer: it dies with the worker ``parent`` (a worker killed with
+    SIGKILL left its pool process, hundreds of MB, and the resource tracker running, re-parented
+    to init), and runs at ``FIT_NICENESS`` lower CPU priority."""
+    die_with_parent(parent)
     try:
         os.nice(FIT_NICENESS)
     except OSError:  # not allowed here: the fits run at the worker's priority
         log.debug("could not lower the fit pool's priority", exc_info=True)
+
+
+def die_with_parent(parent: int) -> None:
+    """SIGKILL this process when its parent exits (Linux ``prctl(PR_SET_PDEATHSIG)``, through
+    ctypes: no library offers it); a parent already gone exits it now."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+                log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+        except (OSError, AttributeError):
+            log.warning("the fit pool cannot be tied to its worker", exc_info=True)
+    if os.getppid() != parent:  # the parent died before the death signal was set
+        os._exit(1)
 
 
 class FitQueue:

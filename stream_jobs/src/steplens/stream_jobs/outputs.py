@@ -17,9 +17,16 @@ def _optional(**kw: object) -> dict[str, object]:
 
 
 def _envelope(  # noqa: PLR0917
-    kind: str, run_id: str, rank: int, step: int | None, data: dict[str, object], seq: int
+    kind: str,
+    run_id: str,
+    rank: int,
+    step: int | None,
+    data: dict[str, object],
+    seq: int,
+    time_ns: int = 0,
 ) -> bytes:
-    """Encode a record the worker builds itself (not validated again: the hot path)."""
+    """Encode a record the worker builds itself (not validated again: the hot path); its time
+    is ``time_ns``, or now."""
     return encode(
         {
             "kind": kind,
@@ -29,7 +36,7 @@ def _envelope(  # noqa: PLR0917
             "host": HOST,
             "pid": os.getpid(),
             "seq": seq,
-            "time_ns": time.time_ns(),
+            "time_ns": time_ns or time.time_ns(),
             **_optional(step=step),
             "data": data,
         }
@@ -55,6 +62,9 @@ def signal_bytes(run_id: str, sig: Signal, seq: int = 0) -> bytes:
 
 
 def alert_bytes(a: Alert, seq: int = 0) -> bytes:
+    """An alert transition at the time of the record it fired on (``a.time_ns``): scored
+    again after a restart, it is the same point with the same identity (fingerprint, state,
+    step), so a store keyed by them overwrites it."""
     rank = a.evidence.get("rank", RUN_RANK)
     data = {
         "rule": a.rule,
@@ -68,5 +78,5 @@ def alert_bytes(a: Alert, seq: int = 0) -> bytes:
         **_optional(started_step=a.started_step),
     }
     return _envelope(
-        "alert", a.run_id, rank if isinstance(rank, int) else RUN_RANK, a.step, data, seq
+        "alert", a.run_id, rank if isinstance(rank, int) else RUN_RANK, a.step, data, seq, a.time_ns
     )

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from steplens.stream_jobs.core import Signal, SignalGrid, SignalRun
+from steplens.stream_jobs.core import NO_STEP, Signal, Signals
 
 
 @dataclass
@@ -54,46 +54,38 @@ class QuietLimiter:
         self._after(key, sig.step, now, prev is None)
         return True
 
-    def picked(self, run: str, sigs: SignalRun, now: float) -> list[int]:
-        """Which signals of a run of one detector (consecutive steps, one clock reading)
-        ``wanted`` would let through, asked one after the other: every breach, and the quiet
-        ones the limits allow."""
-        scores, severities = sigs.scores, sigs.severities
-        if severities.count(None) == len(severities) and (not scores or max(scores) < 0.5):
-            loud = None  # the common case: nothing loud
-            out: list[int] = []
-        else:
-            loud = [sev is not None or scores[k] >= 0.5 for k, sev in enumerate(severities)]
-            out = [k for k, is_loud in enumerate(loud) if is_loud]
-        if self.every <= 0 or len(out) == len(scores):
+    def picked(self, run: str, sigs: Signals, now: float) -> list[int]:
+        """Which of ``sigs`` (one detector's, in order; one clock reading) ``wanted`` would let
+        through, asked one after the other: every breach, and the quiet ones the limits allow,
+        each rank's series on its own. A rank with nothing loud whose time limit has not passed
+        is skipped whole, without reading its signals."""
+        loud = sigs.loud()
+        any_loud = bool(loud.any())
+        out: list[int] = np.flatnonzero(loud).tolist() if any_loud else []
+        if self.every <= 0 or len(out) == len(sigs):
             return out
-        quiet = self._quiet((run, sigs.rank, sigs.name, sigs.metric), sigs.steps, loud, now)
-        return sorted(out + quiet) if quiet else out
-
-    def picked_grid(self, run: str, grid: SignalGrid, now: float) -> list[Signal]:
-        """The signals of a grid (steps x ranks) that ``wanted`` would let through, asked one
-        after the other (each rank's series in step order): every breach, and the quiet ones
-        the limits allow. A rank with no breach whose time limit has not passed is skipped
-        whole, without building its signals."""
-        loud = grid.breach | (grid.scores >= 0.5)
-        loud_ranks: list[bool] = np.any(loud, axis=0).tolist()
-        out: list[Signal] = []
-        for k, rank in enumerate(grid.ranks):
-            key = (run, rank, grid.name, grid.metric)
+        if isinstance(sigs.rank, int):
+            groups: list[tuple[int, np.ndarray | None]] = [(sigs.rank, None)]
+        else:
+            groups = [(int(r), np.flatnonzero(sigs.rank == r)) for r in np.unique(sigs.rank)]
+        steps = sigs.step
+        for rank, at in groups:
+            key = (run, rank, sigs.name, sigs.metric)
             prev = self.last.get(key)
-            if not loud_ranks[k] and (self.every <= 0 or (prev is not None and now < prev[2])):
-                continue  # the common case
-            column: list[bool] = loud[:, k].tolist()
-            picks = [j for j, is_loud in enumerate(column) if is_loud]
-            if self.every > 0:
-                picks = sorted(picks + self._quiet(key, grid.steps, column, now))
-            out += [grid.signal(j, k) for j in picks]
-        return out
+            if prev is not None and now < prev[2]:
+                continue  # the common case: the clock does not move within a batch
+            if at is None:
+                quiet = self._quiet(key, steps.tolist(), loud.tolist() if any_loud else None, now)
+            else:
+                got = self._quiet(key, steps[at].tolist(), loud[at].tolist(), now)
+                quiet = at[got].tolist() if got else []
+            out += quiet
+        return sorted(out)
 
     def _quiet(
         self,
         key: tuple[str, int, str, str],
-        steps: Sequence[int | None],
+        steps: Sequence[int],
         loud: Sequence[bool] | None,
         now: float,
     ) -> list[int]:
@@ -102,7 +94,7 @@ class QuietLimiter:
         prev = self.last.get(key)
         out: list[int] = []
         for k, step in enumerate(steps):
-            if step is None or (loud is not None and loud[k]):
+            if step == NO_STEP or (loud is not None and loud[k]):
                 continue
             if prev is not None:
                 if now < prev[2]:

@@ -8,40 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steplens.stream_jobs.core import CRITICAL, INFO, WARNING, Alert, Signal
+from steplens.stream_jobs.signals import registry
 
-HINTS: dict[str, str] = {
+# the hints of the signals the detector and the rules make themselves; the others' come
+# with their registry entries
+OWN_HINTS: dict[str, str] = {
     "nonfinite": "a non-finite value: check the last batch, the loss scaling and the lr; "
     "resume from the last good checkpoint",
-    "spike:loss": "loss spike: inspect the batch at this step (corrupted or out-of-distribution "
-    "data), then the lr",
-    "spike:grad_norm": "gradient-norm spike: check clipping, the lr and the batch at this step",
-    "spike": "value far above its recent robust baseline",
-    "volatility": "loss is noisy: lower the lr or raise the batch size / warmup",
-    "arima": "the series left its forecast interval for several steps: a change in regime",
-    "threshold:gpu_mem_pct": "GPU memory above 90 %: a leak or growing activations; "
-    "check caches, retained graphs and sequence lengths",
-    "threshold:gpu_mem_growth": "GPU memory grows at every sample: a leak (tensors kept across "
-    "steps, a growing cache); it will run out",
-    "threshold:gpu_util": "GPU mostly idle: the input pipeline or communication is starving it",
-    "threshold:comm_latency_ms": "slow collective: check the interconnect and the peer ranks",
-    "threshold:disk_io_latency_ms": "slow storage: data loading or checkpointing waits on disk",
-    "threshold:host_mem_available_pct": "host memory nearly exhausted: data loader workers, "
-    "pinned buffers or a leak",
-    "threshold:data_wait_share": "steps spend a large share waiting for data",
-    "data:over_length_share": "many samples longer than the maximum length are truncated",
-    "data:label_imbalance": "labels are imbalanced worse than 1:100: check sampling and labels",
-    "data:duplicate_rate": "duplicated samples across ranks: check sharding and the sampler seed",
-    "training:update_ratio": "parameter updates collapsed: lr or optimizer state",
-    "training:param_norm": "parameter norm unstable: lower the lr, check weight decay",
-    "plateau": "the validation metric stopped improving: consider early stopping or the lr",
-    "perplexity": "perplexity does not match exp(validation loss): check the evaluation script",
-    "generalization_gap": "validation loss pulls away from training loss: overfitting",
-    "eval_unstable": "unstable validation metrics: check for leakage and the evaluation script",
-    "lr_schedule": "the lr does not follow the declared schedule: check the scheduler "
-    "(stepping, resume, milestones)",
-    "straggler": "one rank is consistently slower: check its GPU, host and data loading",
-    "hang": "no progress while records still arrive: a hang (collective or data loader); "
-    "dump the stacks of the stuck rank",
     "correlation:loss_grad": "loss rising while the gradient norm is abnormal: check the data "
     "pipeline first, then the optimizer state, then lower the learning rate",
     "correlation:data_bottleneck": "low GPU util with high data-loading time or I/O latency: "
@@ -49,6 +22,7 @@ HINTS: dict[str, str] = {
     "correlation:eval_unstable": "unstable validation metrics: check for leakage and the "
     "evaluation script",
 }
+HINTS: dict[str, str] = {**registry.HINTS, **OWN_HINTS}
 
 SEVERITY_ORDER = {INFO: 0, WARNING: 1, CRITICAL: 2}
 

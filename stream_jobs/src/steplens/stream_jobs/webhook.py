@@ -1,7 +1,9 @@
 """Optional webhook notifier: POSTs each alert transition as JSON; never blocks the worker.
 
 Alerts wait in a bounded queue (the oldest is dropped when full); a background task posts them
-with a timeout and a few retries with backoff.
+with a timeout and a few retries with backoff. A transition already posted (the same
+fingerprint, state and episode: an alert scored again after a worker restart) is not posted
+again; the last ``remember`` transitions are remembered.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from dataclasses import asdict
 from typing import Any
 
@@ -27,7 +30,12 @@ def payload(alert: Alert) -> dict[str, Any]:
 
 class WebhookNotifier:
     def __init__(
-        self, url: str, timeout_s: float = 5.0, retries: int = 3, max_queue: int = 1000
+        self,
+        url: str,
+        timeout_s: float = 5.0,
+        retries: int = 3,
+        max_queue: int = 1000,
+        remember: int = 10_000,
     ) -> None:
         self.url = url
         self.timeout_s = timeout_s
@@ -36,9 +44,19 @@ class WebhookNotifier:
         self.sent = 0
         self.failed = 0
         self.dropped = 0
+        self.repeated = 0
+        self.remember = remember
+        self.seen: OrderedDict[tuple[str, str, int | None], None] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
 
     def notify(self, alert: Alert) -> None:
+        key = (alert.fingerprint, alert.state, alert.started_step)
+        if key in self.seen:
+            self.repeated += 1
+            return
+        self.seen[key] = None
+        if len(self.seen) > self.remember:
+            self.seen.popitem(last=False)
         if self.queue.full():
             self.queue.get_nowait()
             self.dropped += 1

@@ -1,31 +1,33 @@
 """ARIMA dynamic baseline: a value outside the one-step prediction interval is an anomaly.
 
-Fitting (statsmodels, tens to hundreds of ms) happens rarely: at ``first_fit`` values, then on a
-quadrupling schedule up to every ``refit_every`` values, always on the last ``fit_window`` values.
-``update`` never fits: it sets ``state.wants_fit`` and the caller runs ``fit`` (in a process
-pool in the worker) and hands the result to ``apply_fit``. Between refits each value costs one
-step of the ARMA recursion on the differenced series with the fitted coefficients (a few µs),
-which is what the Kalman filter converges to. The model is fitted with a mean (the drift of a
-d = 1 series); online, that mean follows an EMA of the recent differences, so a loss curve
-whose slope changes between refits does not lag behind its forecast. The stored history makes
-a resumed run refit from where it was (warm start) instead of starting cold.
+Fitting (``arima_fit``) happens rarely: at ``first_fit`` values, then on a quadrupling schedule
+up to every ``refit_every`` values, always on the last ``fit_window`` values. ``update`` never
+fits: when a value asks for one it calls the column's ``want_fit``, which fits at once (offline)
+or queues the fit for a process pool (the worker), whose result ``apply_fit`` takes. Between
+refits each value costs one step of the ARMA recursion on the differenced series with the fitted
+coefficients, which is what the Kalman filter converges to. The model is fitted with a mean (the
+drift of a d = 1 series); online, that mean follows an EMA of the recent differences, so a loss
+curve whose slope changes between refits does not lag behind its forecast. The stored history
+makes a resumed run refit from where it was (warm start) instead of starting cold.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-import warnings
-from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from steplens.stream_jobs.core import WARNING, Signal, SignalRun, score_of
-from steplens.stream_jobs.signals import kernels
+from steplens.stream_jobs.core import WARN_SEV, Column, Signals, concat
+from steplens.stream_jobs.signals.arima_fit import ArimaParams, fit, fit_many, warm_up
+from steplens.stream_jobs.signals.kernels import jit, score
 
-isfinite, sqrt = math.isfinite, math.sqrt
-_INF = math.inf
+__all__ = ["ArimaConfig", "ArimaParams", "ArimaState", "apply_fit", "fit", "fit_many", "update"]
+__all__ += ["fit_input", "warm_up"]
+
+NAN = math.nan
+_EMPTY = np.empty(0)
 
 
 @dataclass
@@ -44,19 +46,11 @@ class ArimaConfig:
 
 
 @dataclass
-class ArimaParams:
-    ar: list[float]
-    ma: list[float]
-    const: float
-    sigma: float
-
-
-@dataclass
 class ArimaState:
-    history: deque[float] = field(default_factory=deque)
+    history: np.ndarray = field(default_factory=lambda: _EMPTY)  # the last fit_window values
     params: ArimaParams | None = None
-    diffs: deque[float] = field(default_factory=deque)
-    errors: deque[float] = field(default_factory=deque)
+    diffs: np.ndarray = field(default_factory=lambda: _EMPTY)  # the last max(p, q, 1)
+    errors: np.ndarray = field(default_factory=lambda: _EMPTY)
     last: float | None = None
     seen: int = 0
     next_fit: int = 0
@@ -67,128 +61,8 @@ class ArimaState:
     failed_fits: int = 0  # first fits that failed or were skipped, for the retry backoff
 
 
-def fit(values: np.ndarray, order: tuple[int, int, int], method: str) -> ArimaParams | None:
-    """Fit ARIMA on ``values``; ``None`` when statsmodels cannot. Picklable for process pools.
-
-    ``hannan_rissanen`` (the default) is statsmodels' estimator on the demeaned (differenced)
-    series: one pass of its two regressions, about 0.5 ms. Through ``ARIMA.fit`` the
-    same method iterates feasible GLS around it for the mean (5-20x slower) and its bias
-    correction often fails on random-walk-like series, leaving no model at all. Any other
-    method goes through ``ARIMA.fit``.
-    """
-    p, d, q = order
-    series = np.diff(values) if d else np.asarray(values, float)
-    if len(series) < 2 * (p + q) + 8 or not np.all(np.isfinite(series)):
-        return None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if method == "hannan_rissanen":
-                return _fit_hannan_rissanen(series, p, q)
-            return _fit_arima(series, p, q, method)
-    except Exception:
-        return None
-
-
-def fit_many(
-    series: Sequence[np.ndarray], order: tuple[int, int, int], method: str
-) -> list[ArimaParams | None]:
-    """``fit`` of each of ``series``: one pool job, one round trip, for many fits."""
-    return [fit(values, order, method) for values in series]
-
-
-def _fit_hannan_rissanen(series: np.ndarray, p: int, q: int) -> ArimaParams | None:
-    """statsmodels' ``hannan_rissanen(centred, p, q, demean=False, unbiased=False)``, equal to
-    it to rounding (a test holds them together), in a fifth of its time: the long
-    autoregression is statsmodels' Yule-Walker, as there; the second step, one least-squares
-    regression on ``p`` lags of the series and ``q`` lags of the first step's residuals, is
-    done here with numpy. statsmodels' function spends four fifths of its 3 ms building
-    specification and model objects, and the worker fits every series of every rank."""
-    from statsmodels.regression.linear_model import yule_walker
-
-    mu = float(series.mean())
-    x = series - mu
-    n = len(x)
-    if not np.any(x):
-        return ArimaParams([0.0] * p, [0.0] * q, mu, 1e-12)
-    if p == q == 0:
-        return _params([], [], mu, float(np.var(x)), series)
-    start = p
-    cols = []
-    if q:
-        k = max(int(math.log(n) ** 2), 2 * max(p, q))  # statsmodels' initial AR order
-        if k >= n:
-            return None
-        a, _ = yule_walker(x, order=k, method="mle")
-        lags = np.lib.stride_tricks.sliding_window_view(x, k + 1)[:, ::-1]
-        resid = lags[:, 0] - lags[:, 1:] @ a  # resid[j]: the residual at t = k + j
-        start = k + q
-        cols = [resid[q - j : len(resid) - j] for j in range(1, q + 1)]
-    X = np.column_stack([x[start - i : n - i] for i in range(1, p + 1)] + cols)
-    y = x[start:]
-    if len(y) <= X.shape[1]:
-        return None
-    beta, _, rank, _ = np.linalg.lstsq(X, y, rcond=None)
-    err = y - X @ beta
-    return _params(
-        [float(v) for v in beta[:p]],
-        [float(v) for v in beta[p:]],
-        mu,
-        float(err @ err) / (len(y) - rank),
-        series,
-    )
-
-
-def _fit_arima(series: np.ndarray, p: int, q: int, method: str) -> ArimaParams | None:
-    from statsmodels.tsa.arima.model import ARIMA
-
-    model = ARIMA(
-        series,
-        order=(p, 0, q),
-        trend="c",
-        enforce_stationarity=False,
-        enforce_invertibility=False,
-    )
-    # the bare parameters: building a results object would cost a third of the fit
-    named = dict(
-        zip(
-            model.param_names,
-            (float(v) for v in model.fit(method=method, return_params=True)),
-            strict=True,
-        )
-    )
-    return _params(
-        [named.get(f"ar.L{i}", 0.0) for i in range(1, p + 1)],
-        [named.get(f"ma.L{i}", 0.0) for i in range(1, q + 1)],
-        named.get("const", 0.0),
-        named.get("sigma2", float("nan")),
-        series,
-    )
-
-
-def _params(
-    ar: list[float], ma: list[float], const: float, sigma2: float, series: np.ndarray
-) -> ArimaParams | None:
-    if not all(math.isfinite(v) for v in (*ar, *ma, const)):
-        return None
-    if not math.isfinite(sigma2) or sigma2 <= 0:
-        sigma2 = float(np.var(series)) or 1e-12
-    # clipped into the stationary and invertible range so the recursion cannot blow up
-    return ArimaParams(
-        ar=[min(0.98, max(-0.98, v)) for v in ar] if len(ar) == 1 else ar,
-        ma=[min(0.98, max(-0.98, v)) for v in ma],
-        const=const,
-        sigma=math.sqrt(sigma2),
-    )
-
-
-def warm_up() -> None:
-    """Load statsmodels (about 2 s once per process) before the first fit needs it."""
-    from statsmodels.regression.linear_model import yule_walker  # noqa: F401
-
-
 def fit_input(state: ArimaState, cfg: ArimaConfig) -> np.ndarray:
-    return np.fromiter(state.history, float, len(state.history))
+    return state.history.copy()
 
 
 def apply_fit(state: ArimaState, cfg: ArimaConfig, params: ArimaParams | None) -> ArimaState:
@@ -204,264 +78,191 @@ def apply_fit(state: ArimaState, cfg: ArimaConfig, params: ArimaParams | None) -
             state.mean = params.const
         state.var = max(state.var, params.sigma**2)
         state.params = params
-    if state.params is not None:
-        # with a model, ``update`` only appends: the recursion reads the last max(p, q) values,
-        # and deques bounded to that many trim themselves (a state stored before bounded
-        # deques is bounded here, at its next fit)
-        keep = max(len(state.params.ar), len(state.params.ma), 1)
-        if state.diffs.maxlen != keep:
-            state.diffs = deque(state.diffs, maxlen=keep)
-        if state.errors.maxlen != keep:
-            state.errors = deque(state.errors, maxlen=keep)
-        window = cfg.fit_window
-        if state.history.maxlen != window and len(state.history) <= window:
-            state.history = deque(state.history, maxlen=window)
     return state
 
 
-def _schedule(state: ArimaState, cfg: ArimaConfig) -> None:
-    if state.seen < cfg.first_fit:
-        state.next_fit = cfg.first_fit
-    else:
-        state.next_fit = min(state.seen * 4, state.seen + cfg.refit_every)
-
-
-def update(  # noqa: PLR0917
-    state: ArimaState, cfg: ArimaConfig, metric: str, x: float, step: int | None, rank: int = -1
-) -> tuple[ArimaState, list[Signal]]:
-    if not isfinite(x):
-        return state, []
-    p = state.params
-    d = cfg.order[1]
-    last = state.last
-    diffs, errors = state.diffs, state.errors
-    if p is not None and (last is not None or not d):
-        mu = state.mean
-        pred = mu
-        ar, ma = p.ar, p.ma
-        if len(ar) == 1:  # the default order, without the loop
-            if diffs:
-                pred += ar[0] * (diffs[-1] - mu)
-        else:
-            for a, v in zip(ar, reversed(diffs), strict=False):
-                pred += a * (v - mu)
-        if len(ma) == 1:
-            if errors:
-                pred += ma[0] * errors[-1]
-        else:
-            for b, e in zip(ma, reversed(errors), strict=False):
-                pred += b * e
-        base = last if d and last is not None else 0.0
-        expected = base + pred
-        # max(sigma, sqrt(var), rel_floor * |expected|), compared as max() compares
-        band = p.sigma
-        noise = sqrt(state.var)
-        if noise > band:  # noqa: PLR1730 (no call on the hot path)
-            band = noise
-        noise = cfg.rel_floor * abs(expected)
-        if noise > band:  # noqa: PLR1730 (no call on the hot path)
-            band = noise
-        z = cfg.z
-        band *= z
-        dev = abs(x - expected)
-        outside = dev > band
-        n_out = state.outside + 1 if outside else 0
-        state.outside = n_out
-        consecutive = cfg.consecutive
-        ratio = dev / band
-        signal = Signal(
-            "arima",
-            metric,
-            step,
-            x,
-            ratio / (ratio + 1.0) if 0.0 < ratio < _INF else score_of(ratio),
-            rank,
-            "run",
-            WARNING if n_out >= consecutive else None,
-            expected,
-            expected - band,
-            expected + band,
-        )
-        if outside and n_out < consecutive:
-            # an isolated outlier is not learnt: the next forecast starts from the expected value
-            # (once it lasts ``consecutive`` values it is a new regime and is followed)
-            x = expected
-        y = x - base
-        err = y - pred
-        diffs.append(y)
-        errors.append(err)
-        lim = band / z * 3.0  # outliers may widen the noise estimate only so far
-        e = abs(err)
-        if lim < e:  # noqa: PLR1730
-            e = lim
-        var = state.var
-        state.var = var + cfg.noise_alpha * (e * e - var)
-        state.mean = mu + cfg.drift_alpha * (y - mu)
-    else:
-        y = x - last if d and last is not None else x
-        errors.append(0.0)
-        signal = Signal("arima", metric, step, x, 0.0, rank)
-        keep = max(cfg.order[0], cfg.order[2], 1) if p is None else max(len(p.ar), len(p.ma), 1)
-        if last is not None or not d:
-            diffs.append(y)
-        _trim(diffs, errors, keep)
-    state.last = x
-    history = state.history
-    history.append(x)
-    if len(history) > cfg.fit_window:
-        history.popleft()
-    seen = state.seen = state.seen + 1
-    if seen >= state.next_fit:  # next_fit is 0 until the first value schedules it
-        if state.next_fit == 0:
-            _schedule(state, cfg)
-        if seen >= state.next_fit and not state.wants_fit:
-            state.wants_fit = True
-            _schedule(state, cfg)
-    return state, [signal]
-
-
-def _trim(diffs: deque[float], errors: deque[float], keep: int) -> None:
-    while len(diffs) > keep:
-        diffs.popleft()
-    while len(errors) > keep:
-        errors.popleft()
-
-
-def _learn_unfitted(
-    state: ArimaState,
-    cfg: ArimaConfig,
-    xs: Sequence[float],
-    steps: Sequence[int | None],
-    out: SignalRun,
-) -> None:
-    """``update`` over finite values before any model, none of which asks for a fit: each
-    gets a signal with no score, and is learnt as ``update`` learns it (the differences and
-    errors keep their last ``max(p, q, 1)``, the history its last ``fit_window``)."""
-    k = len(xs)
-    d = cfg.order[1]
-    keep = max(cfg.order[0], cfg.order[2], 1)
-    last = state.last
-    added: list[float] = []  # the last differences these values append
-    for t in range(max(0, k - keep), k):
-        if not d:
-            added.append(xs[t])
-        elif t:
-            added.append(xs[t] - xs[t - 1])
-        elif last is not None:
-            added.append(xs[0] - last)
-    diffs, errors = state.diffs, state.errors
-    diffs.extend(added)
-    errors.extend([0.0] * min(k, keep))
-    _trim(diffs, errors, keep)
-    state.last = xs[-1]
-    history = state.history
-    room = max(0, cfg.fit_window - len(history))
-    history.extend(xs)
-    for _ in range(max(0, k - room)):  # update drops one per value once past fit_window
-        history.popleft()
-    state.seen += k
-    none: list[None] = [None] * k
-    out.steps += steps
-    out.values += xs
-    out.scores += [0.0] * k
-    out.severities += none
-    out.expected += none
-    out.lower += none
-    out.upper += none
-
-
-def update_many(  # noqa: PLR0917
-    state: ArimaState,
-    cfg: ArimaConfig,
-    metric: str,
-    xs: Sequence[float],
-    steps: Sequence[int | None],
-    rank: int = -1,
-    out: SignalRun | None = None,
-) -> tuple[SignalRun, int]:
-    """``update`` over finite values until one asks for a fit: their signals as columns and how
-    many values were taken (appended to ``out`` when given). The caller applies the fit (or
-    not) and passes the rest again.
-
-    With a fitted model of the default order (1, 1, 1) the recursion runs compiled
-    (``kernels.arima_111``, the same arithmetic as ``update``); otherwise, per value."""
-    if out is None:
-        out = SignalRun("arima", metric, rank)
+def update(state: ArimaState, cfg: ArimaConfig, metric: str, col: Column) -> Signals:
+    """Score and learn the column's values; a value that asks for a fit calls
+    ``col.want_fit(state)`` before the next is scored (which may apply one at once)."""
+    parts: list[Signals] = []
+    xs = col.xs
     i, n = 0, len(xs)
-    d = cfg.order[1]
+    p, d, q = cfg.order
     while i < n:
-        p = state.params
-        if (
-            p is None
-            or d != 1
-            or state.last is None
-            or len(p.ar) != 1
-            or len(p.ma) != 1
-            or state.diffs.maxlen != 1
-            or state.errors.maxlen != 1
-        ):
-            if p is None and state.next_fit and state.history.maxlen is None:
-                # before any model: the values up to the one that asks for a fit, at once
-                k = n - i if state.wants_fit else min(n - i, state.next_fit - state.seen - 1)
-                if k > 1:
-                    _learn_unfitted(state, cfg, xs[i : i + k], steps[i : i + k], out)
-                    i += k
-                    continue
-            asked = state.wants_fit
-            out.add(update(state, cfg, metric, xs[i], steps[i], rank)[1][0])
-            i += 1
-            if state.wants_fit and not asked:
-                return out, i
-            continue
-        diffs, errors, history = state.diffs, state.errors, state.history
-        prev_d = diffs[-1] if diffs else None
-        prev_e = errors[-1] if errors else None
-        seen, next_fit = state.seen, state.next_fit
-        taken, scores, sev, expected, lower, upper, learnt, after = kernels.arima_111(
-            np.asarray(xs[i:] if i else xs, dtype=float),
-            float(p.ar[0]),
-            float(p.ma[0]),
-            float(p.sigma),
-            float(state.mean),
-            float(state.var),
-            float(state.last),
-            int(state.outside),
-            0.0 if prev_d is None else float(prev_d),
-            0.0 if prev_e is None else float(prev_e),
-            prev_d is not None,
-            prev_e is not None,
-            seen,
-            next_fit,
+        params = state.params
+        ar, ma = (params.ar_a, params.ma_a) if params else _unfitted(p, q)
+        last = state.last
+        ints = np.array(
+            (last is not None, state.outside, state.seen, state.next_fit, state.wants_fit),
+            dtype=np.int64,
+        )
+        floats = np.array((state.mean, state.var, 0.0 if last is None else last))
+        taken, out, diffs, errors = _arima(
+            xs[i:] if i else xs,
+            params is not None,
+            ar,
+            ma,
+            float(params.sigma) if params else 1.0,
+            int(d),
+            state.diffs,
+            state.errors,
+            ints,
+            floats,
+            int(cfg.first_fit),
+            int(cfg.refit_every),
             float(cfg.z),
             float(cfg.rel_floor),
             int(cfg.consecutive),
             float(cfg.noise_alpha),
             float(cfg.drift_alpha),
         )
-        out.steps += steps[i : i + taken]
-        out.values += xs[i : i + taken]
-        out.scores += scores.tolist()
-        out.severities += kernels.severities(sev)
-        out.expected += expected.tolist()
-        out.lower += lower.tolist()
-        out.upper += upper.tolist()
+        state.outside, state.seen, state.next_fit = int(ints[1]), int(ints[2]), int(ints[3])
+        asked = not state.wants_fit and bool(ints[4])
+        state.wants_fit = bool(ints[4])
+        state.mean, state.var, state.last = float(floats[0]), float(floats[1]), float(floats[2])
+        state.diffs, state.errors = diffs, errors
+        h = np.concatenate((state.history, out[5]))
+        state.history = h[-cfg.fit_window :] if len(h) > cfg.fit_window else h
+        part = slice(i, i + taken)
+        parts.append(
+            Signals(
+                "arima",
+                metric,
+                col.rows[part],
+                col.steps[part],
+                xs[part],
+                out[0],
+                out[1].astype(np.int8),
+                out[2],
+                out[3],
+                out[4],
+                col.rank,
+            )
+        )
         i += taken
-        state.mean, state.var, state.last, state.outside, prev_d, prev_e, seen = after
-        state.seen = seen
-        diffs.append(prev_d)
-        errors.append(prev_e)
-        # as update keeps it: each value appended, then the oldest dropped past fit_window
-        # (a history bounded at the fit by apply_fit drops them itself)
-        history.extend(learnt.tolist())
-        for _ in range(min(taken, len(history) - cfg.fit_window)):
-            history.popleft()
-        asked = False
-        if seen >= next_fit:  # as update schedules it
+        if asked and col.want_fit is not None:
+            col.want_fit(state)
+    return concat(parts) if parts else Signals.of("arima", metric, col.rows, col.steps, xs, 0.0)
+
+
+@functools.cache
+def _unfitted(p: int, q: int) -> tuple[np.ndarray, np.ndarray]:
+    """Coefficients of a series without a model: none used, their number (the order) is."""
+    return np.zeros(p), np.zeros(q)
+
+
+@jit
+def _arima(  # noqa: PLR0917
+    xs: np.ndarray,
+    fitted: bool,
+    ar: np.ndarray,
+    ma: np.ndarray,
+    sigma: float,
+    d: int,
+    diffs: np.ndarray,
+    errors: np.ndarray,
+    ints: np.ndarray,
+    floats: np.ndarray,
+    first_fit: int,
+    refit_every: int,
+    z: float,
+    rel: float,
+    consecutive: int,
+    noise_alpha: float,
+    drift_alpha: float,
+) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """ARIMA(p, d, q) with the fitted ``ar``, ``ma``, ``sigma`` (``fitted``; else each value
+    is learnt without a score) over ``xs`` until a value asks for a fit (or the end).
+    ``diffs``/``errors``: the last differences and errors (oldest first); ``ints`` (updated
+    in place): has_last, outside, seen, next_fit, wants_fit; ``floats`` (in place): mean, var,
+    last.
+
+    Returns (taken, rows of scores, severities, expected, lower, upper and the values learnt,
+    the differences and the errors after them)."""
+    n = len(xs)
+    p, q = len(ar), len(ma)
+    keep = max(p, q, 1)
+    has_last, n_out, seen, next_fit, wants = ints[0], ints[1], ints[2], ints[3], ints[4]
+    mu, var, last = floats[0], floats[1], floats[2]
+    nd, ne = len(diffs), len(errors)
+    dbuf = np.empty(nd + n)
+    dbuf[:nd] = diffs
+    ebuf = np.empty(ne + n)
+    ebuf[:ne] = errors
+    # rows: scores, severities, expected, lower, upper, the values learnt
+    out = np.empty((6, n))
+    out[:2] = 0.0
+    out[2:5] = NAN
+    i = 0
+    while i < n:
+        x = xs[i]
+        if fitted and (has_last or d == 0):
+            pred = mu
+            for j in range(min(p, nd)):
+                pred += ar[j] * (dbuf[nd - 1 - j] - mu)
+            for j in range(min(q, ne)):
+                pred += ma[j] * ebuf[ne - 1 - j]
+            base = last if d else 0.0
+            expected = base + pred
+            band = sigma
+            noise = math.sqrt(var)
+            band = max(band, noise)
+            noise = rel * abs(expected)
+            band = max(band, noise)
+            band *= z
+            dev = abs(x - expected)
+            outside = dev > band
+            n_out = n_out + 1 if outside else 0
+            out[0, i] = score(dev / band)
+            if n_out >= consecutive:
+                out[1, i] = WARN_SEV
+            out[2, i] = expected
+            out[3, i] = expected - band
+            out[4, i] = expected + band
+            if outside and n_out < consecutive:
+                # an isolated outlier is not learnt: the next forecast starts from the
+                # expected value (once it lasts ``consecutive`` values it is a new regime)
+                x = expected
+            y = x - base
+            err = y - pred
+            dbuf[nd] = y
+            nd += 1
+            ebuf[ne] = err
+            ne += 1
+            lim = band / z * 3.0  # outliers may widen the noise estimate only so far
+            e = abs(err)
+            e = min(e, lim)
+            var += noise_alpha * (e * e - var)
+            mu += drift_alpha * (y - mu)
+        else:
+            ebuf[ne] = 0.0
+            ne += 1
+            if has_last or d == 0:
+                dbuf[nd] = x - last if d else x
+                nd += 1
+        out[5, i] = x
+        last = x
+        has_last = 1
+        seen += 1
+        i += 1
+        if seen >= next_fit:  # next_fit is 0 until the first value schedules it
             if next_fit == 0:
-                _schedule(state, cfg)
-            if seen >= state.next_fit and not state.wants_fit:
-                state.wants_fit = asked = True
-                _schedule(state, cfg)
-            if asked:
-                return out, i
-    return out, i
+                next_fit = first_fit if seen < first_fit else min(seen * 4, seen + refit_every)
+            if seen >= next_fit and not wants:
+                wants = 1
+                next_fit = first_fit if seen < first_fit else min(seen * 4, seen + refit_every)
+                break
+    ints[0], ints[1], ints[2], ints[3], ints[4] = has_last, n_out, seen, next_fit, wants
+    floats[0], floats[1], floats[2] = mu, var, last
+    return (
+        i,
+        out[:, :i],
+        dbuf[max(0, nd - keep) : nd].copy(),
+        ebuf[max(0, ne - keep) : ne].copy(),
+    )
+
+
+def warm_up_kernel() -> None:
+    one = np.ones(8)
+    st = ArimaState(params=ArimaParams([0.5], [0.5], 0.0, 1.0), last=1.0)
+    update(st, ArimaConfig(), "m", Column(one, np.zeros(8, np.int64), np.zeros(8, np.int64)))

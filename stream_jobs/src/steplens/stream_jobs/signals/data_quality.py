@@ -7,7 +7,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from steplens.stream_jobs.core import WARNING, Signal, score_of
+from steplens.producer.schema import Record
+from steplens.stream_jobs.core import WARNING, Run, Signals, one, score_of
+
+HINTS = {
+    "data:over_length_share": "many samples longer than the maximum length are truncated",
+    "data:label_imbalance": "labels are imbalanced worse than 1:100: check sampling and labels",
+    "data:duplicate_rate": "duplicated samples across ranks: check sharding and the sampler seed",
+}
 
 
 @dataclass
@@ -29,14 +36,14 @@ class DataState:
 
 def update(
     state: DataState, cfg: DataConfig, data: dict[str, Any], step: int | None, rank: int
-) -> tuple[DataState, list[Signal]]:
-    out: list[Signal] = []
+) -> tuple[DataState, list[Signals]]:
+    out: list[Signals] = []
     n = int(data.get("n_samples") or 0)
     over = data.get("over_length")
     if n > 0 and isinstance(over, int):
         share = over / n
         out.append(
-            Signal(
+            one(
                 "data",
                 "over_length_share",
                 step,
@@ -56,7 +63,7 @@ def update(
             low = min(values)
             ratio = max(values) / low if low > 0 else float("inf")
             out.append(
-                Signal(
+                one(
                     "data",
                     "label_imbalance",
                     step,
@@ -88,7 +95,7 @@ def update(
         total = sum(b for _, b in state.recent)
         rate = d / total if total else 0.0
         out.append(
-            Signal(
+            one(
                 "data",
                 "duplicate_rate",
                 step,
@@ -100,3 +107,7 @@ def update(
             )
         )
     return state, out
+
+
+def on_record(state: DataState, cfg: DataConfig, rec: Record, run: Run) -> list[Signals]:
+    return update(state, cfg, rec.data, rec.step, rec.rank)[1]

@@ -7,9 +7,18 @@ import math
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from steplens.stream_jobs.core import INFO, WARNING, Signal, score_of
+from steplens.producer.schema import Record
+from steplens.stream_jobs.core import INFO, WARNING, Run, Signals, one, score_of
 
 LOWER_IS_BETTER = {"loss", "perplexity"}
+
+
+HINTS = {
+    "plateau": "the validation metric stopped improving: consider early stopping or the lr",
+    "perplexity": "perplexity does not match exp(validation loss): check the evaluation script",
+    "generalization_gap": "validation loss pulls away from training loss: overfitting",
+    "eval_unstable": "unstable validation metrics: check for leakage and the evaluation script",
+}
 
 
 @dataclass
@@ -47,15 +56,13 @@ def update(  # noqa: PLR0917
     metrics: dict[str, float],
     train_loss: float | None,
     step: int | None,
-) -> tuple[EvalState, list[Signal]]:
-    out: list[Signal] = []
+) -> tuple[EvalState, list[Signals]]:
+    out: list[Signals] = []
     scope = f"split:{split}"
     for name, value in metrics.items():
         if not math.isfinite(value):
             out.append(
-                Signal(
-                    "nonfinite", f"eval_{name}", step, value, 1.0, scope=scope, severity="critical"
-                )
+                one("nonfinite", f"eval_{name}", step, value, 1.0, scope=scope, severity="critical")
             )
             continue
         key = f"{split}/{name}"
@@ -69,7 +76,7 @@ def update(  # noqa: PLR0917
             state.stale[key] = state.stale.get(key, 0) + 1
         stale = state.stale[key]
         out.append(
-            Signal(
+            one(
                 "plateau",
                 f"eval_{name}",
                 step,
@@ -84,7 +91,7 @@ def update(  # noqa: PLR0917
         del hist[: -(cfg.unstable_swings + 2)]
         swings = _swings(hist, cfg.unstable_rel)
         out.append(
-            Signal(
+            one(
                 "eval_unstable",
                 f"eval_{name}",
                 step,
@@ -99,7 +106,7 @@ def update(  # noqa: PLR0917
         want = math.exp(min(loss, 700.0))
         rel = abs(ppl - want) / want
         out.append(
-            Signal(
+            one(
                 "perplexity",
                 "eval_perplexity",
                 step,
@@ -117,7 +124,7 @@ def update(  # noqa: PLR0917
         widening = len(g) > cfg.gap_evals and all(b > a for a, b in pairwise(g))
         widening = widening and g[-1] > 0
         out.append(
-            Signal(
+            one(
                 "generalization_gap",
                 "eval_loss",
                 step,
@@ -129,3 +136,14 @@ def update(  # noqa: PLR0917
             )
         )
     return state, out
+
+
+METRICS = ("loss", "perplexity", "accuracy", "f1", "bleu", "rouge")
+
+
+def on_record(state: EvalState, cfg: EvalConfig, rec: Record, run: Run) -> list[Signals]:
+    """An ``eval`` record's metrics (its own and its ``extra`` ones) of its split."""
+    d = rec.data
+    vals = {k: float(d[k]) for k in METRICS if isinstance(d.get(k), (int, float))}
+    vals.update({k: float(v) for k, v in (d.get("extra") or {}).items()})
+    return update(state, cfg, d["split"], vals, run.train_loss, rec.step)[1]

@@ -14,17 +14,15 @@ recent lr is a deviation. The signal carries the step where the deviation starte
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from steplens.stream_jobs.core import WARNING, Signal, SignalRun, score_of, scores_of
-from steplens.stream_jobs.signals import kernels
+from steplens.stream_jobs.core import NO_STEP, WARN_SEV, Column, Signals, scores_of
+from steplens.stream_jobs.signals.kernels import jit, score
 
-isfinite = math.isfinite
+_EMPTY = np.empty(0)
 
 
 @dataclass
@@ -39,7 +37,7 @@ class LrConfig:
 @dataclass
 class LrState:
     schedule: dict[str, Any] | None = None
-    recent: deque[float] = field(default_factory=deque)
+    recent: np.ndarray = field(default_factory=lambda: _EMPTY)  # the last jump_window finite lrs
     deviating_since: int | None = None
 
 
@@ -125,118 +123,82 @@ def expected_range(
     return (min(values), max(values)) if values else None
 
 
-def update(  # noqa: PLR0917
-    state: LrState,
-    cfg: LrConfig,
-    lr: float,
-    step: int | None,
-    rank: int = -1,
-    first_step: int | None = None,
-) -> tuple[LrState, list[Signal]]:
-    """Score the lr logged at ``step`` (a window's mean when ``first_step`` is given)."""
-    if step is None:
-        return state, []
-    score, breach, expected, lower, upper = _judge(state, cfg, lr, step, first_step)
-    detail = {"since_step": state.deviating_since} if breach else None
-    sev = WARNING if breach else None
-    return state, [
-        Signal(
-            "lr_schedule", "lr", step, lr, score, rank, "run", sev, expected, lower, upper, detail
+def update(state: LrState, cfg: LrConfig, metric: str, col: Column) -> Signals | None:
+    """Score the lrs logged at the column's steps (a window's mean where ``col.firsts`` gives
+    the window's first step); keeps the step where a deviation started."""
+    if not (col.steps != NO_STEP).all():  # an lr without a step is not judged
+        keep = col.steps != NO_STEP
+        if not keep.any():
+            return None
+        col = Column(
+            col.xs[keep],
+            col.steps[keep],
+            col.rows[keep],
+            col.rank,
+            firsts=None if col.firsts is None else col.firsts[keep],
         )
-    ]
-
-
-def update_many(
-    state: LrState, cfg: LrConfig, xs: Sequence[float], steps: Sequence[int], rank: int = -1
-) -> SignalRun:
-    """``update`` over the lrs logged at ``steps`` (step records): their signals as columns.
-    Finite lrs go through numpy (``_judge_many``: the same arithmetic, so the same floats)."""
-    run = SignalRun("lr_schedule", "lr", rank)
-    judged = _judge_many(state, cfg, xs, steps) if len(xs) >= _MANY else None
-    if judged is not None:
-        scores, breaches, expected, lower, upper = judged
-        run.steps += steps
-        run.values += xs
-        run.scores = scores
-        run.expected += expected
-        run.lower += lower
-        run.upper += upper
-        run.severities = [WARNING if b else None for b in breaches]
-        since = state.deviating_since
-        details: list[dict[str, Any] | None] = [None] * len(xs)
-        for i, b in enumerate(breaches):
+    lr, steps = col.xs, col.steps
+    schedule = state.schedule
+    if schedule and isinstance(schedule.get("peak_lr"), (int, float)):
+        firsts = steps if col.firsts is None else np.minimum(col.firsts, steps)
+        score_, breach, expected, lower, upper = _against_schedule(schedule, cfg, lr, firsts, steps)
+    else:
+        score_, breach, expected, upper, state.recent = _lr_recent(
+            state.recent, lr, int(cfg.jump_window), int(cfg.warmup), float(cfg.jump)
+        )
+        lower = np.zeros(len(lr))
+    details: list[dict[str, Any] | None] | None = None
+    since = state.deviating_since
+    if breach.any():
+        details = []
+        for b, step in zip(breach.tolist(), steps.tolist(), strict=True):
             if b:
-                if since is None:
-                    since = steps[i]
-                details[i] = {"since_step": since}
+                since = step if since is None else since
+                details.append({"since_step": since})
             else:
                 since = None
-        state.deviating_since = since
-        if any(breaches):
-            run.details = details
-        return run
-    details = []
-    for lr, step in zip(xs, steps, strict=True):
-        score, breach, exp, low, up = _judge(state, cfg, lr, step, None)
-        run.steps.append(step)
-        run.values.append(lr)
-        run.scores.append(score)
-        run.severities.append(WARNING if breach else None)
-        run.expected.append(exp)
-        run.lower.append(low)
-        run.upper.append(up)
-        details.append({"since_step": state.deviating_since} if breach else None)
-    if any(details):
-        run.details = details
-    return run
-
-
-_MANY = 8  # values from which the numpy path pays
-
-Columns = tuple[list[float], list[bool], list[float], list[float], list[float]]
-
-
-def _judge_many(
-    state: LrState, cfg: LrConfig, xs: Sequence[float], steps: Sequence[int]
-) -> Columns | None:
-    """``_judge`` over finite lrs with numpy: (scores, breaches, expected, lower, upper), or
-    None where only the scalar path applies (a non-finite lr, a schedule with no declared lr
-    at some step, settings that divide by zero). Leaves ``deviating_since`` to the caller."""
-    lr = np.asarray(xs, dtype=float)
-    if not np.isfinite(lr).all() or cfg.rel_tolerance <= 0 or cfg.jump <= 0:
-        return None
-    if state.schedule:
-        # None where a step has no declared lr (then it is judged as if there were no
-        # schedule): step by step
-        return _against_schedule(state.schedule, cfg, lr, steps)
-    return _against_recent(state, cfg, lr)
+                details.append(None)
+    else:
+        since = None
+    state.deviating_since = since
+    sev = np.where(breach, WARN_SEV, 0).astype(np.int8)
+    return Signals(
+        "lr_schedule",
+        "lr",
+        col.rows,
+        steps,
+        lr,
+        score_,
+        sev,
+        expected,
+        lower,
+        upper,
+        col.rank,
+        "run",
+        details,
+    )
 
 
 def _against_schedule(
-    schedule: dict[str, Any], cfg: LrConfig, lr: np.ndarray, steps: Sequence[int]
-) -> Columns | None:
-    """The scheduled branch of ``_judge``: the declared lr is computed once per step seen
-    (``expected_lr``, in Python: the same floats), the ranges and scores with numpy."""
+    schedule: dict[str, Any], cfg: LrConfig, lr: np.ndarray, firsts: np.ndarray, at: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each lr against the range of the declared lrs over its steps (``expected_range``): the
+    declared lr is computed once per step seen (``expected_lr``, in Python), the ranges and
+    scores with numpy. Returns (scores, breaches, expected, lower, upper)."""
     off = cfg.step_offset
-    at = np.asarray(steps, dtype=np.int64)
-    lo_at, hi_at = np.maximum(at - off, 0), np.maximum(at + off, 0)
+    lo_at, hi_at = np.maximum(firsts - off, 0), np.maximum(at + off, 0)
     known: dict[int, float] = {}
 
-    def declared(points: np.ndarray) -> np.ndarray | None:
+    def declared(points: np.ndarray) -> np.ndarray:
         out = []
         for p in points.tolist():
             v = known.get(p)
             if v is None:
-                got = expected_lr(schedule, p)
-                if got is None:
-                    return None
-                v = known[p] = got
+                v = known[p] = expected_lr(schedule, p) or 0.0  # a numeric peak: never None
             out.append(v)
         return np.array(out, dtype=float)
 
     e_lo, e_hi, want = declared(lo_at), declared(hi_at), declared(at)
-    if e_lo is None or e_hi is None or want is None:
-        return None
     lo, hi = np.minimum(e_lo, e_hi), np.maximum(e_lo, e_hi)
     warm = int(schedule.get("warmup_steps") or 0)
     extra: list[tuple[np.ndarray, tuple[int, ...]]] = [
@@ -248,67 +210,58 @@ def _against_schedule(
     for inside, points in extra:
         if inside.any():
             for p in points:
-                v = declared(np.array([p]))
-                if v is None:
-                    return None
-                lo = np.where(inside, np.minimum(lo, v[0]), lo)
-                hi = np.where(inside, np.maximum(hi, v[0]), hi)
-    peak = float(schedule["peak_lr"])  # a declared lr exists: so does a numeric peak_lr
-    near = np.where(lr < lo, lo, hi)
+                v = float(declared(np.array([p]))[0])
+                lo = np.where(inside, np.minimum(lo, v), lo)
+                hi = np.where(inside, np.maximum(hi, v), hi)
+    peak = float(schedule["peak_lr"])
+    finite = np.isfinite(lr)
+    near = np.where(finite & (lr < lo), lo, hi)
     tol = cfg.rel_tolerance * np.maximum(np.maximum(np.abs(near), 0.01 * abs(peak)), 1e-12)
-    dev = np.maximum(np.maximum(lo - lr, lr - hi), 0.0)
-    breach = dev > tol
-    score = np.where(dev > 0, scores_of(dev / tol), 0.0)
-    return score.tolist(), breach.tolist(), want.tolist(), (lo - tol).tolist(), (hi + tol).tolist()
+    with np.errstate(invalid="ignore"):
+        dev = np.where(finite, np.maximum(np.maximum(lo - lr, lr - hi), 0.0), np.inf)
+        score_ = np.where(dev > 0, scores_of(dev / tol), 0.0)
+    return score_, dev > tol, want, lo - tol, hi + tol
 
 
-def _against_recent(state: LrState, cfg: LrConfig, lr: np.ndarray) -> Columns | None:
-    """The branch of ``_judge`` without a schedule (``kernels.lr_recent``): each lr against
-    ``jump`` x the largest of the ``jump_window`` finite lrs before it."""
-    recent, window = state.recent, cfg.jump_window
-    if len(recent) > window or window < 1:
-        return None
-    score, breach, top, limit, kept = kernels.lr_recent(
-        np.array(recent, dtype=float), lr, window, cfg.warmup, float(cfg.jump)
-    )
-    state.recent = deque(kept.tolist())
-    zeros = [0.0] * len(lr)
-    return score.tolist(), breach.tolist(), top.tolist(), zeros, limit.tolist()
+@jit
+def _lr_recent(
+    recent: np.ndarray, lr: np.ndarray, window: int, warmup: int, jump: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each lr against ``jump`` x the largest of the (at most ``window``) finite lrs before
+    it (``recent``: those before the first); a non-finite lr breaches once warmed up.
 
-
-def _judge(
-    state: LrState, cfg: LrConfig, lr: float, step: int, first_step: int | None
-) -> tuple[float, bool, float, float, float]:
-    """(score, breach, expected, lower, upper) of the lr logged at ``step``; keeps the step
-    where a deviation started."""
-    first = step if first_step is None else min(first_step, step)
-    span = expected_range(state.schedule, first, step, cfg.step_offset) if state.schedule else None
-    if span is not None and state.schedule is not None:
-        want = expected_lr(state.schedule, step)
-        lo, hi = span
-        peak = float(state.schedule.get("peak_lr", hi))
-        near = lo if math.isfinite(lr) and lr < lo else hi
-        tol = cfg.rel_tolerance * max(abs(near), 0.01 * abs(peak), 1e-12)
-        dev = max(lo - lr, lr - hi, 0.0) if math.isfinite(lr) else math.inf
-        breach = dev > tol
-        expected, lower, upper = (want if want is not None else lo), lo - tol, hi + tol
-        score = score_of(dev / tol) if dev > 0 else 0.0
-    else:
-        recent = state.recent
-        top = max(recent) if recent else 0.0
-        finite = isfinite(lr)
+    Returns (scores, breaches, tops, limits, the last ``window`` finite lrs)."""
+    n = len(lr)
+    seq = np.empty(len(recent) + n)
+    seq[: len(recent)] = recent
+    head, end = 0, len(recent)
+    scores = np.zeros(n)
+    breach = np.zeros(n, np.bool_)
+    tops = np.empty(n)
+    limits = np.empty(n)
+    for i in range(n):
+        top = 0.0
+        if end > head:
+            top = seq[head]
+            for j in range(head + 1, end):
+                top = max(top, seq[j])
+        x = lr[i]
+        finite = math.isfinite(x)
         if finite:
-            recent.append(lr)
-            if len(recent) > cfg.jump_window:
-                recent.popleft()
-        limit = cfg.jump * top
-        ready = len(recent) > cfg.warmup and top > 0
-        breach = ready and (not finite or lr > limit)
-        expected, lower, upper = top, 0.0, limit
-        score = score_of(lr / limit) if ready and finite else 0.0
-    if breach:
-        if state.deviating_since is None:
-            state.deviating_since = step
-    else:
-        state.deviating_since = None
-    return score, breach, expected, lower, upper
+            seq[end] = x
+            end += 1
+            if end - head > window:
+                head += 1
+        limit = jump * top
+        ready = end - head > warmup and top > 0
+        breach[i] = ready and (not finite or x > limit)
+        tops[i] = top
+        limits[i] = limit
+        if ready and finite:
+            scores[i] = score(x / limit)
+    return scores, breach, tops, limits, seq[head:end].copy()
+
+
+def warm_up_kernel() -> None:
+    one = np.ones(8)
+    update(LrState(), LrConfig(), "lr", Column(one, np.arange(8), np.zeros(8, np.int64)))

@@ -9,29 +9,18 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import deque
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
 import numpy as np
 
-from steplens.stream_jobs.core import (
-    CRITICAL,
-    WARNING,
-    Signal,
-    SignalGrid,
-    median,
-    score_of,
-)
-from steplens.stream_jobs.signals import kernels
+from steplens.producer.schema import Record
+from steplens.stream_jobs.core import CRIT_SEV, WARN_SEV, Run, Signals, score_of
+from steplens.stream_jobs.signals.kernels import _insert, _median_sorted, jit, score
 
-# signals (steps x ranks) judged at once, and ranks per step, from which the compiled grid
-# pays (``_judge_many``: about 65 us a call and 3 us a step of 32 ranks; one by one, 3 us a
-# signal, and a ``Signal`` built for each)
-_MANY_SIGNALS, _MANY_RANKS = 24, 4
 # the most a batch span may hold a step back (bounded memory with a rank that never reports)
 MAX_BATCH_SPAN = 4096
+NAN = math.nan
 
 
 @dataclass
@@ -47,7 +36,7 @@ class RanksConfig:
 class RanksState:
     world_size: int = 0
     pending: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> rank -> time
-    ratios: dict[int, deque[float]] = field(default_factory=dict)  # rank -> recent ratios
+    ratios: dict[int, list[float]] = field(default_factory=dict)  # rank -> recent ratios
     last_step: dict[int, int] = field(default_factory=dict)
     progress_ns: dict[int, int] = field(default_factory=dict)
     clock_ns: int = 0
@@ -59,114 +48,25 @@ class RanksState:
     batch_span: int = field(default=0, compare=False)
 
 
-def _judge(state: RanksState, cfg: RanksConfig, step: int, times: dict[int, float]) -> list[Signal]:
-    if len(times) < 2:
-        return []
-    med = median(times.values())
-    factor, keep = cfg.straggler_factor, cfg.straggler_steps
-    upper = factor * med
-    ratios = state.ratios
-    out = []
-    for rank, t in times.items():
-        ratio = t / med if med > 0 else 1.0
-        recent = ratios.get(rank)
-        if recent is None:
-            recent = ratios[rank] = deque(maxlen=keep)
-        recent.append(ratio)
-        typical = median(recent)  # one slow step (GC, a checkpoint) is not a straggler
-        slow = len(recent) == keep and typical > factor
-        r = typical / factor
-        out.append(
-            Signal(
-                "straggler",
-                "step_time_s",
-                step,
-                typical,
-                r / (r + 1.0) if 0.0 < r < math.inf else score_of(r),
-                rank,
-                _scope(rank),
-                WARNING if slow else None,
-                med,
-                None,
-                upper,
-            )
-        )
-    return out
-
-
-def _judge_many(
-    state: RanksState, cfg: RanksConfig, steps: list[int], times: list[dict[int, float]]
-) -> SignalGrid | None:
-    """``_judge`` over consecutive steps that all have the same ranks, each with ``keep``
-    recent ratios, compiled (``kernels.stragglers``): the same signals in the same order, and
-    the same floats (the medians ``core.median`` takes, each rank's recent ratios as its deque
-    holds them), as a grid. ``None`` otherwise (a run's first steps, ranks that differ):
-    ``_judge`` takes them."""
-    keys = times[0].keys()
-    if any(t.keys() != keys for t in times):
-        return None
-    order = list(keys)
-    keep, factor = cfg.straggler_steps, cfg.straggler_factor
-    ratios = state.ratios
-    got = [ratios.get(rank) for rank in order]
-    recents = [d for d in got if d is not None and d.maxlen == keep and len(d) == keep]
-    if len(recents) < len(got):
-        return None
-    n = len(order)
-    grid = np.fromiter(chain.from_iterable(map(t.__getitem__, order) for t in times), float)
-    last = np.fromiter(chain.from_iterable(recents), float, n * keep).reshape(n, keep)
-    med, typical, scores, window = kernels.stragglers(grid.reshape(-1, n), last, factor)
-    for d, row in zip(recents, window.tolist(), strict=True):
-        d.extend(row)  # bounded at ``keep``: the row replaces what it held
-    per_step: list[list[int]] | None = None
-    if any(list(t) != order for t in times):  # a step that has its ranks in another order
-        index = {rank: k for k, rank in enumerate(order)}
-        per_step = [[index[rank] for rank in t] for t in times]
-    return SignalGrid(
-        "straggler",
-        "step_time_s",
-        steps,
-        order,
-        [_scope(rank) for rank in order],
-        typical,
-        scores,
-        typical > factor,
-        WARNING,
-        med.tolist(),
-        (factor * med).tolist(),
-        per_step,
-    )
-
-
 @functools.lru_cache(maxsize=4096)
 def _scope(rank: int) -> str:
     return f"rank:{rank}"
 
 
-def step_time(
-    state: RanksState, cfg: RanksConfig, rank: int, step: int, seconds: float
-) -> tuple[RanksState, list[Signal]]:
-    """Collect one rank's step time; judge steps that are complete or old enough (the rank is
-    ``pending_steps`` past them)."""
-    if math.isnan(seconds):
-        return state, []
-    times = state.pending.get(step)
-    if times is None:
-        times = state.pending[step] = {}
-    times[rank] = seconds
-    return state, _judge_ready(state, cfg, step, 0)
-
-
-def step_times(
-    state: RanksState, cfg: RanksConfig, rank: int, times: list[tuple[int, float]], behind: int
-) -> list[Signal | SignalGrid]:
-    """``step_time`` over a batch of one rank's steps, judged once after the last: the same
-    judgements as step by step (the batch adds only this rank's times), in one pass. A step
-    waits ``behind`` steps more than ``pending_steps``, or the span of the widest batch seen
-    when that is more (up to ``MAX_BATCH_SPAN``): the other ranks' batches of the same steps
-    may come after this one, and a rank whose batch was cut short (flushed at a spike) is
-    ahead of ranks that still fill a whole one. Runs of steps judged at once come as
-    ``SignalGrid``s, in their place among the signals."""
+def step_times(  # noqa: PLR0917
+    state: RanksState,
+    cfg: RanksConfig,
+    rank: int,
+    times: list[tuple[int, float]],
+    behind: int,
+    row: int,
+) -> Signals | None:
+    """Collect one rank's step times (a record's one, or a batch's), then judge, oldest first,
+    the pending steps that are complete or old enough: their signals, all on batch row ``row``.
+    A step waits ``pending_steps`` newer steps of this rank, plus ``behind`` (the batch's span)
+    or the span of the widest batch seen when that is more (up to ``MAX_BATCH_SPAN``): the other
+    ranks' batches of the same steps may come after this one, and a rank whose batch was cut
+    short (flushed at a spike) is ahead of ranks that still fill a whole one."""
     state.batch_span = behind = max(min(behind, MAX_BATCH_SPAN), state.batch_span)
     pending = state.pending
     last: int | None = None
@@ -179,15 +79,15 @@ def step_times(
         got[rank] = seconds
         if last is None or step > last:
             last = step
-    return [] if last is None else _judge_ready(state, cfg, last, behind, grids=True)
+    if last is None:
+        return None
+    ready = _ready(state, cfg, last, behind)
+    return _judge(state, cfg, ready, row) if ready else None
 
 
-def _judge_ready(
-    state: RanksState, cfg: RanksConfig, step: int, behind: int, grids: bool = False
-) -> list[Any]:
-    """Judge, oldest first, the pending steps that are complete or ``pending_steps`` +
-    ``behind`` older than ``step``, up to the first that is neither: their signals (with
-    ``grids``, those judged at once as one ``SignalGrid``)."""
+def _ready(state: RanksState, cfg: RanksConfig, step: int, behind: int) -> list[int]:
+    """The pending steps, oldest first, that are complete or ``pending_steps`` + ``behind``
+    older than ``step``, up to the first that is neither."""
     pending = state.pending
     ranks_known = max(state.world_size, len(state.last_step))
     old = step - cfg.pending_steps - behind
@@ -200,16 +100,117 @@ def _judge_ready(
             ready.append(s)
         else:
             break
-    judged = [pending.pop(s) for s in ready]
-    n_ranks = len(judged[0])
-    if n_ranks >= _MANY_RANKS and len(ready) * n_ranks >= _MANY_SIGNALS:
-        many = _judge_many(state, cfg, ready, judged)
-        if many is not None:
-            return [many] if grids else many.signals()
-    out: list[Signal] = []
-    for s, times in zip(ready, judged, strict=True):
-        out += _judge(state, cfg, s, times)
-    return out
+    return ready
+
+
+def _judge(state: RanksState, cfg: RanksConfig, ready: list[int], row: int) -> Signals | None:
+    """Each of the ``ready`` steps (taken from pending) with two ranks or more: each rank's
+    time against the step's median, and its typical ratio (the median of its latest
+    ``straggler_steps``: one slow step, a GC or a checkpoint, is not a straggler)."""
+    steps: list[int] = []
+    ranks: list[int] = []
+    times: list[float] = []
+    starts = [0]
+    for s in ready:
+        got = state.pending.pop(s)
+        if len(got) < 2:
+            continue
+        steps += [s] * len(got)
+        ranks += got.keys()
+        times += got.values()
+        starts.append(len(times))
+    if not times:
+        return None
+    keep = cfg.straggler_steps
+    index: dict[int, int] = {}
+    for r in ranks:
+        index.setdefault(r, len(index))
+    table = np.zeros((len(index), keep))
+    counts = np.zeros(len(index), np.int64)
+    ratios = state.ratios
+    for r, k in index.items():
+        recent = ratios.get(r)
+        if recent:
+            recent = recent[-keep:]
+            table[k, : len(recent)] = recent
+            counts[k] = len(recent)
+    med, typical, scores, full = _stragglers(
+        np.array(times),
+        np.array(starts, dtype=np.int64),
+        np.array([index[r] for r in ranks], dtype=np.int64),
+        table,
+        counts,
+        float(cfg.straggler_factor),
+    )
+    for r, k in index.items():
+        ratios[r] = table[k, : counts[k]].tolist()
+    factor = cfg.straggler_factor
+    sev = np.where(full & (typical > factor), WARN_SEV, 0).astype(np.int8)
+    return Signals(
+        "straggler",
+        "step_time_s",
+        np.full(len(times), row, dtype=np.int64),
+        np.array(steps, dtype=np.int64),
+        typical,
+        scores,
+        sev,
+        med,
+        np.full(len(times), NAN),
+        factor * med,
+        np.array(ranks, dtype=np.int64),
+        [_scope(r) for r in ranks],
+    )
+
+
+@jit
+def _stragglers(  # noqa: PLR0917
+    times: np.ndarray,
+    starts: np.ndarray,
+    who: np.ndarray,
+    recents: np.ndarray,
+    counts: np.ndarray,
+    factor: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each step's ranks against the median of the step: step ``j``'s times are
+    ``times[starts[j]:starts[j + 1]]``, of the ranks ``who`` (rows of ``recents``: each rank's
+    latest ratios, oldest first, ``counts`` of them; both updated in place, a full row drops
+    its oldest). Returns each time's step median, its rank's typical ratio (the median of its
+    latest), its score and whether the rank's window is full. Medians as ``core.median``."""
+    keep = recents.shape[1]
+    n = len(times)
+    med = np.empty(n)
+    typical = np.empty(n)
+    scores = np.empty(n)
+    full = np.zeros(n, np.bool_)
+    row = np.empty(n + 1)
+    w = np.empty(keep + 1)
+    for j in range(len(starts) - 1):
+        a, b = starts[j], starts[j + 1]
+        k = 0
+        for t in range(a, b):
+            _insert(row, k, times[t])
+            k += 1
+        m = _median_sorted(row, k)
+        for t in range(a, b):
+            med[t] = m
+            ratio = times[t] / m if m > 0 else 1.0
+            r = who[t]
+            c = counts[r]
+            if c == keep:
+                for u in range(keep - 1):
+                    recents[r, u] = recents[r, u + 1]
+                recents[r, keep - 1] = ratio
+            else:
+                recents[r, c] = ratio
+                c += 1
+                counts[r] = c
+            for u in range(c):
+                _insert(w, u, recents[r, u])
+            ty = _median_sorted(w, c)
+            typical[t] = ty
+            scores[t] = score(ty / factor)
+            full[t] = c == keep
+    return med, typical, scores, full
 
 
 def progress(state: RanksState, rank: int, step: int, time_ns: int) -> RanksState:
@@ -219,13 +220,13 @@ def progress(state: RanksState, rank: int, step: int, time_ns: int) -> RanksStat
     return state
 
 
-def tick(state: RanksState, cfg: RanksConfig, time_ns: int) -> tuple[RanksState, list[Signal]]:
+def tick(state: RanksState, cfg: RanksConfig, time_ns: int, row: int = 0) -> Signals | None:
     """Advance the run's clock (any record) and report ranks without progress."""
     state.clock_ns = max(state.clock_ns, time_ns)
     if state.clock_ns - state.checked_ns < cfg.check_every_s * 1e9 or not state.progress_ns:
-        return state, []
+        return None
     state.checked_ns = state.clock_ns
-    out = []
+    cols: list[list[Any]] = [[], [], [], [], [], []]  # rank, scope, value, score, sev, detail
     stalled_all = True
     for rank, seen in state.progress_ns.items():
         stalled = (state.clock_ns - seen) / 1e9
@@ -237,34 +238,55 @@ def tick(state: RanksState, cfg: RanksConfig, time_ns: int) -> tuple[RanksState,
             state.suspects.discard(rank)
         stalled_all = stalled_all and hung
         if hung or rank in state.hung:
-            out.append(
-                Signal(
-                    "hang",
-                    "progress",
-                    None,
-                    stalled,
-                    score_of(stalled / cfg.hang_after_s),
-                    rank,
-                    f"rank:{rank}",
-                    CRITICAL if hung else None,
-                    expected=cfg.hang_after_s,
-                    detail={"last_step": state.last_step.get(rank)},
-                )
+            got: tuple[Any, ...] = (
+                rank,
+                f"rank:{rank}",
+                stalled,
+                score_of(stalled / cfg.hang_after_s),
+                CRIT_SEV if hung else 0,
+                {"last_step": state.last_step.get(rank)},
             )
+            for c, v in zip(cols, got, strict=True):
+                c.append(v)
         if hung:
             state.hung.add(rank)
         else:
             state.hung.discard(rank)
+    expected = [cfg.hang_after_s] * len(cols[0])
     if len(state.progress_ns) > 1 or stalled_all:
-        out.append(
-            Signal(
-                "hang",
-                "progress",
-                None,
-                0.0,
-                1.0 if stalled_all else 0.0,
-                scope="run",
-                severity=CRITICAL if stalled_all else None,
-            )
-        )
-    return state, out
+        got = (-1, "run", 0.0, 1.0 if stalled_all else 0.0, CRIT_SEV if stalled_all else 0, None)
+        for c, v in zip(cols, got, strict=True):
+            c.append(v)
+        expected.append(NAN)
+    if not cols[0]:
+        return None
+    rank_, scope, value, score_, sev, detail = cols
+    return Signals.of(
+        "hang",
+        "progress",
+        np.full(len(rank_), row),
+        None,
+        value,
+        score_,
+        np.array(sev, dtype=np.int8),
+        expected,
+        None,
+        None,
+        np.array(rank_, dtype=np.int64),
+        [str(s) for s in scope],
+        list(detail),
+    )
+
+
+def on_record(state: RanksState, cfg: RanksConfig, rec: Record, run: Run) -> list[Signals]:
+    """A ``hw`` or ``health`` record: the run is alive; is every rank moving?"""
+    if not rec.time_ns:
+        return []
+    got = tick(state, cfg, rec.time_ns)
+    return [got] if got is not None else []
+
+
+def warm_up_kernel() -> None:
+    st = RanksState(world_size=2)
+    step_times(st, RanksConfig(), 0, [(0, 1.0)], 0, 0)
+    step_times(st, RanksConfig(), 1, [(0, 1.0)], 0, 0)

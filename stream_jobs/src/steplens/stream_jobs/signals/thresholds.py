@@ -11,7 +11,23 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from steplens.stream_jobs.core import WARNING, Signal, score_of
+import numpy as np
+
+from steplens.producer.schema import Record
+from steplens.stream_jobs.core import INFO_SEV, WARNING, Run, Signals, one, score_of, scores_of
+
+HINTS = {
+    "threshold:gpu_mem_pct": "GPU memory above 90 %: a leak or growing activations; "
+    "check caches, retained graphs and sequence lengths",
+    "threshold:gpu_mem_growth": "GPU memory grows at every sample: a leak (tensors kept across "
+    "steps, a growing cache); it will run out",
+    "threshold:gpu_util": "GPU mostly idle: the input pipeline or communication is starving it",
+    "threshold:comm_latency_ms": "slow collective: check the interconnect and the peer ranks",
+    "threshold:disk_io_latency_ms": "slow storage: data loading or checkpointing waits on disk",
+    "threshold:host_mem_available_pct": "host memory nearly exhausted: data loader workers, "
+    "pinned buffers or a leak",
+    "threshold:data_wait_share": "steps spend a large share waiting for data",
+}
 
 
 @dataclass
@@ -42,10 +58,10 @@ def above(  # noqa: PLR0917
     rank: int,
     scope: str,
     severity: str = WARNING,
-) -> Signal:
+) -> Signals:
     """A signal that breaches when ``value > limit``."""
     breach = math.isfinite(value) and value > limit
-    return Signal(
+    return one(
         name,
         metric,
         step,
@@ -68,9 +84,9 @@ def below(  # noqa: PLR0917
     rank: int,
     scope: str,
     breach: bool,
-) -> Signal:
+) -> Signals:
     ratio = limit / value if value > 0 else math.inf
-    return Signal(
+    return one(
         name,
         metric,
         step,
@@ -92,9 +108,9 @@ def hw(  # noqa: PLR0917
     step: int | None,
     rank: int,
     training: bool,
-) -> tuple[ThresholdState, list[Signal]]:
+) -> tuple[ThresholdState, list[Signals]]:
     """GPU memory and utilisation, disk latency, host memory from one ``hw`` record."""
-    out: list[Signal] = []
+    out: list[Signals] = []
     for gpu in data.get("gpus") or []:
         scope = f"gpu:{host}/{gpu.get('index', 0)}"
         used, total = gpu.get("mem_used_bytes"), gpu.get("mem_total_bytes")
@@ -158,7 +174,7 @@ def _growth(  # noqa: PLR0917
     pct: float,
     step: int | None,
     rank: int,
-) -> Signal:
+) -> Signals:
     """Memory that rises at every sample: a leak, long before the 90 % threshold."""
     hist = state.mem.get(scope)
     if hist is None:
@@ -169,7 +185,7 @@ def _growth(  # noqa: PLR0917
         b > a for a, b in zip(hist, list(hist)[1:], strict=False)
     )
     breach = steady and rise >= cfg.mem_growth_pct
-    return Signal(
+    return one(
         "threshold",
         "gpu_mem_growth",
         step,
@@ -182,28 +198,50 @@ def _growth(  # noqa: PLR0917
     )
 
 
-def comm(cfg: ThresholdConfig, data: dict[str, Any], step: int | None, rank: int) -> list[Signal]:
+def comm(cfg: ThresholdConfig, data: dict[str, Any], step: int | None, rank: int) -> list[Signals]:
     lat = float(data.get("latency_ms", math.nan))
     return [
         above("threshold", "comm_latency_ms", lat, cfg.comm_latency_ms, step, rank, f"rank:{rank}")
     ]
 
 
-def data_wait(
-    cfg: ThresholdConfig, data_time: float, step_time: float, step: int | None, rank: int
-) -> list[Signal]:
-    """Share of the step spent waiting for data; feeds the data-bottleneck correlation."""
-    if not (step_time > 0 and math.isfinite(data_time) and math.isfinite(step_time)):
-        return []
-    return [
-        above(
-            "threshold",
-            "data_wait_share",
-            data_time / step_time,
-            cfg.data_wait_share,
-            step,
-            rank,
-            f"rank:{rank}",
-            severity="info",
-        )
-    ]
+def on_record(state: ThresholdState, cfg: ThresholdConfig, rec: Record, run: Run) -> list[Signals]:
+    """A ``hw`` record's hardware thresholds (GPU utilisation only counts while the run
+    steps), a ``comm`` record's latency."""
+    if rec.kind == "comm":
+        return comm(cfg, rec.data, rec.step, rec.rank)
+    busy = rec.time_ns - run.last_step_ns < 30e9 if run.last_step_ns else False
+    return hw(state, cfg, rec.data, rec.host, rec.step, rec.rank, busy)[1]
+
+
+def data_wait(  # noqa: PLR0917
+    cfg: ThresholdConfig,
+    data_times: np.ndarray,
+    step_times: np.ndarray,
+    steps: np.ndarray,
+    rows: np.ndarray,
+    rank: int,
+) -> Signals | None:
+    """Share of each step spent waiting for data (NaN: not known); feeds the data-bottleneck
+    correlation, never alerts alone."""
+    ok = (step_times > 0) & np.isfinite(data_times) & np.isfinite(step_times)
+    if not ok.any():
+        return None
+    share = data_times[ok] / step_times[ok]  # finite over positive: finite
+    limit = cfg.data_wait_share
+    breach = share > limit
+    score = scores_of(share / limit) if limit else np.zeros(len(share))
+    return Signals.of(
+        "threshold",
+        "data_wait_share",
+        rows[ok],
+        steps[ok],
+        share,
+        score,
+        np.where(breach, INFO_SEV, 0),
+        limit,
+        None,
+        limit,
+        rank,
+        f"rank:{rank}",
+    )

@@ -7,18 +7,16 @@ falling loss it measures the jitter, not the trend. Kept with running sums, O(1)
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from steplens.producer.schema import RUN_RANK
-from steplens.stream_jobs.core import WARNING, Signal, SignalRun, score_of
-from steplens.stream_jobs.signals import kernels
+from steplens.stream_jobs.core import WARN_SEV, Column, Signals
+from steplens.stream_jobs.signals.kernels import jit, score
 
-isfinite, sqrt = math.isfinite, math.sqrt
-_INF = math.inf
+NAN = math.nan
+_EMPTY = np.empty(0)
 
 
 @dataclass
@@ -30,104 +28,112 @@ class VolatilityConfig:
 
 @dataclass
 class VolatilityState:
-    values: deque[float] = field(default_factory=deque)
-    diffs: deque[float] = field(default_factory=deque)
-    sum_v: float = 0.0
-    sum_d: float = 0.0
-    sum_d2: float = 0.0
+    values: np.ndarray = field(default_factory=lambda: _EMPTY)  # the window, oldest first
+    diffs: np.ndarray = field(default_factory=lambda: _EMPTY)  # its differences
+    sums: np.ndarray = field(default_factory=lambda: np.zeros(3))  # of values, diffs, diffs²
 
 
-def update(
-    state: VolatilityState, cfg: VolatilityConfig, metric: str, x: float, step: int | None
-) -> tuple[VolatilityState, list[Signal]]:
-    if not isfinite(x):
-        return state, []
-    values, diffs = state.values, state.diffs
-    if values:
-        d = x - values[-1]
-        diffs.append(d)
-        sum_d = state.sum_d + d
-        sum_d2 = state.sum_d2 + d * d
-        if len(diffs) > cfg.window - 1:
-            old = diffs.popleft()
-            sum_d -= old
-            sum_d2 -= old * old
-        state.sum_d, state.sum_d2 = sum_d, sum_d2
-    values.append(x)
-    sum_v = state.sum_v + x
-    if len(values) > cfg.window:
-        sum_v -= values.popleft()
-    state.sum_v = sum_v
-    n = len(diffs)
-    m = len(values)
-    if m < cfg.window or n < 2:
-        return state, [Signal("volatility", metric, step, 0.0, 0.0)]
-    sum_d = state.sum_d
-    var = (state.sum_d2 - sum_d * sum_d / n) / (n - 1)
-    if not var > 0.0:  # max(0.0, var), NaN included
-        var = 0.0
-    noise = sqrt(var / 2.0)
-    mean = sum_v / m
-    floor = abs(mean)
-    if cfg.abs_floor > floor:  # noqa: PLR1730 (no call on the hot path)
-        floor = cfg.abs_floor
-    cv = noise / floor
-    threshold = cfg.threshold
-    ratio = cv / threshold
-    sig = Signal(
-        "volatility",
-        metric,
-        step,
-        cv,
-        ratio / (ratio + 1.0) if 0.0 < ratio < _INF else score_of(ratio),
-        RUN_RANK,
-        "run",
-        WARNING if cv > threshold else None,
-        threshold,
-    )
-    return state, [sig]
-
-
-def update_many(
-    state: VolatilityState,
-    cfg: VolatilityConfig,
-    metric: str,
-    xs: Sequence[float],
-    steps: Sequence[int | None],
-) -> SignalRun:
-    """``update`` over finite values: their signals as columns; once the window is full, in
-    the compiled loop ``kernels.volatility_full`` (the same arithmetic as ``update``)."""
-    out = SignalRun("volatility", metric)
-    i, n = 0, len(xs)
-    window = cfg.window
-    values, diffs = state.values, state.diffs
-    while i < n and (len(values) < window or len(diffs) < window - 1 or window < 3):
-        out.add(update(state, cfg, metric, xs[i], steps[i])[1][0])
-        i += 1
-    if i == n:
-        return out
-    vals = np.array([*values, *(xs[i:] if i else xs)], dtype=float)
-    cvs, scores, sev, all_diffs, sum_v, sum_d, sum_d2 = kernels.volatility_full(
-        vals,
-        len(values),
-        np.array(diffs, dtype=float),
-        int(window),
-        float(state.sum_v),
-        float(state.sum_d),
-        float(state.sum_d2),
+def update(state: VolatilityState, cfg: VolatilityConfig, metric: str, col: Column) -> Signals:
+    """The relative noise after each value (0, without a severity, until the window is full).
+    The signals are of the run (rank -1): the series is one rank's, the scope the run's."""
+    cvs, scores, sev, judged, values, diffs = _volatility(
+        col.xs,
+        state.values,
+        state.diffs,
+        state.sums,
+        int(cfg.window),
         float(cfg.threshold),
         float(cfg.abs_floor),
     )
-    taken = n - i
-    out.steps += steps[i:]
-    out.values += cvs.tolist()
-    out.scores += scores.tolist()
-    out.severities += kernels.severities(sev)
-    out.expected += [cfg.threshold] * taken
-    out.lower += [None] * taken
-    out.upper += [None] * taken
-    # the window as update leaves it (both deques keep their lengths)
-    state.values = deque(vals[-len(values) :].tolist())
-    state.diffs = deque(all_diffs[-len(diffs) :].tolist())
-    state.sum_v, state.sum_d, state.sum_d2 = sum_v, sum_d, sum_d2
-    return out
+    state.values, state.diffs = values, diffs
+    expected = np.where(judged, float(cfg.threshold), NAN)
+    nan = np.full(len(cvs), NAN)
+    return Signals(
+        "volatility", metric, col.rows, col.steps, cvs, scores, sev, expected, nan, nan, RUN_RANK
+    )
+
+
+@jit
+def _volatility(  # noqa: PLR0917
+    xs: np.ndarray,
+    values: np.ndarray,
+    diffs: np.ndarray,
+    sums: np.ndarray,
+    window: int,
+    threshold: float,
+    abs_floor: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The relative noise of the last ``window`` values after each of ``xs``: ``values`` (at
+    most ``window``) and ``diffs`` (at most ``window - 1``) the window before them, ``sums``
+    (sum of values, of differences, of their squares; updated in place) kept running.
+
+    Returns (cvs, scores, severities, judged, the window, its differences); a value before
+    the window is full is not judged (cv 0)."""
+    m = len(xs)
+    nv, nd = len(values), len(diffs)
+    fl = np.empty(nv + m)
+    fl[:nv] = values
+    fl[nv:] = xs
+    dl = np.empty(nd + m)
+    dl[:nd] = diffs
+    vhead = dhead = 0
+    dcount = nd
+    sum_v, sum_d, sum_d2 = sums[0], sums[1], sums[2]
+    cvs = np.zeros(m)
+    scores = np.zeros(m)
+    sev = np.zeros(m, np.int8)
+    judged = np.zeros(m, np.bool_)
+    for j in range(m):
+        x = xs[j]
+        if vhead + nv > 0:
+            d = x - fl[vhead + nv - 1]
+            dl[dcount] = d
+            dcount += 1
+            nd += 1
+            sum_d += d
+            sum_d2 += d * d
+            if nd > window - 1:
+                old = dl[dhead]
+                dhead += 1
+                nd -= 1
+                sum_d -= old
+                sum_d2 -= old * old
+        nv += 1
+        sum_v += x
+        if nv > window:
+            sum_v -= fl[vhead]
+            vhead += 1
+            nv -= 1
+        if nv < window or nd < 2:
+            continue
+        var = (sum_d2 - sum_d * sum_d / nd) / (nd - 1)
+        if not var > 0.0:  # max(0.0, var), NaN included
+            var = 0.0
+        noise = math.sqrt(var / 2.0)
+        floor = abs(sum_v / nv)
+        floor = max(floor, abs_floor)
+        cv = noise / floor
+        cvs[j] = cv
+        scores[j] = score(cv / threshold)
+        judged[j] = True
+        if cv > threshold:
+            sev[j] = WARN_SEV
+    sums[0], sums[1], sums[2] = sum_v, sum_d, sum_d2
+    return (
+        cvs,
+        scores,
+        sev,
+        judged,
+        fl[vhead : vhead + nv].copy(),
+        dl[dhead:dcount].copy(),
+    )
+
+
+def warm_up_kernel() -> None:
+    one = np.ones(8)
+    update(
+        VolatilityState(),
+        VolatilityConfig(window=4),
+        "m",
+        Column(one, np.zeros(8, np.int64), np.zeros(8, np.int64)),
+    )

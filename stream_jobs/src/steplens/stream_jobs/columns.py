@@ -1,0 +1,107 @@
+"""Step records as columns: a ``step_batch``'s entries, a ``step`` record and a ``step_window``
+become a metric -> values-per-row table, the one shape ``RunDetector.process_columns`` scores."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeGuard
+
+import numpy as np
+
+from steplens.stream_jobs.signals.registry import NOT_SERIES
+
+Cells = Sequence[float | None] | np.ndarray  # a metric's value per row (None: the row has none)
+Columns = Mapping[str, Cells]
+
+# entry fields that are not series of their own (scalars are, one by one)
+_NOT_BATCH_SERIES = NOT_SERIES | {"step", "time_ns"}
+
+
+def _number(x: Any) -> TypeGuard[float]:
+    return type(x) is float or (isinstance(x, (int, float)) and not isinstance(x, bool))
+
+
+def entry_columns(entries: list[dict[str, Any]]) -> dict[str, list[float | None]]:
+    """The series of a step_batch's entries as columns (a row's value, or ``None``), in the
+    order the fields first appear, then the scalars' (a step field of the same name wins)."""
+    n = len(entries)
+    columns: dict[str, list[float | None]] = {}
+    names = dict.fromkeys(entries[0]) if entries else {}
+    for e in entries:
+        if e.keys() != names.keys():
+            names.update(dict.fromkeys(e))
+    for name in names:
+        if name in _NOT_BATCH_SERIES:
+            continue
+        got: list[Any] = [e.get(name) for e in entries]
+        if not all(type(v) is float for v in got):  # the common case, checked first
+            got = [float(v) if _number(v) else None for v in got]
+            if all(v is None for v in got):
+                continue
+        columns[name] = got
+    if "scalars" in names:
+        for i, e in enumerate(entries):
+            for name, x in (e.get("scalars") or {}).items():
+                if _number(x):
+                    col = columns.get(name)
+                    if col is None:
+                        col = columns[name] = [None] * n
+                    if col[i] is None:
+                        col[i] = float(x)
+    return columns
+
+
+def step_columns(data: dict[str, Any]) -> tuple[dict[str, list[float | None]], float | None]:
+    """A ``step`` record's series as one-row columns (its scalars after its own fields; a
+    field of the same name wins), and its data wait."""
+    columns: dict[str, list[float | None]] = {}
+    for k, v in data.items():
+        if k not in NOT_SERIES and _number(v):
+            columns[k] = [float(v)]
+    for k, v in (data.get("scalars") or {}).items():  # a step field of the same name wins
+        if (k in NOT_SERIES or k not in data) and _number(v):
+            columns.setdefault(k, [float(v)])
+    wait = data.get("data_time_s")
+    return columns, float(wait) if _number(wait) else None
+
+
+def window_columns(
+    data: dict[str, Any], step: int | None
+) -> tuple[int | None, int | None, dict[str, list[float | None]], dict[str, float], float | None]:
+    """A ``step_window``'s last and first step, its metrics' means as one-row columns, their
+    extremes (NaN: a non-finite value in the window) and its mean data wait."""
+    columns: dict[str, list[float | None]] = {}
+    peaks: dict[str, float] = {}
+    for name, stats in data["metrics"].items():
+        if not isinstance(stats, dict):
+            continue
+        mean = stats.get("mean", stats.get("last"))
+        if not _number(mean):
+            continue
+        columns[name] = [float(mean)]
+        if stats.get("nonfinite"):
+            peaks[name] = math.nan
+        elif _number(stats.get("max")):
+            peaks[name] = float(stats["max"])
+    last = data.get("step_last", step)
+    first = data.get("step_first")
+    dt = data["metrics"].get("data_time_s", {})
+    wait = dt.get("mean") if isinstance(dt, dict) else None
+    return (
+        last if isinstance(last, int) else None,
+        first if isinstance(first, int) else None,
+        columns,
+        peaks,
+        float(wait) if _number(wait) else None,
+    )
+
+
+def floats_of(cells: Cells | Sequence[float | None]) -> tuple[np.ndarray, np.ndarray | None]:
+    """A column as floats (NaN where a row has none) and which rows have a value (None: all)."""
+    if isinstance(cells, np.ndarray):
+        return cells.astype(np.float64, copy=False), None
+    xs = np.array(cells, dtype=np.float64)  # None becomes NaN
+    if None not in cells:
+        return xs, None
+    return xs, np.array([c is not None for c in cells], dtype=np.bool_)

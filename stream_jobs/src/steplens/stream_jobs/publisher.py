@@ -1,0 +1,83 @@
+"""What the worker sends: signals (thinned out by the quiet limiter), alert transitions (and
+the webhook), dead letters; with the worker's metrics of each."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from steplens.producer.dead_letter import dead_letter_bytes
+from steplens.producer.topics import Topics
+from steplens.stream_jobs.core import Alert, Signals
+from steplens.stream_jobs.metrics import WorkerMetrics, reason_class
+from steplens.stream_jobs.outputs import alert_bytes, signal_bytes
+from steplens.stream_jobs.publish_limit import QuietLimiter
+from steplens.stream_jobs.webhook import WebhookNotifier
+
+# (topic, key, value) -> the send's delivery
+Send = Callable[[str, bytes | None, bytes], Awaitable[Any]]
+
+
+class Publisher:
+    def __init__(  # noqa: PLR0917
+        self,
+        send: Send,
+        topics: Topics,
+        metrics: WorkerMetrics,
+        quiet: QuietLimiter,
+        notifier: WebhookNotifier | None,
+        consumer_name: str,
+    ) -> None:
+        self.send = send
+        self.topics = topics
+        self.metrics = metrics
+        self.quiet = quiet
+        self.notifier = notifier
+        self.consumer_name = consumer_name
+
+    async def publish(
+        self, run: str, batch: list[Signals], alerts: list[Alert], time_ns: int
+    ) -> None:
+        """A record's signals (breaches, and the quiet ones the limiter lets through, built as
+        rows only then) and alert transitions; the signal latency is measured from the
+        record's ``time_ns``."""
+        key = run.encode()
+        send, topic = self.send, self.topics.signals
+        now = time.monotonic()
+        n = 0
+        for sigs in batch:
+            for k in self.quiet.picked(run, sigs, now):
+                await send(topic, key, signal_bytes(run, sigs.view(k)))
+                n += 1
+        if n:
+            self.metrics.signals.inc(n)
+        for a in alerts:
+            await send(self.topics.alerts, key, alert_bytes(a))
+            self.metrics.alerts.labels(a.state, a.severity).inc()
+            if self.notifier:
+                self.notifier.notify(a)
+        if (n or alerts) and time_ns:
+            self.metrics.latency.observe(max(0.0, time.time() - time_ns / 1e9))
+
+    async def dead(  # noqa: PLR0917
+        self,
+        reason: str,
+        payload: bytes | None,
+        run: str | None,
+        key: Any,
+        partition: int,
+        offset: int,
+    ) -> None:
+        """A record that cannot be scored, with the reason, to the dead-letter topic."""
+        self.metrics.dead_letters.labels(reason_class(reason)).inc()
+        body = dead_letter_bytes(
+            reason,
+            payload,
+            source_topic=self.topics.raw,
+            partition=partition,
+            offset=offset,
+            consumer=self.consumer_name,
+            run_id=run,
+        )
+        await self.send(self.topics.dead_letters, key if isinstance(key, bytes) else None, body)

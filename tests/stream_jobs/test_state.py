@@ -1,0 +1,129 @@
+"""A run's state as plain, versioned data: restored by this release and the next, never
+unpickled; a state of another format is refused and the run starts afresh.
+
+``data/state_v1.msgpack`` was written by ``python tests/stream_jobs/test_state.py`` with format
+1: a later release must still restore it (keep the file; add one per new format)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import pickle
+import random
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from steplens.producer.schema import make_record
+from steplens.stream_jobs.core import flatten
+from steplens.stream_jobs.detector import RunDetector
+from steplens.stream_jobs.state import FORMAT, MAGIC, dump_state, load_state, pack, unpack
+
+BLOB = Path(__file__).parent / "data" / "state_v1.msgpack"
+CUT = 400  # the stored state holds the records before this one
+
+
+def records() -> list:
+    """Two ranks' steps (every step signal, a declared schedule, a loss spike after the cut),
+    hardware and evaluation records: every detector's state is in the blob."""
+    rng = random.Random(17)
+    sched = {"kind": "cosine", "peak_lr": 1e-3, "warmup_steps": 20, "total_steps": 2000}
+    out = [make_record("run_meta", {"world_size": 2, "lr_schedule": sched}, run_id="r")]
+    for i in range(700):
+        for rank in (0, 1):
+            loss = 4 * math.exp(-i / 300) + 1 + rng.gauss(0, 0.02)
+            data = {
+                "loss": 40.0 if i == 520 else loss,
+                "grad_norm": 1 + rng.gauss(0, 0.05),
+                "lr": 1e-3 * min(1.0, (i + 1) / 20),
+                "step_time_s": 0.1 + rng.gauss(0, 0.002) + (0.2 if rank and i > 600 else 0),
+                "tokens_per_s": 1e5 + rng.gauss(0, 500),
+                "update_ratio": 1e-3 + rng.gauss(0, 1e-5),
+                "param_norm": 100 + rng.gauss(0, 0.1),
+            }
+            out.append(
+                make_record("step", data, run_id="r", rank=rank, step=i, time_ns=(i + 1) * 10**8)
+            )
+        if i % 50 == 0:
+            gpu = {"index": 0, "mem_used_bytes": 50 + i // 50, "mem_total_bytes": 100}
+            hw = {"gpus": [gpu], "mem_available_bytes": 50, "mem_total_bytes": 100}
+            out.append(make_record("hw", hw, run_id="r", rank=0, time_ns=(i + 1) * 10**8))
+            ev = {"split": "val", "loss": loss + 0.1}
+            out.append(make_record("eval", ev, run_id="r", rank=0, step=i))
+    return out
+
+
+def replay(det: RunDetector, recs: list) -> list:
+    got = []
+    for rec in recs:
+        sigs, alerts = det.process(rec)
+        got.append((repr(flatten(sigs)), repr(alerts)))
+    return got
+
+
+def write_blob() -> None:
+    det = RunDetector("r")
+    replay(det, records()[:CUT])
+    head, ranks = dump_state(det, det.series)
+    BLOB.parent.mkdir(exist_ok=True)
+    BLOB.write_bytes(msgpack.packb({"head": head, "ranks": ranks}))
+
+
+def restore(blob: bytes) -> RunDetector | None:
+    stored = msgpack.unpackb(blob, strict_map_key=False)
+    det = load_state(stored["head"], stored["ranks"].get)
+    if det is not None:
+        det.fit_inline = True  # as the never-stopped one (``steplens detect``'s)
+    return det
+
+
+def test_a_state_of_format_1_restores_and_scores_as_a_never_stopped_detector():
+    recs = records()
+    never_stopped = RunDetector("r")
+    replay(never_stopped, recs[:CUT])
+    want = replay(never_stopped, recs[CUT:])
+    det = restore(BLOB.read_bytes())
+    assert det is not None and det.records == never_stopped.records - (len(recs) - CUT)
+    got = replay(det, recs[CUT:])
+    assert got == want
+    assert any("spike:loss" in alerts for _, alerts in got)  # the baselines were restored
+
+
+def test_dump_and_load_round_trip_every_detector_state():
+    recs = records()
+    det = RunDetector("r")
+    replay(det, recs[:CUT])
+    head, ranks = dump_state(det, det.series)
+    back = load_state(head, ranks.get)
+    assert back is not None
+    back.fit_inline = True
+    assert replay(back, recs[CUT:]) == replay(det, recs[CUT:])
+    assert set(back.run_states) == set(det.run_states)
+
+
+def test_a_state_of_another_format_or_a_pickle_is_refused_and_the_run_starts_afresh(caplog):
+    det = RunDetector("r")
+    replay(det, records()[:50])
+    head, _ = dump_state(det, det.series)
+    newer = MAGIC + bytes([FORMAT + 1]) + head[len(MAGIC) + 1 :]
+    pickled = pickle.dumps((det, []))  # how earlier releases stored a run
+    with caplog.at_level(logging.WARNING, logger="steplens.stream_jobs"):
+        assert load_state(newer, lambda r: None) is None
+        assert load_state(pickled, lambda r: None) is None
+    assert sum("starts afresh" in r.message for r in caplog.records) == 2
+
+
+def test_a_class_outside_the_state_is_neither_written_nor_built():
+    class Other:
+        pass
+
+    with pytest.raises(TypeError):
+        pack(Other())
+    forged = MAGIC + bytes([FORMAT]) + msgpack.packb({"$c": "RunDetector", "f": {}})
+    with pytest.raises(ValueError, match="unknown state class"):
+        unpack(forged)
+
+
+if __name__ == "__main__":
+    write_blob()
