@@ -190,6 +190,7 @@ class Worker:
             run = event.key.decode() if isinstance(event.key, bytes) else str(event.key)
             det = self.store.get(run)
             seen = det.offsets
+            steps: list[tuple[int, int, str, Record]] = []  # consecutive steps of one rank
             for partition, offset, text in orjson.loads(event.value):
                 if offset <= seen.get(partition, -1):
                     continue  # replayed after a restart: already in this state
@@ -198,14 +199,16 @@ class Worker:
                 if isinstance(rec, DecodeError):
                     await self.out.dead(str(rec), text.encode(), run, None, partition, offset)
                     continue
-                try:
-                    await self._process(det, rec)
-                except ValueError as exc:  # a record the detectors refuse, with the reason
-                    await self.out.dead(str(exc), text.encode(), run, None, partition, offset)
-                except Exception as exc:  # one record must not stop every run's detection
-                    log.exception("record not processed (run %s, offset %s)", run, offset)
-                    reason = f"processing: {type(exc).__name__}: {exc}"
-                    await self.out.dead(reason, text.encode(), run, None, partition, offset)
+                if rec.kind == "step" and (not steps or steps[-1][3].rank == rec.rank):
+                    steps.append((partition, offset, text, rec))
+                    continue
+                await self._steps(det, run, steps)
+                steps = []
+                if rec.kind == "step":
+                    steps.append((partition, offset, text, rec))
+                else:
+                    await self._one(det, run, partition, offset, text, rec)
+            await self._steps(det, run, steps)
             self._submit_fits(run, det)
             for due, events in self.store.hold(event.message.partition, run, event):
                 self.store.checkpoint(due)
@@ -219,12 +222,52 @@ class Worker:
         for run in self.store.quiet_runs():
             await self.by_run.send(key=run.encode(), value=b"[]")
 
-    async def _process(self, det: RunDetector, rec: Record) -> None:
-        n = len(rec.data["records"]) if rec.kind == "step_batch" else 1
+    async def _steps(
+        self, det: RunDetector, run: str, steps: list[tuple[int, int, str, Record]]
+    ) -> None:
+        """Consecutive ``step`` records of one rank, scored as one batch (a record is a batch
+        of one row: the same signals and alerts, without a detector call per record and
+        metric); one at a time if the batch fails, so only the bad record is dead-lettered."""
+        if len(steps) == 1:
+            await self._one(det, run, *steps[0])
+        if len(steps) <= 1:
+            return
+        recs = [rec for _, _, _, rec in steps]
+        entries = [{**rec.data, "step": rec.step, "time_ns": rec.time_ns} for rec in recs]
+        try:
+            batch, alerts = det.process_entries(recs[0].rank, entries, behind=0)
+        except Exception:  # find the record that fails, as one by one
+            log.debug("a batch of step records failed; scoring them one by one", exc_info=True)
+            for item in steps:
+                await self._one(det, run, *item)
+            return
+        self.consumed += len(recs)
+        self.metrics.records.labels("step").inc(len(recs))
+        await self.out.publish(run, batch, alerts, [rec.time_ns for rec in recs])
+
+    async def _one(  # noqa: PLR0917
+        self, det: RunDetector, run: str, partition: int, offset: int, text: str, rec: Record
+    ) -> None:
+        """One record; one that the detectors refuse or fail on becomes a dead letter."""
+        try:
+            n = len(rec.data["records"]) if rec.kind == "step_batch" else 1
+            batch, alerts = det.process(rec)
+        except ValueError as exc:  # a record the detectors refuse, with the reason
+            await self.out.dead(str(exc), text.encode(), run, None, partition, offset)
+            return
+        except Exception as exc:  # one record must not stop every run's detection
+            log.exception("record not processed (run %s, offset %s)", run, offset)
+            reason = f"processing: {type(exc).__name__}: {exc}"
+            await self.out.dead(reason, text.encode(), run, None, partition, offset)
+            return
         self.consumed += n
         self.metrics.records.labels("step" if rec.kind == "step_batch" else rec.kind).inc(n)
-        batch, alerts = det.process(rec)
-        await self.out.publish(det.run_id, batch, alerts, rec.time_ns)
+        times = (
+            [e["time_ns"] for e in rec.data["records"]]
+            if rec.kind == "step_batch"
+            else [rec.time_ns]
+        )
+        await self.out.publish(run, batch, alerts, times)
 
     # ------------------------------------------------------------------ fits
     def _submit_fits(self, run: str, det: RunDetector) -> None:

@@ -112,18 +112,20 @@ class RunDetector:
                 self.touched.add(rank)
 
     def process_entries(
-        self, rank: int, entries: list[dict[str, Any]]
+        self, rank: int, entries: list[dict[str, Any]], behind: int | None = None
     ) -> tuple[list[Signals], list[Alert]]:
         """The step records of a ``step_batch`` (its entries: step fields with ``step`` and
-        ``time_ns``), scored together: row ``i`` is entry ``i``."""
+        ``time_ns``), scored together: row ``i`` is entry ``i``. ``behind``: how many steps
+        the other ranks' steps may lag (default: this batch's span, as another rank's batch
+        of the same steps may come after it; 0 for records sent one by one)."""
         n = len(entries)
         self.records += n
         steps: list[int] = [e["step"] for e in entries]
         times: list[int] = [e["time_ns"] for e in entries]
         waits = [e.get("data_time_s") for e in entries]
         waits = [w if isinstance(w, (int, float)) else None for w in waits]
-        # the other ranks' batches of the same steps may come after this one
-        behind = max(steps) - min(steps) if steps else 0
+        if behind is None:  # the other ranks' batches of the same steps may come after this
+            behind = max(steps) - min(steps) if steps else 0
         batch = self.process_columns(
             rank, steps, times, entry_columns(entries), data_times=waits, behind=behind
         )

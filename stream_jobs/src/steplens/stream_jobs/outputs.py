@@ -43,7 +43,8 @@ def _envelope(  # noqa: PLR0917
     )
 
 
-def signal_bytes(run_id: str, sig: Signal, seq: int = 0) -> bytes:
+def signal_bytes(run_id: str, sig: Signal, seq: int = 0, time_ns: int = 0) -> bytes:
+    """A signal at the time of the record it judged (``time_ns``; 0: now)."""
     data = {
         "name": sig.name,
         "metric": sig.metric,
@@ -58,7 +59,7 @@ def signal_bytes(run_id: str, sig: Signal, seq: int = 0) -> bytes:
         detail["severity"] = sig.severity
     if detail:
         data["detail"] = detail
-    return _envelope("signal", run_id, sig.rank, sig.step, data, seq)
+    return _envelope("signal", run_id, sig.rank, sig.step, data, seq, time_ns)
 
 
 def alert_bytes(a: Alert, seq: int = 0) -> bytes:

@@ -4,7 +4,7 @@ the webhook), dead letters; with the worker's metrics of each."""
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from steplens.producer.dead_letter import dead_letter_bytes
@@ -37,18 +37,21 @@ class Publisher:
         self.consumer_name = consumer_name
 
     async def publish(
-        self, run: str, batch: list[Signals], alerts: list[Alert], time_ns: int
+        self, run: str, batch: list[Signals], alerts: list[Alert], times_ns: Sequence[int]
     ) -> None:
         """A record's signals (breaches, and the quiet ones the limiter lets through, built as
-        rows only then) and alert transitions; the signal latency is measured from the
-        record's ``time_ns``."""
+        rows only then), each at the time of its row's record (``times_ns``, one per row), so
+        a replay writes the same points; and its alert transitions. The signal latency is
+        measured from the last row's time."""
         key = run.encode()
         send, topic = self.send, self.topics.signals
         now = time.monotonic()
         n = 0
         for sigs in batch:
+            rows = sigs.row
             for k in self.quiet.picked(run, sigs, now):
-                await send(topic, key, signal_bytes(run, sigs.view(k)))
+                body = signal_bytes(run, sigs.view(k), time_ns=times_ns[rows[k]])
+                await send(topic, key, body)
                 n += 1
         if n:
             self.metrics.signals.inc(n)
@@ -57,8 +60,9 @@ class Publisher:
             self.metrics.alerts.labels(a.state, a.severity).inc()
             if self.notifier:
                 self.notifier.notify(a)
-        if (n or alerts) and time_ns:
-            self.metrics.latency.observe(max(0.0, time.time() - time_ns / 1e9))
+        last = max(times_ns, default=0)
+        if (n or alerts) and last:
+            self.metrics.latency.observe(max(0.0, time.time() - last / 1e9))
 
     async def dead(  # noqa: PLR0917
         self,
