@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from steplens.producer import values as V
+from steplens.producer.codec import encode
 from steplens.producer.config import ProducerConfig, run_id_from_env
 from steplens.producer.delivery import Delivery
 from steplens.producer.identity import Identity, detect
@@ -29,7 +30,6 @@ from steplens.producer.schema import (
     MAX_STR_LEN,
     SCHEMA_VERSION,
     SchemaError,
-    encode,
     record_key,
 )
 from steplens.producer.spool import Spool

@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from steplens.producer.schema import Record, decode
+from steplens.producer.codec import decode
+from steplens.producer.schema import Record
 
 log = logging.getLogger("steplens")
 
