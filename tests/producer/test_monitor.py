@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import steplens.producer as sl
-from steplens.producer.schema import decode, record_key
+from steplens.producer.schema import Record, decode, record_key
 
 
 def _wait(cond, timeout_s: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
@@ -136,7 +136,7 @@ def test_bad_values_never_raise_and_are_counted(memory_monitor) -> None:  # type
     expected = {f"{'y' * 4000}{i}" for i in range(500)} | {f"s{i}" for i in range(20_000)}
     assert expected <= windowed  # no window lost, however large
     for _, raw in tx.messages:
-        assert not isinstance(decode(raw), type(None))
+        assert isinstance(decode(raw), Record)  # every record sent decodes
 
 
 def test_calls_before_init_and_after_shutdown(tmp_path: Path) -> None:
@@ -173,8 +173,7 @@ def test_bad_keyword_raises_at_init_bad_env_warns(monkeypatch) -> None:  # type:
 
 def test_queue_full_drops_oldest_and_counts(memory_monitor) -> None:  # type: ignore[no-untyped-def]
     m, tx = memory_monitor(sample_rate=1.0, queue_max=100, flush_interval_s=5.0)
-    m._wake_at = 10**9  # keep the worker asleep while the caller overfills the queue
-    m._put((-1,))  # start the worker now, it sleeps for flush_interval_s
+    m._wake_at = 10**9  # keep the worker asleep (flush_interval_s) while the caller overfills
     for step in range(1000):
         m.log_step(step, loss=1.0)
     m.shutdown()
@@ -240,7 +239,8 @@ def test_fork_child_never_reuses_parent_state(memory_monitor) -> None:  # type: 
     if pid == 0:  # child: report what it sees, never touch the parent's client
         ok = (
             m.delivery is not parent_delivery
-            and m._thread is None
+            and not m._pipeline.thread.is_alive()
+            and m._pipeline.delivery is m.delivery
             and m.delivery.transport is None
             and len(m._q) == 0
             and m.pid == os.getpid()

@@ -140,7 +140,7 @@ def test_a_batch_too_large_for_one_record_is_split(memory_monitor) -> None:  # t
 def test_off_by_default_and_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     m = sl.Monitor("x", transport=sl.MemoryTransport(), hw_interval_s=0)
     assert (m.config.full_resolution, m.config.batch_steps, m.config.batch_s) == (False, 100, 1.0)
-    assert m._batch is None
+    assert m._pipeline.steps.batch is None
     m.shutdown()
     monkeypatch.setenv("STEPLENS_FULL_RESOLUTION", "true")
     monkeypatch.setenv("STEPLENS_BATCH_STEPS", "500")

@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from steplens.producer.identity import Identity
 from steplens.producer.schema import MAX_BATCH_ENTRIES
 from steplens.producer.settings import (
     env_value,
@@ -154,6 +155,24 @@ class ProducerConfig:
         for name in ("lr_schedule", "model_info"):
             out.pop(name)
         return out
+
+    def run_meta(self, identity: Identity) -> dict[str, Any]:
+        """The run_meta payload of a rank: world, hosts, settings, model, schedule."""
+        model = dict(self.model_info or {})
+        if self.flops_per_token is not None:
+            model.setdefault("flops_per_token", self.flops_per_token)
+        data: dict[str, Any] = {
+            "world_size": identity.world_size,
+            "hosts": [identity.host],
+            "config": self.public(),
+        }
+        if model:
+            data["model"] = model
+        if self.lr_schedule:
+            data["lr_schedule"] = dict(self.lr_schedule)
+        if self.peak_flops is not None:
+            data["peak_flops"] = float(self.peak_flops)
+        return data
 
 
 def run_id_from_env() -> str | None:
