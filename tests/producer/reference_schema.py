@@ -2,7 +2,8 @@
 
 Property tests decode the same bytes with ``steplens.producer.codec`` and with this module and
 compare the verdicts and the records. Kept as written for v1 (only the fast path around it was
-dropped); it is not used by the product.
+dropped), plus the two rules added since: metric names (``valid_name``) and steps >= 0. It is
+not used by the product.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from steplens.producer.schema import (
     DecodeError,
     Field,
     Record,
+    valid_name,
 )
 
 _STR_TO_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -92,6 +94,8 @@ def validate(obj: Any) -> Record | DecodeError:
         return DecodeError(f"must be >= {RUN_RANK} ({RUN_RANK}: the whole run)", "rank")
     if not env["run_id"]:
         return DecodeError("must not be empty", "run_id")
+    if env.get("step") is not None and env["step"] < 0:
+        return DecodeError("must be >= 0", "step")
     data = _check_fields(env["data"], spec_fields, "data", f"kind {kind!r}")
     if isinstance(data, DecodeError):
         return data
@@ -131,6 +135,10 @@ def _check_fields(
         value = _check(data_in[name], spec.type, f"{path}.{name}")
         if isinstance(value, DecodeError):
             return value
+        if spec.names and not all(valid_name(k) for k in value):
+            return DecodeError("bad metric name", f"{path}.{name}")
+        if name == "step" and value < 0:
+            return DecodeError("must be >= 0", f"{path}.{name}")
         data[name] = value
     return data
 

@@ -123,7 +123,13 @@ def test_flush_sends_the_partial_batch(memory_monitor) -> None:  # type: ignore[
 
 
 def test_a_batch_too_large_for_one_record_is_split(memory_monitor) -> None:  # type: ignore[no-untyped-def]
-    m, tx = memory_monitor(full_resolution=True, batch_steps=100, batch_s=3600)
+    m, tx = memory_monitor(
+        full_resolution=True,
+        batch_steps=100,
+        batch_s=3600,
+        max_metric_names=100_000,
+        max_scalars=100_000,
+    )
     wide = {f"metric_{i:05d}": 0.5 + i for i in range(2000)}  # ~50 kB per step
     huge = {f"metric_{i:06d}": 0.5 + i for i in range(60000)}  # over the record limit alone
     for step in range(250):

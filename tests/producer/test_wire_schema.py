@@ -27,18 +27,25 @@ nat = st.integers(min_value=0, max_value=1 << 62)
 # In free-form objects the strings "NaN"/"Infinity"/"-Infinity" read back as floats (documented).
 free_names = names.filter(lambda s: s not in ("NaN", "Infinity", "-Infinity"))
 scalar = st.one_of(st.none(), st.booleans(), i64, any_float, free_names)
+metric_names = names.filter(schema.valid_name)
 
 
 def step_entries() -> st.SearchStrategy[list[dict[str, Any]]]:
     """A step_batch's entries: a step payload each, with its own step and time."""
-    payload = {name: value_for(spec.type) for name, spec in schema.KINDS["step"].items()}
-    entry = st.fixed_dictionaries({"step": i64, "time_ns": i64}, optional=payload)
+    payload = {
+        name: value_for(spec.type, spec.names) for name, spec in schema.KINDS["step"].items()
+    }
+    entry = st.fixed_dictionaries({"step": nat, "time_ns": i64}, optional=payload)
     return st.lists(entry, min_size=1, max_size=4)
 
 
-def value_for(typ: str) -> st.SearchStrategy[Any]:
+def value_for(typ: str, named: bool = False) -> st.SearchStrategy[Any]:
+    """Values of a field type; ``named``: a map keyed by metric names."""
     if typ == schema.STEP_ENTRIES:
         return step_entries()
+    if named:
+        keys = metric_names
+        return st.dictionaries(keys, any_float if typ == schema.NUM_MAP else scalar, max_size=5)
     return {
         schema.NUM: any_float,
         schema.FNUM: finite,
@@ -63,7 +70,7 @@ def records(draw: st.DrawFn, kind: str | None = None) -> Record:
     data: dict[str, Any] = {}
     for name, spec in schema.KINDS[kind].items():
         if spec.required or draw(st.booleans()):
-            data[name] = draw(value_for(spec.type))
+            data[name] = draw(value_for(spec.type, spec.names))
     if kind == "alert":
         data["severity"] = draw(st.sampled_from(schema.SEVERITIES))
         data["state"] = draw(st.sampled_from(schema.ALERT_STATES))
@@ -171,7 +178,7 @@ _DELETE = object()
         (mutated(data__clipped=1), "data.clipped", "expected a boolean"),
         (mutated(time_ns=1 << 63), "time_ns", "out of range"),
         (mutated(data__scalars={"a": 1.0, "b": True}), "data.scalars.b", "got a boolean"),
-        (mutated(data__scalars={"k" * 4097: 1.0}), "data.scalars", "key too long"),
+        (mutated(data__scalars={"k" * 4097: 1.0}), "data.scalars", "bad metric name"),
         (mutated(data={}, kind="hw", data__gpus=[{"a": [1]}]), "data.gpus[0].a", "nested"),
         (mutated(data=[1]), "data", "expected an object"),
         (mutated(run_id=""), "run_id", "must not be empty"),

@@ -22,6 +22,7 @@ from steplens.producer.schema import (
     KINDS,
     MAX_BATCH_ENTRIES,
     MAX_LIST_LEN,
+    MAX_NAME_LEN,
     MAX_STR_LEN,
     NUM,
     NUM_LIST,
@@ -36,6 +37,7 @@ from steplens.producer.schema import (
     STR_LIST,
     DecodeError,
     Field,
+    valid_name,
 )
 
 _SEGMENT: Final = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
@@ -102,7 +104,7 @@ def explain(obj: Any, message: str, raw_prefix: bytes) -> DecodeError:
         else:
             _find_bad_item(place, key_error)
     if key_error:
-        return DecodeError(_key_reason(text), place.path, raw_prefix)
+        return DecodeError(_key_reason(text, place), place.path, raw_prefix)
     field_m = re.search(r"(missing required|contains unknown) field `([^`]*)`", text)
     if field_m is not None:
         missing = field_m.group(1) == "missing required"
@@ -119,17 +121,25 @@ def _find_bad_item(place: _Place, key_error: bool) -> None:
     inner = _MAP_VALUE.get(spec.type) if spec is not None else None
     for k, v in items:
         if key_error:
-            bad = not isinstance(k, str) or len(k) > MAX_STR_LEN
+            bad = not (valid_name(k) if spec is not None and spec.names else len(k) <= MAX_STR_LEN)
         elif inner is not None:
             bad = _check_scalar(v, inner) is not None
         else:  # an object in a list[obj]: its values must be scalars
             bad = isinstance(v, (dict, list))
         if bad:
+            if key_error:
+                place.value = k  # the offending name, for the reason; the path is the map's
+                return
             place.enter(k, v, Field(inner) if inner else Field("flat-value"))
             return
 
 
-def _key_reason(text: str) -> str:
+def _key_reason(text: str, place: _Place) -> str:
+    if place.spec is not None and place.spec.names:
+        return (
+            f"bad metric name {str(place.value)[:40]!r}: must be 1 to {MAX_NAME_LEN} characters, "
+            "no control characters"
+        )
     if "length <=" in text:
         return "key too long"
     return text[0].lower() + text[1:]

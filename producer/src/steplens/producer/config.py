@@ -92,6 +92,10 @@ class ProducerConfig:
     shutdown_timeout_s: float = 5.0
     guard_sigma: float = 6.0  # raw record when |x - mean| > guard_sigma * std ...
     guard_warmup: int = 20  # ... after this many values of the metric
+    # distinct metric names a rank sends (per-layer norms of a 100-layer model fit), and names
+    # in one step record; the rest are dropped and counted in health (name_cap, scalars_cap)
+    max_metric_names: int = 4096
+    max_scalars: int = 1024
     flops_per_token: float | None = None
     peak_flops: float | None = None
     update_threshold: float = 0.0  # watch(): |change| above this counts as "updated"
@@ -139,6 +143,8 @@ class ProducerConfig:
             shutdown_timeout_s=s("shutdown_timeout_s", float, _non_negative),
             guard_sigma=s("guard_sigma", float, _positive),
             guard_warmup=s("guard_warmup", int, _positive_int),
+            max_metric_names=s("max_metric_names", int, _positive_int),
+            max_scalars=s("max_scalars", int, _positive_int),
             flops_per_token=s("flops_per_token", float, _optional_positive),
             peak_flops=s("peak_flops", float, _optional_positive),
             update_threshold=s("update_threshold", float, _non_negative),

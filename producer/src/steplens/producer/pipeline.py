@@ -52,6 +52,7 @@ class Pipeline:
         self.held: Item | None = None  # an item waiting for its device copy
         self.stopping = False
         self.deadline = float("inf")
+        self._warned: set[str] = set()  # calls whose first refusal was logged
         self.health_extra: Any = None  # callable -> (dropped, errors) of the caller's side
         self._next_health = time.monotonic() + config.health_interval_s
         self.thread = threading.Thread(target=self._run, name="steplens-producer", daemon=True)
@@ -150,10 +151,13 @@ class Pipeline:
         elif type(item) is BatchItem:
             from steplens.producer.batch_stats import batch_payload
 
+            step = self._step_of("batch", item.step)
+            if step is None:
+                return
             ids, mask, labels = (
                 V.host_value(v) for v in (item.input_ids, item.attention_mask, item.labels)
             )
-            send("batch", item.step, item.t_ns, batch_payload(ids, mask, labels, item.max_len))
+            send("batch", step, item.t_ns, batch_payload(ids, mask, labels, item.max_len))
         elif type(item) is CommItem:
             data = item.data if item.pending is None else item.pending.resolve(item.data)
             send("comm", item.step, item.t_ns, data)
@@ -163,19 +167,42 @@ class Pipeline:
             item.result.append(left == 0)
             item.done.set()
 
+    def _refuse(self, call: str, why: str) -> None:
+        """Drop one call's record and count it; the first time, say why."""
+        self.sender.count_drop(f"bad_{call}")
+        if call not in self._warned:
+            self._warned.add(call)
+            log.warning("steplens: log_%s(...) dropped: %s (counted in health)", call, why)
+
+    def _step_of(self, call: str, step: Any) -> int | None:
+        try:
+            out = V.to_int(step)
+        except V.BadValue as exc:
+            self._refuse(call, f"step {step!r}: {exc}")
+            return None
+        if out < 0:
+            self._refuse(call, f"step {out} is negative")
+            return None
+        return out
+
     def _on_eval(self, item: EvalItem) -> None:
-        data: dict[str, Any] = {"split": str(item.split)[:MAX_STR_LEN]}
-        extra: dict[str, float] = {}
-        for i, (name, v) in enumerate(item.metrics.items()):
-            if v is None or (f := self.counters.float_or_none(v)) is None:
-                continue
-            if i < item.n_named:
+        step = self._step_of("eval", item.step)
+        if step is None:
+            return
+        split = item.split
+        if not isinstance(split, str) or not 0 < len(split) <= MAX_STR_LEN:
+            self._refuse("eval", f"split must be a string of 1 to {MAX_STR_LEN} characters")
+            return
+        data: dict[str, Any] = {"split": split}
+        named = dict(list(item.metrics.items())[: item.n_named])
+        for name, v in named.items():
+            if v is not None and (f := self.counters.float_or_none(v)) is not None:
                 data[name] = f
-            else:
-                extra[name] = f
+        extras = dict(list(item.metrics.items())[item.n_named :])
+        extra = self.steps.names.clean(extras, self.config.max_scalars) if extras else None
         if extra:
             data["extra"] = extra
-        self.sender.send("eval", item.step, item.t_ns, data)
+        self.sender.send("eval", step, item.t_ns, data)
 
     # ------------------------------------------------------------------ health
     def emit_health(self, now_ns: int) -> None:

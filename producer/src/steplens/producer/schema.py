@@ -6,8 +6,10 @@ A record is a JSON object (UTF-8), one per Kafka message:
      "pid": 123, "seq": 42, "time_ns": 1700000000000000000, "step": 100, "data": {...}}
 
 The envelope is the same for every kind (``ENVELOPE``); ``data`` holds the kind's fields
-(``KINDS``). Non-finite floats travel as the strings "NaN", "Infinity", "-Infinity" in fields
-that allow them (a NaN loss is a fact to report, not an encoding error). Inside free-form
+(``KINDS``). Metric names (the keys of ``scalars``, ``extra`` and a window's ``metrics``) are
+1 to ``MAX_NAME_LEN`` characters without control characters; steps are >= 0. Non-finite
+floats travel as the strings "NaN", "Infinity", "-Infinity" in fields that allow them (a NaN
+loss is a fact to report, not an encoding error). Inside free-form
 objects ("obj" and "list[obj]" fields) those three strings always read back as floats.
 
 This module holds the tables and the record types; ``steplens.producer.codec`` turns them into
@@ -22,6 +24,7 @@ version 1: a decoder without it dead-letters such a record with "unknown kind".
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -30,6 +33,9 @@ MAX_RECORD_BYTES: Final = 1 << 20  # 1 MiB; Kafka's default message.max.bytes is
 MAX_STR_LEN: Final = 4096
 MAX_LIST_LEN: Final = 65536
 MAX_BATCH_ENTRIES: Final = 4096  # entries of one step_batch record
+MAX_NAME_LEN: Final = 256  # a metric name: 1..256 characters, no control characters
+# a valid metric name (re.search; \Z, not $, which also matches before a final newline)
+NAME_PATTERN: Final = r"^[^\x00-\x1f\x7f-\x9f]*\Z"
 
 # Field types. "num" is a float that may be non-finite; "fnum" must be finite.
 NUM, FNUM, INT, STR, BOOL = "num", "fnum", "int", "str", "bool"
@@ -68,7 +74,7 @@ ENVELOPE: Final[dict[str, Field]] = {
     "pid": _f(INT, True, low=0),
     "seq": _f(INT, True, low=0),
     "time_ns": _f(INT, True),
-    "step": _f(INT),
+    "step": _f(INT, low=0),
     "data": _f("payload", True),  # checked per kind below
 }
 
@@ -103,7 +109,7 @@ KINDS: Final[dict[str, dict[str, Field]]] = {
         "param_norm": _f(NUM),
         "update_ratio": _f(NUM),
         "group_lrs": _f(NUM_LIST),
-        "scalars": _f(NUM_MAP),
+        "scalars": _f(NUM_MAP, names=True),
         # why this raw record was sent: "sample" | "guard" | "every"
         "reason": _f(STR),
     },
@@ -118,7 +124,7 @@ KINDS: Final[dict[str, dict[str, Field]]] = {
         "count": _f(INT, True),
         "duration_s": _f(FNUM),
         # metric -> {"count", "mean", "min", "max", "last", "nonfinite"}
-        "metrics": _f(OBJ, True),
+        "metrics": _f(OBJ, True, names=True),
     },
     "eval": {
         "split": _f(STR, True),
@@ -128,7 +134,7 @@ KINDS: Final[dict[str, dict[str, Field]]] = {
         "f1": _f(NUM),
         "bleu": _f(NUM),
         "rouge": _f(NUM),
-        "extra": _f(NUM_MAP),
+        "extra": _f(NUM_MAP, names=True),
     },
     # Data quality of one batch on one rank.
     "batch": {
@@ -211,7 +217,7 @@ KINDS: Final[dict[str, dict[str, Field]]] = {
 
 # One entry of a step_batch: a step payload with its own step and time.
 STEP_ENTRY: Final[dict[str, Field]] = {
-    "step": _f(INT, True),
+    "step": _f(INT, True, low=0),
     "time_ns": _f(INT, True),
     **KINDS["step"],
 }
@@ -273,6 +279,18 @@ class DecodeError:
 
 class SchemaError(ValueError):
     """Raised by ``encode`` when a record cannot be put on the wire."""
+
+
+_NAME_RE: Final = re.compile(NAME_PATTERN)
+
+
+def valid_name(name: object) -> bool:
+    """Whether ``name`` may name a metric (the rule every decoder applies)."""
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= MAX_NAME_LEN
+        and _NAME_RE.search(name) is not None
+    )
 
 
 def record_key(run_id: str, rank: int) -> bytes:

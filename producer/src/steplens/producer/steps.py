@@ -12,13 +12,14 @@ from typing import Any
 from steplens.producer import values as V
 from steplens.producer.config import ProducerConfig
 from steplens.producer.items import StepItem
-from steplens.producer.schema import MAX_STR_LEN
+from steplens.producer.schema import valid_name
 from steplens.producer.sender import Sender
 from steplens.producer.step_batch import StepBatch
 from steplens.producer.window import Guard, Window, is_sampled, sample_period
 
 # Step fields a caller may also pass as keyword scalars; the caller's value wins.
 _PROMOTED = frozenset(("step_time_s", "data_time_s", "tokens_per_s", "mfu"))
+_MAX_STEP = (1 << 63) - 1
 _WATCHED = ("grad_norm_preclip", "param_norm", "update_ratio")
 
 
@@ -39,6 +40,42 @@ class Counters:
             return None
 
 
+class Names:
+    """The metric names of this run: valid ones admitted up to ``cap`` distinct names (each
+    rank keeps its own count); a name past the cap is dropped and counted, never stored."""
+
+    def __init__(self, cap: int, sender: Sender, counters: Counters) -> None:
+        self.cap = cap
+        self.known: set[str] = set()
+        self.sender = sender
+        self.counters = counters
+
+    def admit(self, name: str) -> bool:
+        if name in self.known:
+            return True
+        if not valid_name(name):
+            self.counters.error("bad_name")
+            return False
+        if len(self.known) >= self.cap:
+            self.sender.count_drop("name_cap")
+            return False
+        self.known.add(name)
+        return True
+
+    def clean(self, values: dict[str, Any], limit: int) -> dict[str, float]:
+        """The values of admitted names as floats (at most ``limit``; the rest counted)."""
+        num = self.counters.float_or_none
+        admit = self.admit
+        known = self.known
+        out: dict[str, float] = {}
+        for name, v in values.items():
+            if len(out) >= limit:  # before admit: a dropped name takes no place among the names
+                self.sender.count_drop("scalars_cap")
+            elif (name in known or admit(name)) and (f := num(v)) is not None:
+                out[name] = f
+        return out
+
+
 class StepStage:
     def __init__(self, config: ProducerConfig, sender: Sender, counters: Counters) -> None:
         self.config = config
@@ -51,6 +88,7 @@ class StepStage:
         self.guard = Guard(config.guard_sigma, config.guard_warmup)
         self.period = sample_period(config.sample_rate)
         self.last: tuple[int, int] | None = None  # (step, monotonic ns) of the previous step
+        self.names = Names(config.max_metric_names, sender, counters)
 
     # ------------------------------------------------------------------ enrich
     def payload(self, item: StepItem, step: int) -> tuple[dict[str, Any], dict[str, float]]:
@@ -67,11 +105,7 @@ class StepStage:
                 self.counters.error("bad_value")
         clean: dict[str, float] = {}
         if item.scalars:
-            for name, v in item.scalars.items():
-                if len(name) > MAX_STR_LEN:
-                    self.counters.error("bad_name")
-                elif (f := num(v)) is not None:
-                    clean[name] = f
+            clean = self.names.clean(item.scalars, self.config.max_scalars)
             # A step field given by the caller (e.g. its own step_time_s, measured before the
             # collective so stragglers show) wins over the value measured between calls.
             for name in _PROMOTED.intersection(clean):
@@ -114,10 +148,12 @@ class StepStage:
     # ------------------------------------------------------------------ decide
     def add(self, item: StepItem) -> None:
         step = item.step
-        if isinstance(step, bool) or not isinstance(step, int):
+        if type(step) is not int or not 0 <= step <= _MAX_STEP:
             try:
-                step = V.to_int(step)
+                step = V.to_int(step)  # numpy and tensor integers; range checked
             except V.BadValue:
+                step = -1
+            if step < 0:
                 self.sender.count_drop("bad_step")
                 return
         data, clean = self.payload(item, step)
