@@ -21,6 +21,7 @@ and, when the lz4 package is installed, with each record compressed alone.
     python bench/bench_encoding.py --long   # more rounds
     python bench/bench_encoding.py --decode # only the decode tables
     python bench/bench_encoding.py --wire   # only the bytes per step
+    python bench/bench_encoding.py --guard  # records sent with lasting level shifts, jitter
     python bench/bench_encoding.py --decode --against /path/to/old/checkout
         # also time that checkout's ``schema.decode`` in the same rounds (a side-by-side ratio)
 """
@@ -256,6 +257,45 @@ def bench_wire(n_steps: int) -> None:
         print(f"{name:<18} {count:>8} {per_step:>11.1f} {lz4_col} {per_step / base:.1f}x")
 
 
+def guard_records(n_steps: int, scenario: str, **config: Any) -> tuple[int, int, int]:
+    """(step + step_window records, guard-flagged steps, step_batch records) for ``n_steps``:
+    ``shift``: an lr step decay at 30 %, a doubled batch at 50 %, steps twice as slow from
+    60 %; ``jitter``: 1 ms steps, one in ten preempted for 0.5-5 ms."""
+    rng = random.Random(1)
+    tx = MemoryTransport()
+    with tempfile.TemporaryDirectory() as spool:
+        m = Monitor("bench-guard", transport=tx, hw_interval_s=0, spool_dir=spool,
+                    queue_max=1 << 20, **config)  # fmt: skip
+        for s in range(n_steps):
+            if scenario == "shift":
+                m.log_step(
+                    s,
+                    loss=2.5 - s * 1e-5 + rng.gauss(0, 0.01),
+                    lr=1e-3 if s < n_steps * 0.3 else 1e-4,
+                    grad_norm=abs(rng.gauss(1, 0.05)),
+                    tokens=4096 if s < n_steps * 0.5 else 8192,
+                    step_time_s=(0.1 if s < n_steps * 0.6 else 0.2) * (1 + rng.gauss(0, 0.01)),
+                )
+            else:
+                late = rng.uniform(0.0005, 0.005) if rng.random() < 0.1 else rng.gauss(0, 3e-5)
+                m.log_step(s, loss=2.5 + rng.gauss(0, 0.01), step_time_s=0.001 + late)
+        m.shutdown(30)
+    recs = tx.records()
+    steps = [r for r in recs if r.kind == "step"]
+    guarded = sum(1 for r in steps if r.data.get("reason") == "guard")
+    windows = sum(1 for r in recs if r.kind == "step_window")
+    return len(steps) + windows, guarded, sum(1 for r in recs if r.kind == "step_batch")
+
+
+def bench_guard() -> None:
+    print("records the guard causes (window mode: 100 windows + 100 samples per 10,000 steps)")
+    for scenario in ("shift", "jitter"):
+        total, guarded, _ = guard_records(10_000, scenario)
+        print(f"  {scenario:<6} 10,000 steps: {total} step+window records, {guarded} guard-flagged")
+    _, _, batches = guard_records(30_000, "shift", full_resolution=True)
+    print(f"  shift  30,000 steps, full resolution: {batches} step_batch records (300 when none)")
+
+
 def codecs() -> dict[str, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]]:
     out: dict[str, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]] = {
         "json": (
@@ -343,10 +383,14 @@ def main() -> int:
     ap.add_argument("--long", action="store_true", help="more rounds")
     ap.add_argument("--decode", action="store_true", help="only the decode tables")
     ap.add_argument("--wire", action="store_true", help="only the bytes per step")
+    ap.add_argument("--guard", action="store_true", help="only the guard's records")
     ap.add_argument("--against", metavar="CHECKOUT", help="also time this checkout's decode")
     args = ap.parse_args()
     if args.wire:
         bench_wire(10_000)
+        return 0
+    if args.guard:
+        bench_guard()
         return 0
     n, rounds = (20_000, 9) if args.long else (2_000, 7)
     records = sample_records()
