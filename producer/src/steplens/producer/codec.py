@@ -11,15 +11,14 @@ names and back, for any consumer that writes or reads wire values itself.
 
 from __future__ import annotations
 
-import itertools
 import math
-import operator
 import re
 from typing import Annotated, Any, Final, Literal, Union
 
 import msgspec
 from msgspec import Meta
 
+from steplens.producer.metric_names import check_names
 from steplens.producer.schema import (
     ALERT_STATES,
     BOOL,
@@ -31,7 +30,6 @@ from steplens.producer.schema import (
     KINDS,
     MAX_BATCH_ENTRIES,
     MAX_LIST_LEN,
-    MAX_NAME_LEN,
     MAX_RECORD_BYTES,
     MAX_STR_LEN,
     NUM,
@@ -49,7 +47,6 @@ from steplens.producer.schema import (
     Field,
     Record,
     SchemaError,
-    valid_name,
 )
 
 NAN_NAMES: Final = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -142,6 +139,8 @@ _to_builtins = msgspec.to_builtins
 _asdict = msgspec.structs.asdict
 # Kinds of few fields holding large free-form values: their data is taken from the Struct as it
 # is (msgspec.to_builtins would copy every container again); the others omit absent fields in C.
+_NAMED_KINDS: Final = frozenset(k for k, f in KINDS.items() if any(s.names for s in f.values()))
+_NAMED_KINDS_ALL: Final = _NAMED_KINDS | {"step_batch"}
 _SHALLOW_KINDS: Final = frozenset(
     kind
     for kind, fields in KINDS.items()
@@ -174,65 +173,6 @@ def _record(env: Any, data: dict[str, Any]) -> Record:
     return rec
 
 
-# ----------------------------------------------------------------------------- metric names
-# Checked after msgspec (a regex per key in msgspec cost a step_batch entry 2.5x its decode):
-# names seen valid are remembered, so a producer's usual names cost one C-level set test.
-_VALID_NAMES: set[str] = set()
-_VALID_NAMES_MAX: Final = 1 << 16
-_NAME_FIELDS: Final = {
-    kind: tuple(n for n, f in fields.items() if f.names) for kind, fields in KINDS.items()
-}
-_ENTRY_NAME_FIELDS: Final = tuple(n for n, f in STEP_ENTRY.items() if f.names)
-
-
-def _bad_name(keys: Any) -> str | None:
-    """The first invalid metric name among ``keys``, or None."""
-    if _VALID_NAMES.issuperset(keys):
-        return None
-    for k in keys:
-        if k not in _VALID_NAMES:
-            if not valid_name(k):
-                return str(k)
-            if len(_VALID_NAMES) >= _VALID_NAMES_MAX:
-                _VALID_NAMES.clear()
-            _VALID_NAMES.add(k)
-    return None
-
-
-def _check_names(kind: str, data: dict[str, Any], raw_prefix: bytes) -> DecodeError | None:
-    """A DecodeError naming the first invalid metric name of a record's data, or None."""
-    known = _VALID_NAMES.issuperset
-    fine = True
-    for n in _NAME_FIELDS[kind]:
-        if n in data and not known(data[n]):
-            fine = False
-    if kind == "step_batch":  # every entry's names at once, iterated in C
-        fine = fine and known(_chain(filter(None, map(_entry_scalars, data["records"]))))
-    if fine:
-        return None
-    where = [(f"data.{n}", data[n]) for n in _NAME_FIELDS[kind] if n in data]
-    if kind == "step_batch":
-        for i, entry in enumerate(data["records"]):
-            where += [
-                (f"data.records[{i}].{n}", entry[n]) for n in _ENTRY_NAME_FIELDS if n in entry
-            ]
-    for path, mapping in where:
-        bad = _bad_name(mapping)
-        if bad is not None:
-            return DecodeError(
-                f"bad metric name {bad[:40]!r}: must be 1 to {MAX_NAME_LEN} characters, "
-                "no control characters",
-                path,
-                raw_prefix,
-            )
-    return None
-
-
-_chain = itertools.chain.from_iterable
-_entry_scalars = operator.methodcaller("get", "scalars")
-assert _ENTRY_NAME_FIELDS == ("scalars",)  # _check_names reads entries' names from there
-
-
 # ----------------------------------------------------------------------------- decode
 def decode(raw: bytes | bytearray | memoryview | str | None) -> Record | DecodeError:
     """Parse and validate wire bytes. Never raises."""
@@ -263,8 +203,8 @@ def decode(raw: bytes | bytearray | memoryview | str | None) -> Record | DecodeE
         # names to restore: only where the bytes could spell one ("\u" escapes included)
         if b"NaN" in raw or b"Infinity" in raw or b"\\u" in raw:
             data = restore_fields(data, KINDS[kind])
-        if _NAME_FIELDS[kind] or kind == "step_batch":
-            bad = _check_names(kind, data, raw[:64])
+        if kind in _NAMED_KINDS_ALL:
+            bad = check_names(kind, data, raw[:64])
             if bad is not None:
                 return bad
         return _record(env, data)
@@ -283,7 +223,7 @@ def validate(obj: Any) -> Record | DecodeError:
             return explain(obj, str(exc), b"")
         kind = _KIND_OF[type(env)]
         data = restore_fields(_to_builtins(env.data), KINDS[kind])
-        bad = _check_names(kind, data, b"")
+        bad = check_names(kind, data, b"")
         return bad if bad is not None else _record(env, data)
     except Exception as exc:
         return DecodeError(f"internal decoder error: {type(exc).__name__}: {exc}")

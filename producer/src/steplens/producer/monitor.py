@@ -136,7 +136,8 @@ class Monitor(Instruments):
         spool_dir = os.path.join(
             c.spool_dir, _safe_name(self.run_id), f"rank{self.rank}-pid{self.pid}"
         )
-        self.delivery = Delivery(self._make_transport, Spool(spool_dir, c.spool_max_bytes))
+        spool = Spool(spool_dir, c.spool_max_bytes, adopt_root=c.spool_dir)
+        self.delivery = Delivery(self._make_transport, spool)
         sender = Sender(self.identity, self.pid, self.delivery, self._wall_offset_ns)
         self._pipeline = Pipeline(c, self._q, sender, self._wake)
         self._pipeline.health_extra = self._caller_counters
