@@ -157,6 +157,7 @@ def bench_training(quartets: int, steps: int) -> None:
             for w in m._watchers:
                 w.remove()
             m._watchers.clear()
+            m._update_plain_path()
 
     loop(True)  # warm-up of the steplens path
     print(

@@ -139,8 +139,10 @@ _to_builtins = msgspec.to_builtins
 _asdict = msgspec.structs.asdict
 # Kinds of few fields holding large free-form values: their data is taken from the Struct as it
 # is (msgspec.to_builtins would copy every container again); the others omit absent fields in C.
-_NAMED_KINDS: Final = frozenset(k for k, f in KINDS.items() if any(s.names for s in f.values()))
-_NAMED_KINDS_ALL: Final = _NAMED_KINDS | {"step_batch"}
+# kinds holding metric names (a step_batch in its entries' scalars)
+_NAMED_KINDS: Final = frozenset(
+    k for k, f in KINDS.items() if k == "step_batch" or any(s.names for s in f.values())
+)
 _SHALLOW_KINDS: Final = frozenset(
     kind
     for kind, fields in KINDS.items()
@@ -203,7 +205,7 @@ def decode(raw: bytes | bytearray | memoryview | str | None) -> Record | DecodeE
         # names to restore: only where the bytes could spell one ("\u" escapes included)
         if b"NaN" in raw or b"Infinity" in raw or b"\\u" in raw:
             data = restore_fields(data, KINDS[kind])
-        if kind in _NAMED_KINDS_ALL:
+        if kind in _NAMED_KINDS:
             bad = check_names(kind, data, raw[:64])
             if bad is not None:
                 return bad

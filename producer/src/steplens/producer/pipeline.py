@@ -229,22 +229,17 @@ class Pipeline:
 
 def _ready(item: Item) -> bool:
     """Whether every device copy in ``item`` reached the host."""
-    t = type(item)
-    if t is StepItem:
-        assert isinstance(item, StepItem)
+    if isinstance(item, StepItem):
         for v in (item.loss, item.lr, item.grad_norm, item.tokens):
             if not V.ready(v):
                 return False
         if item.scalars and not all(V.ready(v) for v in item.scalars.values()):
             return False
         return item.watch is None or all(V.ready(v) for v in item.watch.values())
-    if t is EvalItem:
-        assert isinstance(item, EvalItem)
+    if isinstance(item, EvalItem):
         return all(V.ready(v) for v in item.metrics.values())
-    if t is BatchItem:
-        assert isinstance(item, BatchItem)
+    if isinstance(item, BatchItem):
         return all(V.ready(v) for v in (item.input_ids, item.attention_mask, item.labels))
-    if t is CommItem:
-        assert isinstance(item, CommItem)
+    if isinstance(item, CommItem):
         return item.pending is None or item.pending.ready()
     return True
