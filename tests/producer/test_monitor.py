@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -190,7 +191,7 @@ def test_bad_keyword_raises_at_init_bad_env_warns(monkeypatch) -> None:  # type:
 
 def test_queue_full_drops_oldest_and_counts(memory_monitor) -> None:  # type: ignore[no-untyped-def]
     m, tx = memory_monitor(sample_rate=1.0, queue_max=100, flush_interval_s=5.0)
-    m._wake_at = 10**9  # keep the worker asleep (flush_interval_s) while the caller overfills
+    m._wake = threading.Event()  # not the worker's: it sleeps flush_interval_s meanwhile
     for step in range(1000):
         m.log_step(step, loss=1.0)
     m.shutdown()

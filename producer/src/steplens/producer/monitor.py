@@ -182,10 +182,17 @@ class Monitor(Instruments):
         if self._needs_start:
             self._start()
         q = self._q
-        if len(q) >= self._qmax:
-            self._dropped_queue += 1
+        n = len(q)
         q.append(item)
-        if len(q) >= self._wake_at and not self._wake.is_set():
+        if n >= self._wake_at:
+            self._filling(n)
+
+    def _filling(self, n: int) -> None:
+        """The queue held ``n`` items (at least ``_wake_at``) before an append: count the item
+        the append pushed out of a full queue, and wake the worker."""
+        if n >= self._qmax:
+            self._dropped_queue += 1
+        if not self._wake.is_set():  # set() takes a lock: once
             self._wake.set()
 
     def log_step(
@@ -223,13 +230,11 @@ class Monitor(Instruments):
                 and (not scalars or _all_plain(map(type, scalars.values())))
             ):
                 q = self._q
-                n = len(q)
-                if n >= self._qmax:
-                    self._dropped_queue += 1
+                n = len(q)  # _put inlined: this is the hot path
                 item = (step, _monotonic_ns(), loss, lr, grad_norm, tokens, scalars, None, None)
                 q.append(new_item(StepItem, item))
-                if n >= self._wake_at and not self._wake.is_set():  # set() takes a lock: once
-                    self._wake.set()
+                if n >= self._wake_at:  # _wake_at <= _qmax: one test in the common case
+                    self._filling(n)
             else:
                 self._record_step_slowly(step, loss, lr, grad_norm, tokens, scalars)
         except Exception:
