@@ -1,4 +1,5 @@
-"""What the Monitor offers beside the per-step calls: watch(), probe_comm(), timed().
+"""The Monitor's calls beside log_step: log_eval(), log_batch(), watch(), probe_comm(),
+timed(), and the hardware sampler's hand-over.
 
 A mixin of ``Monitor`` (it uses the Monitor's config, counters and fast-path switch); kept apart
 so each file stays one screenful of concerns.
@@ -7,11 +8,16 @@ so each file stays one screenful of concerns.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from steplens.producer import values as V
+from steplens.producer.items import BatchItem, CommItem, EvalItem, HwItem
+
 log = logging.getLogger("steplens")
+_EVAL_FIELDS = ("loss", "perplexity", "accuracy", "f1", "bleu", "rouge")
 
 
 class Instruments:
@@ -20,15 +26,75 @@ class Instruments:
     _watch_pending: dict[str, Any] | None
     _comm: Any
     _data_ns: int | None
-    _caller_errors: int
+    counts: Any  # CallerCounts
+    _hw: Any
+    pid: int
+    _accepting: bool
+
+    def _put(self, item: Any) -> None:
+        raise NotImplementedError  # pragma: no cover - the Monitor's
 
     def _update_plain_path(self) -> None:  # pragma: no cover - the Monitor's
         raise NotImplementedError
 
-    def _enqueue_comm(
-        self, step: int, data: dict[str, Any], pending: Any
-    ) -> None:  # pragma: no cover
-        raise NotImplementedError
+    def _start_hw(self) -> None:
+        from steplens.producer.hardware import HardwareSampler
+
+        self._hw = HardwareSampler(
+            self._enqueue_hw, self.config.hw_interval_s, self.config.hw_slow_every
+        )
+        self._hw.start()
+
+    def _enqueue_hw(self, data: dict[str, Any]) -> None:
+        if self._accepting and self.pid == os.getpid():
+            self._put(HwItem(time.monotonic_ns(), data))
+
+    def _enqueue_comm(self, step: int, data: dict[str, Any], pending: Any) -> None:
+        if self._accepting:
+            self._put(CommItem(step, time.monotonic_ns(), data, pending))
+
+    def log_eval(  # noqa: PLR0917 - the documented signature
+        self,
+        step: int,
+        split: str = "val",
+        loss: Any = None,
+        perplexity: Any = None,
+        accuracy: Any = None,
+        f1: Any = None,
+        bleu: Any = None,
+        rouge: Any = None,
+        **extra: Any,
+    ) -> None:
+        """Evaluation metrics of one split at one step."""
+        try:
+            if not self._accepting:
+                self.counts.refused += 1
+                return
+            named = (loss, perplexity, accuracy, f1, bleu, rouge)
+            names = [*_EVAL_FIELDS, *extra]
+            vals = V.capture([*named, *extra.values()])
+            metrics = dict(zip(names, vals, strict=True))
+            self._put(EvalItem(step, time.monotonic_ns(), split, metrics, len(named)))
+        except Exception:
+            self.counts.caller += 1
+
+    def log_batch(
+        self,
+        step: int,
+        input_ids: Any,
+        attention_mask: Any = None,
+        labels: Any = None,
+        max_len: int | None = None,
+    ) -> None:
+        """Data quality of one batch: lengths, over-length count, labels, sample hashes."""
+        try:
+            if not self._accepting:
+                self.counts.refused += 1
+                return
+            ids, mask, lab = V.capture([input_ids, attention_mask, labels])
+            self._put(BatchItem(step, time.monotonic_ns(), ids, mask, lab, max_len))
+        except Exception:
+            self.counts.caller += 1
 
     def watch(
         self,
@@ -63,7 +129,7 @@ class Instruments:
             )
             self._update_plain_path()
         except Exception as exc:
-            self._caller_errors += 1
+            self.counts.caller += 1
             log.warning("steplens: watch() disabled: %s", exc)
 
     def _watch_result(self, result: dict[str, Any]) -> None:
@@ -81,7 +147,7 @@ class Instruments:
             self._comm = probe if probe.usable else None
             self._update_plain_path()
         except Exception as exc:
-            self._caller_errors += 1
+            self.counts.caller += 1
             log.warning("steplens: probe_comm() disabled: %s", exc)
 
     def timed(self, iterable: Iterable[Any]) -> Iterator[Any]:

@@ -20,16 +20,13 @@ from collections import deque
 from typing import Any
 
 from steplens.producer import values as V
-from steplens.producer.config import ProducerConfig, run_id_from_env
+from steplens.producer.caller_counts import CallerCounts
+from steplens.producer.config import ProducerConfig
 from steplens.producer.delivery import Delivery
-from steplens.producer.identity import Identity, detect
+from steplens.producer.identity import resolve_identity
 from steplens.producer.instruments import Instruments
 from steplens.producer.items import (
-    BatchItem,
-    CommItem,
-    EvalItem,
     FlushItem,
-    HwItem,
     Item,
     MetaItem,
     StepItem,
@@ -38,14 +35,13 @@ from steplens.producer.items import (
 from steplens.producer.pipeline import Pipeline
 from steplens.producer.sender import Sender
 from steplens.producer.spool import Spool
-from steplens.producer.transport import KafkaTransport, Transport, kafka_conf
+from steplens.producer.transport import Transport, kafka_transport
 
 log = logging.getLogger("steplens")
 
 _PLAIN = V.PLAIN
 _all_plain = V.PLAIN.issuperset  # _all_plain(map(type, values)): no tensor to capture
 _monotonic_ns = time.monotonic_ns
-_EVAL_FIELDS = ("loss", "perplexity", "accuracy", "f1", "bleu", "rouge")
 
 _LIVE: weakref.WeakSet[Monitor] = weakref.WeakSet()
 _ABANDONED_AFTER_FORK: list[Any] = []  # parents' Kafka clients: never used nor destroyed in a child
@@ -88,27 +84,12 @@ class Monitor(Instruments):
         **config: Any,
     ) -> None:
         self.config = ProducerConfig.resolve(**config)
-        ident = detect(run_id or run_id_from_env())
-        self.identity = Identity(
-            ident.run_id,
-            ident.rank if rank is None else rank,
-            ident.local_rank if local_rank is None else local_rank,
-            ident.world_size if world_size is None else world_size,
-            ident.host,
-        )
-        if run_id is None and run_id_from_env() is None and self.identity.world_size > 1:
-            log.warning(
-                "steplens: no run id given (run_id= or STEPLENS_RUN_ID); this rank uses %s",
-                self.identity.run_id,
-            )
+        self.identity = resolve_identity(run_id, rank, local_rank, world_size)
         self.run_id = self.identity.run_id
         self.rank = self.identity.rank
         self._given_transport = transport
-        # the caller's counters (plain ints: the GIL makes += safe enough for counters)
-        self.errors: dict[str, int] = {}  # set by steplens.producer.init (calls before it)
-        self._dropped_queue = 0
-        self._caller_errors = 0
-        self._refused = 0
+        self.counts = CallerCounts()
+        self.errors = self.counts.errors  # steplens.producer.init counts calls made before it
         self._data_ns: int | None = None  # time spent in a timed DataLoader since the last step
         self._watch_pending: dict[str, Any] | None = None
         self._watchers: list[Any] = []
@@ -144,15 +125,8 @@ class Monitor(Instruments):
         self._update_plain_path()
 
     def _make_transport(self) -> Transport:
-        if self._given_transport is not None:
-            return self._given_transport
-        conf = kafka_conf(
-            self.config.kafka_bootstrap,
-            f"steplens-{self.run_id}-r{self.rank}"[:200],
-            self.config.delivery_timeout_s,
-            self.config.kafka_config,
-        )
-        return KafkaTransport(self.config.topic, conf)
+        given = self._given_transport
+        return given if given is not None else kafka_transport(self.config, self.identity)
 
     def _after_fork_in_child(self) -> None:
         """A forked child never reuses the parent's queue, thread or Kafka client."""
@@ -169,15 +143,6 @@ class Monitor(Instruments):
         self._pipeline.thread.start()
         self._update_plain_path()
 
-    def _start_hw(self) -> None:
-        from steplens.producer.hardware import HardwareSampler
-
-        self._hw = HardwareSampler(
-            self._enqueue_hw, self.config.hw_interval_s, self.config.hw_slow_every
-        )
-        self._hw.start()
-
-    # ------------------------------------------------------------------ caller side
     def _put(self, item: Item) -> None:
         if self._needs_start:
             self._start()
@@ -191,7 +156,7 @@ class Monitor(Instruments):
         """The queue held ``n`` items (at least ``_wake_at``) before an append: count the item
         the append pushed out of a full queue, and wake the worker."""
         if n >= self._qmax:
-            self._dropped_queue += 1
+            self.counts.queue_full += 1
         if not self._wake.is_set():  # set() takes a lock: once
             self._wake.set()
 
@@ -238,13 +203,13 @@ class Monitor(Instruments):
             else:
                 self._record_step_slowly(step, loss, lr, grad_norm, tokens, scalars)
         except Exception:
-            self._caller_errors += 1
+            self.counts.caller += 1
 
     def _record_step_slowly(  # noqa: PLR0917
         self, step: int, loss: Any, lr: Any, grad_norm: Any, tokens: Any, scalars: dict[str, Any]
     ) -> None:
         if not self._accepting:
-            self._refused += 1
+            self.counts.refused += 1
             return
         names = list(scalars)
         vals = V.capture([loss, lr, grad_norm, tokens, *scalars.values()])
@@ -267,54 +232,11 @@ class Monitor(Instruments):
             and self._comm is None
         )
 
-    def log_eval(  # noqa: PLR0917 - the documented signature
-        self,
-        step: int,
-        split: str = "val",
-        loss: Any = None,
-        perplexity: Any = None,
-        accuracy: Any = None,
-        f1: Any = None,
-        bleu: Any = None,
-        rouge: Any = None,
-        **extra: Any,
-    ) -> None:
-        """Evaluation metrics of one split at one step."""
-        try:
-            if not self._accepting:
-                self._refused += 1
-                return
-            named = (loss, perplexity, accuracy, f1, bleu, rouge)
-            names = [*_EVAL_FIELDS, *extra]
-            vals = V.capture([*named, *extra.values()])
-            metrics = dict(zip(names, vals, strict=True))
-            self._put(EvalItem(step, _monotonic_ns(), split, metrics, len(named)))
-        except Exception:
-            self._caller_errors += 1
-
-    def log_batch(
-        self,
-        step: int,
-        input_ids: Any,
-        attention_mask: Any = None,
-        labels: Any = None,
-        max_len: int | None = None,
-    ) -> None:
-        """Data quality of one batch: lengths, over-length count, labels, sample hashes."""
-        try:
-            if not self._accepting:
-                self._refused += 1
-                return
-            ids, mask, lab = V.capture([input_ids, attention_mask, labels])
-            self._put(BatchItem(step, _monotonic_ns(), ids, mask, lab, max_len))
-        except Exception:
-            self._caller_errors += 1
-
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until everything logged so far is delivered; False when ``timeout_s`` ran out."""
         try:
             if not self._accepting:
-                self._refused += 1
+                self.counts.refused += 1
                 return False
             done = threading.Event()
             result: list[bool] = []
@@ -323,7 +245,7 @@ class Monitor(Instruments):
             done.wait(timeout_s + 0.5)
             return bool(result and result[0])
         except Exception:
-            self._caller_errors += 1
+            self.counts.caller += 1
             return False
 
     def shutdown(self, timeout_s: float | None = None) -> None:
@@ -345,7 +267,7 @@ class Monitor(Instruments):
                 self._start()
             self._pipeline.stop(timeout)
         except Exception:
-            self._caller_errors += 1
+            self.counts.caller += 1
 
     close = shutdown
 
@@ -356,26 +278,9 @@ class Monitor(Instruments):
         self.shutdown()
 
     # ------------------------------------------------------------------ producers of items
-    def _enqueue_hw(self, data: dict[str, Any]) -> None:
-        if self._accepting and self.pid == os.getpid():
-            self._put(HwItem(_monotonic_ns(), data))
-
-    def _enqueue_comm(self, step: int, data: dict[str, Any], pending: Any) -> None:
-        if self._accepting:
-            self._put(CommItem(step, _monotonic_ns(), data, pending))
-
     # ------------------------------------------------------------------ counters
     def _caller_counters(self) -> tuple[dict[str, int], dict[str, int]]:
-        """(dropped, errors) counted on the caller's side, for the health record."""
-        dropped = {"queue_full": self._dropped_queue} if self._dropped_queue else {}
-        errors = dict(self.errors)
-        if self._caller_errors:
-            errors["caller"] = self._caller_errors
-        if self._refused:
-            errors["not_running"] = errors.get("not_running", 0) + self._refused
-        if self._hw is not None and (self._hw.errors or self._hw.gpu.errors):
-            errors["hw"] = self._hw.errors + self._hw.gpu.errors
-        return dropped, errors
+        return self.counts.health(self._hw)
 
     @property
     def dropped(self) -> dict[str, int]:
@@ -383,19 +288,8 @@ class Monitor(Instruments):
 
     def stats(self) -> dict[str, Any]:
         """Counters as in the health record (for tests and debugging)."""
-        d = self.delivery
-        return {
-            "sent": d.sent,
-            "spooled": d.spooled,
-            "replayed": d.replayed,
-            "spool_bytes": d.spool.total_bytes,
-            "spool_dropped": d.spool.dropped_records,
-            "state": d.state,
-            "dropped_queue": self._dropped_queue,
-            "dropped": dict(self._pipeline.sender.dropped),
-            "errors": {**self._pipeline.counters.errors, **self.errors},
-            "caller_errors": self._caller_errors,
-            "refused": self._refused,
-            "queue_len": len(self._q),
-            "seq": self._pipeline.sender.seq,
-        }
+        c = self.counts
+        out = self._pipeline.stats()
+        out["errors"].update(c.errors)
+        out.update(dropped_queue=c.queue_full, caller_errors=c.caller, refused=c.refused)
+        return out

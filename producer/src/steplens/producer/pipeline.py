@@ -205,6 +205,22 @@ class Pipeline:
         self.sender.send("eval", step, item.t_ns, data)
 
     # ------------------------------------------------------------------ health
+    def stats(self) -> dict[str, Any]:
+        """The worker's counters (``Monitor.stats`` adds the caller's)."""
+        d = self.delivery
+        return {
+            "sent": d.sent,
+            "spooled": d.spooled,
+            "replayed": d.replayed,
+            "spool_bytes": d.spool.total_bytes,
+            "spool_dropped": d.spool.dropped_records,
+            "state": d.state,
+            "dropped": dict(self.sender.dropped),
+            "errors": dict(self.counters.errors),
+            "queue_len": len(self.queue),
+            "seq": self.sender.seq,
+        }
+
     def emit_health(self, now_ns: int) -> None:
         d = self.delivery
         dropped = dict(self.sender.dropped)
