@@ -21,6 +21,9 @@ and, when the lz4 package is installed, with each record compressed alone.
     python bench/bench_encoding.py --long   # more rounds
     python bench/bench_encoding.py --decode # only the decode tables
     python bench/bench_encoding.py --wire   # only the bytes per step
+    python bench/bench_encoding.py --guard  # records sent with lasting level shifts, jitter
+    python bench/bench_encoding.py --decode --against /path/to/old/checkout
+        # also time that checkout's ``schema.decode`` in the same rounds (a side-by-side ratio)
 """
 
 from __future__ import annotations
@@ -41,11 +44,11 @@ from steplens.producer.monitor import Monitor
 from steplens.producer.schema import (
     DecodeError,
     Record,
-    _wire_value,
     decode,
     encode,
     make_record,
     unbatch,
+    wire_value,
 )
 from steplens.producer.transport import MemoryTransport
 
@@ -175,7 +178,13 @@ def decode_steps(raw: bytes) -> list[Record]:
     return unbatch(rec) if isinstance(rec, Record) else []
 
 
-def bench_batch_decode(step: dict[str, Any], n_entries: int, n: int, rounds: int) -> None:
+def bench_batch_decode(
+    step: dict[str, Any],
+    n_entries: int,
+    n: int,
+    rounds: int,
+    other: Callable[[bytes], Any] | None = None,
+) -> None:
     """Decode cost per step_batch entry against one step record, in interleaved rounds."""
     raw_step = encode(step)
     raw_batch = encode(step_batch_of(step, n_entries))
@@ -186,10 +195,13 @@ def bench_batch_decode(step: dict[str, Any], n_entries: int, n: int, rounds: int
     one: list[float] = []
     dec: list[float] = []
     both: list[float] = []
+    theirs: list[float] = []
     for _ in range(rounds):
         one.append(per_record_us(partial(decode, raw_step), n))
         dec.append(per_record_us(partial(decode, raw_batch), reps) / n_entries)
         both.append(per_record_us(partial(decode_steps, raw_batch), reps) / n_entries)
+        if other is not None:
+            theirs.append(per_record_us(partial(other, raw_batch), reps) / n_entries)
     s, d, b = (statistics.median(x) for x in (one, dec, both))
     print(f"\nstep_batch of {n_entries} typical steps, per step (median of {rounds} rounds)")
     print(f"{'':<26} {'bytes':>6} {'us':>8} vs step")
@@ -197,6 +209,9 @@ def bench_batch_decode(step: dict[str, Any], n_entries: int, n: int, rounds: int
     per_entry = len(raw_batch) / n_entries
     print(f"{'step_batch entry, decode':<26} {per_entry:>6.0f} {d:>8.2f} {d / s:.2f}x")
     print(f"{'  + unbatch':<26} {'':>6} {b:>8.2f} {b / s:.2f}x")
+    if other is not None:
+        o = statistics.median(theirs)
+        print(f"{'other checkout, decode':<26} {'':>6} {o:>8.2f} this/other {d / o:.2f}x")
 
 
 def wire_bytes_per_step(n_steps: int, **config: Any) -> tuple[int, float, float | None]:
@@ -242,6 +257,45 @@ def bench_wire(n_steps: int) -> None:
         print(f"{name:<18} {count:>8} {per_step:>11.1f} {lz4_col} {per_step / base:.1f}x")
 
 
+def guard_records(n_steps: int, scenario: str, **config: Any) -> tuple[int, int, int]:
+    """(step + step_window records, guard-flagged steps, step_batch records) for ``n_steps``:
+    ``shift``: an lr step decay at 30 %, a doubled batch at 50 %, steps twice as slow from
+    60 %; ``jitter``: 1 ms steps, one in ten preempted for 0.5-5 ms."""
+    rng = random.Random(1)
+    tx = MemoryTransport()
+    with tempfile.TemporaryDirectory() as spool:
+        m = Monitor("bench-guard", transport=tx, hw_interval_s=0, spool_dir=spool,
+                    queue_max=1 << 20, **config)  # fmt: skip
+        for s in range(n_steps):
+            if scenario == "shift":
+                m.log_step(
+                    s,
+                    loss=2.5 - s * 1e-5 + rng.gauss(0, 0.01),
+                    lr=1e-3 if s < n_steps * 0.3 else 1e-4,
+                    grad_norm=abs(rng.gauss(1, 0.05)),
+                    tokens=4096 if s < n_steps * 0.5 else 8192,
+                    step_time_s=(0.1 if s < n_steps * 0.6 else 0.2) * (1 + rng.gauss(0, 0.01)),
+                )
+            else:
+                late = rng.uniform(0.0005, 0.005) if rng.random() < 0.1 else rng.gauss(0, 3e-5)
+                m.log_step(s, loss=2.5 + rng.gauss(0, 0.01), step_time_s=0.001 + late)
+        m.shutdown(30)
+    recs = tx.records()
+    steps = [r for r in recs if r.kind == "step"]
+    guarded = sum(1 for r in steps if r.data.get("reason") == "guard")
+    windows = sum(1 for r in recs if r.kind == "step_window")
+    return len(steps) + windows, guarded, sum(1 for r in recs if r.kind == "step_batch")
+
+
+def bench_guard() -> None:
+    print("records the guard causes (window mode: 100 windows + 100 samples per 10,000 steps)")
+    for scenario in ("shift", "jitter"):
+        total, guarded, _ = guard_records(10_000, scenario)
+        print(f"  {scenario:<6} 10,000 steps: {total} step+window records, {guarded} guard-flagged")
+    _, _, batches = guard_records(30_000, "shift", full_resolution=True)
+    print(f"  shift  30,000 steps, full resolution: {batches} step_batch records (300 when none)")
+
+
 def codecs() -> dict[str, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]]:
     out: dict[str, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]] = {
         "json": (
@@ -271,8 +325,29 @@ def per_record_us(fn: Callable[[], Any], n: int) -> float:
     return (time.perf_counter_ns() - t0) / n / 1e3
 
 
-def bench_decode(records: dict[str, dict[str, Any]], n: int, rounds: int) -> None:
-    """schema.decode per record kind against the bare parse, in interleaved rounds."""
+def load_other_decode(checkout: str) -> Callable[[bytes], Any]:
+    """``decode`` of another checkout's schema module, loaded beside this one.
+
+    The module is loaded alone from its file (v1's schema imported nothing of steplens)."""
+    import importlib.util
+
+    path = f"{checkout}/producer/src/steplens/producer/schema.py"
+    spec = importlib.util.spec_from_file_location("steplens_other_schema", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module.decode  # type: ignore[no-any-return]
+
+
+def bench_decode(
+    records: dict[str, dict[str, Any]],
+    n: int,
+    rounds: int,
+    other: Callable[[bytes], Any] | None = None,
+) -> None:
+    """schema.decode per record kind against the bare parse (and ``other``, another checkout's
+    decode), in interleaved rounds."""
     try:
         import orjson
 
@@ -281,18 +356,26 @@ def bench_decode(records: dict[str, dict[str, Any]], n: int, rounds: int) -> Non
     except ImportError:
         loads, parser = json.loads, "json"
     print(f"decode per record, median of {rounds} interleaved rounds of {n} (us)")
-    print(f"{'record':<15} {'bytes':>6} {parser + '.loads':>12} {'decode':>8} ratio")
+    head = f"{'record':<15} {'bytes':>6} {parser + '.loads':>12} {'decode':>8} ratio"
+    print(head + ("   other   this/other" if other else ""))
     for kind, rec in records.items():
         raw = encode(rec)
         out = decode(raw)
         assert not isinstance(out, DecodeError), out
         parse: list[float] = []
         full: list[float] = []
+        theirs: list[float] = []
         for _ in range(rounds):
             parse.append(per_record_us(partial(loads, raw), n))
             full.append(per_record_us(partial(decode, raw), n))
+            if other is not None:
+                theirs.append(per_record_us(partial(other, raw), n))
         p, d = statistics.median(parse), statistics.median(full)
-        print(f"{kind:<15} {len(raw):>6} {p:>12.2f} {d:>8.2f} {d / p:.2f}x")
+        line = f"{kind:<15} {len(raw):>6} {p:>12.2f} {d:>8.2f} {d / p:.2f}x"
+        if other is not None:
+            o = statistics.median(theirs)
+            line += f" {o:>7.2f} {d / o:>8.2f}x"
+        print(line)
 
 
 def main() -> int:
@@ -300,9 +383,14 @@ def main() -> int:
     ap.add_argument("--long", action="store_true", help="more rounds")
     ap.add_argument("--decode", action="store_true", help="only the decode tables")
     ap.add_argument("--wire", action="store_true", help="only the bytes per step")
+    ap.add_argument("--guard", action="store_true", help="only the guard's records")
+    ap.add_argument("--against", metavar="CHECKOUT", help="also time this checkout's decode")
     args = ap.parse_args()
     if args.wire:
         bench_wire(10_000)
+        return 0
+    if args.guard:
+        bench_guard()
         return 0
     n, rounds = (20_000, 9) if args.long else (2_000, 7)
     records = sample_records()
@@ -312,9 +400,10 @@ def main() -> int:
     metrics["m0"]["max"] = math.inf
     window_inf["data"] = {**window_inf["data"], "metrics": metrics}
     decoded = {"step (typical)": typical_step(), **records, "step_window inf": window_inf}
+    other = load_other_decode(args.against) if args.against else None
     if args.decode:
-        bench_decode(decoded, n, rounds)
-        bench_batch_decode(decoded["step (typical)"], 100, n, rounds)
+        bench_decode(decoded, n, rounds, other)
+        bench_batch_decode(decoded["step (typical)"], 100, n, rounds, other)
         return 0
     table = codecs()
     print(f"encode + decode per record, median of {rounds} interleaved rounds of {n} (us)")
@@ -322,7 +411,7 @@ def main() -> int:
         f"{'record':<12} {'codec':<8} {'bytes':>6} {'encode':>8} {'decode':>8} {'both':>8} vs json"
     )
     for kind, rec in records.items():
-        wire = _wire_value(rec)
+        wire = wire_value(rec)
         raws = {name: dumps(wire) for name, (dumps, _) in table.items()}
         for name, (_, loads) in table.items():
             assert loads(raws[name]) == json.loads(raws["json"]), name  # same content

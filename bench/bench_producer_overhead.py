@@ -1,7 +1,8 @@
 """Cost of steplens in the training loop, as ratios measured in the same run.
 
-1. ``log_step`` with 10 scalars in a tight loop (caller's thread): p50/p99 against the floor
-   (``collections.deque.append`` of the same tuple) and against ``wandb.log`` in offline mode.
+1. ``log_step`` with 10 values in a tight loop (caller's thread, the producer's worker thread
+   running): p50/p99 against the floor (building a dict of the same values and appending it to
+   a ``collections.deque``) and against ``wandb.log`` in offline mode.
 2. A small torch model training on CPU with ``watch(every=1)``, the hardware sampler and
    ``log_step`` every step, against the same loop without steplens: many short A/B/B/A
    quartets, median ratio and its interquartile range.
@@ -9,6 +10,7 @@
 
     python bench/bench_producer_overhead.py            # about a minute
     python bench/bench_producer_overhead.py --long     # more rounds
+    python bench/bench_producer_overhead.py --calls    # only table 1 (seconds)
 """
 
 from __future__ import annotations
@@ -51,12 +53,12 @@ def bench_log_step(rounds: int, n: int) -> None:
     q: collections.deque[Any] = collections.deque(maxlen=65536)
 
     def floor(i: int) -> None:
-        q.append((0, i, time.monotonic_ns(), [1.0, 1e-4, 0.5, 4096], SCALARS, None, None))
+        q.append({"step": i, "loss": 1.0, "lr": 1e-4, "grad_norm": 0.5, "tokens": 4096, **SCALARS})
 
     def steplens_call(i: int) -> None:
         sl.log_step(i, loss=1.0, lr=1e-4, grad_norm=0.5, tokens=4096, **SCALARS)
 
-    results: dict[str, list[tuple[float, float]]] = {"deque.append": [], "sl.log_step": []}
+    results: dict[str, list[tuple[float, float]]] = {"dict + deque.append": [], "sl.log_step": []}
     wandb_run = None
     try:
         os.environ.setdefault("WANDB_MODE", "offline")
@@ -75,7 +77,7 @@ def bench_log_step(rounds: int, n: int) -> None:
         )
 
     for r in range(rounds):
-        results["deque.append"].append(time_calls(floor, n))
+        results["dict + deque.append"].append(time_calls(floor, n))
         q.clear()
         results["sl.log_step"].append(time_calls(lambda i, r=r: steplens_call(r * n + i), n))
         if wandb_run is not None:
@@ -95,7 +97,9 @@ def bench_log_step(rounds: int, n: int) -> None:
     for name, (p50, p99) in med.items():
         print(f"   {name:<22} p50 {p50:8.2f}  p99 {p99:8.2f}")
     base = med["sl.log_step"]
-    print(f"   log_step / deque.append: p50 {base[0] / med['deque.append'][0]:.1f}x")
+    print(
+        f"   log_step / (dict + deque.append): p50 {base[0] / med['dict + deque.append'][0]:.1f}x"
+    )
     if "wandb.log (offline)" in med:
         w = med["wandb.log (offline)"]
         print(f"   wandb.log / log_step:    p50 {w[0] / base[0]:.0f}x  p99 {w[1] / base[1]:.0f}x")
@@ -153,6 +157,7 @@ def bench_training(quartets: int, steps: int) -> None:
             for w in m._watchers:
                 w.remove()
             m._watchers.clear()
+            m._update_plain_path()
 
     loop(True)  # warm-up of the steplens path
     print(
@@ -218,9 +223,12 @@ def bench_import_and_memory() -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--long", action="store_true", help="more rounds and steps")
+    ap.add_argument("--calls", action="store_true", help="only the per-call table (1)")
     args = ap.parse_args()
     rounds = 9 if args.long else 5
     bench_log_step(rounds, 200_000 if args.long else 20_000)
+    if args.calls:
+        return 0
     bench_training(60 if args.long else 16, 20 if args.long else 5)
     bench_import_and_memory()
     return 0

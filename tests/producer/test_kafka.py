@@ -176,7 +176,7 @@ def _loader_worker_state(_: int) -> tuple[int, bool, bool]:
 
     m = sl.get_monitor()
     assert m is not None
-    return os.getpid(), m.delivery.transport is None, m._thread is None
+    return os.getpid(), m.delivery.transport is None, not m._pipeline.thread.is_alive()
 
 
 def test_forked_workers_never_reuse_the_parent_client(

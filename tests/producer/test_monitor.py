@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 import steplens.producer as sl
-from steplens.producer.schema import decode, record_key
+from steplens.producer.schema import Record, decode, record_key
 
 
 def _wait(cond, timeout_s: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
@@ -119,24 +120,41 @@ def test_bad_values_never_raise_and_are_counted(memory_monitor) -> None:  # type
     m.log_step(3, loss=[1, 2], **{"x" * 5000: 1.0})
     m.log_eval(4, split=None, loss="bad")  # type: ignore[arg-type]
     m.log_batch(5, object())
-    m.log_step(6, **{f"{'y' * 4000}{i}": float(i) for i in range(500)})  # over 1 MiB
-    m.log_step(7, **{f"s{i}": float(i) for i in range(20_000)})
+    m.log_step(6, **{f"{'y' * 4000}{i}": float(i) for i in range(500)})  # names too long
+    m.log_step(7, **{f"s{i}": float(i) for i in range(20_000)})  # over max_scalars
     m.shutdown()
     steps = {r.step: r.data for r in tx.records("step")}
     assert math.isnan(steps[0]["loss"]) and steps[0]["lr"] == math.inf
     assert steps[1]["scalars"]["big"] == 1e308 and steps[1]["scalars"]["huge"] == math.inf
     assert "loss" not in steps[1] and "tokens" not in steps[1]
+    assert "scalars" not in steps[6]  # the step is kept, its bad names are not
+    assert list(steps[7]["scalars"]) == [f"s{i}" for i in range(1024)]
     health = tx.records("health")[-1].data
-    assert health["errors"]["bad_value"] >= 4
-    assert health["dropped"]["bad_step"] == 1 and health["dropped"]["encode"] == 1
-    assert len(steps[7]["scalars"]) == 20_000
+    assert health["errors"]["bad_value"] >= 4 and health["errors"]["bad_name"] == 501
+    assert health["dropped"]["bad_step"] == 1 and health["dropped"]["bad_eval"] == 1
+    assert health["dropped"]["scalars_cap"] == 20_000 - 1024
     windowed = set()
     for w in tx.records("step_window"):
         windowed |= set(w.data["metrics"])
-    expected = {f"{'y' * 4000}{i}" for i in range(500)} | {f"s{i}" for i in range(20_000)}
-    assert expected <= windowed  # no window lost, however large
+    assert {f"s{i}" for i in range(1024)} <= windowed
     for _, raw in tx.messages:
-        assert not isinstance(decode(raw), type(None))
+        assert isinstance(decode(raw), Record)  # every record sent decodes
+
+
+def test_distinct_metric_names_are_capped_per_run(memory_monitor, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("STEPLENS_MAX_METRIC_NAMES", "100")
+    m, tx = memory_monitor(sample_rate=1.0)
+    assert m.config.max_metric_names == 100
+    for step in range(50):  # 20 new names a step: 1,000 names asked for
+        m.log_step(step, loss=1.0, **{f"layer{step}.n{k}": 1.0 for k in range(20)})
+    m.log_eval(50, loss=1.0, brand_new=1.0)
+    m.shutdown()
+    stored = {n for r in tx.records("step") for n in r.data.get("scalars", {})}
+    stored |= {n for r in tx.records("step_window") for n in r.data["metrics"]}
+    assert len(stored - {"loss", "step_time_s"}) == 100
+    assert all(r.data["loss"] == 1.0 for r in tx.records("step"))  # every step kept
+    assert "extra" not in tx.records("eval")[0].data
+    assert tx.records("health")[-1].data["dropped"]["name_cap"] == 1000 - 100 + 1
 
 
 def test_calls_before_init_and_after_shutdown(tmp_path: Path) -> None:
@@ -173,8 +191,7 @@ def test_bad_keyword_raises_at_init_bad_env_warns(monkeypatch) -> None:  # type:
 
 def test_queue_full_drops_oldest_and_counts(memory_monitor) -> None:  # type: ignore[no-untyped-def]
     m, tx = memory_monitor(sample_rate=1.0, queue_max=100, flush_interval_s=5.0)
-    m._wake_at = 10**9  # keep the worker asleep while the caller overfills the queue
-    m._put((-1,))  # start the worker now, it sleeps for flush_interval_s
+    m._wake = threading.Event()  # not the worker's: it sleeps flush_interval_s meanwhile
     for step in range(1000):
         m.log_step(step, loss=1.0)
     m.shutdown()
@@ -208,7 +225,7 @@ def test_outage_spools_then_replays_in_order(memory_monitor) -> None:  # type: i
     # the worst case is asserted by the Kafka outage test (caller CPU time); wall time here
     # counts every preemption of this thread on a busy machine
     assert m.stats()["replayed"] >= 1900 and sorted(walls)[int(len(walls) * 0.99)] < 1e-3
-    assert not os.listdir(m.delivery.spool.directory)
+    assert not os.path.exists(m.delivery.spool.directory)  # emptied, then removed
 
 
 def test_spool_bound_holds_during_a_long_outage(memory_monitor) -> None:  # type: ignore[no-untyped-def]
@@ -240,7 +257,8 @@ def test_fork_child_never_reuses_parent_state(memory_monitor) -> None:  # type: 
     if pid == 0:  # child: report what it sees, never touch the parent's client
         ok = (
             m.delivery is not parent_delivery
-            and m._thread is None
+            and not m._pipeline.thread.is_alive()
+            and m._pipeline.delivery is m.delivery
             and m.delivery.transport is None
             and len(m._q) == 0
             and m.pid == os.getpid()

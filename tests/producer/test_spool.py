@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from steplens.producer.spool import Spool, iter_frames
+from steplens.producer.spool import Spool, iter_frames, send_spool
+from steplens.producer.transport import MemoryTransport
 
 
 def _fill(spool: Spool, n: int, size: int = 100) -> list[bytes]:
@@ -24,7 +25,7 @@ def test_replay_in_order_across_segments(tmp_path: Path) -> None:
         got += [v for _, v in records]
         spool.remove(index)
     assert got == values
-    assert spool.total_bytes == 0 and not list(tmp_path.iterdir())
+    assert spool.total_bytes == 0 and not list(tmp_path.glob("*.seg"))
 
 
 def test_bound_drops_oldest_and_counts(tmp_path: Path) -> None:
@@ -54,7 +55,7 @@ def test_torn_tail_and_reopen(tmp_path: Path) -> None:
     spool = Spool(str(tmp_path), max_bytes=1 << 20)
     values = _fill(spool, 5)
     spool.close()
-    seg = sorted(tmp_path.iterdir())[-1]
+    seg = sorted(tmp_path.glob("*.seg"))[-1]
     with open(seg, "ab") as f:
         f.write(b"\x00\x00\x00\x01\x00\x00")  # half a frame header, as after a crash
     reopened = Spool(str(tmp_path), max_bytes=1 << 20)
@@ -75,7 +76,7 @@ def test_frames_are_read_a_block_at_a_time(tmp_path: Path) -> None:
     for v in values:
         assert spool.append(b"run:0", v)
     spool.close()
-    (seg,) = tmp_path.iterdir()
+    (seg,) = tmp_path.glob("*.seg")
     for block in (1, 7, 64, 1 << 16):  # frames straddle block boundaries in every way
         assert [v for _, v in iter_frames(str(seg), block)] == values
     with open(seg, "r+b") as f:  # a flipped byte in the 11th record ends the segment there
@@ -97,3 +98,49 @@ def test_lazy_replay_leaves_the_segment_until_removed(tmp_path: Path) -> None:
     spool.remove(index)
     rest = spool.oldest()
     assert rest is not None and rest[1] == [(b"run:0", b"during replay")]
+
+
+def test_folders_and_files_are_private(tmp_path: Path) -> None:
+    spool = Spool(str(tmp_path / "run" / "rank0-pid1"), max_bytes=1 << 20)
+    _fill(spool, 3)
+    folder = tmp_path / "run" / "rank0-pid1"
+    assert folder.stat().st_mode & 0o777 == 0o700
+    (seg,) = folder.glob("*.seg")
+    assert seg.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_later_process_adopts_what_an_ended_one_left(tmp_path: Path) -> None:
+    first = Spool(str(tmp_path / "run" / "rank0-pid1"), max_bytes=1 << 20, segment_bytes=500)
+    left = _fill(first, 20)
+    live = Spool(str(tmp_path / "other" / "rank3-pid2"), max_bytes=1 << 20)
+    live_values = _fill(live, 2)  # a process still running: its lock is held
+    first.close()  # the first process ends with records left: its lock is released
+    later = Spool(str(tmp_path / "run" / "rank0-pid9"), max_bytes=1 << 20, adopt_root=str(tmp_path))
+    later.open()
+    got = []
+    while (oldest := later.oldest()) is not None:
+        got += [v for _, v in oldest[1]]
+        later.remove(oldest[0])
+    assert got == left and later.adopted_records == 20  # in order, once
+    assert not (tmp_path / "run" / "rank0-pid1").exists()
+    assert [v for _, v in live.oldest()[1]] == live_values  # type: ignore[index]
+    again = Spool(str(tmp_path / "x" / "rank0-pid10"), max_bytes=1 << 20, adopt_root=str(tmp_path))
+    again.open()
+    assert again.adopted_records == 0  # adopted once, never twice
+
+
+def test_send_spool_sends_by_hand_and_skips_live_folders(tmp_path: Path) -> None:
+    ended = Spool(str(tmp_path / "run" / "rank0-pid1"), max_bytes=1 << 20, segment_bytes=300)
+    values = _fill(ended, 12)
+    ended.close()
+    live = Spool(str(tmp_path / "run" / "rank1-pid2"), max_bytes=1 << 20)
+    _fill(live, 3)
+    tx = MemoryTransport()
+    sent, left = send_spool(str(tmp_path), tx, timeout_s=5)
+    assert (sent, left) == (12, 3)
+    assert [v for _, v in tx.messages] == values
+    assert not (tmp_path / "run" / "rank0-pid1").exists()
+    tx.available = False  # nothing is deleted when delivery fails
+    live.close()
+    assert send_spool(str(tmp_path), tx, timeout_s=1) == (0, 3)
+    assert list((tmp_path / "run" / "rank1-pid2").glob("*.seg"))

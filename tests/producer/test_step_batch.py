@@ -123,7 +123,13 @@ def test_flush_sends_the_partial_batch(memory_monitor) -> None:  # type: ignore[
 
 
 def test_a_batch_too_large_for_one_record_is_split(memory_monitor) -> None:  # type: ignore[no-untyped-def]
-    m, tx = memory_monitor(full_resolution=True, batch_steps=100, batch_s=3600)
+    m, tx = memory_monitor(
+        full_resolution=True,
+        batch_steps=100,
+        batch_s=3600,
+        max_metric_names=100_000,
+        max_scalars=100_000,
+    )
     wide = {f"metric_{i:05d}": 0.5 + i for i in range(2000)}  # ~50 kB per step
     huge = {f"metric_{i:06d}": 0.5 + i for i in range(60000)}  # over the record limit alone
     for step in range(250):
@@ -140,7 +146,7 @@ def test_a_batch_too_large_for_one_record_is_split(memory_monitor) -> None:  # t
 def test_off_by_default_and_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     m = sl.Monitor("x", transport=sl.MemoryTransport(), hw_interval_s=0)
     assert (m.config.full_resolution, m.config.batch_steps, m.config.batch_s) == (False, 100, 1.0)
-    assert m._batch is None
+    assert m._pipeline.steps.batch is None
     m.shutdown()
     monkeypatch.setenv("STEPLENS_FULL_RESOLUTION", "true")
     monkeypatch.setenv("STEPLENS_BATCH_STEPS", "500")

@@ -7,16 +7,10 @@ import math
 from typing import Any
 
 import pytest
+import reference_schema
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_wire_schema import (
-    both_ways,
-    canon,
-    full_checks_only,
-    records,
-    step_entries,
-    wire_inputs,
-)
+from test_wire_schema import both_ways, canon, records, step_entries, wire_inputs
 
 from steplens.producer import schema
 from steplens.producer.schema import DecodeError, Record, SchemaError, decode, encode, unbatch
@@ -60,18 +54,16 @@ def test_unbatched_steps_equal_each_step_sent_alone(
 
 @settings(max_examples=300, deadline=None)
 @given(wire_inputs("step_batch"))
-def test_fast_path_gives_the_full_checks_results_for_batches(raw: bytes) -> None:
-    fast, full = both_ways(raw)
-    assert fast == full
+def test_codec_gives_the_reference_results_for_batches(raw: bytes) -> None:
+    ours, ref = both_ways(raw)
+    assert ours == ref
 
 
 @settings(max_examples=100, deadline=None)
 @given(records("step_batch"))
-def test_validate_gives_the_full_checks_results_for_batches(rec: Record) -> None:
-    fast = canon(schema.validate(rec.to_dict()))
-    with full_checks_only():
-        full = canon(schema.validate(rec.to_dict()))
-    assert fast == full and fast[0] == "Record"
+def test_validate_gives_the_reference_results_for_batches(rec: Record) -> None:
+    out = canon(schema.validate(rec.to_dict()))
+    assert out == canon(reference_schema.validate(rec.to_dict())) and out[0] == "Record"
 
 
 def test_non_finite_values_in_entries_survive_the_wire() -> None:
@@ -141,7 +133,7 @@ def entry(**fields: Any) -> dict[str, Any]:
         (batch_wire([entry(reason=3)]), "data.records[0].reason", "expected a string"),
         (batch_wire([entry(step=True)]), "data.records[0].step", "expected an integer"),
         (batch_wire([entry(step=1.0)]), "data.records[0].step", "expected an integer"),
-        (batch_wire([entry(time_ns=1 << 63)]), "data.records[0].time_ns", "64-bit range"),
+        (batch_wire([entry(time_ns=1 << 63)]), "data.records[0].time_ns", "out of range"),
         (batch_wire([entry(tokens=2.5)]), "data.records[0].tokens", "expected an integer"),
         (batch_wire([entry(reason="x" * 4097)]), "data.records[0].reason", "longer than"),
     ],
@@ -150,8 +142,8 @@ def test_malformed_batches_get_a_clear_error(raw: bytes, path: str, words: str) 
     out = decode(raw)
     assert isinstance(out, DecodeError), out
     assert (out.path, words in out.reason) == (path, True), out
-    fast, full = both_ways(raw)
-    assert fast == full
+    ours, ref = both_ways(raw)
+    assert ours == ref
 
 
 def test_null_entry_fields_read_as_absent() -> None:
@@ -174,9 +166,9 @@ def test_size_limits() -> None:
         encode(batch_record(wide))
 
 
-def test_entries_with_changing_names_get_the_full_checks_results() -> None:
-    """Entries are checked by a checker compiled for their names, kept while the next entry
-    has the same ones: switching names, converted values and bad names in between."""
+def test_entries_with_changing_names_get_the_reference_results() -> None:
+    """Entries with different names in one batch: switching names, converted values and bad
+    names in between."""
     a = {"step": 1, "time_ns": 10, "loss": 1.5, "lr": 3e-4}
     b = {"step": 2, "time_ns": 20, "loss": 2, "grad_norm": "NaN", "clipped": True}
     cases = [
@@ -191,19 +183,15 @@ def test_entries_with_changing_names_get_the_full_checks_results() -> None:
         wire = json.loads(encode(batch_record([a])))
         wire["data"]["records"] = entries
         raw = json.dumps(wire).encode()
-        fast, full = both_ways(raw)
-        assert fast == full, entries
+        ours, ref = both_ways(raw)
+        assert ours == ref, entries
 
 
-def test_many_sets_of_entry_names_are_checked_with_a_bounded_cache() -> None:
+def test_entries_with_every_set_of_number_fields_decode() -> None:
     optional = [n for n, spec in schema.STEP_ENTRY.items() if not spec.required]
     optional = [n for n in optional if schema.STEP_ENTRY[n].type == schema.NUM]
-    seen = 0
     for mask in range(1, 1 << len(optional)):
         entry = {"step": mask, "time_ns": mask}
         entry.update({n: 0.5 for k, n in enumerate(optional) if mask >> k & 1})
         out = decode(encode(batch_record([entry])))
         assert isinstance(out, Record) and out.data["records"] == [entry]
-        seen += 1
-    assert seen > schema._ENTRY_CHECKS_MAX
-    assert len(schema._ENTRY_CHECKS) <= schema._ENTRY_CHECKS_MAX

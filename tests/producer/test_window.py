@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 from steplens.producer.window import Guard, MetricStats, Window, is_sampled, sample_period
 
@@ -49,7 +50,7 @@ def test_guard_flags_spikes_and_nonfinite_but_not_noise() -> None:
     flagged = [g.check("loss", 2.0 + 0.01 * math.sin(i)) for i in range(200)]
     assert not any(flagged)
     assert g.check("loss", 20.0)
-    assert g.check("loss", 20.0)  # a run of spikes keeps being flagged
+    assert g.check("loss", 20.0)  # a short run of spikes keeps being flagged
     assert g.check("loss", math.nan)
     assert not g.check("loss", 2.0)
 
@@ -58,3 +59,44 @@ def test_guard_on_a_flat_near_zero_series() -> None:
     g = Guard()
     assert not any(g.check("x", 0.0) for _ in range(50))
     assert g.check("x", 1.0)
+
+
+def _flags(g: Guard, name: str, xs: list[float]) -> list[int]:
+    return [i for i, x in enumerate(xs) if g.check(name, x)]
+
+
+def test_guard_accepts_a_lasting_new_level() -> None:
+    """An lr step decay, a new batch size, slower steps: a few flags, then the new baseline."""
+    rng = random.Random(3)
+    lr = [1e-3] * 1000 + [1e-4] * 9000
+    step_time = [0.1 * (1 + rng.gauss(0, 0.01)) for _ in range(3000)]
+    step_time += [0.2 * (1 + rng.gauss(0, 0.01)) for _ in range(7000)]
+    tokens = [4096.0] * 5000 + [8192.0] * 5000
+    g = Guard()
+    assert _flags(g, "lr", lr) == list(range(1000, 1005))
+    assert 3000 in _flags(g, "step_time_s", step_time)
+    assert len(_flags(Guard(), "step_time_s", step_time)) <= 5
+    assert _flags(g, "tokens", tokens) == list(range(5000, 5005))
+    assert g.check("lr", 1e-2)  # and spikes on the new level are flagged again
+
+
+def test_guard_on_jittery_millisecond_step_times() -> None:
+    """1 ms steps, one in ten preempted for 0.5-5 ms: at most about 1 % of steps go raw."""
+    rng = random.Random(5)
+    times = [
+        0.001 + (rng.uniform(0.0005, 0.005) if rng.random() < 0.1 else rng.gauss(0, 3e-5))
+        for _ in range(10_000)
+    ]
+    assert len(_flags(Guard(), "step_time_s", times)) <= 10 + 10_000 // 100 + 1
+    assert (
+        len(_flags(Guard(), "lognormal", [0.001 * rng.lognormvariate(0, 0.3) for _ in times])) < 50
+    )
+
+
+def test_guard_caps_the_flags_of_a_metric() -> None:
+    g = Guard(burst=10, refill_every=100)
+    xs = [1.0] * 100 + [math.nan] * 5000  # a metric gone NaN for good
+    flagged = _flags(g, "x", xs)
+    assert flagged[:10] == list(range(100, 110))  # the first ones at once
+    assert len(flagged) <= 10 + len(xs) // 100 + 1
+    assert g.suppressed == 5000 - len(flagged)

@@ -64,8 +64,6 @@ def init(run_id: str | None = None, **config: Any) -> Monitor:
     _monitor = Monitor(run_id, **config)
     if calls_without_monitor:
         _monitor.errors["not_running"] = calls_without_monitor
-    # the hot path: `sl.log_step` becomes the Monitor's own method (no keyword re-packing)
-    globals()["log_step"] = _monitor.log_step
     return _monitor
 
 
@@ -78,7 +76,7 @@ def _missing() -> None:
     calls_without_monitor += 1
 
 
-def _log_step_via_module(
+def log_step(
     step: int,
     loss: Any = None,
     lr: Any = None,
@@ -86,17 +84,12 @@ def _log_step_via_module(
     tokens: Any = None,
     **scalars: Any,
 ) -> None:
-    """One training step (see ``Monitor.log_step``). While a Monitor runs, ``sl.log_step`` is
-    its bound method; this function serves names imported before ``init`` and after
-    ``shutdown``."""
+    """One training step (see ``Monitor.log_step``)."""
     m = _monitor
     if m is None:
         return _missing()
-    m.log_step(step, loss, lr, grad_norm, tokens, **scalars)
+    m.record_step(step, loss, lr, grad_norm, tokens, scalars)  # the scalars dict, not re-packed
     return None
-
-
-log_step = _log_step_via_module
 
 
 def log_eval(step: int, split: str = "val", **metrics: Any) -> None:
@@ -162,7 +155,6 @@ def flush(timeout_s: float = 10.0) -> bool:
 def shutdown(timeout_s: float | None = None) -> None:
     global _monitor
     m, _monitor = _monitor, None
-    globals()["log_step"] = _log_step_via_module
     if m is None:
         return _missing()
     m.shutdown(timeout_s)

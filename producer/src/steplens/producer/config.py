@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from steplens.producer.identity import Identity
 from steplens.producer.schema import MAX_BATCH_ENTRIES
 from steplens.producer.settings import (
     env_value,
@@ -91,6 +92,10 @@ class ProducerConfig:
     shutdown_timeout_s: float = 5.0
     guard_sigma: float = 6.0  # raw record when |x - mean| > guard_sigma * std ...
     guard_warmup: int = 20  # ... after this many values of the metric
+    # distinct metric names a rank sends (per-layer norms of a 100-layer model fit), and names
+    # in one step record; the rest are dropped and counted in health (name_cap, scalars_cap)
+    max_metric_names: int = 4096
+    max_scalars: int = 1024
     flops_per_token: float | None = None
     peak_flops: float | None = None
     update_threshold: float = 0.0  # watch(): |change| above this counts as "updated"
@@ -138,6 +143,8 @@ class ProducerConfig:
             shutdown_timeout_s=s("shutdown_timeout_s", float, _non_negative),
             guard_sigma=s("guard_sigma", float, _positive),
             guard_warmup=s("guard_warmup", int, _positive_int),
+            max_metric_names=s("max_metric_names", int, _positive_int),
+            max_scalars=s("max_scalars", int, _positive_int),
             flops_per_token=s("flops_per_token", float, _optional_positive),
             peak_flops=s("peak_flops", float, _optional_positive),
             update_threshold=s("update_threshold", float, _non_negative),
@@ -154,6 +161,24 @@ class ProducerConfig:
         for name in ("lr_schedule", "model_info"):
             out.pop(name)
         return out
+
+    def run_meta(self, identity: Identity) -> dict[str, Any]:
+        """The run_meta payload of a rank: world, hosts, settings, model, schedule."""
+        model = dict(self.model_info or {})
+        if self.flops_per_token is not None:
+            model.setdefault("flops_per_token", self.flops_per_token)
+        data: dict[str, Any] = {
+            "world_size": identity.world_size,
+            "hosts": [identity.host],
+            "config": self.public(),
+        }
+        if model:
+            data["model"] = model
+        if self.lr_schedule:
+            data["lr_schedule"] = dict(self.lr_schedule)
+        if self.peak_flops is not None:
+            data["peak_flops"] = float(self.peak_flops)
+        return data
 
 
 def run_id_from_env() -> str | None:

@@ -11,7 +11,8 @@ import os
 import socket
 import time
 
-from steplens.producer.schema import MAX_STR_LEN, RUN_RANK, encode, make_record
+from steplens.producer.codec import encode, make_record
+from steplens.producer.schema import MAX_STR_LEN, RUN_RANK
 
 PAYLOAD_LIMIT = MAX_STR_LEN
 REASON_LIMIT = MAX_STR_LEN

@@ -113,6 +113,11 @@ class Delivery:
     def service(self) -> bool:
         """Serve results, notice outages, probe while down, replay a slice when back.
         True while a replay has more to send (call again soon)."""
+        if not self.spool.opened:  # first call: records left by ended processes join the spool
+            try:
+                self.spool.open()
+            except OSError as exc:
+                log.warning("steplens: cannot open the spool %s: %s", self.spool.directory, exc)
         if self.transport is None:
             if self.state == LIVE and len(self.spool) == 0:
                 return False

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
 import time
 import uuid
 from dataclasses import dataclass
+
+log = logging.getLogger("steplens")
 
 
 @dataclass(frozen=True)
@@ -47,3 +50,25 @@ def detect(run_id: str | None) -> Identity:
 def new_run_id() -> str:
     """A readable, unique run id: UTC time plus 6 random hex digits."""
     return time.strftime("run-%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
+
+
+def resolve_identity(
+    run_id: str | None, rank: int | None, local_rank: int | None, world_size: int | None
+) -> Identity:
+    """This process's identity: what is given, else what torchrun and the host say."""
+    from steplens.producer.config import run_id_from_env
+
+    ident = detect(run_id or run_id_from_env())
+    out = Identity(
+        ident.run_id,
+        ident.rank if rank is None else rank,
+        ident.local_rank if local_rank is None else local_rank,
+        ident.world_size if world_size is None else world_size,
+        ident.host,
+    )
+    if run_id is None and run_id_from_env() is None and out.world_size > 1:
+        log.warning(
+            "steplens: no run id given (run_id= or STEPLENS_RUN_ID); this rank uses %s",
+            out.run_id,
+        )
+    return out

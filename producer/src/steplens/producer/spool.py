@@ -5,21 +5,79 @@ Records are appended to numbered segment files; a frame is ``crc32, key length, 
 deleted and its records are counted as dropped. Replay reads the oldest segment; the caller
 removes it once every record in it was delivered. A torn frame at the end of a segment (a crash
 while writing) ends that segment's replay.
+
+Each process spools into its own folder ``<root>/<run>/rank<r>-pid<pid>`` and holds an
+exclusive lock on its ``.lock`` file while it uses it. A folder whose lock is free belongs to a
+process that ended with records left (a Kafka outage at exit): the next producer with the same
+root adopts its segments on start (``Spool.open``) and sends them first; ``send_spool`` sends a
+spool by hand (``steplens replay --spool DIR``). The lock makes sure two live processes never
+send the same segment. Folders are created 0700 and files 0600: records are training data.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import logging
 import os
 import re
 import struct
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+log = logging.getLogger("steplens")
 
 _FRAME = struct.Struct(">III")
 _SEGMENT_RE = re.compile(r"^(\d{10})\.seg$")
+LOCK_NAME = ".lock"
+_DIR_MODE = 0o700
+_FILE_MODE = 0o600
+
+
+def _lock(folder: str) -> int | None:
+    """An fd holding the folder's exclusive lock, or None while another process holds it."""
+    fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _segments_in(folder: str) -> list[tuple[int, str]]:
+    """(index, path) of the folder's segments, oldest first."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    found = [
+        (int(m.group(1)), os.path.join(folder, n)) for n in names if (m := _SEGMENT_RE.match(n))
+    ]
+    return sorted(found)
+
+
+def _spool_folders(root: str) -> list[str]:
+    """Every spool folder under ``root`` (``<root>/<run>/<rank-pid>`` or ``root`` itself)."""
+    out = [root] if _segments_in(root) or os.path.exists(os.path.join(root, LOCK_NAME)) else []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        if dirpath != root and (LOCK_NAME in filenames or any(map(_SEGMENT_RE.match, filenames))):
+            out.append(dirpath)
+    return out
+
+
+def _forget(folder: str, lock_fd: int) -> None:
+    """Remove an emptied, locked folder (and its run folder once empty); release the lock."""
+    with contextlib.suppress(OSError):
+        if not _segments_in(folder):
+            os.unlink(os.path.join(folder, LOCK_NAME))
+            os.rmdir(folder)
+            os.rmdir(os.path.dirname(folder))  # fails while other ranks' folders are there
+    os.close(lock_fd)
 
 
 @dataclass
@@ -31,8 +89,15 @@ class _Segment:
 
 
 class Spool:
-    def __init__(self, directory: str, max_bytes: int, segment_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        directory: str,
+        max_bytes: int,
+        segment_bytes: int | None = None,
+        adopt_root: str | None = None,
+    ) -> None:
         self.directory = directory
+        self.adopt_root = adopt_root  # where folders of ended processes are looked for
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes or min(max(max_bytes // 8, 64 << 10), 16 << 20)
         self.dropped_records = 0  # deleted to stay within max_bytes
@@ -41,6 +106,8 @@ class Spool:
         self._writer: BinaryIO | None = None  # open file of the newest segment
         self._total = 0
         self._opened = False
+        self._lock_fd: int | None = None
+        self.adopted_records = 0  # records found in folders of processes that ended
 
     # ------------------------------------------------------------------ state
     @property
@@ -54,22 +121,51 @@ class Spool:
     def __len__(self) -> int:
         return len(self._segments)
 
-    def _open(self) -> None:
-        """Create the folder and pick up segments left by an earlier process."""
+    @property
+    def opened(self) -> bool:
+        return self._opened
+
+    def open(self) -> None:
+        """Create and lock the folder, adopt the segments of ended processes under
+        ``adopt_root`` (oldest folder first), and pick up every segment now in the folder."""
         if self._opened:
             return
-        os.makedirs(self.directory, exist_ok=True)
-        found = []
-        for name in os.listdir(self.directory):
-            m = _SEGMENT_RE.match(name)
-            if m:
-                path = os.path.join(self.directory, name)
-                found.append(_Segment(int(m.group(1)), path, os.path.getsize(path), -1))
-        for seg in sorted(found, key=lambda s: s.index):
+        os.makedirs(self.directory, mode=_DIR_MODE, exist_ok=True)
+        os.chmod(self.directory, _DIR_MODE)
+        self._lock_fd = _lock(self.directory)
+        if self.adopt_root is not None and self._lock_fd is not None:
+            self._adopt(self.adopt_root)
+        for index, path in _segments_in(self.directory):
+            seg = _Segment(index, path, os.path.getsize(path), -1)
             seg.records = sum(1 for _ in iter_frames(seg.path))
             self._segments.append(seg)
             self._total += seg.bytes
         self._opened = True
+
+    def _open(self) -> None:
+        self.open()
+
+    def _adopt(self, root: str) -> None:
+        mine = os.path.abspath(self.directory)
+        present = _segments_in(self.directory)
+        next_index = present[-1][0] + 1 if present else 1
+        folders = [f for f in _spool_folders(root) if os.path.abspath(f) != mine]
+        for folder in sorted(folders, key=_oldest_mtime):
+            segments = _segments_in(folder)
+            if not segments:
+                continue  # a live process that has not spooled yet, or nothing left
+            fd = _lock(folder)
+            if fd is None:
+                continue  # its process is alive: it sends its own
+            try:
+                for _, path in _segments_in(folder):
+                    target = os.path.join(self.directory, f"{next_index:010d}.seg")
+                    self.adopted_records += sum(1 for _ in iter_frames(path))
+                    os.replace(path, target)
+                    next_index += 1
+                log.warning("steplens: sending the records a previous process left in %s", folder)
+            finally:
+                _forget(folder, fd)
 
     # ------------------------------------------------------------------ write
     def append(self, key: bytes, value: bytes) -> bool:
@@ -97,7 +193,8 @@ class Spool:
         self._close_writer()
         index = self._segments[-1].index + 1 if self._segments else 1
         path = os.path.join(self.directory, f"{index:010d}.seg")
-        self._writer = open(path, "ab")  # noqa: SIM115 - kept open across appends
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, _FILE_MODE)
+        self._writer = os.fdopen(fd, "ab")
         self._segments.append(_Segment(index, path, 0, 0))
 
     def _close_writer(self) -> None:
@@ -144,7 +241,23 @@ class Spool:
                 return
 
     def close(self) -> None:
+        """Close the writer and release the folder (removed when empty): records left in it
+        are then adopted by the next producer with the same root."""
         self._close_writer()
+        if self._lock_fd is not None:
+            fd, self._lock_fd = self._lock_fd, None
+            if not self._segments:
+                _forget(self.directory, fd)
+            else:
+                os.close(fd)
+
+
+def _oldest_mtime(folder: str) -> float:
+    segments = _segments_in(folder)
+    try:
+        return os.path.getmtime(segments[0][1]) if segments else 0.0
+    except OSError:
+        return 0.0
 
 
 def iter_frames(path: str, block_bytes: int = 64 << 10) -> Iterator[tuple[bytes, bytes]]:
@@ -173,3 +286,47 @@ def iter_frames(path: str, block_bytes: int = 64 << 10) -> Iterator[tuple[bytes,
                 pos = end
     finally:
         f.close()
+
+
+def send_spool(directory: str, transport: Any, timeout_s: float = 30.0) -> tuple[int, int]:
+    """Send every record of the spool folders under ``directory`` through ``transport`` (a
+    ``steplens.producer.transport.Transport``), oldest segment first, and delete each segment
+    once all its records are acknowledged. Folders of live processes are skipped.
+    Returns (records sent, records left)."""
+    sent = left = 0
+    for folder in _spool_folders(directory):
+        fd = _lock(folder)
+        if fd is None:
+            log.warning("steplens: %s belongs to a running process; skipped", folder)
+            left += sum(sum(1 for _ in iter_frames(p)) for _, p in _segments_in(folder))
+            continue
+        try:
+            for _, path in _segments_in(folder):
+                ok, total = _send_segment(path, transport, timeout_s)
+                sent += ok
+                if ok < total:
+                    left += total - ok
+                    break
+                os.unlink(path)
+        finally:
+            _forget(folder, fd)
+    return sent, left
+
+
+def _send_segment(path: str, transport: Any, timeout_s: float) -> tuple[int, int]:
+    """(acknowledged, total) records of one segment."""
+    acked = [0, 0]  # ok, failed
+
+    def done(ok: bool, _key: bytes, _value: bytes) -> None:
+        acked[0 if ok else 1] += 1
+
+    total = 0
+    for key, value in iter_frames(path):
+        while not transport.produce(key, value, done):
+            transport.poll(0.05)
+        total += 1
+    deadline = time.monotonic() + timeout_s
+    while sum(acked) < total and time.monotonic() < deadline:
+        transport.flush(min(1.0, max(0.0, deadline - time.monotonic())))
+        transport.poll(0)
+    return acked[0], total

@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from steplens.producer.schema import Record, decode
+from steplens.producer.codec import decode
+from steplens.producer.schema import Record
 
 log = logging.getLogger("steplens")
 
@@ -224,3 +225,14 @@ class KafkaTransport:
 
     def close(self, timeout_s: float) -> None:
         self._producer.flush(timeout_s)
+
+
+def kafka_transport(config: Any, identity: Any) -> KafkaTransport:
+    """The Kafka transport of a Monitor (``config``: its ProducerConfig)."""
+    conf = kafka_conf(
+        config.kafka_bootstrap,
+        f"steplens-{identity.run_id}-r{identity.rank}"[:200],
+        config.delivery_timeout_s,
+        config.kafka_config,
+    )
+    return KafkaTransport(config.topic, conf)

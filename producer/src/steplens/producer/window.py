@@ -101,36 +101,83 @@ class Window:
 
 
 @dataclass
+class _Track:
+    """The guard's baseline of one metric."""
+
+    n: int = 0
+    mean: float = 0.0
+    var: float = 0.0
+    run: list[float] = field(default_factory=list)  # the flagged values since the last quiet one
+    tokens: float = 0.0  # raw sends this metric may still make now (see Guard)
+
+
+@dataclass
 class Guard:
-    """Local spike guard per metric: exponentially weighted mean and variance.
+    """Local spike guard per metric: a robust running baseline and a rate cap.
 
     A value is flagged when it is non-finite, or, after ``warmup`` values, when it lies more than
-    ``sigma`` standard deviations from the running mean. The deviation scale has a floor of a
-    small share of the mean's magnitude, so a flat series does not flag rounding noise. Flagged
-    values do not update the statistics, so a run of spikes keeps being flagged.
+    ``sigma`` deviations from the running mean. The deviation has a floor of ``rel_floor`` of the
+    mean's magnitude, so a flat series does not flag rounding noise. The baseline is an
+    exponentially weighted mean and variance fed with each value clipped to the flagging band
+    (a spike moves it a little, heavy-tailed jitter widens it until it stops flagging), and a
+    level that holds for ``accept_after`` flagged values in a row on the same side (an lr decay,
+    a new batch size, slower steps) becomes the new baseline. At most ``burst`` flags per metric
+    at once, then one per ``refill_every`` values: a flag past the cap is not reported (the
+    window aggregates still hold the value).
     """
 
     sigma: float = 6.0
     warmup: int = 20
     alpha: float = 0.05
     rel_floor: float = 0.01
-    _state: dict[str, tuple[int, float, float]] = field(default_factory=dict)
+    accept_after: int = 5
+    burst: float = 10.0
+    refill_every: int = 100
+    suppressed: int = 0  # flags past the rate cap
+    _state: dict[str, _Track] = field(default_factory=dict)
 
     def check(self, name: str, x: float) -> bool:
+        t = self._state.get(name)
+        if t is None:
+            t = self._state[name] = _Track(tokens=self.burst)
+        t.tokens = min(self.burst, t.tokens + 1.0 / self.refill_every)
         if not math.isfinite(x):
-            return True
-        n, mean, var = self._state.get(name, (0, 0.0, 0.0))
-        if n >= self.warmup:
-            scale = max(math.sqrt(var), self.rel_floor * abs(mean), 1e-12)
-            if abs(x - mean) > self.sigma * scale:
-                return True
-        if n == 0:
-            mean, var = x, 0.0
+            return self._report(t)
+        if t.n < self.warmup:
+            self._update(t, x)
+            return False
+        band = self.sigma * max(math.sqrt(t.var), self.rel_floor * abs(t.mean), 1e-12)
+        if abs(x - t.mean) <= band:
+            t.run.clear()
+            self._update(t, x)
+            return False
+        run = t.run
+        if run and (run[-1] > t.mean) != (x > t.mean):
+            run.clear()  # a spike the other way: not the same new level
+        run.append(x)
+        if len(run) >= self.accept_after:  # a lasting new level: the new baseline
+            level = sorted(run)[len(run) // 2]
+            spread = sum((v - level) ** 2 for v in run) / len(run)
+            t.mean, t.var = level, max(spread, t.var)
+            run.clear()
+        else:
+            self._update(t, t.mean + math.copysign(band, x - t.mean))
+        return self._report(t)
+
+    def _update(self, t: _Track, x: float) -> None:
+        if t.n == 0:
+            t.mean, t.var = x, 0.0
         else:
             # warm-up uses the plain running mean/variance, then an EWMA
-            a = max(self.alpha, 1.0 / (n + 1))
-            delta = x - mean
-            mean += a * delta
-            var = (1 - a) * (var + a * delta * delta)
-        self._state[name] = (n + 1, mean, var)
+            a = max(self.alpha, 1.0 / (t.n + 1))
+            delta = x - t.mean
+            t.mean += a * delta
+            t.var = (1 - a) * (t.var + a * delta * delta)
+        t.n += 1
+
+    def _report(self, t: _Track) -> bool:
+        if t.tokens >= 1.0:
+            t.tokens -= 1.0
+            return True
+        self.suppressed += 1
         return False

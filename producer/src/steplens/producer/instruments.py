@@ -1,0 +1,166 @@
+"""The Monitor's calls beside log_step: log_eval(), log_batch(), watch(), probe_comm(),
+timed(), and the hardware sampler's hand-over.
+
+A mixin of ``Monitor`` (it uses the Monitor's config, counters and fast-path switch); kept apart
+so each file stays one screenful of concerns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from steplens.producer import values as V
+from steplens.producer.items import BatchItem, CommItem, EvalItem, HwItem
+
+log = logging.getLogger("steplens")
+_EVAL_FIELDS = ("loss", "perplexity", "accuracy", "f1", "bleu", "rouge")
+
+
+class Instruments:
+    config: Any
+    _watchers: list[Any]
+    _watch_pending: dict[str, Any] | None
+    _comm: Any
+    _data_ns: int | None
+    counts: Any  # CallerCounts
+    _hw: Any
+    pid: int
+    _accepting: bool
+
+    def _put(self, item: Any) -> None:
+        raise NotImplementedError  # pragma: no cover - the Monitor's
+
+    def _update_plain_path(self) -> None:  # pragma: no cover - the Monitor's
+        raise NotImplementedError
+
+    def _start_hw(self) -> None:
+        from steplens.producer.hardware import HardwareSampler
+
+        self._hw = HardwareSampler(
+            self._enqueue_hw, self.config.hw_interval_s, self.config.hw_slow_every
+        )
+        self._hw.start()
+
+    def _enqueue_hw(self, data: dict[str, Any]) -> None:
+        if self._accepting and self.pid == os.getpid():
+            self._put(HwItem(time.monotonic_ns(), data))
+
+    def _enqueue_comm(self, step: int, data: dict[str, Any], pending: Any) -> None:
+        if self._accepting:
+            self._put(CommItem(step, time.monotonic_ns(), data, pending))
+
+    def log_eval(  # noqa: PLR0917 - the documented signature
+        self,
+        step: int,
+        split: str = "val",
+        loss: Any = None,
+        perplexity: Any = None,
+        accuracy: Any = None,
+        f1: Any = None,
+        bleu: Any = None,
+        rouge: Any = None,
+        **extra: Any,
+    ) -> None:
+        """Evaluation metrics of one split at one step."""
+        try:
+            if not self._accepting:
+                self.counts.refused += 1
+                return
+            named = (loss, perplexity, accuracy, f1, bleu, rouge)
+            names = [*_EVAL_FIELDS, *extra]
+            vals = V.capture([*named, *extra.values()])
+            metrics = dict(zip(names, vals, strict=True))
+            self._put(EvalItem(step, time.monotonic_ns(), split, metrics, len(named)))
+        except Exception:
+            self.counts.caller += 1
+
+    def log_batch(
+        self,
+        step: int,
+        input_ids: Any,
+        attention_mask: Any = None,
+        labels: Any = None,
+        max_len: int | None = None,
+    ) -> None:
+        """Data quality of one batch: lengths, over-length count, labels, sample hashes."""
+        try:
+            if not self._accepting:
+                self.counts.refused += 1
+                return
+            ids, mask, lab = V.capture([input_ids, attention_mask, labels])
+            self._put(BatchItem(step, time.monotonic_ns(), ids, mask, lab, max_len))
+        except Exception:
+            self.counts.caller += 1
+
+    def watch(
+        self,
+        model: Any,
+        optimizer: Any,
+        scheduler: Any = None,
+        every: int = 100,
+        max_grad_norm: float | None = None,
+    ) -> None:
+        """Every ``every`` optimizer steps: pre-clip gradient norm, clipping, parameter norm,
+        update ratio and the learning rate of every param group, computed on the device.
+
+        ``max_grad_norm``: the clipping threshold the loop uses. With it, a step is clipped when
+        its pre-clip norm (the ``grad_norm`` given to log_step, else the one measured at the end
+        of backward) exceeds it; without it, clipping is inferred from a uniform shrink of the
+        gradients before ``optimizer.step()``, which gradient averaging done by hand between
+        backward and step can imitate."""
+        try:
+            from steplens.producer.watcher import Watcher
+
+            self._watchers.append(
+                Watcher(
+                    self,
+                    model,
+                    optimizer,
+                    scheduler,
+                    every=max(1, int(every)),
+                    update_threshold=self.config.update_threshold,
+                    sample_size=self.config.update_sample,
+                    max_grad_norm=max_grad_norm,
+                )
+            )
+            self._update_plain_path()
+        except Exception as exc:
+            self.counts.caller += 1
+            log.warning("steplens: watch() disabled: %s", exc)
+
+    def _watch_result(self, result: dict[str, Any]) -> None:
+        self._watch_pending = result
+
+    def probe_comm(self, every: int = 100) -> None:
+        """Every ``every`` steps (checked in log_step): a tiny timed all_reduce and a ring
+        send/recv. Every rank must call log_step at the same steps."""
+        try:
+            if self._comm is not None and self._comm.every == every:
+                return
+            from steplens.producer.comm import CommProbe
+
+            probe = CommProbe(self._enqueue_comm, max(1, int(every)))
+            self._comm = probe if probe.usable else None
+            self._update_plain_path()
+        except Exception as exc:
+            self.counts.caller += 1
+            log.warning("steplens: probe_comm() disabled: %s", exc)
+
+    def timed(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        """Wrap a DataLoader so the time spent waiting for each batch becomes data_time_s."""
+        it = iter(iterable)
+        self._data_ns = 0
+        self._update_plain_path()
+        while True:
+            t0 = time.monotonic_ns()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            if self._data_ns is not None:
+                self._data_ns += time.monotonic_ns() - t0
+            yield item

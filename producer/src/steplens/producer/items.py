@@ -1,0 +1,69 @@
+"""What the caller's side hands the worker: one named tuple per call, in a bounded deque.
+
+Values are as the caller gave them or as ``values.capture`` left them (a device copy on its
+way to the host); the worker resolves them. ``t_ns`` is the caller's monotonic clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+# The caller's hot path builds a StepItem with tuple.__new__ (one C call, no Python frame):
+# the fields must stay in this order.
+new_item: Callable[..., Any] = tuple.__new__
+
+
+class StepItem(NamedTuple):
+    step: Any
+    t_ns: int
+    loss: Any
+    lr: Any
+    grad_norm: Any
+    tokens: Any
+    scalars: dict[str, Any] | None
+    data_ns: int | None  # time spent in a timed DataLoader since the last step
+    watch: dict[str, Any] | None  # a Watcher's result for this step
+
+
+class EvalItem(NamedTuple):
+    step: Any
+    t_ns: int
+    split: Any
+    metrics: dict[str, Any]  # the named metrics, then the extras
+    n_named: int  # how many of ``metrics`` are the eval kind's own fields
+
+
+class BatchItem(NamedTuple):
+    step: Any
+    t_ns: int
+    input_ids: Any
+    attention_mask: Any
+    labels: Any
+    max_len: Any
+
+
+class HwItem(NamedTuple):
+    t_ns: int
+    data: dict[str, Any]
+
+
+class CommItem(NamedTuple):
+    step: int
+    t_ns: int
+    data: dict[str, Any]
+    pending: Any  # a probe's result still on the device, or None
+
+
+class MetaItem(NamedTuple):
+    t_ns: int
+    data: dict[str, Any]
+
+
+class FlushItem(NamedTuple):
+    done: Any  # threading.Event set once handled
+    deadline: float  # monotonic
+    result: list[bool]
+
+
+Item = StepItem | EvalItem | BatchItem | HwItem | CommItem | MetaItem | FlushItem

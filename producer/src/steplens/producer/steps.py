@@ -1,0 +1,208 @@
+"""Steps in the worker: enrich (values resolved, step time, throughput, MFU, watch() fields),
+then window, sample and guard, or, in full resolution, batch every step.
+
+Pure of threads and I/O: ``StepStage.add`` takes a resolved ``StepItem`` and hands records to
+the ``Sender``. Bad values are dropped and counted one by one; the step is kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from steplens.producer import values as V
+from steplens.producer.config import ProducerConfig
+from steplens.producer.items import StepItem
+from steplens.producer.schema import valid_name
+from steplens.producer.sender import Sender
+from steplens.producer.step_batch import StepBatch
+from steplens.producer.window import Guard, Window, is_sampled, sample_period
+
+# Step fields a caller may also pass as keyword scalars; the caller's value wins.
+_PROMOTED = frozenset(("step_time_s", "data_time_s", "tokens_per_s", "mfu"))
+_MAX_STEP = (1 << 63) - 1
+_WATCHED = ("grad_norm_preclip", "param_norm", "update_ratio")
+
+
+class Counters:
+    """Errors of the worker by name (bad values, bad names, exceptions)."""
+
+    def __init__(self) -> None:
+        self.errors: dict[str, int] = {}
+
+    def error(self, name: str) -> None:
+        self.errors[name] = self.errors.get(name, 0) + 1
+
+    def float_or_none(self, v: Any) -> float | None:
+        try:
+            return V.to_float(v)
+        except V.BadValue:
+            self.error("bad_value")
+            return None
+
+
+class Names:
+    """The metric names of this run: valid ones admitted up to ``cap`` distinct names (each
+    rank keeps its own count); a name past the cap is dropped and counted, never stored."""
+
+    def __init__(self, cap: int, sender: Sender, counters: Counters) -> None:
+        self.cap = cap
+        self.known: set[str] = set()
+        self.sender = sender
+        self.counters = counters
+
+    def admit(self, name: str) -> bool:
+        if name in self.known:
+            return True
+        if not valid_name(name):
+            self.counters.error("bad_name")
+            return False
+        if len(self.known) >= self.cap:
+            self.sender.count_drop("name_cap")
+            return False
+        self.known.add(name)
+        return True
+
+    def clean(self, values: dict[str, Any], limit: int) -> dict[str, float]:
+        """The values of admitted names as floats (at most ``limit``; the rest counted)."""
+        num = self.counters.float_or_none
+        admit = self.admit
+        known = self.known
+        out: dict[str, float] = {}
+        for name, v in values.items():
+            if len(out) >= limit:  # before admit: a dropped name takes no place among the names
+                self.sender.count_drop("scalars_cap")
+            elif (name in known or admit(name)) and (f := num(v)) is not None:
+                out[name] = f
+        return out
+
+
+class StepStage:
+    def __init__(self, config: ProducerConfig, sender: Sender, counters: Counters) -> None:
+        self.config = config
+        self.sender = sender
+        self.counters = counters
+        self.window = Window()
+        self.batch = (
+            StepBatch(config.batch_steps, config.batch_s) if config.full_resolution else None
+        )
+        self.guard = Guard(config.guard_sigma, config.guard_warmup)
+        self.period = sample_period(config.sample_rate)
+        self.last: tuple[int, int] | None = None  # (step, monotonic ns) of the previous step
+        self.names = Names(config.max_metric_names, sender, counters)
+
+    # ------------------------------------------------------------------ enrich
+    def payload(self, item: StepItem, step: int) -> tuple[dict[str, Any], dict[str, float]]:
+        """The step payload and the caller's clean scalars (also in the payload)."""
+        num = self.counters.float_or_none
+        data: dict[str, Any] = {}
+        for name, v in (("loss", item.loss), ("lr", item.lr), ("grad_norm", item.grad_norm)):
+            if v is not None and (f := num(v)) is not None:
+                data[name] = f
+        if item.tokens is not None:
+            try:
+                data["tokens"] = V.to_int(item.tokens)
+            except V.BadValue:
+                self.counters.error("bad_value")
+        clean: dict[str, float] = {}
+        if item.scalars:
+            clean = self.names.clean(item.scalars, self.config.max_scalars)
+            # A step field given by the caller (e.g. its own step_time_s, measured before the
+            # collective so stragglers show) wins over the value measured between calls.
+            for name in _PROMOTED.intersection(clean):
+                data[name] = clean.pop(name)
+        t_ns = item.t_ns
+        last, self.last = self.last, (step, t_ns)
+        step_time = data.get("step_time_s")
+        if step_time is None and last is not None and step > last[0] and t_ns > last[1]:
+            step_time = (t_ns - last[1]) / 1e9 / (step - last[0])
+            data["step_time_s"] = step_time
+        if step_time and step_time > 0 and "tokens_per_s" not in data and "tokens" in data:
+            tps = data["tokens"] / step_time
+            data["tokens_per_s"] = tps
+            c = self.config
+            if c.flops_per_token and c.peak_flops:
+                data["mfu"] = tps * c.flops_per_token / c.peak_flops
+        if item.data_ns and "data_time_s" not in data:
+            data["data_time_s"] = item.data_ns / 1e9
+        if item.watch:
+            self._add_watch(data, item.watch)
+        return data, clean
+
+    def _add_watch(self, data: dict[str, Any], watch: dict[str, Any]) -> None:
+        num = self.counters.float_or_none
+        for name in _WATCHED:
+            v = watch.get(name)
+            if v is not None and (f := num(v)) is not None:
+                data[name] = f
+        clipped = watch.get("clipped")
+        limit = watch.get("max_grad_norm")
+        pre = data.get("grad_norm", data.get("grad_norm_preclip"))
+        if limit is not None and pre is not None:
+            data["clipped"] = pre > limit
+        elif clipped is not None and (f := num(clipped)) is not None:
+            data["clipped"] = bool(f)
+        lrs = watch.get("group_lrs")
+        if lrs:
+            data["group_lrs"] = [f for v in lrs if (f := num(v)) is not None]
+
+    # ------------------------------------------------------------------ decide
+    def add(self, item: StepItem) -> None:
+        step = item.step
+        if type(step) is not int or not 0 <= step <= _MAX_STEP:
+            try:
+                step = V.to_int(step)  # numpy and tensor integers; range checked
+            except V.BadValue:
+                step = -1
+            if step < 0:
+                self.sender.count_drop("bad_step")
+                return
+        data, clean = self.payload(item, step)
+        metrics = {k: float(v) for k, v in data.items() if k != "group_lrs"}
+        if clean:
+            data["scalars"] = clean
+            metrics.update(clean)
+        t_ns = item.t_ns
+        batch = self.batch
+        if batch is None:
+            self.window.add_step(step, metrics, t_ns)
+        check = self.guard.check
+        flagged = False
+        for name, x in metrics.items():
+            if check(name, x):
+                flagged = True
+        if flagged:
+            data["reason"] = "guard"
+        if batch is not None:  # full resolution: every step, in batches
+            batch.add(step, t_ns + self.sender.wall_offset_ns, data, t_ns)
+            if flagged or batch.due(t_ns):  # a spike leaves at once
+                self.emit_batch()
+            return
+        if not flagged and is_sampled(step, self.period):
+            data["reason"] = "sample"
+        elif not flagged and item.watch:
+            data["reason"] = "every"
+        if "reason" in data:
+            self.sender.send("step", step, t_ns, data)
+        if self.window.due(t_ns, self.config.window_steps, self.config.window_s):
+            self.emit_window(t_ns)
+
+    # ------------------------------------------------------------------ emit
+    def emit_window(self, now_ns: int) -> None:
+        data = self.window.emit(now_ns)
+        if data is not None:
+            self.sender.send_window(data, now_ns)
+
+    def emit_batch(self) -> None:
+        if self.batch is not None and len(self.batch):
+            self.sender.send_batch(self.batch.take())
+
+    def emit_due(self, now_ns: int) -> None:
+        """What is due by time alone (a quiet loop still sends its last steps)."""
+        if self.batch is not None and self.batch.due(now_ns):
+            self.emit_batch()
+        if self.window.due(now_ns, self.config.window_steps, self.config.window_s):
+            self.emit_window(now_ns)
+
+    def emit_all(self, now_ns: int) -> None:
+        self.emit_batch()
+        self.emit_window(now_ns)
