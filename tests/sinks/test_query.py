@@ -11,6 +11,7 @@ from sinks_helpers import read_all, step_records, unique
 
 from steplens.producer.schema import decode, encode, make_record
 from steplens.sinks import query_cli
+from steplens.sinks.chunks import Chunker
 from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.kafka_io import Consumed
 from steplens.sinks.query import Stores, query_records, query_series
@@ -23,11 +24,12 @@ MIN = 60 * 10**9
 
 
 def write_cold(s: S3Settings, records, partition: int = 0, first: int = 0) -> None:
-    roller = S3Roller(make_s3_client(s), s, max_bytes=1 << 40)
+    roller = S3Roller(make_s3_client(s), s)
     ensure_bucket(roller.client, s.bucket)
+    buffer = Chunker(roller.marker, max_bytes=1 << 40)
     for i, rec in enumerate(records):
-        roller.add(Consumed("raw", partition, first + i, rec.key, encode(rec), rec))
-    for chunk in roller.due(everything=True):
+        buffer.add(Consumed("raw", partition, first + i, rec.key, encode(rec), rec))
+    for chunk in buffer.due(everything=True):
         roller.write(chunk)
 
 

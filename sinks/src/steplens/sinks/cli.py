@@ -14,6 +14,7 @@ from steplens.producer.topics import Topics, ensure_topics
 from steplens.sinks import metrics
 from steplens.sinks.kafka_io import DeadLetters, consumer_config
 from steplens.sinks.retry import RetryPolicy
+from steplens.sinks.settings import DEFAULT_DEDUPE_WINDOW
 
 DEFAULT_PORTS = {"influx": 9465, "s3": 9466}
 
@@ -34,6 +35,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--prefix", help="S3 key prefix (default: STEPLENS_S3_PREFIX or 'cold')")
     p.add_argument("--max-bytes", type=int, default=64 << 20, help="S3: roll at this size")
     p.add_argument("--max-age-s", type=float, default=60.0, help="S3: roll at this age")
+    p.add_argument(
+        "--dedupe-window",
+        type=int,
+        default=DEFAULT_DEDUPE_WINDOW,
+        help="S3: a record sent twice is stored once when its copies are at most this many "
+        "records apart in a partition (memory: about 60 bytes a record; 0: off)",
+    )
     p.add_argument("--hot-retention-s", type=int, help="InfluxDB: hot window (default 3600)")
     p.add_argument("--no-setup", action="store_true", help="do not create buckets or tasks")
     p.add_argument("--deadline-s", type=float, default=30.0, help="retry deadline per write")
@@ -117,6 +125,7 @@ def _run_s3(
     stop: threading.Event,
     policy: RetryPolicy,
 ) -> int:
+    from steplens.sinks.chunks import Chunker
     from steplens.sinks.roller_loop import RollerLoop
     from steplens.sinks.s3 import S3Roller, ensure_bucket, make_s3_client
     from steplens.sinks.settings import S3Settings
@@ -129,15 +138,16 @@ def _run_s3(
     client = make_s3_client(settings)
     if not args.no_setup:
         ensure_bucket(client, settings.bucket)
-    roller = S3Roller(
-        client,
-        settings,
+    roller = S3Roller(client, settings, policy=policy, stop=stop)
+    chunker = Chunker(
+        roller.marker,
         max_bytes=args.max_bytes,
         max_age_s=args.max_age_s,
-        policy=policy,
-        stop=stop,
+        dedupe_window=args.dedupe_window,
     )
-    loop = RollerLoop(consumer, roller, dead, stop=stop, batch_size=args.batch_size)
+    loop = RollerLoop(
+        consumer, roller, dead, chunker=chunker, stop=stop, batch_size=args.batch_size
+    )
     consumer.subscribe(names, on_revoke=loop.on_revoke)
     loop.run()
     loop.drain()

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from steplens.producer.settings import env_value
 
+DEFAULT_DEDUPE_WINDOW = 50_000  # S3: recent records remembered per partition (about 3 MB)
+
 
 @dataclass(frozen=True)
 class InfluxSettings:
