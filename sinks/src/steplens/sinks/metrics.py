@@ -23,6 +23,11 @@ S3_BYTES = Counter("steplens_s3_bytes", "Parquet bytes uploaded")
 S3_DUPLICATES = Counter(
     "steplens_s3_duplicate_rows", "Rows left out of S3: the same record was already rolled"
 )
+FIELDS_DROPPED = Counter(
+    "steplens_sink_fields_dropped",
+    "Field values left out of InfluxDB: their name was over a name limit",
+    ["sink", "measurement", "limit"],
+)
 
 
 def serve(port: int) -> None:
