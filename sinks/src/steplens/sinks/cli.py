@@ -11,7 +11,7 @@ from dataclasses import replace
 from confluent_kafka import Consumer
 
 from steplens.producer.topics import Topics, ensure_topics
-from steplens.sinks import metrics
+from steplens.sinks import metrics, redact
 from steplens.sinks.kafka_io import DeadLetters, consumer_config
 from steplens.sinks.retry import RetryPolicy
 from steplens.sinks.settings import DEFAULT_DEDUPE_WINDOW
@@ -60,6 +60,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 def main(argv: list[str], prog: str = "steplens sink") -> int:
     args = _parser(prog).parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
+    redactor = redact.install()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -77,7 +78,7 @@ def main(argv: list[str], prog: str = "steplens sink") -> int:
     try:
         if args.which == "influx":
             return _run_influx(args, names, consumer, dead, stop=stop, policy=policy)
-        return _run_s3(args, names, consumer, dead, stop=stop, policy=policy)
+        return _run_s3(args, names, consumer, dead, stop=stop, policy=policy, redactor=redactor)
     finally:
         consumer.close()
         dead.flush(5)
@@ -124,10 +125,11 @@ def _run_s3(
     *,
     stop: threading.Event,
     policy: RetryPolicy,
+    redactor: redact.Redactor,
 ) -> int:
     from steplens.sinks.chunks import Chunker
     from steplens.sinks.roller_loop import RollerLoop
-    from steplens.sinks.s3 import S3Roller, ensure_bucket, make_s3_client
+    from steplens.sinks.s3 import S3Roller, credential_values, ensure_bucket, make_s3_client
     from steplens.sinks.settings import S3Settings
 
     settings = S3Settings.from_env()
@@ -135,6 +137,7 @@ def _run_s3(
         settings = replace(settings, bucket=args.bucket)
     if args.prefix is not None:
         settings = replace(settings, prefix=args.prefix)
+    redactor.add(credential_values(settings))  # from a profile, say: not in the environment
     client = make_s3_client(settings)
     if not args.no_setup:
         ensure_bucket(client, settings.bucket)

@@ -52,6 +52,17 @@ def make_s3_client(s: S3Settings) -> Any:
     )
 
 
+def credential_values(s: S3Settings) -> list[str | None]:
+    """The credentials boto3 would use (to keep them out of logs)."""
+    values = [s.access_key_id, s.secret_access_key]
+    session = boto3.Session(profile_name=s.profile) if s.profile else boto3.Session()
+    found = session.get_credentials()
+    if found is not None:
+        frozen = found.get_frozen_credentials()
+        values += [frozen.access_key, frozen.secret_key, frozen.token]
+    return values
+
+
 def ensure_bucket(client: Any, bucket: str) -> None:
     try:
         client.head_bucket(Bucket=bucket)
