@@ -25,12 +25,12 @@ def consumer_config(group_id: str, bootstrap: str | None = None, **extra: Any) -
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",
-        "enable.partition.eof": False,
         "max.poll.interval.ms": 1_800_000,  # a long outage pauses us, it must not evict us
         "session.timeout.ms": 10_000,  # a crashed sink's partitions move on within 10 s
         **kafka_security_config(),
     }
     conf.update(extra)
+    conf["enable.partition.eof"] = False  # an end of partition is not news: every error is
     return conf
 
 
@@ -52,8 +52,7 @@ def poll_batch(consumer: Consumer, max_messages: int, timeout_s: float) -> list[
     for msg in consumer.consume(num_messages=max_messages, timeout=timeout_s):
         err = msg.error()
         if err is not None:
-            if err.code() != KafkaError._PARTITION_EOF:
-                log.warning("steplens sink: consumer error: %s", err)
+            log.warning("steplens sink: consumer error: %s", err)
             continue
         out.append(_consumed(msg))
     return out
