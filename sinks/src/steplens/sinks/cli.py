@@ -43,6 +43,18 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "records apart in a partition (memory: about 60 bytes a record; 0: off)",
     )
     p.add_argument("--hot-retention-s", type=int, help="InfluxDB: hot window (default 3600)")
+    p.add_argument(
+        "--max-names-per-run",
+        type=int,
+        help="InfluxDB: distinct metric names a run may use per measurement (default 1000, "
+        "STEPLENS_INFLUX_MAX_NAMES_PER_RUN)",
+    )
+    p.add_argument(
+        "--max-names-per-measurement",
+        type=int,
+        help="InfluxDB: distinct metric names per measurement in the hot bucket (default "
+        "5000, STEPLENS_INFLUX_MAX_NAMES_PER_MEASUREMENT)",
+    )
     p.add_argument("--no-setup", action="store_true", help="do not create buckets or tasks")
     p.add_argument("--deadline-s", type=float, default=30.0, help="retry deadline per write")
     p.add_argument(
@@ -103,6 +115,10 @@ def _run_influx(
         settings = replace(settings, bucket=args.bucket)
     if args.hot_retention_s is not None:
         settings = replace(settings, hot_retention_s=args.hot_retention_s)
+    if args.max_names_per_run is not None:
+        settings = replace(settings, max_names_per_run=args.max_names_per_run)
+    if args.max_names_per_measurement is not None:
+        settings = replace(settings, max_names_per_measurement=args.max_names_per_measurement)
     client = make_client(settings)
     if not args.no_setup:
         ensure_buckets(client, settings)
