@@ -155,7 +155,8 @@ class InfluxSink:
         lines = []
         for b in record_builders(step):
             keep, dropped = self.names.admit(b, step.run_id)
-            left_out += [(b.measurement, name, why) for name, why in dropped]
+            if dropped:
+                left_out += [(b.measurement, name, why) for name, why in dropped]
             if keep:
                 lines.append(b.line())
         return lines

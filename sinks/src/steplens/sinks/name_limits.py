@@ -55,6 +55,7 @@ class NameBudget:
         self.limits = limits
         self._stored = stored
         self._runs: OrderedDict[tuple[str, str], set[str]] = OrderedDict()
+        self._last: tuple[tuple[str, str], set[str]] = (("", ""), set())
         self._measurements: dict[str, _Measurement] = {}
 
     def admit(self, b: PointBuilder, run_id: str) -> tuple[bool, list[tuple[str, str]]]:
@@ -73,12 +74,14 @@ class NameBudget:
         for key in [k for k in b.fields if k not in names]:
             why = self._take(b, names, key)
             if why is not None:
-                del b.fields[key]
+                b.drop(key)
                 dropped.append((key, why))
         return True, dropped
 
     def _run_names(self, measurement: str, run_id: str) -> set[str]:
         key = (measurement, run_id)
+        if key == self._last[0]:  # most points follow one of the same run and measurement
+            return self._last[1]
         names = self._runs.get(key)
         if names is None:
             names = self._runs[key] = set()
@@ -86,6 +89,7 @@ class NameBudget:
                 self._runs.popitem(last=False)
         else:
             self._runs.move_to_end(key)
+        self._last = (key, names)
         return names
 
     def _take(self, b: PointBuilder, run_names: set[str], name: str) -> str | None:

@@ -89,11 +89,12 @@ def check_name(value: str, what: str) -> str:
 class PointBuilder:
     """One point: checks every name, keeps field types stable per field name.
 
-    Tags and fields are kept as dicts until ``line()``, so a sink can leave fields out (the
-    name limits) before the line is made. ``name_tag``: the tag whose values are metric names
-    (``step_window``'s ``metric``), limited like field keys."""
+    The point is built as it goes, and its tags and fields are kept as dicts too, so a sink
+    can see the names and leave fields out (the name limits, ``drop``) before the line is made:
+    only then is the point built again from the dicts. ``name_tag``: the tag whose values are
+    metric names (``step_window``'s ``metric``), limited like field keys."""
 
-    __slots__ = ("fields", "measurement", "name_tag", "tags", "time_ns")
+    __slots__ = ("_point", "_rebuild", "fields", "measurement", "name_tag", "tags", "time_ns")
 
     def __init__(self, measurement: str, rec: Record, name_tag: str | None = None) -> None:
         self.measurement = measurement
@@ -101,14 +102,23 @@ class PointBuilder:
         self.name_tag = name_tag
         self.tags: dict[str, str] = {}
         self.fields: dict[str, Any] = {"seq": rec.seq}
+        self._point = Point(measurement).field("seq", rec.seq)
+        self._rebuild = False
+
+    def drop(self, key: str) -> None:
+        """Leave field ``key`` out of the point."""
+        del self.fields[key]
+        self._rebuild = True
 
     def point(self) -> Point:
-        p = Point(self.measurement)
-        for key, value in self.tags.items():
-            p.tag(key, value)
-        for key, value in self.fields.items():
-            p.field(key, value)
-        return p.time(self.time_ns, WritePrecision.NS)
+        if self._rebuild:
+            self._point = Point(self.measurement)
+            for key, value in self.tags.items():
+                self._point.tag(key, value)
+            for key, value in self.fields.items():
+                self._point.field(key, value)
+            self._rebuild = False
+        return self._point.time(self.time_ns, WritePrecision.NS)
 
     def line(self) -> str:
         return str(self.point().to_line_protocol())
@@ -116,11 +126,14 @@ class PointBuilder:
     def tag(self, key: str, value: Any) -> PointBuilder:
         if value is None or value == "":
             return self
-        self.tags[check_name(key, "tag key")] = check_name(str(value), f"tag {key}")
+        key, text = check_name(key, "tag key"), check_name(str(value), f"tag {key}")
+        self.tags[key] = text
+        self._point.tag(key, text)
         return self
 
     def _field(self, key: str, value: Any) -> None:
         self.fields[key] = value
+        self._point.field(key, value)
 
     def num(self, key: str, value: Any) -> PointBuilder:
         """A float field; non-finite values go to ``<key>_nonfinite``."""
