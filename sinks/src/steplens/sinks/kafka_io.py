@@ -94,7 +94,9 @@ def commit(consumer: Consumer, offsets: list[TopicPartition]) -> bool:
 class DeadLetters:
     """Produces ``dead_letter`` records; ``flush`` must succeed before offsets are committed."""
 
-    def __init__(self, topic: str, consumer_name: str, bootstrap: str | None = None) -> None:
+    def __init__(
+        self, topic: str, consumer_name: str, bootstrap: str | None = None, **config: Any
+    ) -> None:
         self.topic = topic
         self.consumer_name = consumer_name
         self._producer = Producer(
@@ -103,6 +105,7 @@ class DeadLetters:
                 "enable.idempotence": True,
                 "acks": "all",
                 **kafka_security_config(),
+                **config,
             }
         )
         self._seq = itertools.count()
@@ -143,7 +146,8 @@ class DeadLetters:
         self.sent += 1
 
     def flush(self, timeout_s: float = 10.0) -> bool:
-        """True when every dead letter sent so far is acknowledged."""
+        """True when every dead letter sent since the last flush is acknowledged; False when
+        one failed or is still pending (send them again: a dead letter may then come twice)."""
         left = self._producer.flush(timeout_s)
         ok = left == 0 and self._failed == 0
         self._failed = 0

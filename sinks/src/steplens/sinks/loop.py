@@ -95,13 +95,11 @@ class ConsumerLoop(Generic[B]):
             (origin[r.index], f"stored in part by {name}: {r.reason}") for r in result.trimmed
         ]
         letters = [*bad, *refused, *trimmed]
-        for item, reason in letters:
-            self.dead_letters.send(item, reason)
         metrics.RECORDS.labels(name, "accepted").inc(result.accepted)
         metrics.RECORDS.labels(name, "skipped").inc(result.skipped)
         metrics.RECORDS.labels(name, "dead_letter").inc(len(bad) + len(refused))
         metrics.RECORDS.labels(name, "trimmed").inc(len(trimmed))
-        if letters and not self._dead_letters_acknowledged():
+        if letters and not self._send_dead_letters(letters):
             return False
         self.stats.batches += 1
         self.stats.accepted += result.accepted
@@ -153,14 +151,18 @@ class ConsumerLoop(Generic[B]):
                 TopicPartition(msg.topic() or "", msg.partition() or 0, msg.offset() or 0)
             )
 
-    def _dead_letters_acknowledged(self) -> bool:
-        """Wait (with backoff) until the dead letters sent are acknowledged; False on shutdown."""
+    def _send_dead_letters(self, letters: Bad) -> bool:
+        """Send until all are acknowledged, again after a failure (with backoff): a letter whose
+        delivery failed must not be committed past. False on shutdown."""
         attempt = 0
-        while not self.dead_letters.flush():
+        while True:
+            for item, reason in letters:
+                self.dead_letters.send(item, reason)
+            if self.dead_letters.flush():
+                return True
             attempt += 1
             if self.stop.wait(self._delay(attempt)):
                 return False
-        return True
 
 
 class SinkLoop(ConsumerLoop[list[Record]]):
