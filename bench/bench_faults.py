@@ -157,12 +157,12 @@ class Scenario:
 
     def wait_worker_ready(self, timeout_s: float = 180) -> None:
         """Until the worker has read a first record (it joined its group, got partitions)."""
-        probe = make_record("step", {"loss": 1.0}, run_id=f"{self.run_id}-probe", step=0)
         producer = Producer({"bootstrap.servers": self.bootstrap, "log_level": 4})
         deadline = time.monotonic() + timeout_s
         while _worker_records(self.worker_port) == 0:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the worker did not start: {self.tail('worker')}")
+            probe = make_record("step", {"loss": 1.0}, run_id=f"{self.run_id}-probe", step=0)
             producer.produce(self.topics.raw, encode(probe), key=probe.key)
             producer.flush(5)
             time.sleep(0.5)
@@ -206,8 +206,9 @@ class Scenario:
         return [c.name for c in self.children.running if c.proc.poll() is None]
 
     # -- waiting ------------------------------------------------------------------------
-    def settle(self) -> bool:
-        """Until the worker and both sinks have committed every offset, twice in a row."""
+    def settle(self) -> str:
+        """Until the worker and both sinks have committed every offset, twice in a row: "",
+        or what did not (the groups behind, the processes that died)."""
         deadline = time.monotonic() + self.plan.settle_s
         wanted = {
             self.groups["worker"]: [self.topics.raw],
@@ -218,10 +219,16 @@ class Scenario:
         while time.monotonic() < deadline:
             done = all(_caught_up(self.bootstrap, g, ts) for g, ts in wanted.items())
             if done and done_once:
-                return True
+                return ""
             done_once = done
             time.sleep(2)
-        return False
+        behind = [g for g, ts in wanted.items() if not _caught_up(self.bootstrap, g, ts)]
+        dead = [
+            f"{c.name} (exit {c.proc.returncode})"
+            for c in self.children.running
+            if c.proc.poll() is not None
+        ]
+        return f"NOT SETTLED: behind {', '.join(behind)}; exited: {', '.join(dead) or 'none'}"
 
     def close(self) -> None:
         self.children.stop_all()
@@ -361,10 +368,10 @@ def _wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
 # ------------------------------------------------------------------------------ the faults
 
 
-def _steps_line(sc: Scenario, label: str, extra: str = "") -> str:
+def _steps_line(sc: Scenario, label: str, *extra: str) -> str:
     sent = sc.plan.steps * sc.plan.ranks
     stored, doubled, details = sc.count_steps()
-    tail = f"; {extra}" if extra else ""
+    tail = "".join(f"; {e}" for e in extra if e)
     return (
         f"{label}: sent {sent}, stored {stored}, lost {sent - stored}, doubled {doubled} "
         f"({details}){tail}"
@@ -386,8 +393,7 @@ def fault_kafka_kill(sc: Scenario) -> str:
         sc.stack.start("kafka")
 
     _during_training(sc, 0.3, fault)
-    settled = sc.settle()
-    return _steps_line(sc, "a kafka SIGKILL + restart", "" if settled else "NOT SETTLED")
+    return _steps_line(sc, "a kafka SIGKILL + restart", sc.settle())
 
 
 def fault_kafka_freeze(sc: Scenario) -> str:
@@ -397,9 +403,7 @@ def fault_kafka_freeze(sc: Scenario) -> str:
         sc.stack.resume("kafka")
 
     _during_training(sc, 0.3, fault)
-    settled = sc.settle()
-    label = f"b kafka SIGSTOP {sc.plan.outage_s:.0f} s"
-    return _steps_line(sc, label, "" if settled else "NOT SETTLED")
+    return _steps_line(sc, f"b kafka SIGSTOP {sc.plan.outage_s:.0f} s", sc.settle())
 
 
 def fault_worker_kill(sc: Scenario) -> str:
@@ -442,8 +446,9 @@ def fault_worker_kill(sc: Scenario) -> str:
         stop.set()
     sc.wait_trained()
     settled = sc.settle()
-    extra = f"{sc.count_alerts()}; {killed}" + ("" if settled else "; NOT SETTLED")
-    return _steps_line(sc, "c worker SIGKILL after a loss spike", extra)
+    return _steps_line(
+        sc, "c worker SIGKILL after a loss spike", sc.count_alerts(), killed, settled
+    )
 
 
 def fault_influx_kill(sc: Scenario) -> str:
@@ -453,8 +458,7 @@ def fault_influx_kill(sc: Scenario) -> str:
         sc.stack.start("influxdb")
 
     _during_training(sc, 0.3, fault)
-    settled = sc.settle()
-    return _steps_line(sc, "d influxdb SIGKILL + restart", "" if settled else "NOT SETTLED")
+    return _steps_line(sc, "d influxdb SIGKILL + restart", sc.settle())
 
 
 def fault_s3_freeze(sc: Scenario) -> str:
@@ -464,9 +468,7 @@ def fault_s3_freeze(sc: Scenario) -> str:
         sc.stack.resume("s3")
 
     _during_training(sc, 0.3, fault)
-    settled = sc.settle()
-    label = f"e s3 SIGSTOP {sc.plan.outage_s:.0f} s"
-    return _steps_line(sc, label, "" if settled else "NOT SETTLED")
+    return _steps_line(sc, f"e s3 SIGSTOP {sc.plan.outage_s:.0f} s", sc.settle())
 
 
 def hostile_records(run_id: str) -> list[tuple[str, bytes]]:
@@ -521,7 +523,7 @@ def fault_hostile(sc: Scenario) -> str:
         f"{' (not: ' + ', '.join(missing) + ')' if missing else ''}; {len(letters)} dead letters "
         f"in all (worker and both sinks); alive {len(alive)} of 3 ({', '.join(alive)})"
     )
-    return _steps_line(sc, "f hostile records", extra + ("" if settled else "; NOT SETTLED"))
+    return _steps_line(sc, "f hostile records", extra, settled)
 
 
 SCENARIOS: dict[str, Callable[[Scenario], str]] = {
@@ -575,11 +577,12 @@ def main() -> int:
     t0 = time.monotonic()
     lines = run(keys, QUICK if args.quick else FULL, root)
     print(f"{len(lines)} scenarios in {time.monotonic() - t0:.0f} s (logs: {root})")
-    if not args.keep:
+    trouble = any(": failed:" in line or "NOT SETTLED" in line for line in lines)
+    if not args.keep and not trouble:  # logs of a scenario that went wrong are kept
         import shutil
 
         shutil.rmtree(root, ignore_errors=True)
-    return 0 if all(": failed:" not in line for line in lines) else 1
+    return 1 if trouble else 0
 
 
 if __name__ == "__main__":
