@@ -162,7 +162,9 @@ class Scenario:
         while _worker_records(self.worker_port) == 0:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the worker did not start: {self.tail('worker')}")
-            probe = make_record("step", {"loss": 1.0}, run_id=f"{self.run_id}-probe", step=0)
+            probe = make_record(  # each one new: the same record twice would be one
+                "step", {"loss": 1.0}, run_id=f"{self.run_id}-probe", time_ns=time.time_ns()
+            )
             producer.produce(self.topics.raw, encode(probe), key=probe.key)
             producer.flush(5)
             time.sleep(0.5)

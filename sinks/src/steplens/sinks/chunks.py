@@ -4,10 +4,10 @@ A partition's messages are buffered into a chunk; a chunk rolls by size or age, 
 the last offset of the range a crashed roller was uploading (its state marker, read through
 ``marker``), so a retry after a crash covers the same offsets and writes the same object keys.
 
-Duplicates: a record the producer sent twice (a re-send after a broker freeze: same run, rank,
-host, pid, ``seq`` and time) is stored once. A record whose identity was already seen among
-the partition's last ``dedupe_window`` records (this chunk or the ones before) is left out,
-its rows counted as duplicates.
+Duplicates: a record the producer sent twice (a re-send after a broker freeze: the same bytes,
+so the same run, rank, host, pid, ``seq``, time and data) is stored once. A record already seen
+among the partition's last ``dedupe_window`` records (this chunk or the ones before) is left
+out, its rows counted as duplicates.
 The memory is the process's own, so a duplicate can still be stored twice when its first copy
 was rolled before a restart of the roller or a move of the partition to another roller, or is
 more than ``dedupe_window`` records back; `steplens query` keeps one row per point in any case.
@@ -49,22 +49,23 @@ class Chunk:
 class RecentRecords:
     """The identities of a partition's last ``size`` records (first in, first out).
 
-    A record's identity is what makes two messages the same record sent twice: kind, run,
-    rank, host, pid, ``seq`` and time (the producer numbers each record it sends, a
-    ``step_batch`` included, and re-sends the same bytes). It is kept as a 64-bit hash (about
-    60 bytes a record here): two different records in a window of 50,000 collide with odds of
-    about 1 in 10^10 over 10^14 records."""
+    A record sent twice is the same bytes twice: the producer re-sends what it spooled as it
+    was encoded (run, rank, host, pid, ``seq``, time and data). The envelope alone is not
+    enough: the worker's signals all carry ``seq`` 0 and the encoding time, which two signals
+    can share on a coarse clock. The bytes are kept as a 64-bit hash (about 60 bytes a record
+    here): two different records in a window of 50,000 collide with odds of about 1 in 10^10
+    over 10^14 records."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._order: deque[int] = deque()
         self._seen: set[int] = set()
 
-    def first_time(self, rec: Record) -> bool:
-        """True (and remembered) unless ``rec`` is among the recent records."""
+    def first_time(self, value: bytes) -> bool:
+        """True (and remembered) unless the record ``value`` is among the recent ones."""
         if self.size <= 0:
             return True
-        key = hash((rec.kind, rec.run_id, rec.rank, rec.host, rec.pid, rec.seq, rec.time_ns))
+        key = hash(value)
         if key in self._seen:
             return False
         self._seen.add(key)
@@ -124,7 +125,7 @@ class Chunker:
             recent = self._recent[(item.topic, item.partition)] = RecentRecords(self.dedupe_window)
         steps = schema.unbatch(rec)  # a step_batch is stored as its step records
         chunk.records += 1
-        if not recent.first_time(rec):
+        if not recent.first_time(item.value):
             chunk.duplicates += len(steps)
             return
         batched = rec.kind == "step_batch"
