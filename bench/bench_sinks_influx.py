@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "sinks"))
@@ -107,7 +108,8 @@ def latency(s: InfluxSettings, bootstrap: str, samples: int) -> list[float]:
     stop = threading.Event()
     group = f"bench-{uuid.uuid4().hex[:8]}"
     consumer = Consumer(consumer_config(group, bootstrap, **{"fetch.wait.max.ms": 10}))
-    consumer.subscribe([topics.raw])
+    assigned = threading.Event()
+    consumer.subscribe([topics.raw], on_assign=lambda _c, _p: assigned.set())
     out = []
     with make_client(s) as client:
         sink = InfluxSink(client, s, stop=stop)
@@ -123,10 +125,10 @@ def latency(s: InfluxSettings, bootstrap: str, samples: int) -> list[float]:
         producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
         query = client.query_api()
         run_id = f"bench-lat-{uuid.uuid4().hex[:8]}"
-        time.sleep(3)  # group join
+        assigned.wait(60)  # the group join, before the clock
         for i in range(samples):
             (rec,) = step_records(run_id, 1, ranks=1, t0_ns=time.time_ns())
-            rec = rec.__class__(**{**rec.__dict__, "seq": i})
+            rec = replace(rec, seq=i)
             t0 = time.perf_counter()
             producer.produce(topics.raw, encode(rec), key=rec.key)
             producer.flush(5)

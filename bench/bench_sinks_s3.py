@@ -21,6 +21,7 @@ import statistics
 from sinks_helpers import step_batch, step_records
 
 from steplens.producer.schema import Record, decode, encode
+from steplens.sinks.chunks import Chunker
 from steplens.sinks.cold import record_row, rows_to_parquet
 from steplens.sinks.kafka_io import Consumed
 from steplens.sinks.s3 import S3Roller, ensure_bucket, make_s3_client
@@ -42,12 +43,13 @@ def roll_seconds(client: object, s: S3Settings, messages: list[bytes], chunk_mb:
     s = S3Settings(
         bucket=s.bucket, prefix=f"{s.prefix}/{uuid.uuid4().hex[:6]}", endpoint_url=s.endpoint_url
     )
-    roller = S3Roller(client, s, max_bytes=int(chunk_mb * 1e6))
+    roller = S3Roller(client, s)
+    buffer = Chunker(roller.marker, max_bytes=int(chunk_mb * 1e6))
     t0 = time.perf_counter()
     chunks = []
     for i, value in enumerate(messages):
-        chunks += roller.add(Consumed("bench.raw", 0, i, None, value, decode(value)))
-    for c in chunks + roller.due(everything=True):
+        chunks += buffer.add(Consumed("bench.raw", 0, i, None, value, decode(value)))
+    for c in chunks + buffer.due(everything=True):
         roller.write(c)
     return time.perf_counter() - t0
 
@@ -86,9 +88,10 @@ def main() -> int:
     json_mb = sum(len(i.value) for i in items) / 1e6
 
     rows_to_parquet("step", [record_row(recs[0], "warm", 0, 0, items[0].value)])  # lazy imports
-    roller = S3Roller(client, s, max_bytes=int(args.chunk_mb * 1e6))
+    roller = S3Roller(client, s)
+    buffer = Chunker(roller.marker, max_bytes=int(args.chunk_mb * 1e6))
     t0 = time.perf_counter()
-    chunks = [c for it in items for c in roller.add(it)] + roller.due(everything=True)
+    chunks = [c for it in items for c in buffer.add(it)] + buffer.due(everything=True)
     written = 0
     for c in chunks:
         for key in roller.write(c):

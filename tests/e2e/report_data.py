@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from steplens.sinks.report import RunData, declared_lr
+from steplens.sinks.report_data import RunData
+from steplens.sinks.report_figures import declared_lr
 
 SCHEDULE = {
     "kind": "cosine",

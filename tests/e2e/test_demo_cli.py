@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from demo_output import scorecard
 
-from steplens.stack.demo import QUICK_HANG_AFTER_S, format_scorecard, parse_args
-from steplens.stack.demo_incidents import plan_incidents, score
+from steplens.stack.demo import QUICK_HANG_AFTER_S, parse_args
+from steplens.stack.demo_incidents import format_scorecard, plan_incidents, score
 
 
 def test_quick_mode_is_short_and_its_stall_outlasts_the_hang_threshold():

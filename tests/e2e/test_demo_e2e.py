@@ -32,7 +32,7 @@ def test_steplens_catches_every_injected_incident(quick_demo):
 
 
 def test_report_page_shows_every_figure_from_stored_data(quick_demo):
-    from steplens.sinks.report import FIGURES
+    from steplens.sinks.report_figures import FIGURES
 
     index = quick_demo.report_dir / "index.html"
     assert f"[demo] report: {index}" in quick_demo.output

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from steplens.sinks.report import declared_lr  # noqa: E402
+from steplens.sinks.report_figures import declared_lr  # noqa: E402
 from steplens.stack.demo_corpus import VOCAB, Grammar, make_batch  # noqa: E402
 from steplens.stack.demo_train import TinyLM, corrupted_batch, cosine_lr, lm_loss  # noqa: E402
 

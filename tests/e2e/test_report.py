@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import stat
+
 import numpy as np
 import pytest
 
@@ -9,7 +11,9 @@ pytest.importorskip("matplotlib")
 
 from report_data import SCHEDULE, synthetic_run
 
-from steplens.sinks.report import FIGURES, RunData, declared_lr, write_report
+from steplens.sinks.report_data import RunData
+from steplens.sinks.report_figures import FIGURES, declared_lr
+from steplens.sinks.report_page import write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -47,3 +51,14 @@ def test_declared_schedule_kinds():
     assert (step[99], step[100], step[250]) == (1.0, 0.5, 0.25)
     const = declared_lr({"kind": "constant", "peak_lr": 0.1}, steps)
     assert np.all(const == 0.1)
+
+
+def test_report_is_readable_by_its_owner_only(tmp_path):
+    out = tmp_path / "report"
+    out.mkdir(mode=0o755)
+    (out / "index.html").write_text("an older page")  # rewritten, and made private too
+    (out / "index.html").chmod(0o644)
+    write_report(synthetic_run(n_steps=30), out)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
+    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in out.iterdir()}
+    assert modes == dict.fromkeys([*(f"{n}.png" for n in FIGURES), "index.html"], 0o600)

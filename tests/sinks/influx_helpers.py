@@ -12,7 +12,7 @@ from steplens.producer.topics import Topics
 from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.kafka_io import DeadLetters, consumer_config
 from steplens.sinks.loop import SinkLoop
-from steplens.sinks.query import csv_text
+from steplens.sinks.query_hot import csv_text
 from steplens.sinks.retry import RetryPolicy
 from steplens.sinks.rollup import flux_string
 from steplens.sinks.settings import InfluxSettings

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -9,6 +12,7 @@ from collections.abc import Callable, Iterable
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from steplens.producer.schema import Record, encode, make_record
+from steplens.producer.topics import Topics
 
 
 def unique(name: str) -> str:
@@ -120,3 +124,42 @@ def read_all(bootstrap: str, topic: str, expect: int, timeout_s: float = 30) -> 
     finally:
         c.close()
     return out
+
+
+def sink_process(
+    which: str, topics: Topics, group: str, extra: list[str], **popen: object
+) -> subprocess.Popen:
+    """`steplens sink WHICH` as a process over the raw topic of ``topics``."""
+    code = "import sys; from steplens.sinks.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            code,
+            which,
+            "--topics",
+            topics.raw,
+            "--group",
+            group,
+            "--dead-letter-topic",
+            topics.dead_letters,
+            "--metrics-port",
+            "0",
+            "--batch-size",
+            "200",
+            "--no-setup",
+            "--log-level",
+            "WARNING",
+            "-X",
+            "session.timeout.ms=6000",
+            *extra,
+        ],
+        env={
+            **os.environ,
+            "STEPLENS_TOPIC_RAW": topics.raw,
+            "STEPLENS_TOPIC_SIGNALS": topics.signals,
+            "STEPLENS_TOPIC_ALERTS": topics.alerts,
+            "STEPLENS_TOPIC_DEADLETTER": topics.dead_letters,
+        },
+        **popen,  # type: ignore[arg-type]
+    )

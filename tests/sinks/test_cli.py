@@ -10,7 +10,17 @@ import sys
 import urllib.request
 
 import pytest
-from sinks_helpers import committed, end_offsets, produce, step_records, unique, wait_for
+from sinks_helpers import (
+    committed,
+    end_offsets,
+    produce,
+    sink_process,
+    step_records,
+    unique,
+    wait_for,
+)
+
+from steplens.sinks.redact import Redactor
 
 pytestmark = pytest.mark.stack
 
@@ -46,3 +56,35 @@ def test_sink_process_serves_metrics_and_stops_on_sigterm(stack_env, topics) -> 
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_secrets_stay_out_of_debug_logs(stack_env, topics, tmp_path) -> None:
+    """At DEBUG botocore logs each request's Authorization header, which names the access key
+    id; every secret the sink knows is redacted from what it logs."""
+    bootstrap = stack_env["STEPLENS_KAFKA_BOOTSTRAP"]
+    produce(bootstrap, topics.raw, step_records(unique("run"), 20))
+    group, log = unique("group"), tmp_path / "sink.log"
+    extra = ["--log-level", "DEBUG", "--max-age-s", "0.2", "--prefix", unique("debug")]
+    with log.open("wb") as out:
+        proc = sink_process("s3", topics, group, extra, stdout=out, stderr=out)
+        try:
+            ends = end_offsets(bootstrap, topics.raw, 4)
+            wait_for(lambda: committed(bootstrap, group, topics.raw, 4) == ends, 60, "commits")
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    text = log.read_text(errors="replace")
+    assert "botocore.endpoint Sending http request" in text  # it did log at DEBUG
+    assert "Credential=<redacted>" in text  # the request lines are there, without the key
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "STEPLENS_INFLUX_TOKEN"):
+        assert stack_env[name] not in text, name
+
+
+def test_redactor_hides_values_and_credential_fields() -> None:
+    r = Redactor(["AKIASECRETKEY", "tok", None])
+    line = "headers={'Authorization': b'AWS4-HMAC-SHA256 Credential=AKIA123/2026/s3'} AKIASECRETKEY"
+    assert r.scrub(line) == (
+        "headers={'Authorization': b'AWS4-HMAC-SHA256 Credential=<redacted>/2026/s3'} <redacted>"
+    )
+    assert r.scrub("Authorization: Token abc.def-1") == "Authorization: Token <redacted>"
+    assert r.scrub("tok stays: too short to hide") == "tok stays: too short to hide"

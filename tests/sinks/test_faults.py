@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import replace
@@ -14,18 +12,36 @@ from dataclasses import replace
 import pytest
 from confluent_kafka import Consumer
 from influx_helpers import count_points, settings_from
-from sinks_helpers import committed, end_offsets, produce, step_records, unique, wait_for
+from prometheus_client import REGISTRY
+from sinks_helpers import (
+    committed,
+    end_offsets,
+    produce,
+    sink_process,
+    step_records,
+    unique,
+    wait_for,
+)
 from test_s3_roller import cold_rows, s3_settings, start_roller
 
+from steplens.sinks.chunks import Chunker
 from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.kafka_io import DeadLetters, consumer_config
 from steplens.sinks.loop import SinkLoop
 from steplens.sinks.retry import RetryPolicy
+from steplens.sinks.roller_loop import RollerLoop
 from steplens.sinks.rollup import ensure_buckets
+from steplens.sinks.s3 import S3Roller, make_s3_client
+from steplens.sinks.settings import S3Settings
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
 OUTAGE_S = float(os.environ.get("STEPLENS_SINKS_OUTAGE_S", "15"))
 FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff_s=0.1, max_backoff_s=0.5, deadline_s=2)
+
+
+def retries(sink: str) -> float:
+    """Writes or uploads retried so far by ``sink`` in this process."""
+    return REGISTRY.get_sample_value("steplens_sink_retries_total", {"sink": sink}) or 0.0
 
 
 def produce_slowly(bootstrap: str, topic: str, records, seconds: float) -> threading.Thread:
@@ -72,12 +88,14 @@ def test_influxdb_outage_under_load_loses_and_duplicates_nothing(
             produce(bootstrap, topics.raw, records[:1000])
             wait_for(lambda: loop.stats.accepted >= 500, 60, "first writes")
             stack.stop("influxdb")
+            failing = retries("influx")
             feeder = produce_slowly(bootstrap, topics.raw, records[1000:], OUTAGE_S / 2)
+            wait_for(lambda: retries("influx") > failing, 30, "writes failing")
+            before = committed(bootstrap, group, topics.raw, 4)
             time.sleep(OUTAGE_S)  # the outage itself
             feeder.join(60)
-            during = committed(bootstrap, group, topics.raw, 4)
+            assert committed(bootstrap, group, topics.raw, 4) == before  # nothing without a write
             ends = end_offsets(bootstrap, topics.raw, 4)
-            assert sum(during.values()) < sum(ends.values())  # nothing committed without a write
             stack.start("influxdb")
             wait_for(lambda: committed(bootstrap, group, topics.raw, 4) == ends, 120, "catch-up")
         finally:
@@ -88,82 +106,87 @@ def test_influxdb_outage_under_load_loses_and_duplicates_nothing(
         assert loop.stats.accepted >= len(records) and loop.stats.dead_letters == 0
 
 
+def private_s3(stack_env: dict[str, str], stack) -> S3Settings:
+    """Settings for the S3 server of a private stack (its own endpoint and keys)."""
+    penv = stack.env()
+    return replace(
+        s3_settings(stack_env, unique("outage")),
+        bucket=penv["STEPLENS_S3_BUCKET"],
+        endpoint_url=penv["STEPLENS_S3_ENDPOINT"],
+        access_key_id=penv["AWS_ACCESS_KEY_ID"],
+        secret_access_key=penv["AWS_SECRET_ACCESS_KEY"],
+    )
+
+
 def test_s3_outage_retries_and_leaves_no_partial_objects(stack_env, topics, private_stack) -> None:
     bootstrap = stack_env["STEPLENS_KAFKA_BOOTSTRAP"]
     stack = private_stack(["s3"])
-    penv = stack.env()
-    settings = replace(
-        s3_settings(stack_env, unique("outage")), endpoint_url=penv["STEPLENS_S3_ENDPOINT"]
-    )
-    env = {
-        **stack_env,
-        **{
-            k: penv[k]
-            for k in ("STEPLENS_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-        },
-    }
-    old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ.update({k: env[k] for k in old})
+    settings = private_s3(stack_env, stack)
+    run_id = unique("run")
+    records = step_records(run_id, 3000, ranks=4)
+    group = unique("group")
+    r = start_roller(stack_env, topics, group, settings, max_age_s=0.3, policy=FAST_RETRY)
     try:
-        run_id = unique("run")
-        records = step_records(run_id, 3000, ranks=4)
-        group = unique("group")
-        r = start_roller(env, topics, group, settings, max_age_s=0.3, policy=FAST_RETRY)
-        try:
-            produce(bootstrap, topics.raw, records[:1000])
-            wait_for(lambda: r.loop.stats.records >= 500, 60, "first uploads")
-            stack.stop("s3")
-            feeder = produce_slowly(bootstrap, topics.raw, records[1000:], OUTAGE_S / 2)
-            time.sleep(OUTAGE_S)
-            feeder.join(60)
-            ends = end_offsets(bootstrap, topics.raw, 4)
-            assert sum(committed(bootstrap, group, topics.raw, 4).values()) < sum(ends.values())
-            stack.start("s3")
-            wait_for(lambda: committed(bootstrap, group, topics.raw, 4) == ends, 120, "catch-up")
-        finally:
-            r.close()
-        rows = cold_rows(settings)  # every object parses: none is partial
-        assert len(rows) == len(records)
-        assert len({(row["kafka_partition"], row["kafka_offset"]) for row in rows}) == len(records)
+        produce(bootstrap, topics.raw, records[:1000])
+        wait_for(lambda: r.loop.stats.accepted >= 500, 60, "first uploads")
+        stack.stop("s3")
+        failing = retries("s3")
+        feeder = produce_slowly(bootstrap, topics.raw, records[1000:], OUTAGE_S / 2)
+        wait_for(lambda: retries("s3") > failing, 30, "uploads failing")
+        before = committed(bootstrap, group, topics.raw, 4)
+        time.sleep(OUTAGE_S)  # the outage itself
+        feeder.join(60)
+        assert committed(bootstrap, group, topics.raw, 4) == before  # nothing without a write
+        stack.start("s3")
+        ends = end_offsets(bootstrap, topics.raw, 4)
+        wait_for(lambda: committed(bootstrap, group, topics.raw, 4) == ends, 120, "catch-up")
     finally:
-        for k, v in old.items():
-            if v is not None:
-                os.environ[k] = v
+        r.close()
+    rows = cold_rows(settings)  # every object parses: none is partial
+    assert len(rows) == len(records)
+    assert len({(row["kafka_partition"], row["kafka_offset"]) for row in rows}) == len(records)
 
 
-def _sink_process(which: str, topics, group: str, extra: list[str]) -> subprocess.Popen:
-    code = "import sys; from steplens.sinks.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            code,
-            which,
-            "--topics",
-            topics.raw,
-            "--group",
-            group,
-            "--dead-letter-topic",
-            topics.dead_letters,
-            "--metrics-port",
-            "0",
-            "--batch-size",
-            "200",
-            "--no-setup",
-            "--log-level",
-            "WARNING",
-            "-X",
-            "session.timeout.ms=6000",
-            *extra,
-        ],
-        env={
-            **os.environ,
-            "STEPLENS_TOPIC_RAW": topics.raw,
-            "STEPLENS_TOPIC_SIGNALS": topics.signals,
-            "STEPLENS_TOPIC_ALERTS": topics.alerts,
-            "STEPLENS_TOPIC_DEADLETTER": topics.dead_letters,
-        },
+def test_shutdown_in_an_s3_outage_commits_nothing_past_an_unwritten_chunk(
+    stack_env, topics, private_stack
+) -> None:
+    """Chunks of one partition wait behind one that S3 did not take when shutdown comes; S3
+    is back for the last drain: it must not commit the later chunks past the unwritten one."""
+    bootstrap = stack_env["STEPLENS_KAFKA_BOOTSTRAP"]
+    stack = private_stack(["s3"])
+    settings = private_s3(stack_env, stack)
+    records = step_records(unique("run"), 60, ranks=1)  # one key: one partition
+    produce(bootstrap, topics.raw, records)
+    stack.stop("s3")
+    group, stop = unique("group"), threading.Event()
+    consumer = Consumer(consumer_config(group, bootstrap))
+    roller = S3Roller(make_s3_client(settings), settings, stop=stop, policy=FAST_RETRY)
+    loop = RollerLoop(
+        consumer,
+        roller,
+        DeadLetters(topics.dead_letters, group, bootstrap),
+        chunker=Chunker(roller.marker, max_bytes=2000),  # about 12 records a chunk
+        stop=stop,
+        backoff=RetryPolicy(initial_backoff_s=0.2, max_backoff_s=1),
     )
+    consumer.subscribe([topics.raw], on_revoke=loop.on_revoke)
+    thread = threading.Thread(target=loop.run, daemon=True)
+    failing = retries("s3")
+    thread.start()
+    try:
+        wait_for(lambda: retries("s3") > failing, 60, "uploads failing")
+        stop.set()
+        thread.join(30)
+        stack.start("s3")
+        loop.drain()
+    finally:
+        stop.set()
+        thread.join(30)
+        consumer.close()
+    stored = {row["kafka_offset"] for row in cold_rows(settings)}
+    done = sum(committed(bootstrap, group, topics.raw, 4).values())
+    assert set(range(done)) <= stored
+    assert done == 0 and loop.stats.commits == 0
 
 
 @pytest.mark.parametrize("which", ["influx", "s3"])
@@ -178,7 +201,7 @@ def test_sink_killed_mid_batch_restarts_with_exact_counts(stack_env, topics, whi
     extra = (
         ["--prefix", prefix, "--max-bytes", "200000", "--max-age-s", "0.5"] if which == "s3" else []
     )
-    proc = _sink_process(which, topics, group, extra)
+    proc = sink_process(which, topics, group, extra)
     try:
         wait_for(
             lambda: sum(committed(bootstrap, group, topics.raw, 4).values()) > 0,
@@ -188,7 +211,7 @@ def test_sink_killed_mid_batch_restarts_with_exact_counts(stack_env, topics, whi
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         assert sum(committed(bootstrap, group, topics.raw, 4).values()) < len(records)
-        proc = _sink_process(which, topics, group, extra)
+        proc = sink_process(which, topics, group, extra)
         wait_for(
             lambda: committed(bootstrap, group, topics.raw, 4) == ends, 120, "the restarted sink"
         )

@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from dataclasses import replace
 
 import pytest
+from confluent_kafka import Consumer
 from influx_helpers import count_points, rows, run_influx_loop, settings_from
-from sinks_helpers import produce, read_all, step_records, unique
+from sinks_helpers import (
+    committed,
+    end_offsets,
+    produce,
+    read_all,
+    step_records,
+    unique,
+    wait_for,
+)
 
 from steplens.producer.schema import decode, make_record
+from steplens.producer.topics import ensure_topics
 from steplens.sinks.influx import InfluxSink, make_client
+from steplens.sinks.kafka_io import DeadLetters, consumer_config
+from steplens.sinks.loop import SinkLoop
+from steplens.sinks.retry import RetryPolicy
 
 pytestmark = pytest.mark.stack
 
@@ -166,3 +181,36 @@ def test_loop_commits_after_write_dedupes_and_dead_letters(stack_env, topics) ->
     assert sum(r.startswith("undecodable") for r in reasons) == 2
     assert any("rejected by influx" in r and "control character" in r for r in reasons)
     assert all(d.data["source_topic"] == topics.raw for d in letters)
+
+
+def test_a_dead_letter_whose_delivery_failed_is_sent_again_before_the_commit(
+    stack_env, topics
+) -> None:
+    """The dead-letter topic is missing at first: the letter's delivery fails. The batch must
+    not be committed until a letter sent again is acknowledged."""
+    s = settings_from(stack_env)
+    bootstrap = stack_env["STEPLENS_KAFKA_BOOTSTRAP"]
+    produce(bootstrap, topics.raw, [(b"k:0", b"{not json")])
+    later = replace(topics, dead_letters=unique("dl-later"), raw=unique("raw-unused"))
+    group, stop = unique("group"), threading.Event()
+    consumer = Consumer(consumer_config(group, bootstrap))
+    consumer.subscribe([topics.raw])
+    dead = DeadLetters(later.dead_letters, group, bootstrap, **{"message.timeout.ms": 1500})
+    with make_client(s) as client:
+        sink = InfluxSink(client, s, stop=stop)
+        loop = SinkLoop(consumer, sink, dead, stop=stop, backoff=RetryPolicy(initial_backoff_s=0.5))
+        thread = threading.Thread(target=loop.run, daemon=True)
+        thread.start()
+        try:
+            wait_for(lambda: dead.sent >= 2, 60, "a second send after the failed delivery")
+            assert committed(bootstrap, group, topics.raw, 4) == dict.fromkeys(range(4), 0)
+            ensure_topics(bootstrap, later)
+            ends = end_offsets(bootstrap, topics.raw, 4)
+            wait_for(lambda: committed(bootstrap, group, topics.raw, 4) == ends, 60, "commit")
+        finally:
+            stop.set()
+            thread.join(30)
+            consumer.close()
+            sink.shutdown()
+    letters = [decode(m) for m in read_all(bootstrap, later.dead_letters, 1)]
+    assert letters and all("undecodable" in d.data["reason"] for d in letters)

@@ -11,9 +11,10 @@ from sinks_helpers import read_all, step_records, unique
 
 from steplens.producer.schema import decode, encode, make_record
 from steplens.sinks import query_cli
+from steplens.sinks.chunks import Chunker
 from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.kafka_io import Consumed
-from steplens.sinks.query import Stores, query_records, query_series
+from steplens.sinks.query import StoreRefused, Stores, query_records, query_series
 from steplens.sinks.replay import replay
 from steplens.sinks.s3 import S3Roller, ensure_bucket, make_s3_client
 from steplens.sinks.settings import S3Settings
@@ -23,11 +24,12 @@ MIN = 60 * 10**9
 
 
 def write_cold(s: S3Settings, records, partition: int = 0, first: int = 0) -> None:
-    roller = S3Roller(make_s3_client(s), s, max_bytes=1 << 40)
+    roller = S3Roller(make_s3_client(s), s)
     ensure_bucket(roller.client, s.bucket)
+    buffer = Chunker(roller.marker, max_bytes=1 << 40)
     for i, rec in enumerate(records):
-        roller.add(Consumed("raw", partition, first + i, rec.key, encode(rec), rec))
-    for chunk in roller.due(everything=True):
+        buffer.add(Consumed("raw", partition, first + i, rec.key, encode(rec), rec))
+    for chunk in buffer.due(everything=True):
         roller.write(chunk)
 
 
@@ -76,6 +78,34 @@ def test_influx_down_still_answers_from_s3(seamed_run) -> None:
     broken = replace(stores.influx, url="http://127.0.0.1:1", timeout_ms=500)
     frame = query_series(run_id, "loss", stores=Stores(broken, stores.s3))
     assert len(frame) == 200 and set(frame["source"]) == {"s3"}
+
+
+def test_a_refused_token_fails_the_query_instead_of_falling_back(
+    seamed_run, monkeypatch, capsys
+) -> None:
+    """InfluxDB answers 401 to a wrong token: the answer from S3 alone would lack the recent
+    points without a word, so the query fails with the reason, and the command exits non-zero."""
+    run_id, stores, _ = seamed_run
+    wrong = replace(stores.influx, token="not-the-token")
+    with pytest.raises(StoreRefused, match=r"HTTP 401.*STEPLENS_INFLUX_TOKEN"):
+        query_series(run_id, "loss", stores=Stores(wrong, stores.s3))
+    for k, v in {
+        "STEPLENS_INFLUX_URL": stores.influx.url,
+        "STEPLENS_INFLUX_TOKEN": "not-the-token",
+        "STEPLENS_S3_PREFIX": stores.s3.prefix,
+    }.items():
+        monkeypatch.setenv(k, v)
+    assert query_cli.main(["--run", run_id, "--metric", "loss"]) == 2
+    err = capsys.readouterr().err
+    assert "HTTP 401" in err and "STEPLENS_INFLUX_TOKEN" in err
+    assert stores.influx.token not in err
+
+
+def test_refused_s3_keys_fail_the_query(seamed_run) -> None:
+    run_id, stores, _ = seamed_run
+    wrong = replace(stores.s3, access_key_id="nobody", secret_access_key="wrong-secret")
+    with pytest.raises(StoreRefused, match=r"S3 at .* answered HTTP 403"):
+        query_series(run_id, "loss", stores=Stores(stores.influx, wrong))
 
 
 def test_records_and_cli(seamed_run, tmp_path, monkeypatch) -> None:

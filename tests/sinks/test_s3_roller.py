@@ -10,6 +10,7 @@ from confluent_kafka import Consumer
 from sinks_helpers import committed, end_offsets, produce, read_all, step_records, unique, wait_for
 
 from steplens.producer.schema import decode
+from steplens.sinks.chunks import Chunker
 from steplens.sinks.cold import read_parquet
 from steplens.sinks.kafka_io import DeadLetters, consumer_config
 from steplens.sinks.retry import RetryPolicy
@@ -44,12 +45,13 @@ def start_roller(env, topics, group, settings, max_age_s=0.5, policy=None) -> Ru
     consumer = Consumer(consumer_config(group, env["STEPLENS_KAFKA_BOOTSTRAP"]))
     client = make_s3_client(settings)
     ensure_bucket(client, settings.bucket)
-    roller = S3Roller(client, settings, max_age_s=max_age_s, stop=stop, policy=policy)
+    roller = S3Roller(client, settings, stop=stop, policy=policy)
     dead = DeadLetters(topics.dead_letters, group, env["STEPLENS_KAFKA_BOOTSTRAP"])
     loop = RollerLoop(
         consumer,
         roller,
         dead,
+        chunker=Chunker(roller.marker, max_age_s=max_age_s),
         stop=stop,
         backoff=RetryPolicy(initial_backoff_s=0.2, max_backoff_s=1),
     )
@@ -114,13 +116,15 @@ def test_a_retry_after_a_crash_rewrites_the_same_objects(stack_env) -> None:
     ensure_bucket(client, settings.bucket)
     recs = step_records(unique("run"), 100, ranks=1)
     items = [Consumed("raw", 0, 500 + i, r.key, encode(r), r) for i, r in enumerate(recs)]
-    first = S3Roller(client, settings, max_bytes=1 << 30)
+    first = S3Roller(client, settings)
+    buffer = Chunker(first.marker, max_bytes=1 << 30)
     for item in items[:80]:
-        assert first.add(item) == []
-    (chunk,) = first.due(everything=True)
+        assert buffer.add(item) == []
+    (chunk,) = buffer.due(everything=True)
     keys = first.write(chunk)  # ... and the process dies before the commit
-    second = S3Roller(make_s3_client(settings), settings, max_bytes=2000)
-    ready = [c for item in items for c in second.add(item)] + second.due(everything=True)
+    second = S3Roller(make_s3_client(settings), settings)
+    buffer = Chunker(second.marker, max_bytes=2000)
+    ready = [c for item in items for c in buffer.add(item)] + buffer.due(everything=True)
     assert (ready[0].first, ready[0].last) == (500, 579)
     assert second.write(ready[0]) == keys
     for c in ready[1:]:
@@ -137,10 +141,12 @@ def test_shutdown_drains_buffered_records(stack_env, topics) -> None:
     group = unique("group")
     r = start_roller(stack_env, topics, group, settings, max_age_s=3600)
     wait_for(
-        lambda: sum(len(c.groups) for c in list(r.loop.roller.chunks.values())) > 0, 30, "buffering"
+        lambda: sum(len(c.groups) for c in list(r.loop.chunker.chunks.values())) > 0,
+        30,
+        "buffering",
     )
     wait_for(
-        lambda: sum(c.records for c in list(r.loop.roller.chunks.values())) == 50,
+        lambda: sum(c.records for c in list(r.loop.chunker.chunks.values())) == 50,
         30,
         "all buffered",
     )

@@ -20,6 +20,7 @@ from sinks_helpers import (
 from test_s3_roller import cold_rows, s3_settings, start_roller
 
 from steplens.producer.schema import Record, decode, encode, make_record
+from steplens.sinks.chunks import Chunker
 from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.kafka_io import Consumed
 from steplens.sinks.query import Stores, query_records, query_series
@@ -134,7 +135,7 @@ def test_s3_batches_on_the_raw_topic_equal_the_steps_sent_raw(stack_env, topics)
         wait_for(lambda: committed(bootstrap, group, topics.raw, 4) == ends, 60, "commits")
     finally:
         r.close()
-    assert (r.loop.stats.records, r.loop.stats.rows) == (len(batches) + 60, 120)
+    assert (r.loop.stats.accepted, r.loop.roller.stats.rows) == (len(batches) + 60, 120)
     rows = cold_rows(settings)
     assert {row["kind"] for row in rows} == {"step"}
 
@@ -176,14 +177,16 @@ def test_s3_a_redelivered_batch_rewrites_the_same_objects(stack_env) -> None:
     steps = rich_steps(unique("run"), 60)
     recs = [step_batch(steps[i : i + 6]) for i in range(0, 60, 6)]
     items = [Consumed("raw", 0, 300 + i, r.key, encode(r), r) for i, r in enumerate(recs)]
-    first = S3Roller(client, settings, max_bytes=1 << 30)
+    first = S3Roller(client, settings)
+    buffer = Chunker(first.marker, max_bytes=1 << 30)
     for item in items[:7]:
-        assert first.add(item) == []
-    (chunk,) = first.due(everything=True)
+        assert buffer.add(item) == []
+    (chunk,) = buffer.due(everything=True)
     assert (chunk.records, chunk.rows) == (7, 42)
     keys = first.write(chunk)  # ... and the process dies before the commit
-    second = S3Roller(make_s3_client(settings), settings, max_bytes=1500)
-    ready = [c for item in items for c in second.add(item)] + second.due(everything=True)
+    second = S3Roller(make_s3_client(settings), settings)
+    buffer = Chunker(second.marker, max_bytes=1500)
+    ready = [c for item in items for c in buffer.add(item)] + buffer.due(everything=True)
     assert (ready[0].first, ready[0].last) == (300, 306)
     assert second.write(ready[0]) == keys
     for c in ready[1:]:

@@ -60,6 +60,20 @@ def test_compose_config_validates() -> None:
     }
     for port in ("19092", "18086", "19000"):
         assert any(port in str(p) for p in published), published
+    assert [name for name, svc in services.items() if not svc.get("mem_limit")] == []
+
+
+def test_compose_influxdb_has_the_local_stacks_memory_limits() -> None:
+    import yaml
+
+    from steplens.stack.services.influxdb import CACHE_AND_QUERY_LIMITS
+
+    result = _config(SECRETS)
+    assert result.returncode == 0, result.stderr
+    env = yaml.safe_load(result.stdout)["services"]["influxdb"]["environment"]
+    for flag, value in CACHE_AND_QUERY_LIMITS:
+        assert str(env["INFLUXD_" + flag[2:].upper().replace("-", "_")]) == value, flag
+    assert env["GOMEMLIMIT"].endswith("MiB")
 
 
 def test_compose_refuses_to_run_without_secrets() -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
+import resource
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -48,18 +50,55 @@ def test_secrets_are_private_and_stable(tmp_path) -> None:
     assert first.influx_token not in repr(first)
 
 
+def _wait_for_line(path, text: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, f"{path} never said {text!r}"
+        time.sleep(0.05)
+
+
 def test_stop_terminates_then_kills(tmp_path) -> None:
     # A child that ignores SIGTERM must be killed once the deadline passes.
-    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    code = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('handler set', flush=True); time.sleep(60)"
+    )
     log, pid_file = tmp_path / "x.log", tmp_path / "x.pid"
     pid = process.start([sys.executable, "-c", code, str(tmp_path) + "/"], log, pid_file)
     assert process.read_pid(pid_file, str(tmp_path) + "/") == pid
     assert process.read_pid(pid_file, "some-other-marker") is None
-    import time
-
-    time.sleep(0.5)  # let the child install its handler
+    _wait_for_line(log, "handler set")
     assert process.stop(pid, deadline_s=0.5) is True
     assert process.cmdline(pid) == ""
+
+
+def test_started_processes_are_private_and_limited(tmp_path) -> None:
+    """Log and pid files 0600 in 0700 folders; what the process writes is 0600 (umask 077);
+    the memory ceiling asked for is set on it."""
+    code = "open('made-by-it', 'w').write('x'); print('written', flush=True); import time; "
+    code += "time.sleep(60)"
+    log, pid_file = tmp_path / "logs" / "x.log", tmp_path / "pids" / "x.pid"
+    ceiling = 3 << 30
+    pid = process.start(
+        [sys.executable, "-c", code, str(tmp_path) + "/"],
+        log,
+        pid_file,
+        cwd=tmp_path,
+        limits={resource.RLIMIT_DATA: ceiling},
+    )
+    try:
+        _wait_for_line(log, "written")
+        assert resource.prlimit(pid, resource.RLIMIT_DATA) == (ceiling, ceiling)
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.rglob("*")}
+        assert modes == {
+            "logs": 0o700,
+            "pids": 0o700,
+            "x.log": 0o600,
+            "x.pid": 0o600,
+            "made-by-it": 0o600,
+        }
+    finally:
+        process.stop(pid, deadline_s=1)
 
 
 def test_port_free_sees_a_listener() -> None:
@@ -102,3 +141,15 @@ def test_influxd_build_started_elsewhere_is_waited_for(tmp_path, monkeypatch) ->
     finally:
         builder.wait(timeout=30)
     assert any("waiting for the running build" in line for line in lines)
+
+
+def test_demo_children_log_privately(tmp_path) -> None:
+    import os
+
+    from steplens.stack.demo_children import Children
+
+    children = Children(tmp_path, dict(os.environ))
+    child = children.start("help", ["--help"])
+    assert child.proc.wait(60) == 0
+    assert "usage: steplens" in child.log.read_text()
+    assert stat.S_IMODE(child.log.stat().st_mode) == 0o600

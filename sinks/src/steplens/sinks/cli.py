@@ -11,9 +11,10 @@ from dataclasses import replace
 from confluent_kafka import Consumer
 
 from steplens.producer.topics import Topics, ensure_topics
-from steplens.sinks import metrics
+from steplens.sinks import metrics, redact
 from steplens.sinks.kafka_io import DeadLetters, consumer_config
 from steplens.sinks.retry import RetryPolicy
+from steplens.sinks.settings import DEFAULT_DEDUPE_WINDOW
 
 DEFAULT_PORTS = {"influx": 9465, "s3": 9466}
 
@@ -34,7 +35,26 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--prefix", help="S3 key prefix (default: STEPLENS_S3_PREFIX or 'cold')")
     p.add_argument("--max-bytes", type=int, default=64 << 20, help="S3: roll at this size")
     p.add_argument("--max-age-s", type=float, default=60.0, help="S3: roll at this age")
+    p.add_argument(
+        "--dedupe-window",
+        type=int,
+        default=DEFAULT_DEDUPE_WINDOW,
+        help="S3: a record sent twice is stored once when its copies are at most this many "
+        "records apart in a partition (memory: about 60 bytes a record; 0: off)",
+    )
     p.add_argument("--hot-retention-s", type=int, help="InfluxDB: hot window (default 3600)")
+    p.add_argument(
+        "--max-names-per-run",
+        type=int,
+        help="InfluxDB: distinct metric names a run may use per measurement (default 1000, "
+        "STEPLENS_INFLUX_MAX_NAMES_PER_RUN)",
+    )
+    p.add_argument(
+        "--max-names-per-measurement",
+        type=int,
+        help="InfluxDB: distinct metric names per measurement in the hot bucket (default "
+        "5000, STEPLENS_INFLUX_MAX_NAMES_PER_MEASUREMENT)",
+    )
     p.add_argument("--no-setup", action="store_true", help="do not create buckets or tasks")
     p.add_argument("--deadline-s", type=float, default=30.0, help="retry deadline per write")
     p.add_argument(
@@ -52,6 +72,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 def main(argv: list[str], prog: str = "steplens sink") -> int:
     args = _parser(prog).parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
+    redactor = redact.install()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -69,7 +90,7 @@ def main(argv: list[str], prog: str = "steplens sink") -> int:
     try:
         if args.which == "influx":
             return _run_influx(args, names, consumer, dead, stop=stop, policy=policy)
-        return _run_s3(args, names, consumer, dead, stop=stop, policy=policy)
+        return _run_s3(args, names, consumer, dead, stop=stop, policy=policy, redactor=redactor)
     finally:
         consumer.close()
         dead.flush(5)
@@ -94,6 +115,10 @@ def _run_influx(
         settings = replace(settings, bucket=args.bucket)
     if args.hot_retention_s is not None:
         settings = replace(settings, hot_retention_s=args.hot_retention_s)
+    if args.max_names_per_run is not None:
+        settings = replace(settings, max_names_per_run=args.max_names_per_run)
+    if args.max_names_per_measurement is not None:
+        settings = replace(settings, max_names_per_measurement=args.max_names_per_measurement)
     client = make_client(settings)
     if not args.no_setup:
         ensure_buckets(client, settings)
@@ -116,9 +141,11 @@ def _run_s3(
     *,
     stop: threading.Event,
     policy: RetryPolicy,
+    redactor: redact.Redactor,
 ) -> int:
+    from steplens.sinks.chunks import Chunker
     from steplens.sinks.roller_loop import RollerLoop
-    from steplens.sinks.s3 import S3Roller, ensure_bucket, make_s3_client
+    from steplens.sinks.s3 import S3Roller, credential_values, ensure_bucket, make_s3_client
     from steplens.sinks.settings import S3Settings
 
     settings = S3Settings.from_env()
@@ -126,18 +153,20 @@ def _run_s3(
         settings = replace(settings, bucket=args.bucket)
     if args.prefix is not None:
         settings = replace(settings, prefix=args.prefix)
+    redactor.add(credential_values(settings))  # from a profile, say: not in the environment
     client = make_s3_client(settings)
     if not args.no_setup:
         ensure_bucket(client, settings.bucket)
-    roller = S3Roller(
-        client,
-        settings,
+    roller = S3Roller(client, settings, policy=policy, stop=stop)
+    chunker = Chunker(
+        roller.marker,
         max_bytes=args.max_bytes,
         max_age_s=args.max_age_s,
-        policy=policy,
-        stop=stop,
+        dedupe_window=args.dedupe_window,
     )
-    loop = RollerLoop(consumer, roller, dead, stop=stop, batch_size=args.batch_size)
+    loop = RollerLoop(
+        consumer, roller, dead, chunker=chunker, stop=stop, batch_size=args.batch_size
+    )
     consumer.subscribe(names, on_revoke=loop.on_revoke)
     loop.run()
     loop.drain()

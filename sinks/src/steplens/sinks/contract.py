@@ -1,11 +1,15 @@
-"""The sink contract: ``export(batch) -> ExportResult`` never raises, ``shutdown()`` stops it."""
+"""The sink contract: ``export(batch) -> ExportResult`` never raises, ``shutdown()`` stops it.
+
+Both sinks follow it: the InfluxDB sink exports a list of decoded records, the S3 roller a
+rolled chunk. ``steplens.sinks.loop.ConsumerLoop`` drives either one: it exports a batch until
+it is durable (pausing the consumer and backing off meanwhile), dead-letters what the result
+refuses, and only then commits.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
-
-from steplens.producer.schema import Record
+from typing import Protocol, TypeVar
 
 
 @dataclass(frozen=True)
@@ -20,11 +24,14 @@ class ExportResult:
 
     ``retryable``: nothing can be assumed durable; export the same batch again later.
     Otherwise every record not in ``rejected`` is durable, and the rejected ones never will be.
+    ``trimmed``: records stored without some of their fields; each reason says which were left
+    out and why (they go to the dead-letter topic, whole, with that reason).
     ``skipped`` counts records accepted but deliberately not stored (e.g. older than retention).
     """
 
     accepted: int = 0
     rejected: list[Rejection] = field(default_factory=list)
+    trimmed: list[Rejection] = field(default_factory=list)
     retryable: bool = False
     skipped: int = 0
     error: str = ""
@@ -34,9 +41,12 @@ class ExportResult:
         return cls(retryable=True, error=error)
 
 
-class Sink(Protocol):
+B_contra = TypeVar("B_contra", contravariant=True)
+
+
+class Sink(Protocol[B_contra]):
     name: str
 
-    def export(self, batch: list[Record]) -> ExportResult: ...
+    def export(self, batch: B_contra) -> ExportResult: ...
 
     def shutdown(self) -> None: ...

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Final
 
@@ -25,8 +26,10 @@ from steplens.producer import schema
 from steplens.producer.schema import Record
 from steplens.sinks import metrics
 from steplens.sinks.contract import ExportResult, Rejection
-from steplens.sinks.points import UnwritableRecord, record_lines
+from steplens.sinks.name_limits import NameBudget, NameLimits, refusal_reason
+from steplens.sinks.points import UnwritableRecord, record_builders
 from steplens.sinks.retry import RetryPolicy, Stopped, call_with_retry
+from steplens.sinks.rollup import flux_string
 from steplens.sinks.settings import InfluxSettings
 
 log = logging.getLogger("steplens.sinks")
@@ -71,10 +74,16 @@ class InfluxSink:
         policy: RetryPolicy | None = None,
         stop: threading.Event | None = None,
         write_chunk: int = 1000,
+        limits: NameLimits | None = None,
     ) -> None:
         self.settings = settings
         self.policy = policy or RetryPolicy()
         self.stop = stop or threading.Event()
+        self.limits = limits or NameLimits(
+            per_run=settings.max_names_per_run, per_measurement=settings.max_names_per_measurement
+        )
+        self.names = NameBudget(self.limits, self._stored_names)
+        self._query_api = client.query_api()
         self._write_api = client.write_api(write_options=SYNCHRONOUS)
         self.write_chunk = write_chunk
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="steplens-influx")
@@ -98,6 +107,7 @@ class InfluxSink:
         chunk: list[tuple[int, list[str]]] = []
         pending: list[Future[list[Rejection]]] = []
         rejected: dict[int, str] = {}
+        left_out: dict[int, list[tuple[str, str, str]]] = {}
         for i, rec in enumerate(batch):
             steps = schema.unbatch(rec)
             if self.settings.hot_retention_s > 0:
@@ -106,11 +116,14 @@ class InfluxSink:
                     result.skipped += 1  # past the hot window: S3 keeps it
                     continue
                 steps = kept
+            out: list[tuple[str, str, str]] = []
             for step in steps:
                 try:
-                    chunk.append((i, record_lines(step)))
+                    chunk.append((i, self._lines(step, out)))
                 except UnwritableRecord as exc:
                     rejected.setdefault(i, _reason_of(rec, step, str(exc)))
+            if out:
+                left_out[i] = out
             if len(chunk) >= self.write_chunk:
                 self._submit(pending, chunk)
                 chunk = []
@@ -126,8 +139,41 @@ class InfluxSink:
             for refused in fut.result():
                 rejected.setdefault(refused.index, refused.reason)
         result.rejected = [Rejection(i, reason) for i, reason in sorted(rejected.items())]
+        result.trimmed = [
+            Rejection(i, refusal_reason(out, self.limits))
+            for i, out in sorted(left_out.items())
+            if i not in rejected
+        ]
+        counts = Counter((m, why) for out in left_out.values() for m, _, why in out)
+        for (measurement, why), n in counts.items():
+            metrics.FIELDS_DROPPED.labels(self.name, measurement, why).inc(n)
         result.accepted = len(batch) - len(result.rejected) - result.skipped
         return result
+
+    def _lines(self, step: Record, left_out: list[tuple[str, str, str]]) -> list[str]:
+        """The step's lines, without the names over a limit (appended to ``left_out``)."""
+        lines = []
+        for b in record_builders(step):
+            keep, dropped = self.names.admit(b, step.run_id)
+            if dropped:
+                left_out += [(b.measurement, name, why) for name, why in dropped]
+            if keep:
+                lines.append(b.line())
+        return lines
+
+    def _stored_names(self, measurement: str, tag: str | None) -> set[str]:
+        """Field keys (or values of ``tag``) of ``measurement`` in the hot bucket now."""
+        s = self.settings
+        start = f"-{s.hot_retention_s}s" if s.hot_retention_s > 0 else "0"
+        args = f"bucket: {flux_string(s.bucket)}, measurement: {flux_string(measurement)}"
+        call = (
+            f"schema.measurementTagValues({args}, tag: {flux_string(tag)}, start: {start})"
+            if tag is not None
+            else f"schema.measurementFieldKeys({args}, start: {start})"
+        )
+        flux = f'import "influxdata/influxdb/schema"\n{call}'
+        tables = self._query_api.query(flux, org=s.org)
+        return {str(r.get_value()) for t in tables for r in t.records}
 
     def _submit(
         self, pending: list[Future[list[Rejection]]], chunk: list[tuple[int, list[str]]]

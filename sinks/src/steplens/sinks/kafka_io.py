@@ -25,12 +25,12 @@ def consumer_config(group_id: str, bootstrap: str | None = None, **extra: Any) -
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",
-        "enable.partition.eof": False,
         "max.poll.interval.ms": 1_800_000,  # a long outage pauses us, it must not evict us
         "session.timeout.ms": 10_000,  # a crashed sink's partitions move on within 10 s
         **kafka_security_config(),
     }
     conf.update(extra)
+    conf["enable.partition.eof"] = False  # an end of partition is not news: every error is
     return conf
 
 
@@ -52,8 +52,7 @@ def poll_batch(consumer: Consumer, max_messages: int, timeout_s: float) -> list[
     for msg in consumer.consume(num_messages=max_messages, timeout=timeout_s):
         err = msg.error()
         if err is not None:
-            if err.code() != KafkaError._PARTITION_EOF:
-                log.warning("steplens sink: consumer error: %s", err)
+            log.warning("steplens sink: consumer error: %s", err)
             continue
         out.append(_consumed(msg))
     return out
@@ -95,7 +94,9 @@ def commit(consumer: Consumer, offsets: list[TopicPartition]) -> bool:
 class DeadLetters:
     """Produces ``dead_letter`` records; ``flush`` must succeed before offsets are committed."""
 
-    def __init__(self, topic: str, consumer_name: str, bootstrap: str | None = None) -> None:
+    def __init__(
+        self, topic: str, consumer_name: str, bootstrap: str | None = None, **config: Any
+    ) -> None:
         self.topic = topic
         self.consumer_name = consumer_name
         self._producer = Producer(
@@ -104,6 +105,7 @@ class DeadLetters:
                 "enable.idempotence": True,
                 "acks": "all",
                 **kafka_security_config(),
+                **config,
             }
         )
         self._seq = itertools.count()
@@ -144,7 +146,8 @@ class DeadLetters:
         self.sent += 1
 
     def flush(self, timeout_s: float = 10.0) -> bool:
-        """True when every dead letter sent so far is acknowledged."""
+        """True when every dead letter sent since the last flush is acknowledged; False when
+        one failed or is still pending (send them again: a dead letter may then come twice)."""
         left = self._producer.flush(timeout_s)
         ok = left == 0 and self._failed == 0
         self._failed = 0

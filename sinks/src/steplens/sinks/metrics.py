@@ -5,7 +5,10 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 RECORDS = Counter(
-    "steplens_sink_records", "Records handled by a sink, by outcome", ["sink", "outcome"]
+    "steplens_sink_records",
+    "Records handled by a sink, by outcome: accepted, skipped (past the hot window), "
+    "dead_letter (not stored), trimmed (stored without some fields, dead-lettered too)",
+    ["sink", "outcome"],
 )
 RETRIES = Counter("steplens_sink_retries", "Retried writes or uploads", ["sink"])
 COMMITS = Counter("steplens_sink_commits", "Offset commits, by result", ["sink", "result"])
@@ -17,6 +20,14 @@ LAST_COMMIT = Gauge(
 )
 S3_OBJECTS = Counter("steplens_s3_objects", "Parquet objects uploaded")
 S3_BYTES = Counter("steplens_s3_bytes", "Parquet bytes uploaded")
+S3_DUPLICATES = Counter(
+    "steplens_s3_duplicate_rows", "Rows left out of S3: the same record was already rolled"
+)
+FIELDS_DROPPED = Counter(
+    "steplens_sink_fields_dropped",
+    "Field values left out of InfluxDB: their name was over a name limit",
+    ["sink", "measurement", "limit"],
+)
 
 
 def serve(port: int) -> None:

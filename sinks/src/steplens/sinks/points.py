@@ -86,20 +86,56 @@ def check_name(value: str, what: str) -> str:
     return value
 
 
-class _Builder:
-    """One point: checks every name, keeps field types stable per field name."""
+class PointBuilder:
+    """One point: checks every name, keeps field types stable per field name.
 
-    def __init__(self, measurement: str, rec: Record) -> None:
-        self.point = Point(measurement).time(rec.time_ns, WritePrecision.NS)
-        self.point.field("seq", rec.seq)
+    The point is built as it goes, and its tags and fields are kept as dicts too, so a sink
+    can see the names and leave fields out (the name limits, ``drop``) before the line is made:
+    only then is the point built again from the dicts. ``name_tag``: the tag whose values are
+    metric names (``step_window``'s ``metric``), limited like field keys."""
 
-    def tag(self, key: str, value: Any) -> _Builder:
+    __slots__ = ("_point", "_rebuild", "fields", "measurement", "name_tag", "tags", "time_ns")
+
+    def __init__(self, measurement: str, rec: Record, name_tag: str | None = None) -> None:
+        self.measurement = measurement
+        self.time_ns = rec.time_ns
+        self.name_tag = name_tag
+        self.tags: dict[str, str] = {}
+        self.fields: dict[str, Any] = {"seq": rec.seq}
+        self._point = Point(measurement).field("seq", rec.seq)
+        self._rebuild = False
+
+    def drop(self, key: str) -> None:
+        """Leave field ``key`` out of the point."""
+        del self.fields[key]
+        self._rebuild = True
+
+    def point(self) -> Point:
+        if self._rebuild:
+            self._point = Point(self.measurement)
+            for key, value in self.tags.items():
+                self._point.tag(key, value)
+            for key, value in self.fields.items():
+                self._point.field(key, value)
+            self._rebuild = False
+        return self._point.time(self.time_ns, WritePrecision.NS)
+
+    def line(self) -> str:
+        return str(self.point().to_line_protocol())
+
+    def tag(self, key: str, value: Any) -> PointBuilder:
         if value is None or value == "":
             return self
-        self.point.tag(check_name(key, "tag key"), check_name(str(value), f"tag {key}"))
+        key, text = check_name(key, "tag key"), check_name(str(value), f"tag {key}")
+        self.tags[key] = text
+        self._point.tag(key, text)
         return self
 
-    def num(self, key: str, value: Any) -> _Builder:
+    def _field(self, key: str, value: Any) -> None:
+        self.fields[key] = value
+        self._point.field(key, value)
+
+    def num(self, key: str, value: Any) -> PointBuilder:
         """A float field; non-finite values go to ``<key>_nonfinite``."""
         if value is None:
             return self
@@ -108,33 +144,33 @@ class _Builder:
         check_name(key, "field key")
         f = float(value)
         if math.isfinite(f):
-            self.point.field(key, f)
+            self._field(key, f)
         else:
-            self.point.field(f"{key}_nonfinite", _nonfinite_name(f))
+            self._field(f"{key}_nonfinite", _nonfinite_name(f))
         return self
 
-    def integer(self, key: str, value: Any) -> _Builder:
+    def integer(self, key: str, value: Any) -> PointBuilder:
         if value is None:
             return self
         if isinstance(value, bool) or not isinstance(value, int):
             raise UnwritableRecord(f"field {key[:80]!r} is not an integer: {value!r:.80}")
-        self.point.field(check_name(key, "field key"), value)
+        self._field(check_name(key, "field key"), value)
         return self
 
-    def text(self, key: str, value: Any) -> _Builder:
+    def text(self, key: str, value: Any) -> PointBuilder:
         if value is None:
             return self
         text = value if isinstance(value, str) else json.dumps(value, default=str)
-        self.point.field(check_name(key, "field key"), text[:MAX_STRING_FIELD])
+        self._field(check_name(key, "field key"), text[:MAX_STRING_FIELD])
         return self
 
-    def flag(self, key: str, value: Any) -> _Builder:
+    def flag(self, key: str, value: Any) -> PointBuilder:
         if value is None:
             return self
-        self.point.field(check_name(key, "field key"), bool(value))
+        self._field(check_name(key, "field key"), bool(value))
         return self
 
-    def any(self, key: str, value: Any) -> _Builder:
+    def any(self, key: str, value: Any) -> PointBuilder:
         """Free-form scalar: numbers as floats (stable type), text, booleans."""
         if isinstance(value, bool):
             return self.flag(key, value)
@@ -143,16 +179,23 @@ class _Builder:
         return self.text(key, value)
 
 
-def _by_name(b: _Builder, values: Mapping[str, Any], reserved: Iterable[str], prefix: str) -> None:
+def _by_name(
+    b: PointBuilder, values: Mapping[str, Any], reserved: Iterable[str], prefix: str
+) -> None:
     """Free-form metrics by name; a name taken by a fixed field gets ``prefix``."""
     taken = set(reserved)
     for name, value in values.items():
         b.num(prefix + name if name in taken else name, value)
 
 
-def _step(rec: Record) -> list[Point]:
+def _step(rec: Record) -> list[PointBuilder]:
     d = rec.data
-    b = _Builder("step", rec).tag("run_id", rec.run_id).tag("rank", rec.rank).tag("host", rec.host)
+    b = (
+        PointBuilder("step", rec)
+        .tag("run_id", rec.run_id)
+        .tag("rank", rec.rank)
+        .tag("host", rec.host)
+    )
     b.integer("step", rec.step)
     for name in STEP_FLOATS:
         b.num(name, d.get(name))
@@ -163,21 +206,25 @@ def _step(rec: Record) -> list[Point]:
         b.num(f"lr_group{i}", lr)
     fixed = {*STEP_FLOATS, "step", "tokens", "clipped", "reason", "seq"}
     _by_name(b, d.get("scalars") or {}, fixed, "scalar_")
-    return [b.point]
+    return [b]
 
 
-def _step_batch(rec: Record) -> list[Point]:
+def _step_batch(rec: Record) -> list[PointBuilder]:
     """Exactly the points of the step records the batch stands for."""
     return [p for step in schema.unbatch(rec) for p in _step(step)]
 
 
-def _step_window(rec: Record) -> list[Point]:
+def _step_window(rec: Record) -> list[PointBuilder]:
     d = rec.data
-    points = []
+    points: list[PointBuilder] = []
     for metric, stats in d["metrics"].items():
         if not isinstance(stats, dict):
             raise UnwritableRecord(f"step_window metric {metric[:80]!r} is not an object")
-        b = _Builder("step_window", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+        b = (
+            PointBuilder("step_window", rec, name_tag="metric")
+            .tag("run_id", rec.run_id)
+            .tag("rank", rec.rank)
+        )
         b.tag("host", rec.host).tag("metric", metric)
         b.integer("step_first", d["step_first"]).integer("step_last", d["step_last"])
         b.num("duration_s", d.get("duration_s"))
@@ -188,23 +235,23 @@ def _step_window(rec: Record) -> list[Point]:
             )
         for name in WINDOW_FLOATS:
             b.num(name, stats.get(name))
-        points.append(b.point)
+        points.append(b)
     return points
 
 
-def _eval(rec: Record) -> list[Point]:
+def _eval(rec: Record) -> list[PointBuilder]:
     d = rec.data
-    b = _Builder("eval", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b = PointBuilder("eval", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
     b.tag("split", d["split"]).integer("step", rec.step)
     for name in EVAL_FLOATS:
         b.num(name, d.get(name))
     _by_name(b, d.get("extra") or {}, {*EVAL_FLOATS, "step", "seq"}, "extra_")
-    return [b.point]
+    return [b]
 
 
-def _batch(rec: Record) -> list[Point]:
+def _batch(rec: Record) -> list[PointBuilder]:
     d = rec.data
-    b = _Builder("batch", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b = PointBuilder("batch", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
     b.integer("step", rec.step).integer("n_samples", d["n_samples"]).num(
         "length_mean", d.get("length_mean")
     )
@@ -212,49 +259,49 @@ def _batch(rec: Record) -> list[Point]:
     b.integer("over_length", d.get("over_length"))
     for label, count in (d.get("label_counts") or {}).items():
         b.integer(f"label_{label}", count)
-    return [b.point]
+    return [b]
 
 
 def _flat_points(
     rec: Record, measurement: str, tag: str, key: str, items: list[dict[str, Any]]
-) -> list[Point]:
-    points = []
+) -> list[PointBuilder]:
+    points: list[PointBuilder] = []
     for i, item in enumerate(items):
-        b = _Builder(measurement, rec).tag("run_id", rec.run_id).tag("host", rec.host)
+        b = PointBuilder(measurement, rec).tag("run_id", rec.run_id).tag("host", rec.host)
         b.tag(tag, item.get(key, i))
         for name, value in item.items():
             if name != key:
                 b.any(name, value)
-        points.append(b.point)
+        points.append(b)
     return points
 
 
-def _hw(rec: Record) -> list[Point]:
+def _hw(rec: Record) -> list[PointBuilder]:
     d = rec.data
-    b = _Builder("host", rec).tag("run_id", rec.run_id).tag("host", rec.host)
+    b = PointBuilder("host", rec).tag("run_id", rec.run_id).tag("host", rec.host)
     b.integer("mem_available_bytes", d.get("mem_available_bytes"))
     b.integer("mem_total_bytes", d.get("mem_total_bytes")).num("cpu_percent", d.get("cpu_percent"))
     b.text("gpu_status", d.get("gpu_status"))
     return [
-        b.point,
+        b,
         *_flat_points(rec, "gpu", "gpu", "index", d.get("gpus") or []),
         *_flat_points(rec, "disk", "device", "device", d.get("disks") or []),
         *_flat_points(rec, "net", "iface", "iface", d.get("nets") or []),
     ]
 
 
-def _comm(rec: Record) -> list[Point]:
+def _comm(rec: Record) -> list[PointBuilder]:
     d = rec.data
-    b = _Builder("comm", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b = PointBuilder("comm", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
     b.tag("op", d["op"]).tag("peer", d.get("peer"))
     b.num("latency_ms", d["latency_ms"]).integer("bytes", d.get("bytes"))
     b.text("backend", d.get("backend")).integer("step", rec.step)
-    return [b.point]
+    return [b]
 
 
-def _health(rec: Record) -> list[Point]:
+def _health(rec: Record) -> list[PointBuilder]:
     d = rec.data
-    b = _Builder("producer_health", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b = PointBuilder("producer_health", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
     b.tag("host", rec.host)
     for name in HEALTH_INTS:
         b.integer(name, d.get(name))
@@ -262,36 +309,36 @@ def _health(rec: Record) -> list[Point]:
         b.integer(f"dropped_{reason}", n)
     for reason, n in (d.get("errors") or {}).items():
         b.integer(f"error_{reason}", n)
-    return [b.point]
+    return [b]
 
 
-def _signal(rec: Record) -> list[Point]:
+def _signal(rec: Record) -> list[PointBuilder]:
     d = rec.data
-    b = _Builder("signal", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b = PointBuilder("signal", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
     b.tag("name", d["name"]).tag("metric", d["metric"]).integer("step", rec.step)
     for name in SIGNAL_FLOATS:
         b.num(name, d.get(name))
     b.text("detail", d.get("detail"))
-    return [b.point]
+    return [b]
 
 
-def _alert(rec: Record) -> list[Point]:
+def _alert(rec: Record) -> list[PointBuilder]:
     d = rec.data
-    b = _Builder("alert", rec).tag("run_id", rec.run_id).tag("rule", d["rule"])
+    b = PointBuilder("alert", rec).tag("run_id", rec.run_id).tag("rule", d["rule"])
     b.tag("severity", d["severity"]).tag("state", d["state"]).tag("scope", d["scope"])
     b.integer("step", rec.step).integer("rank", rec.rank).text("hint", d["hint"])
     b.text("summary", d.get("summary")).text("fingerprint", d["fingerprint"])
     b.integer("started_step", d.get("started_step")).text("evidence", d.get("evidence"))
-    return [b.point]
+    return [b]
 
 
-def _run_meta(rec: Record) -> list[Point]:
+def _run_meta(rec: Record) -> list[PointBuilder]:
     d = rec.data
-    b = _Builder("run_meta", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b = PointBuilder("run_meta", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
     b.integer("world_size", d["world_size"]).num("peak_flops", d.get("peak_flops"))
     for name in ("hosts", "model", "optimizer", "lr_schedule", "config"):
         b.text(name, d.get(name))
-    return [b.point]
+    return [b]
 
 
 _BUILDERS: Final = {
@@ -309,14 +356,19 @@ _BUILDERS: Final = {
 }
 
 
-def record_points(rec: Record) -> list[Point]:
-    """The points of one record; raises ``UnwritableRecord`` with the reason."""
+def record_builders(rec: Record) -> list[PointBuilder]:
+    """The points of one record, not yet lines; raises ``UnwritableRecord`` with the reason."""
     build = _BUILDERS.get(rec.kind)
     if build is None:
         raise UnwritableRecord(f"kind {rec.kind!r} is not stored in InfluxDB")
     return build(rec)
 
 
+def record_points(rec: Record) -> list[Point]:
+    """The points of one record; raises ``UnwritableRecord`` with the reason."""
+    return [b.point() for b in record_builders(rec)]
+
+
 def record_lines(rec: Record) -> list[str]:
     """Line protocol of one record (one line per point)."""
-    return [line for p in record_points(rec) if (line := p.to_line_protocol())]
+    return [line for b in record_builders(rec) if (line := b.line())]

@@ -1,27 +1,26 @@
 """One series across InfluxDB (recent) and S3 (older), as a pandas DataFrame.
 
-Both stores are read for the requested range and the rows are stitched on the point's
-identity (time and the measurement's tags), so a record present in both appears once (the
-InfluxDB row wins and ``source`` says which store answered). A store that cannot be reached is
-skipped with a warning; when neither answers the error is raised.
+Both stores are read for the requested range (``query_hot``, ``query_cold``) and the rows are
+stitched on the point's identity (time and the measurement's tags), so a record present in
+both appears once (the InfluxDB row wins and ``source`` says which store answered), and so does
+a record stored twice in S3 (re-sent by a producer, see ``chunks``). A store that cannot be
+reached is skipped with a warning; when neither answers the error is raised. A store that
+answers with a refusal (wrong token or keys, a missing bucket) raises ``StoreRefused``: the
+answer would otherwise lack that store's data without a word.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
-from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any, Final
 
 import pandas as pd
 
 from steplens.producer import schema
-from steplens.sinks.cold import hour_from_key, hour_of, read_parquet, run_prefix
-from steplens.sinks.points import MEASUREMENT
-from steplens.sinks.rollup import flux_string, flux_time
+from steplens.sinks import query_cold, query_hot
 from steplens.sinks.settings import InfluxSettings, S3Settings
 
 log = logging.getLogger("steplens.sinks")
@@ -45,7 +44,6 @@ MAP_FIELDS: Final = {
     "eval": ("extra", "extra_"),
     "batch": ("label_counts", "label_"),
 }
-_NONFINITE: Final = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 SERIES_COLUMNS: Final = ["time", "time_ns", "step", "rank", "value", "source"]
 
 
@@ -73,136 +71,6 @@ def _ns(t: datetime | str | int | float | None) -> int | None:
     return int(ts.value)
 
 
-def csv_text(value: Any) -> Any:
-    """Undo the CSV encoding of InfluxDB's query answers: a newline in a string field comes
-    back as CRLF (a lone carriage return does not come back at all; S3 keeps the exact text)."""
-    return value.replace("\r\n", "\n") if isinstance(value, str) else value
-
-
-def _to_dt(ns: int) -> datetime:
-    return datetime.fromtimestamp(ns // 1_000_000_000, tz=timezone.utc) + timedelta(
-        microseconds=(ns % 1_000_000_000) // 1000
-    )
-
-
-# ------------------------------------------------------------------------- InfluxDB
-
-
-def _influx_frame(
-    s: InfluxSettings,
-    kind: str,
-    run_id: str,
-    *,
-    rank: int | None,
-    since: int | None,
-    until: int | None,
-    fields: list[str] | None,
-) -> pd.DataFrame:
-    from steplens.sinks.influx import make_client
-
-    start = flux_time(_to_dt(since)) if since is not None else "1970-01-01T00:00:00Z"
-    stop = flux_time(_to_dt(until + 1000)) if until is not None else "2200-01-01T00:00:00Z"
-    filters = [
-        f"r._measurement == {flux_string(MEASUREMENT.get(kind) or kind.lstrip('_'))}",
-        f"r.run_id == {flux_string(run_id)}",
-    ]
-    if rank is not None and "rank" in IDENTITY.get(kind, ()):
-        filters.append(f"r.rank == {flux_string(str(rank))}")
-    if fields is not None:
-        wanted = " or ".join(f"r._field == {flux_string(f)}" for f in fields)
-        filters.append(f"({wanted})")
-    flux = (
-        f"from(bucket: {flux_string(s.bucket)})\n"
-        f"  |> range(start: {start}, stop: {stop})\n"
-        f"  |> filter(fn: (r) => {' and '.join(filters)})\n"
-        '  |> pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")\n'
-        "  |> map(fn: (r) => ({r with time_ns: int(v: r._time)}))\n"
-        "  |> group()\n"
-        '  |> drop(columns: ["_start", "_stop", "_time", "_measurement", "result", "table"])\n'
-    )
-    with make_client(s) as client:
-        frames = client.query_api().query_data_frame(flux, org=s.org)
-    if isinstance(frames, list):
-        frames = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    frame = frames.drop(columns=["result", "table"], errors="ignore")
-    for col in frame.columns:
-        if frame[col].dtype == object or str(frame[col].dtype).startswith("str"):
-            frame[col] = frame[col].map(csv_text)
-    for col in [c for c in frame.columns if str(c).endswith("_nonfinite")]:
-        base = str(col)[: -len("_nonfinite")]
-        restored = frame[col].map(lambda v: _NONFINITE.get(v, None) if isinstance(v, str) else None)
-        if base in frame:
-            frame[base] = frame[base].astype("float64").where(restored.isna(), restored)
-        else:
-            frame[base] = restored.astype("float64")
-        frame = frame.drop(columns=[col])
-    if "time_ns" in frame:  # Flux times are microsecond-rounded above: cut exactly here
-        frame = frame[
-            (frame["time_ns"] >= (since if since is not None else -(2**62)))
-            & (frame["time_ns"] <= (until if until is not None else 2**62))
-        ].reset_index(drop=True)
-    if "rank" in frame and kind != "alert":
-        frame["rank"] = pd.to_numeric(frame["rank"], errors="coerce").astype("Int64")
-    if "peer" in frame:
-        frame["peer"] = pd.to_numeric(frame["peer"], errors="coerce").astype("Int64")
-    return frame
-
-
-# ------------------------------------------------------------------------- S3
-
-
-def _hours(since: int | None, until: int | None) -> tuple[str, str]:
-    return (
-        hour_of(since) if since is not None else "",
-        hour_of(until) if until is not None else "~",
-    )
-
-
-def _s3_objects(
-    s: S3Settings, kind: str, run_id: str, since: int | None, until: int | None
-) -> Iterator[tuple[Any, str]]:
-    from steplens.sinks.s3 import make_s3_client
-
-    client = make_s3_client(s)
-    lo, hi = _hours(since, until)
-    pages = client.get_paginator("list_objects_v2").paginate(
-        Bucket=s.bucket, Prefix=run_prefix(s.prefix, kind, run_id)
-    )
-    for page in pages:
-        for obj in page.get("Contents", []):
-            hour = hour_from_key(obj["Key"]) or ""
-            if lo <= hour <= hi:
-                yield client, obj["Key"]
-
-
-def _s3_frame(
-    s: S3Settings,
-    kind: str,
-    run_id: str,
-    *,
-    rank: int | None,
-    since: int | None,
-    until: int | None,
-    columns: list[str] | None,
-) -> pd.DataFrame:
-    frames = []
-    for client, key in _s3_objects(s, kind, run_id, since, until):
-        body = client.get_object(Bucket=s.bucket, Key=key)["Body"].read()
-        frame = read_parquet(body, columns).to_pandas()
-        frames.append(frame)
-    if not frames:
-        return pd.DataFrame()
-    frame = pd.concat(frames, ignore_index=True)
-    keep = pd.Series(True, index=frame.index)
-    if since is not None:
-        keep &= frame["time_ns"] >= since
-    if until is not None:
-        keep &= frame["time_ns"] <= until
-    if rank is not None and "rank" in frame:
-        keep &= frame["rank"] == rank
-    return frame[keep].reset_index(drop=True)
-
-
 # ------------------------------------------------------------------------- stitching
 
 
@@ -226,6 +94,11 @@ def stitch(hot: pd.DataFrame, cold: pd.DataFrame, identity: list[str]) -> pd.Dat
     return frame
 
 
+class StoreRefused(RuntimeError):
+    """A store answered and refused the request (credentials, a missing bucket, a bad query):
+    the answer would silently lack its data, so the query fails with the store's reason."""
+
+
 def _both(
     stores: Stores, kind: str, hot_fn: Any, cold_fn: Any
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -234,13 +107,19 @@ def _both(
         try:
             hot = hot_fn(stores.influx)
         except Exception as exc:
-            log.warning("steplens query: InfluxDB not read: %s", exc)
+            reason = query_hot.refusal(stores.influx, exc)
+            if reason is not None:
+                raise StoreRefused(reason) from exc
+            log.warning("steplens query: InfluxDB not read (answering from S3 alone): %s", exc)
             errors.append(exc)
     if stores.s3 is not None:
         try:
             cold = cold_fn(stores.s3)
         except Exception as exc:
-            log.warning("steplens query: S3 not read: %s", exc)
+            reason = query_cold.refusal(stores.s3, exc)
+            if reason is not None:
+                raise StoreRefused(reason) from exc
+            log.warning("steplens query: S3 not read (answering from InfluxDB alone): %s", exc)
             errors.append(exc)
     if errors and len(errors) == int(stores.influx is not None) + int(stores.s3 is not None):
         raise errors[0]
@@ -279,7 +158,7 @@ def query_series(  # noqa: PLR0917
     base = ["time_ns", "step", *identity]
 
     def hot(s: InfluxSettings) -> pd.DataFrame:
-        frame = _influx_frame(
+        frame = query_hot.influx_frame(
             s,
             kind,
             run_id,
@@ -287,6 +166,7 @@ def query_series(  # noqa: PLR0917
             since=lo,
             until=hi,
             fields=[field, f"{field}_nonfinite", "step"],
+            by_rank="rank" in IDENTITY[kind],
         )
         if field not in frame:
             return pd.DataFrame()
@@ -294,7 +174,9 @@ def query_series(  # noqa: PLR0917
         return frame.dropna(subset=["value"])[[c for c in [*base, "value"] if c in frame]]
 
     def cold(s: S3Settings) -> pd.DataFrame:
-        frame = _s3_frame(s, kind, run_id, rank=rank, since=lo, until=hi, columns=[*base, column])
+        frame = query_cold.s3_frame(
+            s, kind, run_id, rank=rank, since=lo, until=hi, columns=[*base, column]
+        )
         if column not in frame:
             return pd.DataFrame()
         frame = frame.rename(columns={column: "value"}).dropna(subset=["value"])
@@ -329,17 +211,26 @@ def query_records(
     lo, hi = _ns(since), _ns(until)
 
     def hot(s: InfluxSettings) -> pd.DataFrame:
-        frame = _influx_frame(s, kind, run_id, rank=rank, since=lo, until=hi, fields=None)
+        frame = query_hot.influx_frame(
+            s,
+            kind,
+            run_id,
+            rank=rank,
+            since=lo,
+            until=hi,
+            fields=None,
+            by_rank="rank" in IDENTITY[kind],
+        )
         if frame.empty:
             return frame
         frame = frame.rename(columns=_influx_to_cold_names(kind, list(frame.columns)))
         frame["kind"] = kind
         if kind == "hw":
-            frame = _with_device_lists(s, frame, run_id, lo, hi)
+            frame = query_hot.with_device_lists(s, frame, run_id, lo, hi)
         return frame
 
     def cold(s: S3Settings) -> pd.DataFrame:
-        frame = _s3_frame(s, kind, run_id, rank=rank, since=lo, until=hi, columns=None)
+        frame = query_cold.s3_frame(s, kind, run_id, rank=rank, since=lo, until=hi, columns=None)
         return frame.drop(
             columns=["payload", "time", "kafka_topic", "kafka_partition", "kafka_offset"],
             errors="ignore",
@@ -363,45 +254,6 @@ def _from_json(value: Any) -> Any:
         return schema._restore(json.loads(value))
     except ValueError:
         return value
-
-
-# hw list field -> (InfluxDB measurement, tag holding the item's id, the id's name in the item)
-DEVICE_LISTS: Final = {
-    "gpus": ("gpu", "gpu", "index"),
-    "disks": ("disk", "device", "device"),
-    "nets": ("net", "iface", "iface"),
-}
-
-
-def _with_device_lists(
-    s: InfluxSettings, host: pd.DataFrame, run_id: str, lo: int | None, hi: int | None
-) -> pd.DataFrame:
-    """Fold the gpu, disk and net points of each hw record back into its lists (JSON text)."""
-    host = host.copy()
-    for name, (measurement, tag, key) in DEVICE_LISTS.items():
-        kind = {"gpu": "_gpu", "disk": "_disk", "net": "_net"}[measurement]
-        frame = _influx_frame(s, kind, run_id, rank=None, since=lo, until=hi, fields=None)
-        lists: dict[tuple[int, str], list[dict[str, Any]]] = {}
-        if not frame.empty:
-            frame = frame.drop(columns=["run_id", "seq"], errors="ignore")
-            for row in frame.to_dict("records"):
-                item = {
-                    k: v
-                    for k, v in row.items()
-                    if k not in ("time_ns", "host", tag) and not _missing(v)
-                }
-                ident = row.get(tag)
-                item[key] = int(ident) if key == "index" and str(ident).isdigit() else ident
-                lists.setdefault((int(row["time_ns"]), str(row.get("host"))), []).append(item)
-        host[name] = [
-            json.dumps(lists.get((int(t), str(h)), []))
-            for t, h in zip(host["time_ns"], host["host"], strict=True)
-        ]
-    return host
-
-
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def _influx_to_cold_names(kind: str, columns: list[str]) -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from steplens.sinks.query import IDENTITY, query_series
+from steplens.sinks.query import IDENTITY, StoreRefused, query_series
 
 
 def main(argv: list[str], prog: str = "steplens query") -> int:
@@ -20,9 +20,18 @@ def main(argv: list[str], prog: str = "steplens query") -> int:
     p.add_argument("--until", help="ISO time, or relative like -5min")
     p.add_argument("--csv", metavar="FILE", help="write CSV here ('-' for stdout)")
     args = p.parse_args(argv)
-    frame = query_series(
-        args.run, args.metric, rank=args.rank, since=args.since, until=args.until, kind=args.kind
-    )
+    try:
+        frame = query_series(
+            args.run,
+            args.metric,
+            rank=args.rank,
+            since=args.since,
+            until=args.until,
+            kind=args.kind,
+        )
+    except StoreRefused as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
     if args.csv:
         frame.to_csv(sys.stdout if args.csv == "-" else args.csv, index=False)
     else:

@@ -63,11 +63,11 @@ def task_flux(s: InfluxSettings, lookback_min: int = 5) -> str:
 def ensure_buckets(client: InfluxDBClient, s: InfluxSettings) -> None:
     """Create the hot and rollup buckets when missing (existing ones are left as they are)."""
     api = client.buckets_api()
-    org_id = client.organizations_api().find_organizations(org=s.org)[0].id
+    org = client.organizations_api().find_organizations(org=s.org)[0]
     for name, retention in ((s.bucket, s.hot_retention_s), (s.rollup_bucket, ROLLUP_RETENTION_S)):
         if api.find_bucket_by_name(name) is None:
             rules = [BucketRetentionRules(type="expire", every_seconds=retention)]
-            api.create_bucket(bucket_name=name, retention_rules=rules, org_id=org_id)
+            api.create_bucket(bucket_name=name, retention_rules=rules, org=org)
 
 
 def ensure_rollup_task(client: InfluxDBClient, s: InfluxSettings, lookback_min: int = 5) -> str:

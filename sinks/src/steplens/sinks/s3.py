@@ -1,11 +1,11 @@
-"""S3 cold roller: raw records to Parquet objects, committed to Kafka only after the upload.
+"""S3 cold roller: chunks of records to Parquet objects, committed to Kafka after the upload.
 
-Each partition's records are buffered into a chunk; a chunk rolls by size or age and becomes
-one object per (kind, run, hour), keyed by topic, partition and the chunk's offset range. Each
-object is a single PUT, so a reader sees all of it or nothing. Before the objects go up, the
-chunk's range is written to ``<prefix>/_state/<topic>-p<P>.json``; a restarted roller that
-resumes at that range's first offset ends its first chunk at the same last offset, so a retry
-after a crash writes the same keys again (overwrites) instead of overlapping ones.
+A chunk (``chunks.py``) becomes one object per (kind, run, hour), keyed by topic, partition
+and the chunk's offset range. Each object is a single PUT, so a reader sees all of it or
+nothing. Before the objects go up, the chunk's range is written to
+``<prefix>/_state/<topic>-p<P>.json``; a restarted roller that resumes at that range's first
+offset ends its first chunk at the same last offset, so a retry after a crash writes the same
+keys again (overwrites) instead of overlapping ones.
 """
 
 from __future__ import annotations
@@ -13,26 +13,18 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
-from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import boto3
 import botocore.exceptions
 from botocore.config import Config
 
-from steplens.producer import schema
-from steplens.producer.schema import DecodeError
 from steplens.sinks import metrics
-from steplens.sinks.cold import (
-    GroupKey,
-    group_of,
-    object_key,
-    record_row,
-    rows_to_parquet,
-)
-from steplens.sinks.kafka_io import Consumed
+from steplens.sinks.chunks import Chunk
+from steplens.sinks.cold import object_key, rows_to_parquet
+from steplens.sinks.contract import ExportResult
 from steplens.sinks.retry import RetryPolicy, call_with_retry
 from steplens.sinks.settings import S3Settings
 
@@ -60,6 +52,17 @@ def make_s3_client(s: S3Settings) -> Any:
     )
 
 
+def credential_values(s: S3Settings) -> list[str | None]:
+    """The credentials boto3 would use (to keep them out of logs)."""
+    values = [s.access_key_id, s.secret_access_key]
+    session = boto3.Session(profile_name=s.profile) if s.profile else boto3.Session()
+    found = session.get_credentials()
+    if found is not None:
+        frozen = found.get_frozen_credentials()
+        values += [frozen.access_key, frozen.secret_key, frozen.token]
+    return values
+
+
 def ensure_bucket(client: Any, bucket: str) -> None:
     try:
         client.head_bucket(Bucket=bucket)
@@ -75,21 +78,17 @@ def transient(exc: BaseException) -> bool:
 
 
 @dataclass
-class Chunk:
-    topic: str
-    partition: int
-    first: int
-    last: int = -1
-    nbytes: int = 0
-    started: float = field(default_factory=time.monotonic)
-    forced_last: int | None = None  # from the state marker: end exactly here
-    groups: dict[GroupKey, list[dict]] = field(default_factory=lambda: defaultdict(list))
-    dead: list[tuple[Consumed, str]] = field(default_factory=list)
-    records: int = 0  # Kafka messages decoded
-    rows: int = 0  # rows stored (a step_batch gives one per step)
+class UploadStats:
+    objects: int = 0
+    rows: int = 0
+    duplicates: int = 0
 
 
 class S3Roller:
+    """The cold sink: ``export(chunk)`` uploads a chunk's objects (``chunks.Chunker`` makes
+    the chunks). Every decoded record becomes a row, so nothing is ever refused: a chunk is
+    either durable or retryable."""
+
     name = "s3"
 
     def __init__(
@@ -97,73 +96,33 @@ class S3Roller:
         client: Any,
         settings: S3Settings,
         *,
-        max_bytes: int = 64 << 20,
-        max_age_s: float = 60.0,
         policy: RetryPolicy | None = None,
         stop: threading.Event | None = None,
     ) -> None:
         self.client = client
         self.settings = settings
-        self.max_bytes = max_bytes
-        self.max_age_s = max_age_s
         self.policy = policy or RetryPolicy()
         self.stop = stop or threading.Event()
-        self.chunks: dict[tuple[str, int], Chunk] = {}
+        self.stats = UploadStats()
         self._markers: dict[tuple[str, int], tuple[int, int] | None] = {}
 
-    # ---------------------------------------------------------------- buffering
-    def add(self, item: Consumed) -> list[Chunk]:
-        """Buffer one message; returns chunks that must be written before it fits."""
-        tp = (item.topic, item.partition)
-        ready = []
-        chunk = self.chunks.get(tp)
-        if chunk is not None and chunk.forced_last is not None and item.offset > chunk.forced_last:
-            ready.append(self.chunks.pop(tp))
-            chunk = None
-        if chunk is None:
-            chunk = self.chunks[tp] = Chunk(item.topic, item.partition, item.offset)
-            marker = self._marker(tp)
-            if marker is not None and marker[0] == item.offset:
-                chunk.forced_last = marker[1]
-        chunk.last = item.offset
-        if isinstance(item.decoded, DecodeError):
-            chunk.dead.append((item, f"undecodable: {item.decoded}"))
-        else:
-            rec = item.decoded
-            steps = schema.unbatch(rec)  # a step_batch is stored as its step records
-            # each step row keeps its own step record's bytes, so replay re-sends steps
-            payloads = (
-                [schema.encode(step) for step in steps]
-                if rec.kind == "step_batch"
-                else [item.value]
-            )
-            for step, payload in zip(steps, payloads, strict=True):
-                row = record_row(step, item.topic, item.partition, item.offset, payload)
-                chunk.groups[group_of(step)].append(row)
-            chunk.records += 1
-            chunk.rows += len(steps)
-        chunk.nbytes += len(item.value)
-        if chunk.forced_last is not None:
-            if item.offset >= chunk.forced_last:
-                ready.append(self.chunks.pop(tp))
-        elif chunk.nbytes >= self.max_bytes:
-            ready.append(self.chunks.pop(tp))
-        return ready
+    def export(self, chunk: Chunk) -> ExportResult:
+        try:
+            keys = self.write(chunk)
+        except Exception as exc:  # the contract: export never raises
+            return ExportResult.retry(f"{type(exc).__name__}: {exc}")
+        self.stats.objects += len(keys)
+        self.stats.rows += chunk.rows
+        self.stats.duplicates += chunk.duplicates
+        metrics.S3_DUPLICATES.inc(chunk.duplicates)
+        return ExportResult(accepted=chunk.records)
 
-    def due(self, everything: bool = False) -> list[Chunk]:
-        """Chunks old enough to roll (all of them with ``everything``)."""
-        now = time.monotonic()
-        keys = [
-            tp
-            for tp, c in self.chunks.items()
-            if everything or (c.forced_last is None and now - c.started >= self.max_age_s)
-        ]
-        return [self.chunks.pop(tp) for tp in keys]
+    def shutdown(self) -> None:
+        self.stop.set()
 
-    def drop(self, partitions: list[tuple[str, int]]) -> None:
-        """Forget buffers of revoked partitions; their new owner re-reads them from Kafka."""
+    def forget(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Forget the state markers of revoked partitions (their new owner reads them)."""
         for tp in partitions:
-            self.chunks.pop(tp, None)
             self._markers.pop(tp, None)
 
     # ---------------------------------------------------------------- upload
@@ -171,7 +130,8 @@ class S3Roller:
         head = f"{self.settings.prefix.strip('/')}/" if self.settings.prefix.strip("/") else ""
         return f"{head}_state/{topic}-p{partition}.json"
 
-    def _marker(self, tp: tuple[str, int]) -> tuple[int, int] | None:
+    def marker(self, tp: tuple[str, int]) -> tuple[int, int] | None:
+        """The range a previous roller was uploading for this partition, if any."""
         if tp not in self._markers:
             try:
                 body = self._retry(

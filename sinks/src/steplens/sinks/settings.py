@@ -7,6 +7,15 @@ from dataclasses import dataclass
 
 from steplens.producer.settings import env_value
 
+DEFAULT_DEDUPE_WINDOW = 50_000  # S3: recent records remembered per partition (about 3 MB)
+
+
+def _positive(raw: str) -> int:
+    value = int(raw)
+    if value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
 
 @dataclass(frozen=True)
 class InfluxSettings:
@@ -17,6 +26,8 @@ class InfluxSettings:
     rollup_bucket: str
     hot_retention_s: int = 3600
     timeout_ms: int = 10_000
+    max_names_per_run: int = 1000  # distinct field names of a run in one measurement
+    max_names_per_measurement: int = 5000  # distinct field names of a measurement
 
     @classmethod
     def from_env(cls) -> InfluxSettings:
@@ -27,6 +38,10 @@ class InfluxSettings:
             bucket=env_value("STEPLENS_INFLUX_BUCKET", str, "steplens"),
             rollup_bucket=env_value("STEPLENS_INFLUX_ROLLUP_BUCKET", str, "steplens_rollup"),
             hot_retention_s=env_value("STEPLENS_INFLUX_HOT_RETENTION_S", int, 3600),
+            max_names_per_run=env_value("STEPLENS_INFLUX_MAX_NAMES_PER_RUN", _positive, 1000),
+            max_names_per_measurement=env_value(
+                "STEPLENS_INFLUX_MAX_NAMES_PER_MEASUREMENT", _positive, 5000
+            ),
         )
 
 

@@ -11,130 +11,32 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from steplens.stack.demo_children import Children, free_port, port_or_free, wait_port
 from steplens.stack.demo_incidents import (
-    Incident,
-    Scorecard,
-    alert_step,
     estimate_steps,
+    format_scorecard,
     load_plan,
     load_starts,
     score,
 )
+from steplens.stack.private_files import UMASK, open_private, private_dir
 
 QUICK_STEPS = 240
-MAX_FALSE_LINES = 12
 HANG_AFTER_S = 60.0  # the stream jobs' default: a stall must last longer to be a hang
 QUICK_HANG_AFTER_S = 20.0
 # Prometheus ports of the worker and the sinks (docs/architecture.md); taken ones are replaced
 DEFAULT_PORTS = {"worker": 9464, "sink-influx": 9465, "sink-s3": 9466}
-Progress = Callable[[str], None]
 
 
 def say(line: str) -> None:
     print(line, flush=True)
-
-
-@dataclass
-class Child:
-    name: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-class Children:
-    """The demo's own subprocesses; each in its own process group, stopped at the end."""
-
-    def __init__(self, log_dir: Path, env: dict[str, str]) -> None:
-        self.log_dir = log_dir
-        self.env = env
-        self.running: list[Child] = []
-
-    def start(self, name: str, args: list[str]) -> Child:
-        log = self.log_dir / f"{name}.log"
-        out: IO[bytes] = log.open("ab")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "steplens.stack.cli", *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=self.env,
-            start_new_session=True,
-        )
-        out.close()
-        child = Child(name, proc, log)
-        self.running.append(child)
-        return child
-
-    def check(self) -> Child | None:
-        """The first child that has exited, if any."""
-        return next((c for c in self.running if c.proc.poll() is not None), None)
-
-    def stop_all(self, grace_s: float = 15.0) -> None:
-        for child in self.running:
-            if child.proc.poll() is None:
-                os.killpg(child.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for child in self.running:
-            try:
-                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(child.proc.pid, signal.SIGKILL)
-                child.proc.wait(timeout=5)
-        self.running.clear()
-
-
-def wait_port(port: int, child: Child, timeout_s: float, progress: Progress) -> None:
-    """Wait until ``child`` answers on 127.0.0.1:``port`` (its metrics endpoint)."""
-    deadline = time.monotonic() + timeout_s
-    shown = time.monotonic()
-    while time.monotonic() < deadline:
-        if child.proc.poll() is not None:
-            raise RuntimeError(f"{child.name} exited ({child.proc.returncode}):\n{child.tail()}")
-        with socket.socket() as s:
-            s.settimeout(0.5)
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        if time.monotonic() - shown > 10:
-            shown = time.monotonic()
-            progress(f"[demo] waiting for {child.name} on 127.0.0.1:{port} ...")
-        time.sleep(0.5)
-    raise RuntimeError(
-        f"{child.name} did not open 127.0.0.1:{port} in {timeout_s:.0f} s:\n{child.tail()}"
-    )
-
-
-def port_or_free(port: int) -> int:
-    """``port`` when it can be bound on 127.0.0.1 now, else a free one (a connect test can
-    time out on a busy machine and call a taken port free)."""
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return free_port()
-    return port
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_training(
@@ -171,7 +73,7 @@ def run_training(
         str(plan_file),
     ]
     train_env = {**env, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    log = (log_dir / "train.log").open("w")
+    log = open_private(log_dir / "train.log")
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
@@ -180,6 +82,7 @@ def run_training(
         env=train_env,
         text=True,
         start_new_session=True,
+        umask=UMASK,  # the incident plan and anything else the ranks write: private
     )
     deadline = time.monotonic() + args.train_timeout_s
     assert proc.stdout is not None
@@ -204,53 +107,6 @@ def run_training(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
-
-
-def format_scorecard(plan: list[Incident], card: Scorecard) -> str:
-    lines = ["", "What steplens caught", "=" * 72]
-    for inc in plan:
-        where = "all ranks" if inc.rank is None else f"rank {inc.rank}"
-        hits = card.caught.get(inc.kind, [])
-        mark = "CAUGHT" if hits else "MISSED"
-        lines.append(f"{mark:<7} {inc.kind} (steps {inc.first_step}-{inc.last_step}, {where})")
-        for a in _distinct(hits):
-            lines.append("        " + _alert_line(a))
-        side = card.related.get(inc.kind, [])
-        if side:
-            rules = sorted({str(a.get("rule")) for a in side})
-            lines.append(f"        (+{len(side)} related: {', '.join(rules)})")
-    lines.append("-" * 72)
-    false = _distinct(card.false_alarms)
-    by_rule = Counter(str(a.get("rule")) for a in false)
-    summary = ", ".join(f"{rule} x{n}" for rule, n in by_rule.most_common())
-    lines.append(f"false alarms (outside every incident): {len(false)}  ({summary or 'none'})")
-    for a in false[:MAX_FALSE_LINES]:
-        lines.append("        " + _alert_line(a))
-    if len(false) > MAX_FALSE_LINES:
-        lines.append(f"        ... {len(false) - MAX_FALSE_LINES} more in the report")
-    caught = len(plan) - len(card.missed)
-    n_false = len(false)
-    lines.append(f"caught {caught} of {len(plan)} incidents, {n_false} false alarm(s)")
-    return "\n".join(lines)
-
-
-def _distinct(alerts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One line per (rule, scope, step): an alert that fires again at the same step once."""
-    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for a in sorted(alerts, key=lambda a: alert_step(a) or 0):
-        seen.setdefault((a.get("rule"), a.get("scope"), alert_step(a)), a)
-    return list(seen.values())
-
-
-def _alert_line(a: dict[str, Any]) -> str:
-    rank = a.get("rank")
-    where = f"rank {rank}" if isinstance(rank, int) and rank >= 0 else a.get("scope", "run")
-    step = alert_step(a)
-    shown = f"~{step}" if a.get("step") is None and step is not None else str(step)
-    return (
-        f"[{a.get('severity', '?'):<8}] step {shown:>5} {where:<8} "
-        f"{a.get('rule', '?')}: {a.get('hint', '')}"
-    )
 
 
 def parse_args(argv: list[str], prog: str) -> argparse.Namespace:
@@ -328,7 +184,7 @@ def main(argv: list[str], prog: str = "steplens demo") -> int:
     ensure_topics(stack_env["STEPLENS_KAFKA_BOOTSTRAP"], topics)
     home = Path(env.get("STEPLENS_HOME", Path.home() / ".local/state/steplens"))
     run_dir = home / "demo" / args.run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(run_dir)
     out = args.out or run_dir / "report"
     say(f"[demo] run {args.run_id}; logs in {run_dir}")
 

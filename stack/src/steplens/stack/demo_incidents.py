@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import bisect
 import json
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+MAX_FALSE_LINES = 12  # false alarms listed by name in the scorecard
 
 
 @dataclass(frozen=True)
@@ -224,3 +227,50 @@ def load_starts(path: Path) -> dict[str, int]:
             d = json.loads(line)
             out.setdefault(str(d["kind"]), int(d["time_ns"]))
     return out
+
+
+def format_scorecard(plan: list[Incident], card: Scorecard) -> str:
+    lines = ["", "What steplens caught", "=" * 72]
+    for inc in plan:
+        where = "all ranks" if inc.rank is None else f"rank {inc.rank}"
+        hits = card.caught.get(inc.kind, [])
+        mark = "CAUGHT" if hits else "MISSED"
+        lines.append(f"{mark:<7} {inc.kind} (steps {inc.first_step}-{inc.last_step}, {where})")
+        for a in _distinct(hits):
+            lines.append("        " + _alert_line(a))
+        side = card.related.get(inc.kind, [])
+        if side:
+            rules = sorted({str(a.get("rule")) for a in side})
+            lines.append(f"        (+{len(side)} related: {', '.join(rules)})")
+    lines.append("-" * 72)
+    false = _distinct(card.false_alarms)
+    by_rule = Counter(str(a.get("rule")) for a in false)
+    summary = ", ".join(f"{rule} x{n}" for rule, n in by_rule.most_common())
+    lines.append(f"false alarms (outside every incident): {len(false)}  ({summary or 'none'})")
+    for a in false[:MAX_FALSE_LINES]:
+        lines.append("        " + _alert_line(a))
+    if len(false) > MAX_FALSE_LINES:
+        lines.append(f"        ... {len(false) - MAX_FALSE_LINES} more in the report")
+    caught = len(plan) - len(card.missed)
+    n_false = len(false)
+    lines.append(f"caught {caught} of {len(plan)} incidents, {n_false} false alarm(s)")
+    return "\n".join(lines)
+
+
+def _distinct(alerts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per (rule, scope, step): an alert that fires again at the same step once."""
+    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for a in sorted(alerts, key=lambda a: alert_step(a) or 0):
+        seen.setdefault((a.get("rule"), a.get("scope"), alert_step(a)), a)
+    return list(seen.values())
+
+
+def _alert_line(a: dict[str, Any]) -> str:
+    rank = a.get("rank")
+    where = f"rank {rank}" if isinstance(rank, int) and rank >= 0 else a.get("scope", "run")
+    step = alert_step(a)
+    shown = f"~{step}" if a.get("step") is None and step is not None else str(step)
+    return (
+        f"[{a.get('severity', '?'):<8}] step {shown:>5} {where:<8} "
+        f"{a.get('rule', '?')}: {a.get('hint', '')}"
+    )

@@ -5,12 +5,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import resource
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from steplens.stack.private_files import UMASK, open_private, private_dir
 
 # Popen handles of processes started by this Python process, so they can be reaped.
 _children: dict[int, subprocess.Popen[bytes]] = {}
@@ -40,13 +43,18 @@ def start(
     argv: Sequence[str],
     log_file: Path,
     pid_file: Path,
+    *,
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
+    limits: Mapping[int, int] | None = None,
 ) -> int:
-    """Start ``argv`` in its own session, output appended to ``log_file``; returns its pid."""
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    pid_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "ab") as log:
+    """Start ``argv`` in its own session, output appended to ``log_file``; returns its pid.
+
+    The process runs under umask 077 (what it writes is its user's alone). ``limits`` maps
+    ``resource.RLIMIT_*`` to a ceiling in bytes, set on the process as soon as it exists."""
+    private_dir(log_file.parent)
+    private_dir(pid_file.parent)
+    with open_private(log_file, "ab") as log:
         proc = subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,
@@ -56,9 +64,14 @@ def start(
             cwd=cwd,
             start_new_session=True,
             close_fds=True,
+            umask=UMASK,
         )
     _children[proc.pid] = proc
-    pid_file.write_text(f"{proc.pid}\n")
+    for which, ceiling in (limits or {}).items():
+        with contextlib.suppress(ProcessLookupError):  # it failed at once: probe() tells
+            resource.prlimit(proc.pid, which, (ceiling, ceiling))
+    with open_private(pid_file) as fh:
+        fh.write(f"{proc.pid}\n")
     return proc.pid
 
 

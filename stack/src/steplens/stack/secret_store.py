@@ -8,6 +8,8 @@ import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from steplens.stack.private_files import private_dir
+
 
 @dataclass(frozen=True)
 class Secrets:
@@ -34,7 +36,7 @@ def load_or_create(path: Path) -> Secrets:
     if path.exists():
         data = json.loads(path.read_text())
         return Secrets(**{k: data[k] for k in Secrets.__dataclass_fields__})
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     fresh = _generate()
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -18,6 +18,7 @@ from steplens.stack import process
 from steplens.stack.config import DEFAULT_PORTS, SERVICES, StackConfig
 from steplens.stack.errors import StackError
 from steplens.stack.install import BUILD_TIMEOUT_S, Progress
+from steplens.stack.private_files import private_dir, write_private
 from steplens.stack.secret_store import Secrets, load_or_create
 from steplens.stack.services.base import Service
 from steplens.stack.services.influxdb import InfluxDB
@@ -86,8 +87,8 @@ class Stack:
         return [name for name in SERVICES if name in wanted]
 
     def _lock(self) -> FileLock:
-        self.cfg.home.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.cfg.home / "stack.lock"))
+        private_dir(self.cfg.home)  # an older home is made private too
+        return FileLock(str(self.cfg.home / "stack.lock"), mode=0o600)
 
     def pid(self, name: str) -> int | None:
         svc = self.service(name)
@@ -162,9 +163,14 @@ class Stack:
             log.replace(log.with_suffix(".log.1"))
         say(f"[{name}] starting on {svc.address} (log: {log})")
         pid = process.start(
-            svc.argv(), log, self.cfg.pid_path(name), env=svc.process_env(), cwd=svc.dir
+            svc.argv(),
+            log,
+            self.cfg.pid_path(name),
+            env=svc.process_env(),
+            cwd=svc.dir,
+            limits=svc.memory_limits(),
         )
-        ports_file.write_text(json.dumps(ports))
+        write_private(ports_file, json.dumps(ports))
         return pid
 
     def _wait_healthy(self, name: str, pid: int | None, timeout_s: float) -> None:

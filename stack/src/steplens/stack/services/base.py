@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from steplens.stack.config import StackConfig
+from steplens.stack.private_files import private_dir
 from steplens.stack.secret_store import Secrets
 
 Progress = Callable[[str], None]
@@ -25,6 +26,11 @@ class Service(ABC):
     @property
     def dir(self) -> Path:
         return self.cfg.service_dir(self.name)
+
+    def private_dir(self, *parts: str) -> Path:
+        """A folder of this service's (0700, as is the service's own), created if missing."""
+        private_dir(self.dir)
+        return private_dir(self.dir.joinpath(*parts))
 
     @property
     def marker(self) -> str:
@@ -52,6 +58,10 @@ class Service(ABC):
 
     def process_env(self) -> dict[str, str] | None:
         return None
+
+    def memory_limits(self) -> dict[int, int]:
+        """``resource.RLIMIT_*`` -> bytes, set on the process at start (none by default)."""
+        return {}
 
     @abstractmethod
     def probe(self) -> str | None:

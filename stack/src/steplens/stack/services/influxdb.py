@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Final
 
+from steplens.producer.settings import env_value
 from steplens.stack.config import (
     INFLUX_BUCKET,
     INFLUX_ORG,
@@ -19,6 +21,37 @@ from steplens.stack.config import (
 from steplens.stack.errors import StackError
 from steplens.stack.install import ensure_influxd, influxd_binary
 from steplens.stack.services.base import Progress, Service
+
+# What influxd may hold in memory. InfluxDB 2.9 has no series or field-key limit of its own
+# (1.x's max-series-per-database and max-values-per-tag are gone): the sinks cap metric names.
+CACHE_AND_QUERY_LIMITS: Final = (
+    # per shard; a full cache refuses writes, which the sink retries
+    ("--storage-cache-max-memory-size", "256MiB"),
+    ("--storage-cache-snapshot-memory-size", "25MiB"),
+    ("--storage-max-concurrent-compactions", "1"),
+    ("--storage-series-id-set-cache-size", "100"),
+    # 8 queries at a time, 64 waiting, 256 MiB each and 512 MiB in all: a query past its
+    # share fails ("allocation limit reached") instead of growing the server
+    ("--query-concurrency", "8"),
+    ("--query-queue-size", "64"),
+    ("--query-initial-memory-bytes", "16MiB"),
+    ("--query-memory-bytes", "256MiB"),
+    ("--query-max-memory-bytes", "512MiB"),
+)
+DEFAULT_MEMORY_MB: Final = 3072
+
+
+def memory_ceiling_bytes() -> int:
+    """STEPLENS_INFLUX_MEMORY_MB (default 3072), in bytes."""
+    mb = env_value("STEPLENS_INFLUX_MEMORY_MB", _at_least_256, DEFAULT_MEMORY_MB)
+    return mb << 20
+
+
+def _at_least_256(raw: str) -> int:
+    value = int(raw)
+    if value < 256:
+        raise ValueError("influxd needs at least 256 MB")
+    return value
 
 
 class InfluxDB(Service):
@@ -34,7 +67,7 @@ class InfluxDB(Service):
         ensure_influxd(self.cfg, progress)
 
     def prepare(self, progress: Progress) -> None:
-        (self.dir / "engine").mkdir(parents=True, exist_ok=True)
+        self.private_dir("engine")
 
     def argv(self) -> list[str]:
         return [
@@ -51,11 +84,21 @@ class InfluxDB(Service):
             "--ui-disabled",
             "--log-level",
             "info",
+            *(part for flag in CACHE_AND_QUERY_LIMITS for part in flag),
+            *os.environ.get("STEPLENS_INFLUXD_OPTS", "").split(),  # later flags win
         ]
 
     def process_env(self) -> dict[str, str]:
-        # INFLUXD_* variables of the caller would override our flags: drop them.
-        return {k: v for k, v in os.environ.items() if not k.startswith("INFLUXD_")}
+        # INFLUXD_* variables of the caller would override our flags: drop them. The Go
+        # runtime collects harder as the heap nears GOMEMLIMIT, two thirds of the ceiling.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("INFLUXD_")}
+        env["GOMEMLIMIT"] = f"{memory_ceiling_bytes() * 2 // 3 >> 20}MiB"
+        return env
+
+    def memory_limits(self) -> dict[int, int]:
+        """The data segment (the Go heap, libflux's allocations; not the TSM files influxd
+        maps) cannot pass the ceiling: influxd then stops, rather than the machine."""
+        return {resource.RLIMIT_DATA: memory_ceiling_bytes()}
 
     def _call(
         self, method: str, path: str, body: Any = None, auth: bool = True, timeout_s: float = 10

@@ -12,6 +12,7 @@ import uuid
 from steplens.stack.config import KAFKA_VERSION
 from steplens.stack.errors import StackError
 from steplens.stack.install import KAFKA_ARTIFACTS, ensure_jars, kafka_libs, require_tool
+from steplens.stack.private_files import UMASK, open_private, private_dir, write_private
 from steplens.stack.services.base import Progress, Service
 
 LOG4J2 = """\
@@ -81,7 +82,11 @@ class Kafka(Service):
         return [
             "java",
             "-Xms128m",
+            # the JVM's memory ceilings: heap, direct buffers, class metadata; past one it exits
             "-Xmx512m",
+            "-XX:MaxDirectMemorySize=256m",
+            "-XX:MaxMetaspaceSize=256m",
+            "-XX:+ExitOnOutOfMemoryError",
             "-XX:+UseG1GC",
             "-XX:MaxGCPauseMillis=20",
             "-Djava.awt.headless=true",
@@ -95,19 +100,21 @@ class Kafka(Service):
         ]
 
     def prepare(self, progress: Progress) -> None:
-        (self.dir / "data").mkdir(parents=True, exist_ok=True)
-        (self.dir / "server.properties").write_text(self.properties)
-        (self.dir / "log4j2.properties").write_text(LOG4J2)
+        self.private_dir("data")
+        write_private(self.dir / "server.properties", self.properties)
+        write_private(self.dir / "log4j2.properties", LOG4J2)
         if (self.dir / "data" / "meta.properties").exists():
             return
         progress("[kafka] formatting the KRaft storage")
         # A cluster id is chosen once; the storage keeps it (formatting is skipped later).
         log = self.cfg.log_path(self.name)
-        log.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(log.parent)
         argv = [*self._java(), "kafka.tools.StorageTool", "format", "-t", kafka_uuid()]
         argv += ["-c", str(self.dir / "server.properties"), "--ignore-formatted"]
-        with open(log, "ab") as out, contextlib.suppress(subprocess.TimeoutExpired):
-            subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=120, check=False)
+        with open_private(log, "ab") as out, contextlib.suppress(subprocess.TimeoutExpired):
+            subprocess.run(
+                argv, stdout=out, stderr=subprocess.STDOUT, timeout=120, check=False, umask=UMASK
+            )
         if not (self.dir / "data" / "meta.properties").exists():
             raise StackError(f"kafka: formatting the storage failed; see {log}")
 

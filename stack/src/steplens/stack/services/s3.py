@@ -7,6 +7,7 @@ from typing import Any
 
 from steplens.stack.config import S3_BUCKET, S3PROXY_VERSION
 from steplens.stack.install import S3PROXY_ARTIFACTS, ensure_jars, require_tool, s3proxy_libs
+from steplens.stack.private_files import write_private
 from steplens.stack.services.base import Progress, Service
 
 REGION = "us-east-1"
@@ -34,7 +35,7 @@ class S3(Service):
         ensure_jars(self.cfg, "s3", s3proxy_libs(self.cfg), S3PROXY_ARTIFACTS, progress)
 
     def prepare(self, progress: Progress) -> None:
-        (self.dir / "data").mkdir(parents=True, exist_ok=True)
+        self.private_dir("data")
         props = {
             "s3proxy.endpoint": self.endpoint,
             "s3proxy.authorization": "aws-v2-or-v4",
@@ -48,17 +49,20 @@ class S3(Service):
             # Recent SDKs send checksum headers (x-amz-checksum-*) that s3proxy would refuse.
             "s3proxy.ignore-unknown-headers": "true",
         }
-        (self.dir / "logback.xml").write_text(LOGBACK)
-        path = self.dir / "s3proxy.properties"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # holds the secret key
-        with os.fdopen(fd, "w") as fh:
-            fh.write("".join(f"{k}={v}\n" for k, v in props.items()))
+        write_private(self.dir / "logback.xml", LOGBACK)
+        write_private(  # holds the secret key
+            self.dir / "s3proxy.properties", "".join(f"{k}={v}\n" for k, v in props.items())
+        )
 
     def argv(self) -> list[str]:
         return [
             "java",
             "-Xms64m",
+            # the JVM's memory ceilings: heap, direct buffers, class metadata; past one it exits
             "-Xmx256m",
+            "-XX:MaxDirectMemorySize=128m",
+            "-XX:MaxMetaspaceSize=128m",
+            "-XX:+ExitOnOutOfMemoryError",
             "-XX:+UseSerialGC",
             "-Djava.awt.headless=true",
             # C1 only: about half the start time on 2 busy cores, ample speed for a local stack.

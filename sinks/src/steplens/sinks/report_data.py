@@ -1,0 +1,175 @@
+"""What a report needs, read from the stores: ``RunData`` and ``load_run``.
+
+Everything is read through the query layer (``steplens.sinks.query``: InfluxDB for recent
+data, S3 for older), so a report can be built for any run still in either store.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+STEP_FIELDS = (
+    "loss",
+    "lr",
+    "grad_norm",
+    "grad_norm_preclip",
+    "clipped",
+    "step_time_s",
+    "data_time_s",
+    "tokens_per_s",
+    "mfu",
+)
+
+
+@dataclass
+class RunData:
+    """What a report needs, as DataFrames with at least ``step``/``time`` columns.
+
+    ``steps``: one row per (rank, step) with the step fields as columns.
+    ``signals``, ``alerts``: stream-job outputs, one row per record, fields as columns.
+    ``gpu``, ``host``: hardware samples (``time``, tags and fields as columns).
+    """
+
+    run_id: str
+    steps: pd.DataFrame
+    signals: pd.DataFrame = field(default_factory=pd.DataFrame)
+    alerts: pd.DataFrame = field(default_factory=pd.DataFrame)
+    gpu: pd.DataFrame = field(default_factory=pd.DataFrame)
+    host: pd.DataFrame = field(default_factory=pd.DataFrame)
+    lr_schedule: dict[str, Any] | None = None
+
+
+SIGNAL_FIELDS = ("value", "expected", "lower", "upper", "score")
+
+
+def load_run(run_id: str) -> RunData:
+    """Read a run through the query layer into a ``RunData``."""
+    from steplens.sinks import query
+
+    series = []
+    for metric in STEP_FIELDS:
+        df = query.query_series(run_id, metric)
+        if df is not None and not df.empty:
+            series.append(df.assign(metric=metric))
+    if series:
+        long = pd.concat(series, ignore_index=True)
+        steps = long.pivot_table(
+            index=["rank", "step"], columns="metric", values="value", aggfunc="last"
+        ).reset_index()
+        if "time_ns" in long.columns:
+            first_seen = long.groupby(["rank", "step"])["time_ns"].min().rename("time_ns")
+            steps = steps.merge(first_seen.reset_index(), on=["rank", "step"], how="left")
+    else:
+        steps = pd.DataFrame(columns=["rank", "step", "loss", "lr"])
+    alerts = _records(query, run_id, "alert")
+    meta = _records(query, run_id, "run_meta")
+    hw = _records(query, run_id, "hw")
+    return RunData(
+        run_id=run_id,
+        steps=steps,
+        signals=_signals(query, run_id),
+        alerts=_with_steps(alerts, steps),
+        gpu=_explode_gpus(hw),
+        host=hw,
+        lr_schedule=_schedule(meta),
+    )
+
+
+def _signals(query: Any, run_id: str) -> pd.DataFrame:
+    """Signals field by field (a run publishes many; one wide read of all is slow)."""
+    keys = ["time_ns", "step", "rank", "name", "metric"]
+    merged: pd.DataFrame | None = None
+    for name in SIGNAL_FIELDS:
+        df = query.query_series(run_id, name, kind="signal")
+        if df is None or df.empty or not set(keys) <= set(df.columns):
+            continue
+        df = df[[*keys, "value"]].rename(columns={"value": name})
+        merged = df if merged is None else merged.merge(df, on=keys, how="outer")
+    return merged if merged is not None else pd.DataFrame()
+
+
+def _with_steps(alerts: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Alerts about time without progress carry no step: use the last step stored before."""
+    if alerts.empty or "time_ns" not in alerts or "time_ns" not in steps or steps.empty:
+        return alerts
+    timeline = steps.dropna(subset=["time_ns"]).sort_values("time_ns")
+    times = timeline["time_ns"].to_numpy(dtype="int64")
+    reached = timeline["step"].cummax().to_numpy()
+    out = alerts.copy()
+    if "step" not in out:
+        out["step"] = np.nan
+    missing = out["step"].isna() & out["time_ns"].notna()
+    idx = np.searchsorted(times, out.loc[missing, "time_ns"].to_numpy(dtype="int64"), "right")
+    out.loc[missing, "step"] = [float(reached[i - 1]) if i > 0 else np.nan for i in idx]
+    return out
+
+
+def _records(query: Any, run_id: str, kind: str) -> pd.DataFrame:
+    df = query.query_records(run_id, kind)
+    return df if df is not None else pd.DataFrame()
+
+
+def _schedule(meta: pd.DataFrame) -> dict[str, Any] | None:
+    if meta.empty or "lr_schedule" not in meta.columns:
+        return None
+    value = meta["lr_schedule"].dropna()
+    if value.empty:
+        return None
+    first = value.iloc[0]
+    if isinstance(first, str):
+        try:
+            parsed = json.loads(first)
+        except ValueError:
+            return None
+        return parsed if isinstance(parsed, dict) else None
+    return first if isinstance(first, dict) else None
+
+
+def _explode_gpus(hw: pd.DataFrame) -> pd.DataFrame:
+    """hw records carry a list of GPUs each; one row per (time, host, gpu)."""
+    if hw.empty or "gpus" not in hw.columns:
+        return pd.DataFrame()
+    rows = []
+    for rec in hw.itertuples(index=False):
+        gpus = getattr(rec, "gpus", None)
+        if isinstance(gpus, str):  # the cold store keeps the list as JSON text
+            try:
+                gpus = json.loads(gpus)
+            except ValueError:
+                continue
+        if not isinstance(gpus, (list, tuple, np.ndarray)):
+            continue
+        for g in gpus:
+            if not isinstance(g, dict):
+                continue
+            total = g.get("mem_total_bytes") or math.nan
+            rows.append(
+                {
+                    "time": rec.time,
+                    "host": rec.host,
+                    "gpu": g.get("index", 0),
+                    "util_gpu": g.get("util_gpu"),
+                    "mem_used_pct": 100 * (g.get("mem_used_bytes") or 0) / total,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def wait_for_steps(run_id: str, last_step: int, timeout_s: float) -> bool:
+    """Poll the query layer until ``last_step`` is stored (bounded by ``timeout_s``)."""
+    from steplens.sinks import query
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        df = query.query_series(run_id, "loss")
+        if df is not None and not df.empty and int(df["step"].max()) >= last_step:
+            return True
+        time.sleep(1.0)
+    return False

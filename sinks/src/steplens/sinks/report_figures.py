@@ -1,0 +1,358 @@
+"""The report's figures: pure functions of a ``RunData`` (no store, no stack needed).
+
+Each returns a matplotlib figure; ``FIGURES`` names them with their titles, in page order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from steplens.sinks.report_data import RunData
+
+SEVERITY_COLOURS = {"info": "#4c78a8", "warning": "#f58518", "critical": "#e45756"}
+SEVERITY_LEVEL = {"info": 0, "warning": 1, "critical": 2}
+
+
+def declared_lr(schedule: dict[str, Any], steps: np.ndarray) -> np.ndarray:
+    """The learning rate a declared schedule asks for at each step (linear warm-up first)."""
+    kind = str(schedule.get("kind", "constant"))
+    peak = float(schedule.get("peak_lr", schedule.get("lr", math.nan)))
+    floor = float(schedule.get("min_lr", 0.0))
+    warmup = int(schedule.get("warmup_steps", 0))
+    total = int(schedule.get("total_steps", max(1, int(steps.max(initial=1)))))
+    s = steps.astype(float)
+    progress = np.clip((s - warmup) / max(1, total - warmup), 0.0, 1.0)
+    if kind == "cosine":
+        lr = floor + 0.5 * (peak - floor) * (1 + np.cos(np.pi * progress))
+    elif kind == "linear":
+        lr = peak + (floor - peak) * progress
+    elif kind == "step":
+        gamma = float(schedule.get("gamma", 0.1))
+        milestones = np.asarray(schedule.get("milestones", []), dtype=float)
+        lr = peak * gamma ** (s[:, None] >= milestones[None, :]).sum(axis=1)
+    else:
+        lr = np.full_like(s, peak)
+    if warmup > 0:
+        lr = np.where(s < warmup, peak * (s + 1) / warmup, lr)
+    return np.asarray(lr, dtype=float)
+
+
+def column(df: pd.DataFrame, name: str) -> pd.Series:
+    return df[name] if name in df.columns else pd.Series(np.nan, index=df.index)
+
+
+def first_rank(steps: pd.DataFrame) -> pd.DataFrame:
+    if steps.empty or "rank" not in steps.columns:
+        return steps
+    first = steps["rank"].min()
+    return steps[steps["rank"] == first].sort_values("step")
+
+
+def _mark_alerts(ax: Any, alerts: pd.DataFrame, words: tuple[str, ...] = ()) -> None:
+    """Vertical lines where alerts fired (optionally only rules containing one of ``words``)."""
+    if alerts.empty or "step" not in alerts.columns:
+        return
+    firing = alerts[column(alerts, "state").fillna("firing") == "firing"]
+    for _, a in firing.iterrows():
+        rule = str(a.get("rule", ""))
+        if words and not any(w in rule for w in words):
+            continue
+        step = a.get("started_step")
+        if step is None or pd.isna(step):
+            step = a.get("step")
+        if step is None or pd.isna(step):
+            continue
+        colour = SEVERITY_COLOURS.get(str(a.get("severity")), "grey")
+        ax.axvline(float(step), color=colour, alpha=0.5, lw=1, ls="--")
+
+
+def fig_loss(data: RunData) -> Any:
+    """Loss per step with the ARIMA expectation band; points outside the band marked."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    for rank, group in data.steps.groupby("rank"):
+        df = group.sort_values("step")
+        ax.plot(df["step"], df["loss"], lw=1, label=f"loss rank {rank}", alpha=0.85, zorder=3)
+    sig = data.signals
+    if not sig.empty and {"name", "metric"} <= set(sig.columns):
+        arima = sig[(sig["name"] == "arima") & (sig["metric"] == "loss")]
+        if "rank" in arima.columns and not data.steps.empty:
+            arima = arima[arima["rank"] == data.steps["rank"].min()]
+        arima = arima.dropna(subset=["expected"]).sort_values("step")
+        if not arima.empty:
+            ax.fill_between(  # the band of the first rank (each rank has its own model)
+                arima["step"],
+                column(arima, "lower"),
+                column(arima, "upper"),
+                color="#9ecae1",
+                alpha=0.45,
+                label="ARIMA band",
+            )
+            ax.plot(
+                arima["step"],
+                column(arima, "expected"),
+                color="#3182bd",
+                lw=1,
+                ls=":",
+                label="ARIMA expected",
+            )
+            out = arima[
+                (column(arima, "value") > column(arima, "upper"))
+                | (column(arima, "value") < column(arima, "lower"))
+            ]
+            ax.scatter(
+                out["step"], out["value"], color="#e45756", zorder=5, s=22, label="outside band"
+            )
+    _mark_alerts(ax, data.alerts)
+    ax.set(title=f"Loss - run {data.run_id}", xlabel="step", ylabel="loss")
+    _log_scale_if_wide(ax, data.steps["loss"])
+    ax.legend(loc="upper right", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def _log_scale_if_wide(ax: Any, values: pd.Series) -> None:
+    v = pd.to_numeric(values, errors="coerce")
+    v = v[np.isfinite(v) & (v > 0)]
+    if len(v) and v.max() / max(v.quantile(0.5), 1e-12) > 20:
+        ax.set_yscale("log")
+
+
+def fig_grad_norm(data: RunData) -> Any:
+    """Gradient norm (pre-clip where known), clipped steps and spike signals."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    df = first_rank(data.steps)
+    pre = column(df, "grad_norm_preclip")
+    norm = pre.where(pre.notna(), column(df, "grad_norm"))
+    ax.plot(df["step"], norm, lw=1, color="#4c78a8", label="grad norm")
+    clipped = column(df, "clipped").fillna(False).astype(bool)
+    if clipped.any():
+        ax.scatter(
+            df["step"][clipped],
+            norm[clipped],
+            s=10,
+            color="#f58518",
+            label=f"clipped ({int(clipped.sum())} steps)",
+            zorder=4,
+        )
+    sig = data.signals
+    if not sig.empty and {"name", "metric"} <= set(sig.columns):
+        spikes = sig[
+            (sig["metric"].isin(["grad_norm", "grad_norm_preclip"]))
+            & (column(sig, "score").fillna(0) >= 0.5)
+        ]
+        if not spikes.empty:
+            ax.scatter(
+                spikes["step"],
+                spikes["value"],
+                marker="x",
+                s=40,
+                color="#e45756",
+                label="spike signal",
+                zorder=5,
+            )
+    _mark_alerts(ax, data.alerts, ("grad", "spike", "lr"))
+    _log_scale_if_wide(ax, norm)
+    ax.set(title="Gradient norm", xlabel="step", ylabel="L2 norm")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def fig_lr(data: RunData) -> Any:
+    """Actual learning rate against the declared schedule."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 3.6))
+    df = first_rank(data.steps)
+    ax.plot(df["step"], df["lr"], lw=1.2, color="#4c78a8", label="actual lr")
+    if data.lr_schedule and len(df):
+        steps = np.arange(0, int(df["step"].max()) + 1)
+        ax.plot(
+            steps,
+            declared_lr(data.lr_schedule, steps),
+            lw=1,
+            ls="--",
+            color="#54a24b",
+            label=f"declared ({data.lr_schedule.get('kind', '?')})",
+        )
+    _log_scale_if_wide(ax, df["lr"])
+    ax.set(title="Learning rate: actual vs declared", xlabel="step", ylabel="lr")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+TIME_FIELDS = {"step_time_s": "step time", "data_time_s": "data loading time"}
+
+
+def fig_step_time(data: RunData) -> Any:
+    """Per-rank step time (and data loading time) as heatmaps, ranks x step bins, log colour
+    scale: a straggler is a bright row (in synchronous data parallelism every rank's wall-clock
+    step slows down; the slow rank's own data loading time shows which one it is)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
+
+    df = data.steps
+    shown = [f for f in TIME_FIELDS if f in df.columns and df[f].notna().any()]
+    n_ranks = max(1, df["rank"].nunique()) if "rank" in df else 1
+    fig, axes = plt.subplots(
+        max(1, len(shown)),
+        1,
+        figsize=(10, 0.4 + len(shown or [0]) * (1.6 + 0.35 * n_ranks)),
+        squeeze=False,
+        sharex=True,
+    )
+    if not shown:
+        axes[0][0].text(0.5, 0.5, "no step time recorded", ha="center", va="center")
+        return fig
+    n_bins = int(min(120, max(1, df["step"].max() + 1)))
+    lo, hi = df["step"].min(), df["step"].max()
+    for ax, name in zip([a[0] for a in axes], shown, strict=True):
+        rows = df.dropna(subset=[name])
+        grid = rows.assign(bin=pd.cut(rows["step"], n_bins, labels=False)).pivot_table(
+            index="rank", columns="bin", values=name, aggfunc="max"
+        )
+        values = grid.to_numpy(dtype=float)
+        positive = values[np.isfinite(values) & (values > 0)]
+        norm = LogNorm(positive.min(), positive.max()) if positive.size else None
+        im = ax.imshow(
+            values,
+            aspect="auto",
+            norm=norm,  # log scale: a stall does not wash out a straggler
+            cmap="magma",
+            interpolation="nearest",
+            extent=(lo, hi, grid.index.max() + 0.5, grid.index.min() - 0.5),
+        )
+        ax.set_yticks(list(grid.index))
+        ax.set_yticklabels([f"rank {r}" for r in grid.index])
+        ax.set_title(f"{TIME_FIELDS[name]} per rank (s, max per bin, log colour)", fontsize=10)
+        fig.colorbar(im, ax=ax, pad=0.01)
+    axes[-1][0].set_xlabel("step")
+    fig.tight_layout()
+    return fig
+
+
+def fig_hardware(data: RunData) -> Any:
+    """GPU utilisation and memory per GPU, host CPU and memory, against time."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax_u, ax_m) = plt.subplots(2, 1, figsize=(10, 5.4), sharex=True)
+    drawn = False
+    if not data.gpu.empty:
+        for keys, df in data.gpu.sort_values("time").groupby(["host", "gpu"]):
+            label = f"GPU {keys[0]}/{keys[1]}"
+            if "util_gpu" in df:
+                ax_u.plot(df["time"], df["util_gpu"], lw=1, label=f"{label} util")
+            if "mem_used_pct" in df:
+                ax_m.plot(df["time"], df["mem_used_pct"], lw=1, label=f"{label} mem")
+            drawn = True
+    if not data.host.empty:
+        for host, df in data.host.sort_values("time").groupby("host"):
+            if "cpu_percent" in df:
+                ax_u.plot(df["time"], df["cpu_percent"], lw=1, ls="--", label=f"{host} CPU")
+            if {"mem_available_bytes", "mem_total_bytes"} <= set(df.columns):
+                used = 100 * (1 - df["mem_available_bytes"] / df["mem_total_bytes"])
+                ax_m.plot(df["time"], used, lw=1, ls="--", label=f"{host} host mem")
+            drawn = True
+    if data.gpu.empty and "gpu_status" in data.host.columns:
+        status = data.host["gpu_status"].dropna()
+        if not status.empty and status.iloc[-1] != "ok":
+            ax_u.text(
+                0.01,
+                0.04,
+                f"GPU: {status.iloc[-1]} (host only)",
+                fontsize=8,
+                transform=ax_u.transAxes,
+            )
+    if not drawn:
+        ax_u.text(
+            0.5, 0.5, "no hardware samples", ha="center", va="center", transform=ax_u.transAxes
+        )
+    ax_u.set(title="Utilisation and memory", ylabel="utilisation %", ylim=(0, 105))
+    ax_m.set(ylabel="memory used %", xlabel="time (UTC)", ylim=(0, 105))
+    for ax in (ax_u, ax_m):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper right", fontsize=8)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    return fig
+
+
+def fig_alerts(data: RunData) -> Any:
+    """Alert timeline: one row per rule, a bar from firing to resolved, coloured by severity."""
+    import matplotlib.pyplot as plt
+
+    alerts = data.alerts
+    rules = sorted(alerts["rule"].unique()) if not alerts.empty and "rule" in alerts else []
+    fig, ax = plt.subplots(figsize=(10, 1.8 + 0.4 * max(1, len(rules))))
+    if not rules:
+        ax.text(0.5, 0.5, "no alerts", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return fig
+    last_step = float(data.steps["step"].max()) if not data.steps.empty else 0.0
+    for y, rule in enumerate(rules):
+        rows = alerts[alerts["rule"] == rule]
+        for _, episode in _episodes(rows, last_step):
+            start, end, sev = episode
+            colour = SEVERITY_COLOURS.get(sev, "grey")
+            width = max(end - start, last_step / 200)
+            ax.barh(y, width, left=start, height=0.6, color=colour, alpha=0.8)
+            ax.plot([start], [y], marker="|", color="black", ms=12)
+    ax.set_yticks(range(len(rules)))
+    ax.set_yticklabels(rules, fontsize=8)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in SEVERITY_COLOURS.values()]
+    ax.legend(handles, list(SEVERITY_COLOURS), loc="lower right", fontsize=8)
+    ax.set(
+        title="Alerts by rule (bar: firing until resolved)",
+        xlabel="step",
+        xlim=(0, max(1.0, last_step)),
+    )
+    ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    return fig
+
+
+def _episodes(rows: pd.DataFrame, last_step: float) -> list[tuple[str, tuple[float, float, str]]]:
+    """(scope, (start, end, severity)) per firing episode: a firing until the next resolved
+    transition of the same scope, or the end of the run."""
+    out = []
+    order = [c for c in ("time_ns", "step") if c in rows.columns]
+    for scope, g in rows.groupby(column(rows, "scope").fillna("run")):
+        start: float | None = None
+        severity = "info"
+        for _, a in g.sort_values(order).iterrows():
+            step = a.get("step")
+            step = float(step) if step is not None and not pd.isna(step) else None
+            if a.get("state") == "firing" and start is None:
+                begun = a.get("started_step")
+                start = float(begun) if begun is not None and not pd.isna(begun) else step
+                severity = str(a.get("severity", "info"))
+            elif a.get("state") == "resolved" and start is not None:
+                out.append((str(scope), (start, step if step is not None else start, severity)))
+                start = None
+        if start is not None:
+            out.append((str(scope), (start, last_step, severity)))
+    return out
+
+
+FIGURES: dict[str, tuple[str, Callable[[RunData], Any]]] = {
+    "loss": ("Loss with its ARIMA band and anomalies", fig_loss),
+    "grad_norm": ("Gradient norm, spikes and clipping", fig_grad_norm),
+    "lr": ("Learning rate against the declared schedule", fig_lr),
+    "step_time": ("Step time per rank", fig_step_time),
+    "hardware": ("GPU and host utilisation and memory", fig_hardware),
+    "alerts": ("Alert timeline by severity", fig_alerts),
+}
