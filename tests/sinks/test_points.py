@@ -150,3 +150,27 @@ def test_a_step_batch_gives_the_lines_of_its_steps() -> None:
     lines = record_lines(step_batch(steps))
     assert lines == [line for r in steps for line in record_lines(r)]
     assert len(set(lines)) == 5
+
+
+def test_signals_of_one_record_with_other_scopes_are_other_series() -> None:
+    """The worker gives a signal the time of the record it judged: one hardware record's
+    signals of two GPUs share it, and only the scope tells their points apart."""
+    gpus = [
+        make_record(
+            "signal",
+            {
+                "name": "threshold",
+                "metric": "gpu_mem_pct",
+                "value": v,
+                "score": 0.5,
+                "detail": {"scope": f"gpu:n1/{k}"},
+            },
+            run_id="r",
+            time_ns=5,
+        )
+        for k, v in enumerate((91.0, 40.0))
+    ]
+    heads = [record_lines(r)[0].split(" ")[0] for r in gpus]
+    assert heads[0] != heads[1] and all("scope=gpu:n1/" in h for h in heads)
+    run = make_record("signal", {"name": "spike", "metric": "loss", "value": 1.0}, run_id="r")
+    assert "scope=run" in record_lines(run)[0].split(" ")[0]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 SCHEMA_VERSION: Final = 1
 MAX_RECORD_BYTES: Final = 1 << 20  # 1 MiB; Kafka's default message.max.bytes is about the same
@@ -302,25 +302,13 @@ def record_key(run_id: str, rank: int) -> bytes:
 _CODEC_NAMES: Final = frozenset(
     ("decode", "encode", "make_record", "restore", "unbatch", "validate", "wire_value")
 )
-# Former private names other parts still import; use ``wire_value`` and ``restore``.
-_RENAMED: Final = {"_wire_value": "wire_value", "_restore": "restore"}
-
-if TYPE_CHECKING:
-    from steplens.producer.codec import (
-        restore,
-        wire_value,
-    )
-
-    _wire_value = wire_value
-    _restore = restore
 
 
 def __getattr__(name: str) -> Any:
-    target = _RENAMED.get(name, name)
-    if target not in _CODEC_NAMES:
+    if name not in _CODEC_NAMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from steplens.producer import codec
 
-    value = getattr(codec, target)
+    value = getattr(codec, name)
     globals()[name] = value  # later look-ups find it directly
     return value

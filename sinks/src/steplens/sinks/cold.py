@@ -93,7 +93,7 @@ def hour_from_key(key: str) -> str | None:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(schema._wire_value(value), separators=(",", ":"), default=str)
+    return json.dumps(schema.wire_value(value), separators=(",", ":"), default=str)
 
 
 def record_row(rec: Record, topic: str, partition: int, offset: int, payload: bytes) -> dict:

@@ -314,8 +314,12 @@ def _health(rec: Record) -> list[PointBuilder]:
 
 def _signal(rec: Record) -> list[PointBuilder]:
     d = rec.data
+    detail = d.get("detail") or {}
+    scope = detail.get("scope", "run") if isinstance(detail, dict) else "run"
+    # the scope is a tag: signals of one record (one per GPU of a host) share its time
     b = PointBuilder("signal", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
-    b.tag("name", d["name"]).tag("metric", d["metric"]).integer("step", rec.step)
+    b.tag("name", d["name"]).tag("metric", d["metric"]).tag("scope", scope)
+    b.integer("step", rec.step)
     for name in SIGNAL_FLOATS:
         b.num(name, d.get(name))
     b.text("detail", d.get("detail"))

@@ -251,7 +251,7 @@ def _from_json(value: Any) -> Any:
     if not isinstance(value, str):
         return value
     try:
-        return schema._restore(json.loads(value))
+        return schema.restore(json.loads(value))
     except ValueError:
         return value
 
