@@ -2,8 +2,9 @@
 
 An *event* is a labelled stretch of rows ``[start, end]`` (inclusive; a point event has
 ``start == end``). An *onset* is the row where an alert starts firing. An onset at or after an
-event's start and at most ``tolerance`` rows after its end belongs to that event; an event is
-detected when at least one onset belongs to it. No point adjustment: a long event caught once
+event's start and at most ``tolerance`` rows after its end belongs to that event (to each of
+overlapping ones: one incident seen in two metrics, labelled twice); an event is detected when
+at least one onset belongs to it. No point adjustment: a long event caught once
 counts once, and every onset outside every event is a false alarm.
 
 * recall = detected events / events
@@ -87,25 +88,28 @@ def onsets_of(firing: Sequence[int | bool]) -> list[int]:
     return [i for i, v in enumerate(firing) if v and (i == 0 or not firing[i - 1])]
 
 
-def score(events: Iterable[tuple[int, int]], onsets: Iterable[int], tolerance: int = 0) -> Quality:
-    """Match ``onsets`` (rows) to ``events`` (inclusive row ranges) as the module says."""
-    evs = sorted(events)
+def score(
+    events: Iterable[tuple[int, int]], onsets: Iterable[int], tolerance: int = 0, before: int = 0
+) -> Quality:
+    """Match ``onsets`` (rows) to ``events`` (inclusive row ranges) as the module says;
+    ``before``: an onset up to this many rows before an event's start belongs to it too (an
+    onset labelled from a log, known to a few rows)."""
+    evs = sorted((s - before, e) for s, e in events)
     ons = sorted(onsets)
     first: list[int | None] = [None] * len(evs)
     true_onsets = 0
     starts = [s for s, _ in evs]
     reach = max((e - s for s, e in evs), default=0) + tolerance  # the widest window
     for t in ons:
-        # the earliest-starting event whose window holds t (no event starting before
-        # t - reach can hold it)
+        # the events whose window holds t (no event starting before t - reach can hold it)
         lo = bisect.bisect_left(starts, t - reach)
         hi = bisect.bisect_right(starts, t)
-        k = next((k for k in range(lo, hi) if t <= evs[k][1] + tolerance), None)
-        if k is not None:
-            true_onsets += 1
+        held = [k for k in range(lo, hi) if t <= evs[k][1] + tolerance]
+        true_onsets += bool(held)
+        for k in held:
             if first[k] is None:
                 first[k] = t
-    delays = tuple(f - evs[k][0] for k, f in enumerate(first) if f is not None)
+    delays = tuple(f - evs[k][0] - before for k, f in enumerate(first) if f is not None)
     return Quality(len(evs), len(delays), len(ons), true_onsets, delays)
 
 
