@@ -315,9 +315,9 @@ def main() -> None:
         d = statistics.median(rule_delay[rule]) if rule_delay[rule] else float("nan")
         print(f"{rule:<32} {rule_tp[rule]:>4} {rule_fp[rule]:>4} {p:>9.2f} {d:>13.1f}")
     print(
-        f"\nrecall {recall:.3f} (target >= 0.95)   precision {precision:.3f} (target >= 0.9)"
+        f"\nrecall {recall:.3f} (target >= 0.95)   precision {precision:.3f} (target >= 0.95)"
         f"   median delay {statistics.median(delays) if delays else float('nan'):.1f} steps "
-        f"(target <= 3)"
+        f"(target <= 1)"
     )
     c = statistics.median(costs)
     print(

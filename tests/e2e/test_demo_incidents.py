@@ -118,3 +118,30 @@ def test_resolved_transitions_are_not_counted():
     plan = plan_incidents(600)
     card = score(plan, [_alert("spike:loss", 30, state="resolved")])
     assert card.false_alarms == [] and not card.caught
+
+
+def _incident(fp, state, members, **kw):
+    lead = members[-1]
+    return {
+        **_alert(lead["rule"], lead["step"], state=state, **kw),
+        "scope": "incident",
+        "fingerprint": fp,
+        "evidence": {"topic": "training", "members": members},
+    }
+
+
+def test_an_incident_catches_by_any_member_and_counts_once_with_its_escalations():
+    """steplens reports incidents: a member's rule and rank decide the catch, and an incident
+    reported again when it escalates is still one."""
+    plan = plan_incidents(600)
+    bad = next(i for i in plan if i.kind == "corrupted_batch")
+    grad = {"rule": "spike:grad_norm", "step": bad.first_step, "started_step": bad.first_step}
+    data = {**grad, "rule": "data:over_length_share", "rank": 0}
+    opened = _incident("fp1", "firing", [grad], severity="warning")
+    escalated = _incident("fp1", "firing", [grad, data], severity="critical")
+    card = score(plan, [opened, escalated])
+    assert list(card.caught) == ["corrupted_batch"] and card.caught["corrupted_batch"] == [
+        escalated
+    ]
+    far = _incident("fp2", "firing", [{**grad, "step": 30, "started_step": 30}])
+    assert score(plan, [far]).false_alarms == [far]

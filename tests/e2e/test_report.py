@@ -34,7 +34,7 @@ def test_report_survives_a_run_without_signals_alerts_or_hardware(tmp_path):
     full = synthetic_run(n_steps=50)
     bare = RunData("bare", full.steps)
     index = write_report(bare, tmp_path)
-    assert "No alerts." in index.read_text()
+    assert "No incidents." in index.read_text()
     assert all((tmp_path / f"{n}.png").exists() for n in FIGURES)
 
 

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import arima_ref, lr_ref, spike_ref, volatility_ref
 
+from steplens.stream_jobs.columns import entry_columns
 from steplens.stream_jobs.config import DetectorConfig
 from steplens.stream_jobs.core import Column, flatten, row_views
 from steplens.stream_jobs.detector import RunDetector
@@ -76,7 +77,6 @@ def spike_configs() -> st.SearchStrategy[spike.SpikeConfig]:
         rescale_every=st.sampled_from([1, 3, 16]),
         direction=st.sampled_from(["up", "both"]),
         trend_tolerant=st.booleans(),
-        min_rel_change=st.sampled_from([0.0, 0.1, 0.5]),
     )
 
 
@@ -89,7 +89,7 @@ def test_spike_equals_the_reference(cfg, xs, data):
     bounds = cuts(data.draw, len(xs))
     for lo, hi in itertools.pairwise(bounds):
         got += spike.update(many, cfg, "m", col(xs, lo, hi, 3)).views()
-    assert got == want
+    assert repr(got) == repr(want)  # nan == nan as text
     assert list(many.values) == list(one.values)
     assert list(many.ordered) == list(one.ordered)
     assert list(many.diffs) == list(one.diffs)
@@ -106,7 +106,7 @@ def test_volatility_equals_the_reference(window, xs, data):
     bounds = cuts(data.draw, len(xs))
     for lo, hi in itertools.pairwise(bounds):
         got += volatility.update(many, cfg, "loss", col(xs, lo, hi)).views()
-    assert got == want
+    assert repr(got) == repr(want)  # nan == nan as text
     assert (list(many.values), list(many.diffs)) == (list(one.values), list(one.diffs))
     assert list(many.sums) == [one.sum_v, one.sum_d, one.sum_d2]
 
@@ -216,7 +216,7 @@ def test_arima_equals_the_reference(order, inline, failing, xs, data):
         if many.wants_fit:
             arima.apply_fit(many, cfg, model(many.history))
         assert _arima_state(many) == after[k]
-    assert got == want
+    assert repr(got) == repr(want)  # nan == nan as text
 
 
 cell = st.one_of(
@@ -269,7 +269,10 @@ def test_columns_equal_rows(table, data):
         metrics = {k: [v[i]] for k, v in cols.items() if v[i] is not None}
         batch = by_row.process_columns(0, [step], [step * 1000], metrics)
         want_sigs.append(row_views(batch, 0))
-        want_alerts.append((by_row.evaluate(batch, 1, [step * 1000]), bool(by_row.rules.firing)))
+        row_alerts = next(by_row.evaluate_rows(batch, 1))
+        for a in row_alerts:
+            a.time_ns = step * 1000
+        want_alerts.append((row_alerts, bool(by_row.rules.firing)))
     got_sigs, got_alerts = [], []
     bounds = cuts(data.draw, len(steps))
     for lo, hi in itertools.pairwise(bounds):
@@ -420,7 +423,13 @@ def test_a_straggler_is_found_when_every_rank_sends_its_steps_in_batches():
             batch, got = det.process_entries(rank, entries)
             alerts += got
             judged += sum(s.name == "straggler" for s in flatten(batch))
-    firing = {a.scope for a in alerts if a.rule == "straggler:step_time_s" and a.state == "firing"}
+    firing = {
+        m["scope"]
+        for a in alerts
+        if a.state == "firing"
+        for m in a.evidence["members"]
+        if m["rule"] == "straggler:step_time_s"
+    }
     assert firing == {"rank:2"}
     assert judged >= 4 * 250  # every rank's time of nearly every step judged with the others
 
@@ -484,7 +493,8 @@ def test_alerts_resolved_in_quiet_batches_equal_step_records(seed, resolve_after
     cfg = DetectorConfig()
     cfg.rules = RulesConfig(resolve_after=resolve_after, correlation_steps=1)
     one, many = RunDetector("r", copy.deepcopy(cfg)), RunDetector("r", copy.deepcopy(cfg))
-    entries = loss_spike_entries(rng, {100 + 60 * k + rng.randrange(20) for k in range(5)}, 450)
+    spikes = {100 + 60 * k + rng.randrange(20) for k in range(5)}
+    entries = loss_spike_entries(rng, spikes, 450)
     bounds = sorted({0, len(entries), *data.draw(st.lists(st.integers(0, 450), max_size=40))})
     want: list = []
     got: list = []
@@ -500,7 +510,11 @@ def test_alerts_resolved_in_quiet_batches_equal_step_records(seed, resolve_after
     assert [(a.rule, a.scope, a.step, a.state) for a in got] == [
         (a.rule, a.scope, a.step, a.state) for a in want
     ]
-    assert sum(a.state == "resolved" for a in want) >= 5
+    # every spike fires (a spike that comes while the last one's volatility still fires joins
+    # its incident), and the incidents resolve
+    started = {m["started_step"] for a in want for m in a.evidence["members"]}
+    assert spikes <= started
+    assert sum(a.state == "resolved" for a in want) >= 1
 
 
 @settings(max_examples=25, deadline=None)
@@ -554,7 +568,14 @@ def test_stragglers_of_batches_equal_the_reference_and_rules_read_them_in_part(
                         "grad_norm": abs(1.0 + rng.gauss(0, 0.05)),
                     }
                 )
-            sigs, got = det.process_entries(rank, entries)
+            sigs = det.process_columns(
+                rank,
+                [e["step"] for e in entries],
+                [e["time_ns"] for e in entries],
+                entry_columns(entries),
+                behind=batch - 1,
+            )
+            got = [a for row in det.evaluate_rows(sigs, len(entries)) for a in row]
             want = []
             for i in range(len(entries)):
                 want += rules.evaluate(ref_rules, cfg.rules, "r", row_views(sigs, i))[1]

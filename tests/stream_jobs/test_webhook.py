@@ -94,3 +94,25 @@ def test_an_alert_sent_again_is_posted_once_and_a_new_episode_is_posted():
         ("fp1", "firing", 40),
     ]
     assert notifier.repeated == 1 and len(notifier.seen) == 3 and len(queued) == 8
+
+
+def test_an_escalation_pages_and_every_post_names_its_transition():
+    """An incident that escalates (the same fingerprint and episode, a higher severity) pages
+    again; a repeat carries the same idempotency key, so a receiver can drop it after a worker
+    restart that forgot what it posted."""
+    import dataclasses
+
+    from steplens.stream_jobs.webhook import idempotency_key, payload
+
+    async def main():
+        notifier = WebhookNotifier("http://127.0.0.1:9/hook")
+        warn = dataclasses.replace(alert(1), severity="warning")
+        notifier.notify(warn)
+        notifier.notify(alert(1))  # the same episode, now critical
+        return [notifier.queue.get_nowait() for _ in range(notifier.queue.qsize())]
+
+    queued = asyncio.run(main())
+    assert [a.severity for a in queued] == ["warning", "critical"]
+    first, again = alert(1), alert(1)
+    assert payload(first)["idempotency_key"] == idempotency_key(again)
+    assert idempotency_key(queued[0]) != idempotency_key(queued[1])

@@ -7,7 +7,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from steplens.stream_jobs.core import WARNING, Signal, score_of
+from steplens.stream_jobs.core import Signal, score_of
 from steplens.stream_jobs.signals.arima import ArimaConfig, ArimaParams
 
 isfinite, sqrt = math.isfinite, math.sqrt
@@ -116,7 +116,7 @@ def update(
             ratio / (ratio + 1.0) if 0.0 < ratio < _INF else score_of(ratio),
             rank,
             "run",
-            WARNING if n_out >= consecutive else None,
+            None,
             expected,
             expected - band,
             expected + band,
@@ -139,7 +139,7 @@ def update(
     else:
         y = x - last if d and last is not None else x
         errors.append(0.0)
-        signal = Signal("arima", metric, step, x, 0.0, rank)
+        signal = Signal("arima", metric, step, x, math.nan, rank)
         keep = max(cfg.order[0], cfg.order[2], 1) if p is None else max(len(p.ar), len(p.ma), 1)
         if last is not None or not d:
             diffs.append(y)

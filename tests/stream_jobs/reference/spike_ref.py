@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from operator import sub
 
-from steplens.stream_jobs.core import CRITICAL, WARNING, Signal, score_of
+from steplens.stream_jobs.core import CRITICAL, Signal, score_of
 from steplens.stream_jobs.signals.spike import SpikeConfig
 
 isfinite = math.isfinite
@@ -78,7 +78,8 @@ def update(
     values, ordered = state.values, state.ordered
     n = len(values)
     if n < cfg.warmup:
-        sig = Signal("spike", metric, step, probe, 0.0, rank)
+        med = _median(list(values)) if n else None
+        sig = Signal("spike", metric, step, probe, math.nan, rank, expected=med)
     else:
         sig = _score(state, cfg, metric, probe, step, rank)
     # learn x
@@ -122,26 +123,9 @@ def _score(
     if not up:
         dev = abs(dev)
     z_cfg = cfg.z
-    z = dev / scale
-    moved = dev >= cfg.min_rel_change * amed
-    severity = None
-    if moved and z >= z_cfg:
-        severity = CRITICAL if z >= 2.0 * z_cfg else WARNING
-    ratio = 0.0
-    if amed > cfg.near_zero and amed > 3.0 * scale and probe * med > 0:
-        ratio = probe / med if up else max(probe / med, med / probe)
-        if ratio >= cfg.ratio:
-            severity = CRITICAL
-    score = 0.0
-    if moved:
-        r = z / z_cfg
-        score = r / (r + 1.0) if 0.0 < r < _INF else score_of(r)
-    if ratio >= 1.0:
-        r = ratio / cfg.ratio
-        by_ratio = r / (r + 1.0) if 0.0 < r < _INF else score_of(r)
-        if by_ratio > score:
-            score = by_ratio
     band = z_cfg * scale
+    r = dev / band
+    score = r / (r + 1.0) if 0.0 < r < _INF else score_of(r)
     return Signal(
-        "spike", metric, step, probe, score, rank, "run", severity, med, med - band, med + band
+        "spike", metric, step, probe, score, rank, "run", None, med, med - band, med + band
     )

@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from steplens.producer.schema import RUN_RANK
-from steplens.stream_jobs.core import WARNING, Signal, score_of
+from steplens.stream_jobs.core import Signal, score_of
 from steplens.stream_jobs.signals.volatility import VolatilityConfig
 
 isfinite, sqrt = math.isfinite, math.sqrt
@@ -48,7 +48,7 @@ def update(
     n = len(diffs)
     m = len(values)
     if m < cfg.window or n < 2:
-        return state, [Signal("volatility", metric, step, 0.0, 0.0)]
+        return state, [Signal("volatility", metric, step, 0.0, math.nan)]
     sum_d = state.sum_d
     var = (state.sum_d2 - sum_d * sum_d / n) / (n - 1)
     if not var > 0.0:  # max(0.0, var), NaN included
@@ -69,7 +69,7 @@ def update(
         ratio / (ratio + 1.0) if 0.0 < ratio < _INF else score_of(ratio),
         RUN_RANK,
         "run",
-        WARNING if cv > threshold else None,
+        None,
         threshold,
     )
     return state, [sig]

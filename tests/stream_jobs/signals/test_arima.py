@@ -3,6 +3,7 @@ import math
 import random
 
 import numpy as np
+from judged import breaches, judged
 
 from steplens.stream_jobs.core import Column
 from steplens.stream_jobs.signals import arima
@@ -35,18 +36,20 @@ def test_fit_recovers_an_ar_coefficient():
 
 
 def test_sustained_shift_warns_after_consecutive_points_and_outlier_is_not_learnt():
+    """A step time that moves to a new level warns once it lasted the policy's ``persist``
+    values; one outlier is scored (rare), never alerted, and not learnt."""
     rng = random.Random(1)
     cfg = arima.ArimaConfig()
-    values = [0.1 + rng.gauss(0, 0.002) for _ in range(300)]
-    values[200] = 0.2  # one outlier: scored, not alerted
+    values = [0.1 + rng.gauss(0, 0.002) for _ in range(600)]
+    values[500] = 0.2  # one outlier: scored, not alerted
     values += [0.3 + rng.gauss(0, 0.002) for _ in range(20)]  # a new regime
-    _, sigs = feed(values, cfg)
+    sigs = judged(values, "step_time_s", "arima")
     by_step = {s.step: s for s in sigs}
-    assert by_step[200].score > 0.5 and by_step[200].severity is None
-    assert by_step[201].score < 0.5  # the outlier did not move the forecast
-    warned = [s.step for s in sigs if s.severity]
-    assert warned and warned[0] == 300 + cfg.consecutive - 1
-    assert not [s for s in sigs if s.severity and s.step < 300]
+    assert by_step[500].score > 0.999 and by_step[500].severity is None
+    assert by_step[501].score < 0.99  # the outlier did not move the forecast
+    warned = breaches(sigs)
+    assert warned and warned[0] == 600 + cfg.policy.persist - 1
+    assert not [s for s in warned if s < 600]
 
 
 def test_fits_are_requested_rarely_and_history_is_bounded():
@@ -62,9 +65,9 @@ def test_fits_are_requested_rarely_and_history_is_bounded():
     assert len(st.history) == 128
 
 
-def test_state_without_fit_emits_zero_scores():
+def test_state_without_fit_has_no_score():
     _, sigs = feed([1.0, 2.0, 3.0], arima.ArimaConfig(), fit=False)
-    assert [s.score for s in sigs] == [0.0, 0.0, 0.0]
+    assert all(math.isnan(s.score) for s in sigs)
 
 
 def test_a_skipped_first_fit_is_asked_again_soon():

@@ -1,6 +1,8 @@
+import math
 import random
 
 import numpy as np
+from judged import breaches, judged
 
 from steplens.stream_jobs.core import Column
 from steplens.stream_jobs.signals import volatility
@@ -15,16 +17,18 @@ def run(values, cfg=None):
 
 
 def test_noisy_loss_warns_and_smooth_decay_does_not():
+    """The design's anchor: relative noise over 10 % warns, whatever its rarity."""
     rng = random.Random(0)
     smooth = [5.0 - 0.01 * i + rng.gauss(0, 0.05) for i in range(200)]
-    assert not [s for s in run(smooth) if s.severity]
+    assert not breaches(judged(smooth, "loss", "volatility"))
     noisy = [3.0 + rng.gauss(0, 0.6) for _ in range(200)]
-    sigs = run(noisy)
+    sigs = judged(noisy, "loss", "volatility")
     warned = [s for s in sigs if s.severity]
     assert warned and all(s.severity == "warning" for s in warned)
+    assert {s.step for s in warned} == {s.step for s in sigs if s.value > 0.1}
     assert 0.1 < sigs[-1].value < 0.4  # about 0.6 / 3
 
 
 def test_no_verdict_before_the_window_is_full():
     sigs = run([1.0, 5.0, 1.0, 5.0] * 10, VolatilityConfig(window=50))
-    assert all(s.severity is None for s in sigs)
+    assert all(s.severity is None and math.isnan(s.score) for s in sigs)

@@ -292,14 +292,15 @@ def fig_hardware(data: RunData) -> Any:
 
 
 def fig_alerts(data: RunData) -> Any:
-    """Alert timeline: one row per rule, a bar from firing to resolved, coloured by severity."""
+    """Incident timeline: one row per rule that led an incident (the alert records are the
+    worker's incidents), a bar from opened to resolved, coloured by severity."""
     import matplotlib.pyplot as plt
 
     alerts = data.alerts
     rules = sorted(alerts["rule"].unique()) if not alerts.empty and "rule" in alerts else []
     fig, ax = plt.subplots(figsize=(10, 1.8 + 0.4 * max(1, len(rules))))
     if not rules:
-        ax.text(0.5, 0.5, "no alerts", ha="center", va="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, "no incidents", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
         return fig
     last_step = float(data.steps["step"].max()) if not data.steps.empty else 0.0
@@ -316,7 +317,7 @@ def fig_alerts(data: RunData) -> Any:
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in SEVERITY_COLOURS.values()]
     ax.legend(handles, list(SEVERITY_COLOURS), loc="lower right", fontsize=8)
     ax.set(
-        title="Alerts by rule (bar: firing until resolved)",
+        title="Incidents by the rule that leads them (bar: open until resolved)",
         xlabel="step",
         xlim=(0, max(1.0, last_step)),
     )
@@ -354,5 +355,5 @@ FIGURES: dict[str, tuple[str, Callable[[RunData], Any]]] = {
     "lr": ("Learning rate against the declared schedule", fig_lr),
     "step_time": ("Step time per rank", fig_step_time),
     "hardware": ("GPU and host utilisation and memory", fig_hardware),
-    "alerts": ("Alert timeline by severity", fig_alerts),
+    "alerts": ("Incidents by severity", fig_alerts),
 }

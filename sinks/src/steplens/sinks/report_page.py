@@ -59,14 +59,16 @@ def _summary_html(data: RunData) -> str:
         "ranks": int(s["rank"].nunique()),
         "steps": int(s["step"].max()) + 1,
         "last loss": f"{float(last.get('loss', math.nan)):.4f}",
-        "alerts firing": int((column(data.alerts, "state") == "firing").sum()),
+        "incidents": int(column(data.alerts, "fingerprint").nunique())
+        if "fingerprint" in data.alerts
+        else 0,
     }
     return "<ul>" + "".join(f"<li><b>{k}</b>: {v}</li>" for k, v in items.items()) + "</ul>"
 
 
 def _alerts_html(alerts: pd.DataFrame) -> str:
     if alerts.empty:
-        return "<p>No alerts.</p>"
+        return "<p>No incidents.</p>"
     cols = [
         c
         for c in ("step", "started_step", "rank", "severity", "state", "rule", "scope", "hint")

@@ -140,7 +140,25 @@ def _rank_of(alert: dict[str, Any]) -> int | None:
     return None
 
 
+def members(alert: dict[str, Any]) -> list[dict[str, Any]]:
+    """An incident record's members (the alerts it groups), each with the record's time; an
+    alert record of its own otherwise."""
+    ev = alert.get("evidence")
+    got = ev.get("members") if isinstance(ev, dict) else None
+    if not isinstance(got, list) or not got:
+        return [alert]
+    shared = {k: alert[k] for k in ("time_ns", "estimated_step") if k in alert}
+    return [{**m, **shared} for m in got if isinstance(m, dict)]
+
+
 def _in_window(
+    incident: Incident, alert: dict[str, Any], slack: int, started_ns: int | None
+) -> bool:
+    """Whether any of the alert's members falls in the incident's window."""
+    return any(_member_in(incident, m, slack, started_ns) for m in members(alert))
+
+
+def _member_in(
     incident: Incident, alert: dict[str, Any], slack: int, started_ns: int | None
 ) -> bool:
     rank = _rank_of(alert)
@@ -161,8 +179,8 @@ def _in_window(
 
 
 def _rule_fits(incident: Incident, alert: dict[str, Any]) -> bool:
-    rule = str(alert.get("rule", "")).lower()
-    return any(w in rule for w in incident.rule_words)
+    rules = [str(m.get("rule", "")).lower() for m in members(alert)]
+    return any(w in rule for rule in rules for w in incident.rule_words)
 
 
 def score(
@@ -171,15 +189,17 @@ def score(
     slack: int = 10,
     started_ns: dict[str, int] | None = None,
 ) -> Scorecard:
-    """Match firing alerts to incidents by step window and rank (time window for alerts
-    without any step, from ``started_ns``: incident kind -> wall time it started).
+    """Match the incidents steplens opened (alert records of scope "incident") to the
+    scripted ones by step window and rank of their members (time window for alerts without
+    any step, from ``started_ns``: incident kind -> wall time it started).
 
-    Inside a window, an alert whose rule fits the incident catches it; another alert there
-    is related (a side effect). An alert outside every window is a false alarm; an incident
-    that no fitting alert caught is missed.
+    Inside a window, an incident one of whose members' rules fits catches it; another there
+    is related (a side effect). One outside every window is a false alarm; a scripted
+    incident that nothing fitting caught is missed. An incident counts once: its escalations
+    are the same incident.
     """
     started_ns = started_ns or {}
-    firing = [a for a in alerts if a.get("state", "firing") == "firing"]
+    firing = _opened([a for a in alerts if a.get("state", "firing") == "firing"])
     caught: dict[str, list[dict[str, Any]]] = {i.kind: [] for i in incidents}
     related: dict[str, list[dict[str, Any]]] = {i.kind: [] for i in incidents}
     false_alarms = []
@@ -255,6 +275,16 @@ def format_scorecard(plan: list[Incident], card: Scorecard) -> str:
     n_false = len(false)
     lines.append(f"caught {caught} of {len(plan)} incidents, {n_false} false alarm(s)")
     return "\n".join(lines)
+
+
+def _opened(alerts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each incident once: its last report (an escalation names more members); alerts that
+    are not incidents as they are."""
+    last: dict[Any, dict[str, Any]] = {}
+    for i, a in enumerate(alerts):
+        key = a.get("fingerprint") if a.get("scope") == "incident" else i
+        last[key] = a
+    return list(last.values())
 
 
 def _distinct(alerts: list[dict[str, Any]]) -> list[dict[str, Any]]:

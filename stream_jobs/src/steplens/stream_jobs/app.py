@@ -233,9 +233,8 @@ class Worker:
         if len(steps) <= 1:
             return
         recs = [rec for _, _, _, rec in steps]
-        entries = [{**rec.data, "step": rec.step, "time_ns": rec.time_ns} for rec in recs]
         try:
-            batch, alerts = det.process_entries(recs[0].rank, entries, behind=0)
+            batch, alerts = det.process_steps(recs)
         except Exception:  # find the record that fails, as one by one
             log.debug("a batch of step records failed; scoring them one by one", exc_info=True)
             for item in steps:

@@ -1,5 +1,6 @@
-"""Step records as columns: a ``step_batch``'s entries, a ``step`` record and a ``step_window``
-become a metric -> values-per-row table, the one shape ``RunDetector.process_columns`` scores."""
+"""Step records as columns: a ``step_batch``'s entries (and ``step`` records, as entries) and a
+``step_window`` become a metric -> values-per-row table, the one shape
+``RunDetector.process_columns`` scores."""
 
 from __future__ import annotations
 
@@ -50,20 +51,6 @@ def entry_columns(entries: list[dict[str, Any]]) -> dict[str, list[float | None]
                     if col[i] is None:
                         col[i] = float(x)
     return columns
-
-
-def step_columns(data: dict[str, Any]) -> tuple[dict[str, list[float | None]], float | None]:
-    """A ``step`` record's series as one-row columns (its scalars after its own fields; a
-    field of the same name wins), and its data wait."""
-    columns: dict[str, list[float | None]] = {}
-    for k, v in data.items():
-        if k not in NOT_SERIES and _number(v):
-            columns[k] = [float(v)]
-    for k, v in (data.get("scalars") or {}).items():  # a step field of the same name wins
-        if (k in NOT_SERIES or k not in data) and _number(v):
-            columns.setdefault(k, [float(v)])
-    wait = data.get("data_time_s")
-    return columns, float(wait) if _number(wait) else None
 
 
 def window_columns(

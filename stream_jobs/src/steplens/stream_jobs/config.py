@@ -5,19 +5,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from steplens.stream_jobs.calibration import CalibrationConfig
+from steplens.stream_jobs.incidents import IncidentsConfig
 from steplens.stream_jobs.rules import RulesConfig
 from steplens.stream_jobs.signals.registry import ENTRIES, SERIES
 
 
 class DetectorConfig:
     """``cfg.spike``, ``cfg.ranks.hang_after_s``, ...: each registry entry's settings under its
-    key; ``arima_enabled`` (and any other entry's ``enabled`` flag) turns a detector on or
-    off; ``rules``; ``train_loss_alpha``, the EMA weight of the training loss (for the
-    train/validation gap). Keyword arguments replace any of them."""
+    key (a statistical detector's alert policy is its ``policy``); ``arima_enabled`` (and any
+    other entry's ``enabled`` flag) turns a detector on or off; ``rules``; ``calibration``,
+    how raw scores become anomaly scores; ``train_loss_alpha``, the EMA weight of the training
+    loss (for the train/validation gap). Keyword arguments replace any of them."""
 
     def __init__(self, **given: Any) -> None:
         self.rules: RulesConfig = given.pop("rules", None) or RulesConfig()
         self.train_loss_alpha: float = given.pop("train_loss_alpha", 0.1)
+        self.calibration: CalibrationConfig = given.pop("calibration", None) or CalibrationConfig()
+        self.incidents: IncidentsConfig = given.pop("incidents", None) or IncidentsConfig()
         for e in ENTRIES:
             setattr(self, e.key, given.pop(e.key, None) or e.config())
         for e in SERIES:

@@ -3,8 +3,10 @@
 The CSV needs a ``step`` (or ``timestamp``/``time``) column and numeric columns; schema names
 (loss, grad_norm, lr, step_time_s, ...) get their own detectors, any other column is a generic
 metric (two-sided spikes and ARIMA). Every input row is written back with ``anomaly_score``
-(the largest signal score, 0..1), ``alert`` (1 while an alert is firing) and one score column
-per signal. Alerts are printed as they fire and resolve.
+(the largest calibrated anomaly score, 0..1: 0.9999 is about once in 10,000 values of that
+series), ``alert`` (1 while an incident is open) and one score column per signal. Incidents
+(the alerts of one event, with the most specific hint) are printed as they open, escalate and
+resolve.
 """
 
 from __future__ import annotations
@@ -136,8 +138,8 @@ def score_rows(
         # the row's largest score (0 when none is above 0), at most 1
         top = np.fmax(res[:, 2:].max(axis=1, initial=0.0), 0.0) if width > 2 else 0.0
         res[:, 0] = np.fmin(top, 1.0)
-        for i, alerts in enumerate(det.evaluate_rows(batch, len(chunk))):
-            res[i, 1] = 1.0 if det.rules.firing else 0.0
+        for i, alerts in enumerate(det.incident_rows(batch, len(chunk), times)):
+            res[i, 1] = 1.0 if det.incidents.open else 0.0
             if alerts and out is not None:
                 for a in alerts:
                     print(format_alert(a), file=out)

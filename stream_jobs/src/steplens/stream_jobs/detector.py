@@ -9,6 +9,8 @@ runs ``pending_fits`` wherever it likes and applies them (``apply_fit``).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,17 +18,17 @@ from typing import Any
 import numpy as np
 
 from steplens.producer.schema import RUN_RANK, Record
-from steplens.stream_jobs import batch_rules, fits, rules, step_tail
+from steplens.stream_jobs import batch_rules, fits, incidents, rules, step_tail
 from steplens.stream_jobs.columns import (
     Cells,
     Columns,
     entry_columns,
     floats_of,
-    step_columns,
     window_columns,
 )
 from steplens.stream_jobs.config import DetectorConfig
 from steplens.stream_jobs.core import CRIT_SEV, NO_STEP, Alert, Column, Run, Signals
+from steplens.stream_jobs.policy import JudgeState, Policy, judge_signals
 from steplens.stream_jobs.signals import arima, lr_schedule, ranks
 from steplens.stream_jobs.signals.registry import RECORDS, route
 
@@ -44,11 +46,15 @@ class RunDetector:
     # record detector (registry key) -> its state, one per run
     run_states: dict[str, Any] = field(default_factory=dict)
     rules: rules.RulesState = field(default_factory=rules.RulesState)
+    incidents: incidents.IncidentsState = field(default_factory=incidents.IncidentsState)
     run: Run = field(default_factory=Run)
     schedule: dict[str, Any] | None = None
     records: int = 0
     offsets: dict[int, int] = field(default_factory=dict)  # raw partition -> last offset applied
     fits_wanted: set[FitKey] = field(default_factory=set)
+    # rank -> metric -> [step, value]: the largest value of the rank's step records since its
+    # last window (``process_steps``)
+    raw_seen: dict[int, dict[str, list[Any]]] = field(default_factory=dict)
     touched: set[int] = field(default_factory=set)  # ranks whose series changed (take_touched)
 
     def __post_init__(self) -> None:
@@ -72,15 +78,13 @@ class RunDetector:
         kind, data = rec.kind, rec.data
         if kind == "step_batch":
             return self.process_entries(rec.rank, data["records"])
+        if kind == "step":
+            return self.process_steps([rec])
         self.records += 1
         batch: list[Signals] = []
-        if kind == "step":
-            metrics, wait = step_columns(data)
-            batch = self.process_columns(
-                rec.rank, [rec.step], [rec.time_ns], metrics, data_times=[wait]
-            )
-        elif kind == "step_window":
+        if kind == "step_window":
             step, first, metrics, peaks, wait = window_columns(data, rec.step)
+            self._already_probed(rec.rank, first, step, peaks)
             batch = self.process_columns(
                 rec.rank,
                 [step],
@@ -98,6 +102,34 @@ class RunDetector:
                     self.run_states[e.key], getattr(self.cfg, e.key), rec, self.run
                 )
         return batch, self.evaluate(batch, 1, [rec.time_ns])
+
+    def process_steps(self, recs: list[Record]) -> tuple[list[Signals], list[Alert]]:
+        """``step`` records of one rank, in order, scored as one batch (a record is a batch of
+        one row; the worker passes a message's consecutive step records of a rank). Each
+        metric's largest value is remembered until the rank's next window: a window whose
+        peak a step record already reported does not report it again (one spike, one
+        alert)."""
+        rank = recs[0].rank
+        entries = [{**r.data, "step": r.step, "time_ns": r.time_ns} for r in recs]
+        seen = self.raw_seen.setdefault(rank, {})
+        for e in entries:
+            for name, x in (*e.items(), *(e.get("scalars") or {}).items()):
+                if type(x) is float and (name not in seen or x > seen[name][1]):
+                    seen[name] = [e["step"], x]
+        return self.process_entries(rank, entries, behind=0)
+
+    def _already_probed(
+        self, rank: int, first: int | None, last: int | None, peaks: dict[str, float]
+    ) -> None:
+        """Drop from a window's ``peaks`` those a step record of its steps already reported
+        (the window's maximum is that record's value); forget the rank's step records."""
+        seen = self.raw_seen.pop(rank, None)
+        if not seen or first is None or last is None:
+            return
+        for name, (step, x) in seen.items():
+            peak = peaks.get(name)
+            if peak is not None and first <= step <= last and x >= peak:
+                del peaks[name]
 
     def _run_meta(self, data: dict[str, Any]) -> None:
         state = self.ranks
@@ -132,13 +164,22 @@ class RunDetector:
         return batch, self.evaluate(batch, n, times)
 
     def evaluate(self, batch: list[Signals], n: int, times_ns: Sequence[int]) -> list[Alert]:
-        """The rules over the ``n`` rows' signals; each alert carries its row's time."""
-        out: list[Alert] = []
+        """The rules over the ``n`` rows' signals, their alerts grouped into incidents
+        (``incidents``): the incidents' transitions, each at its row's time."""
+        return [a for row in self.incident_rows(batch, n, times_ns) for a in row]
+
+    def incident_rows(
+        self, batch: list[Signals], n: int, times_ns: Sequence[int]
+    ) -> Iterator[list[Alert]]:
+        """Each of the ``n`` rows' incident transitions, at the row's time (``self.incidents``
+        is the state after that row when it is yielded)."""
         for alerts, t in zip(self.evaluate_rows(batch, n), times_ns, strict=True):
+            if not alerts:
+                yield alerts
+                continue
             for a in alerts:
                 a.time_ns = t
-            out += alerts
-        return out
+            yield incidents.update(self.incidents, self.cfg.incidents, alerts, t)
 
     def evaluate_rows(self, batch: list[Signals], n: int) -> Iterator[list[Alert]]:
         """Each row's alert transitions (``batch_rules.evaluate_batch``)."""
@@ -186,8 +227,15 @@ class RunDetector:
                 if e.enabled is not None and not getattr(cfg, e.enabled):
                     continue
                 st = _state(s, e.key, metric, e.state, self.schedule)
-                got = e.update(st, getattr(cfg, e.key), metric, col)
+                ecfg = getattr(cfg, e.key)
+                got = e.update(st, ecfg, metric, col)
                 if got is not None and len(got):
+                    policy = getattr(ecfg, "policy", None)
+                    if policy is not None:
+                        if metric in getattr(ecfg, "notes_only", ()):
+                            policy = _notes(policy)
+                        judged = _state(s, f"judge:{e.key}", metric, JudgeState, None)
+                        judge_signals(judged, cfg.calibration, policy, got)
                     batch.append(got)
             if metric == "loss":
                 self.run.track_loss(col.xs, cfg.train_loss_alpha)
@@ -267,3 +315,9 @@ def _state(s: dict[str, dict[str, Any]], key: str, metric: str, new: Any, schedu
         if isinstance(st, lr_schedule.LrState):
             st.schedule = schedule
     return st
+
+
+@functools.cache
+def _notes(policy: Policy) -> Policy:
+    """``policy`` whose breaches are notes (the metric's alerts come from another detector)."""
+    return dataclasses.replace(policy, alerts=False)

@@ -38,9 +38,13 @@ def fingerprint(run_id: str, rule: str, scope: str) -> str:
 @dataclass
 class RulesConfig:
     resolve_after: int = 10  # steps without a breach (or clean samples, for step-less signals)
-    correlation_steps: int = 20  # how recent a signal must be to correlate
+    correlation_steps: int = 20  # how recent a breach must be to correlate
+    note_steps: int = 2  # how recent a note must be (a loss jump with a gradient jump)
     # breaches that only feed correlations, never alert on their own
     silent: frozenset[str] = frozenset({"threshold:data_wait_share"})
+    # detectors whose info-level breaches are notes of the alert policy: they feed the
+    # correlations, never alert on their own
+    notes: frozenset[str] = frozenset({"spike", "arima", "volatility"})
 
 
 @dataclass
@@ -56,13 +60,16 @@ class Firing:
 class RulesState:
     firing: dict[tuple[str, str], Firing] = field(default_factory=dict)
     recent: dict[str, int] = field(default_factory=dict)  # rule -> last breach step
+    noted: dict[str, int] = field(default_factory=dict)  # rule -> last note step
     swept_step: int = -1
     latest_step: int = -1
     correlating: bool = False  # a correlation is firing or a breach is recent
 
 
 def _evidence(sig: Signal) -> dict[str, Any]:
-    ev: dict[str, Any] = {"metric": sig.metric, "value": sig.value, "score": round(sig.score, 4)}
+    ev: dict[str, Any] = {"metric": sig.metric, "value": sig.value}
+    if sig.score == sig.score:  # not NaN (no score yet)
+        ev["score"] = round(sig.score, 4)
     if sig.rank >= 0:
         ev["rank"] = sig.rank
     if sig.expected is not None:
@@ -106,9 +113,10 @@ def evaluate(
                 alerts.append(_resolved(run_id, key, cur, sig.step))
             continue
         breached = True
+        note = sig.severity == INFO and sig.name in cfg.notes
         if sig.step is not None:
-            state.recent[rule] = sig.step
-        if rule in cfg.silent:
+            (state.noted if note else state.recent)[rule] = sig.step
+        if note or rule in cfg.silent:
             continue
         if cur is None:
             ev = _evidence(sig)
@@ -253,17 +261,18 @@ def _correlate_at(
     if step < 0:
         return state, []
     w = cfg.correlation_steps
-    groups = _correlation_parts(state, step, w)
+    groups = _correlation_parts(state, step, w, cfg.note_steps)
     out: list[Alert] = []
     for rule, parts in groups.items():
         key = (rule, "run")
         cur = state.firing.get(key)
         live = [p for p in parts if p]
         if cur is None:
-            if len(live) < len(parts):
+            if not _fires(state, rule, parts, step, w, cfg.note_steps):
                 continue
             because = [r for p in parts for r in p]
-            started = min((state.recent[r] for r in because if r in state.recent), default=step)
+            seen = {**state.noted, **state.recent}
+            started = min((seen[r] for r in because if r in seen), default=step)
             ev = {"because": because}
             state.firing[key] = Firing(WARNING, started, step, 0, ev)
             out.append(
@@ -284,33 +293,64 @@ def _correlate_at(
         elif cur.last_step is None or step - cur.last_step >= cfg.resolve_after:
             del state.firing[key]
             out.append(_resolved(run_id, key, cur, step))
-    state.correlating = any(_recent(state, r, step, w) for r in state.recent) or any(
-        k[0].startswith("correlation:") for k in state.firing
+    state.correlating = (
+        any(_recent(state, r, step, w) for r in state.recent)
+        or any(_noted(state, r, step, cfg.note_steps) for r in state.noted)
+        or any(k[0].startswith("correlation:") for k in state.firing)
     )
     return state, out
 
 
-def _correlation_parts(state: RulesState, step: int, w: int) -> dict[str, list[list[str]]]:
-    """Per correlation rule, its parts: the rules now breaching (recent or firing) for each."""
+def _noted(state: RulesState, rule: str, step: int | None, window: int) -> bool:
+    seen = state.noted.get(rule)
+    return seen is not None and (step is None or step - seen <= window)
+
+
+def _fires(  # noqa: PLR0917
+    state: RulesState, rule: str, parts: list[list[str]], step: int, w: int, note_w: int
+) -> bool:
+    """Whether a correlation that does not fire yet fires: each part breached in the last
+    ``w`` steps; for the loss and the gradient also each part moved (a breach or a note) in
+    the last ``note_w`` steps, one event seen in both (a note pairs with nothing older)."""
+    if not all(parts):
+        return False
+    if rule != "correlation:loss_grad":
+        return True
+
+    def any_of(p: list[str], note: bool) -> bool:
+        near = note_w if note else w
+        return any(
+            _recent(state, r, step, near) or (note and _noted(state, r, step, near)) for r in p
+        )
+
+    return all(any_of(p, False) for p in parts) or all(any_of(p, True) for p in parts)
+
+
+LOSS_PARTS = ("spike:loss", "volatility:loss", "arima:loss")
+GRAD_PARTS = tuple(
+    f"{name}:{metric}"
+    for metric in ("grad_norm", "grad_norm_preclip")
+    for name in ("spike", "arima", "nonfinite")
+)
+
+
+def _correlation_parts(
+    state: RulesState, step: int, w: int, note_w: int
+) -> dict[str, list[list[str]]]:
+    """Per correlation rule, its parts: the rules now breaching (recent or firing) for each;
+    the loss and gradient parts also count the notes of the last ``note_w`` steps (``_fires``
+    says when they are enough)."""
 
     def bad(*rules: str) -> list[str]:
         return [
             r for r in rules if _recent(state, r, step, w) or any(k[0] == r for k in state.firing)
         ]
 
+    def moved(rules: tuple[str, ...]) -> list[str]:
+        return [r for r in rules if _recent(state, r, step, w) or _noted(state, r, step, note_w)]
+
     return {
-        "correlation:loss_grad": [
-            [
-                r
-                for r in ("spike:loss", "volatility:loss", "arima:loss")
-                if _recent(state, r, step, w)
-            ],
-            [
-                r
-                for r in ("spike:grad_norm", "arima:grad_norm", "nonfinite:grad_norm")
-                if _recent(state, r, step, w)
-            ],
-        ],
+        "correlation:loss_grad": [moved(LOSS_PARTS), moved(GRAD_PARTS)],
         "correlation:data_bottleneck": [
             bad("threshold:gpu_util"),
             bad("threshold:data_wait_share", "threshold:disk_io_latency_ms"),

@@ -24,9 +24,12 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from steplens.stream_jobs.calibration import CalibrationState
 from steplens.stream_jobs.config import DetectorConfig
 from steplens.stream_jobs.core import Run
 from steplens.stream_jobs.detector import RunDetector
+from steplens.stream_jobs.incidents import Incident, IncidentsState, Member
+from steplens.stream_jobs.policy import JudgeState
 from steplens.stream_jobs.rules import Firing, RulesState
 from steplens.stream_jobs.signals.arima_fit import ArimaParams
 from steplens.stream_jobs.signals.registry import ENTRIES
@@ -40,7 +43,12 @@ CLASSES: dict[str, type] = {
     for c in (
         *(e.state for e in ENTRIES),
         ArimaParams,
+        JudgeState,
+        CalibrationState,
         RulesState,
+        IncidentsState,
+        Incident,
+        Member,
         Firing,
         Run,
     )
@@ -120,7 +128,17 @@ def unpack(blob: bytes) -> Any:
     return _built(msgpack.unpackb(blob[len(MAGIC) + 1 :], raw=False, strict_map_key=False))
 
 
-_HEAD = ("run_id", "run_states", "rules", "run", "schedule", "records", "offsets")
+_HEAD = (
+    "run_id",
+    "run_states",
+    "rules",
+    "incidents",
+    "run",
+    "schedule",
+    "records",
+    "offsets",
+    "raw_seen",
+)
 
 
 def dump_state(det: RunDetector, ranks: Iterable[int]) -> tuple[bytes, dict[int, bytes]]:

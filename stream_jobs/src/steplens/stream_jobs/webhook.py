@@ -2,8 +2,11 @@
 
 Alerts wait in a bounded queue (the oldest is dropped when full); a background task posts them
 with a timeout and a few retries with backoff. A transition already posted (the same
-fingerprint, state and episode: an alert scored again after a worker restart) is not posted
-again; the last ``remember`` transitions are remembered.
+fingerprint, state, episode and severity: an incident scored again after a rebalance) is not
+posted again; the last ``remember`` transitions are remembered. A worker that restarts after a
+crash remembers none of them, and scores again what it had not checkpointed: every post carries
+an ``idempotency_key`` (in the body and the ``Idempotency-Key`` header), the same for the same
+transition, by which a receiver drops a repeat.
 """
 
 from __future__ import annotations
@@ -22,9 +25,20 @@ from steplens.stream_jobs.core import Alert
 log = logging.getLogger("steplens.stream_jobs.webhook")
 
 
+def identity(alert: Alert) -> tuple[str, str, int | None, str]:
+    """What makes a transition the same one: fingerprint, state, episode and severity (an
+    escalation is a transition of its own)."""
+    return (alert.fingerprint, alert.state, alert.started_step, alert.severity)
+
+
+def idempotency_key(alert: Alert) -> str:
+    return ":".join(str(part) for part in identity(alert))
+
+
 def payload(alert: Alert) -> dict[str, Any]:
     body = asdict(alert)
     body["text"] = f"[{alert.severity}] {alert.state}: {alert.summary} - {alert.hint}"
+    body["idempotency_key"] = idempotency_key(alert)
     return body
 
 
@@ -46,11 +60,11 @@ class WebhookNotifier:
         self.dropped = 0
         self.repeated = 0
         self.remember = remember
-        self.seen: OrderedDict[tuple[str, str, int | None], None] = OrderedDict()
+        self.seen: OrderedDict[tuple[str, str, int | None, str], None] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
 
     def notify(self, alert: Alert) -> None:
-        key = (alert.fingerprint, alert.state, alert.started_step)
+        key = identity(alert)
         if key in self.seen:
             self.repeated += 1
             return
@@ -84,7 +98,8 @@ class WebhookNotifier:
     async def _post(self, session: aiohttp.ClientSession, alert: Alert) -> None:
         for attempt in range(self.retries):
             try:
-                async with session.post(self.url, json=payload(alert)) as resp:
+                headers = {"Idempotency-Key": idempotency_key(alert)}
+                async with session.post(self.url, json=payload(alert), headers=headers) as resp:
                     if resp.status < 300:
                         self.sent += 1
                         return

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from steplens.stream_jobs.core import WARN_SEV, Column, Signals, concat
+from steplens.stream_jobs.core import Column, Signals, concat
+from steplens.stream_jobs.policy import Policy
 from steplens.stream_jobs.signals.arima_fit import ArimaParams, fit, fit_many, warm_up
 from steplens.stream_jobs.signals.kernels import jit, score
 
@@ -38,11 +39,17 @@ class ArimaConfig:
     first_fit: int = 64
     refit_every: int = 2000
     z: float = 4.0  # interval half-width in noise standard deviations
-    consecutive: int = 3  # values outside in a row before it warns
+    consecutive: int = 3  # values outside in a row before they are learnt (a new regime)
     rel_floor: float = 1e-3  # noise floor relative to |value| (smooth series)
     drift_alpha: float = 0.05  # EMA weight of the online mean of the differenced series
     noise_alpha: float = 0.02  # EMA weight of the online forecast-error variance
     retry_after: int = 16  # values before a failed or skipped first fit is asked again
+    # a change of regime: rarer than 1 in 1,000, 10 % off the forecast, three values in a
+    # row; of the metrics of ``notes_only`` (which the spike detectors judge) it is a note
+    policy: Policy = field(
+        default_factory=lambda: Policy(rarity=0.999, measure="deviation", warning=0.1, persist=3)
+    )
+    notes_only: frozenset[str] = frozenset({"loss", "grad_norm", "grad_norm_preclip"})
 
 
 @dataclass
@@ -121,7 +128,7 @@ def update(state: ArimaState, cfg: ArimaConfig, metric: str, col: Column) -> Sig
         state.wants_fit = bool(ints[4])
         state.mean, state.var, state.last = float(floats[0]), float(floats[1]), float(floats[2])
         state.diffs, state.errors = diffs, errors
-        h = np.concatenate((state.history, out[5]))
+        h = np.concatenate((state.history, out[4]))
         state.history = h[-cfg.fit_window :] if len(h) > cfg.fit_window else h
         part = slice(i, i + taken)
         parts.append(
@@ -132,17 +139,17 @@ def update(state: ArimaState, cfg: ArimaConfig, metric: str, col: Column) -> Sig
                 col.steps[part],
                 xs[part],
                 out[0],
-                out[1].astype(np.int8),
+                np.zeros(taken, np.int8),
+                out[1],
                 out[2],
                 out[3],
-                out[4],
                 col.rank,
             )
         )
         i += taken
         if asked and col.want_fit is not None:
             col.want_fit(state)
-    return concat(parts) if parts else Signals.of("arima", metric, col.rows, col.steps, xs, 0.0)
+    return concat(parts) if parts else Signals.of("arima", metric, col.rows, col.steps, xs, NAN)
 
 
 @functools.cache
@@ -177,7 +184,7 @@ def _arima(  # noqa: PLR0917
     in place): has_last, outside, seen, next_fit, wants_fit; ``floats`` (in place): mean, var,
     last.
 
-    Returns (taken, rows of scores, severities, expected, lower, upper and the values learnt,
+    Returns (taken, rows of scores, expected, lower, upper and the values learnt,
     the differences and the errors after them)."""
     n = len(xs)
     p, q = len(ar), len(ma)
@@ -189,10 +196,9 @@ def _arima(  # noqa: PLR0917
     dbuf[:nd] = diffs
     ebuf = np.empty(ne + n)
     ebuf[:ne] = errors
-    # rows: scores, severities, expected, lower, upper, the values learnt
-    out = np.empty((6, n))
-    out[:2] = 0.0
-    out[2:5] = NAN
+    # rows: scores, expected, lower, upper, the values learnt
+    out = np.empty((5, n))
+    out[:4] = NAN  # no score before a model
     i = 0
     while i < n:
         x = xs[i]
@@ -214,11 +220,9 @@ def _arima(  # noqa: PLR0917
             outside = dev > band
             n_out = n_out + 1 if outside else 0
             out[0, i] = score(dev / band)
-            if n_out >= consecutive:
-                out[1, i] = WARN_SEV
-            out[2, i] = expected
-            out[3, i] = expected - band
-            out[4, i] = expected + band
+            out[1, i] = expected
+            out[2, i] = expected - band
+            out[3, i] = expected + band
             if outside and n_out < consecutive:
                 # an isolated outlier is not learnt: the next forecast starts from the
                 # expected value (once it lasts ``consecutive`` values it is a new regime)
@@ -240,7 +244,7 @@ def _arima(  # noqa: PLR0917
             if has_last or d == 0:
                 dbuf[nd] = x - last if d else x
                 nd += 1
-        out[5, i] = x
+        out[4, i] = x
         last = x
         has_last = 1
         seen += 1

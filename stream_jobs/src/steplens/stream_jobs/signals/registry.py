@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from steplens.stream_jobs.policy import Policy
 from steplens.stream_jobs.signals import (
     arima,
     data_quality,
@@ -83,10 +84,22 @@ SERIES: tuple[Series, ...] = (
         group="spike",
         hints=SPIKE_HINTS,
     ),
-    # gradient norms: heavy-tailed around a level; a warning needs 1.5x the baseline as well
+    # gradient norms: heavy-tailed around a level; rarer than 1 in 1,000 and 3x the baseline
+    # warns, 10x (the design's anchor) is critical, a rare doubling is a note
     Series(
         "grad_spike",
-        lambda: spike.SpikeConfig(min_rel_change=0.5, trend_tolerant=False),
+        lambda: spike.SpikeConfig(
+            trend_tolerant=False,
+            policy=Policy(
+                rarity=0.999,
+                measure="ratio",
+                warning=3.0,
+                critical=10.0,
+                note=2.0,
+                cold_warning=3.0,
+                cold_critical=10.0,
+            ),
+        ),
         spike.SpikeState,
         spike.update,
         frozenset({"grad_norm", "grad_norm_preclip"}),
@@ -94,7 +107,8 @@ SERIES: tuple[Series, ...] = (
     ),
     Series(
         "generic_spike",
-        lambda: spike.SpikeConfig(direction="both"),
+        # a column of an offline CSV: rarity alone (its unit means nothing to us)
+        lambda: spike.SpikeConfig(direction="both", policy=Policy()),
         spike.SpikeState,
         spike.update,
         generic_except=NONFINITE_ONLY,

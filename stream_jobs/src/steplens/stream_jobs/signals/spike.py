@@ -2,11 +2,11 @@
 
 The baseline is the median of the last ``window`` finite values; the noise scale is the MAD of
 their first differences (insensitive to a trend, so drifting series do not look like spikes),
-floored relative to the baseline and absolutely so constant series stay quiet. Two rules:
-
-* robust z-score ``(x - median) / scale`` at or above ``z`` warns, at ``2 z`` is critical;
-* a jump of ``ratio`` x the baseline is critical, but only when the baseline is clearly away from
-  zero (``|median| > near_zero`` and more than 3 noise scales), where a ratio means something.
+floored relative to the baseline and absolutely so constant series stay quiet. The score rises
+with the robust z-score ``(x - median) / scale`` (0.5 at ``z``, the band ``median +- z
+scale``); with ``direction`` "up" only rises score. Whether a spike alerts, and how severely, is
+the alert policy's call (``policy``): the score's rarity on its series, and the rise (or ratio)
+over the median, where the design's anchors live (a gradient norm 10x its baseline).
 
 Non-finite values never get here: the detector turns them into ``nonfinite`` signals.
 """
@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from steplens.stream_jobs.core import CRIT_SEV, WARN_SEV, Column, Signals
+from steplens.stream_jobs.core import Column, Signals
+from steplens.stream_jobs.policy import Policy
 from steplens.stream_jobs.signals.kernels import (
     _insert,
     _mad_sorted,
@@ -36,15 +37,26 @@ _EMPTY = np.empty(0)
 class SpikeConfig:
     window: int = 64
     warmup: int = 16
-    z: float = 7.0  # llm.c skips a step at z > 7 over its last 128 values
-    ratio: float = 10.0
+    z: float = 7.0  # the band's half-width in noise scales (llm.c skips a step at z > 7)
     direction: str = "up"  # "up" (loss, grad norm) or "both"
-    min_rel_change: float = 0.1  # a z-breach must also move this share of |median|
     rel_floor: float = 1e-3  # scale >= rel_floor * |median|
     abs_floor: float = 1e-12
-    near_zero: float = 1e-8
     rescale_every: int = 16
     trend_tolerant: bool = True  # noise from differences only (series that drift, like loss)
+    # a loss spike: rarer than 1 in 1,000 values of its series and 8 % above the baseline
+    # warns, 50 % is critical; a rare rise of 2 % is a note (it may correlate with a gradient
+    # jump); before the series knows its noise, 15 % warns
+    policy: Policy = field(
+        default_factory=lambda: Policy(
+            rarity=0.999,
+            measure="rise",
+            warning=0.08,
+            critical=0.5,
+            note=0.02,
+            cold_warning=0.15,
+            cold_critical=0.5,
+        )
+    )
 
 
 @dataclass
@@ -72,11 +84,8 @@ def update(state: SpikeState, cfg: SpikeConfig, metric: str, col: Column) -> Sig
         cfg.trend_tolerant is not False,
         cfg.direction == "up",
         float(cfg.z),
-        float(cfg.ratio),
-        float(cfg.min_rel_change),
         float(cfg.rel_floor),
         float(cfg.abs_floor),
-        float(cfg.near_zero),
     )
     state.values, state.diffs, state.ordered = values, diffs, ordered
     state.scale, state.since_rescale = scale, since
@@ -87,10 +96,10 @@ def update(state: SpikeState, cfg: SpikeConfig, metric: str, col: Column) -> Sig
         col.steps,
         col.xs if col.probes is None else col.probes,
         out[0],
-        out[1].astype(np.int8),
+        np.zeros(len(col.xs), np.int8),
+        out[1],
         out[2],
         out[3],
-        out[4],
         col.rank,
     )
 
@@ -110,19 +119,17 @@ def _spike(  # noqa: PLR0917
     trend_tolerant: bool,
     up: bool,
     z_cfg: float,
-    ratio_cfg: float,
-    min_rel_change: float,
     rel_floor: float,
     abs_floor: float,
-    near_zero: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, int]:
     """Score each of ``probes`` against the robust baseline, then learn the ``xs`` at the
     same place (a window's mean is learnt, its peak probed). ``values``: the window (oldest
     first, at most ``window``), ``ordered``: it sorted, ``diffs``: its differences.
 
-    Returns (rows of scores, severities, medians, lower and upper; the window, its
+    Returns (rows of scores, medians, lower and upper; the window, its
     differences and the window sorted after the batch; scale, since). Below ``warmup`` values
-    a probe scores 0 with no baseline (NaN)."""
+    a probe has no score (NaN) and its expected value is the median so far (NaN before any
+    value)."""
     m = len(xs)
     nv = len(values)
     nd = len(diffs)
@@ -138,13 +145,14 @@ def _spike(  # noqa: PLR0917
     buf[:nv] = ordered
     sd = np.empty(window + 2)
     sd[:nd] = np.sort(diffs)
-    out = np.empty((5, m))
-    out[:2] = 0.0
-    out[2:] = NAN
+    out = np.empty((4, m))  # scores, medians, lower, upper
+    out[:] = NAN  # no score before the baseline is warm
     root2 = math.sqrt(2.0)
     for i in range(m):
         x = probes[i]
-        if nv >= warmup:
+        if 0 < nv < warmup:  # the median so far, no noise scale yet: no score
+            out[1, i] = _median_sorted(buf, nv)
+        elif nv >= warmup:
             med = _median_sorted(buf, nv)
             amed = abs(med)
             sc = scale
@@ -154,29 +162,11 @@ def _spike(  # noqa: PLR0917
             dev = x - med
             if not up:
                 dev = abs(dev)
-            z = dev / sc
-            moved = dev >= min_rel_change * amed
-            s = 0
-            if moved and z >= z_cfg:
-                s = CRIT_SEV if z >= 2.0 * z_cfg else WARN_SEV
-            ratio = 0.0
-            if amed > near_zero and amed > 3.0 * sc and x * med > 0:
-                ratio = x / med
-                if not up:
-                    inv = med / x
-                    ratio = max(ratio, inv)
-                if ratio >= ratio_cfg:
-                    s = CRIT_SEV
-            sco = score(z / z_cfg) if moved else 0.0
-            if ratio >= 1.0:
-                by_ratio = score(ratio / ratio_cfg)
-                sco = max(sco, by_ratio)
             band = z_cfg * sc
-            out[0, i] = sco
-            out[1, i] = s
-            out[2, i] = med
-            out[3, i] = med - band
-            out[4, i] = med + band
+            out[0, i] = score(dev / band)
+            out[1, i] = med
+            out[2, i] = med - band
+            out[3, i] = med + band
         # learn x
         x = xs[i]
         at = vhead + nv  # fl index of x

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from steplens.producer.schema import RUN_RANK
-from steplens.stream_jobs.core import WARN_SEV, Column, Signals
+from steplens.stream_jobs.core import Column, Signals
+from steplens.stream_jobs.policy import Policy
 from steplens.stream_jobs.signals.kernels import jit, score
 
 NAN = math.nan
@@ -24,6 +25,11 @@ class VolatilityConfig:
     window: int = 50
     threshold: float = 0.10  # relative noise above this warns
     abs_floor: float = 1e-3  # |mean| below this is treated as this (near-zero losses)
+    policy: Policy | None = None  # None: the design's anchor, relative noise over threshold
+
+    def __post_init__(self) -> None:
+        if self.policy is None:
+            self.policy = Policy(rarity=None, measure="value", warning=self.threshold)
 
 
 @dataclass
@@ -34,9 +40,9 @@ class VolatilityState:
 
 
 def update(state: VolatilityState, cfg: VolatilityConfig, metric: str, col: Column) -> Signals:
-    """The relative noise after each value (0, without a severity, until the window is full).
+    """The relative noise after each value (0, without a score, until the window is full).
     The signals are of the run (rank -1): the series is one rank's, the scope the run's."""
-    cvs, scores, sev, judged, values, diffs = _volatility(
+    cvs, scores, judged, values, diffs = _volatility(
         col.xs,
         state.values,
         state.diffs,
@@ -49,7 +55,17 @@ def update(state: VolatilityState, cfg: VolatilityConfig, metric: str, col: Colu
     expected = np.where(judged, float(cfg.threshold), NAN)
     nan = np.full(len(cvs), NAN)
     return Signals(
-        "volatility", metric, col.rows, col.steps, cvs, scores, sev, expected, nan, nan, RUN_RANK
+        "volatility",
+        metric,
+        col.rows,
+        col.steps,
+        cvs,
+        scores,
+        np.zeros(len(cvs), np.int8),
+        expected,
+        nan,
+        nan,
+        RUN_RANK,
     )
 
 
@@ -62,12 +78,12 @@ def _volatility(  # noqa: PLR0917
     window: int,
     threshold: float,
     abs_floor: float,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The relative noise of the last ``window`` values after each of ``xs``: ``values`` (at
     most ``window``) and ``diffs`` (at most ``window - 1``) the window before them, ``sums``
     (sum of values, of differences, of their squares; updated in place) kept running.
 
-    Returns (cvs, scores, severities, judged, the window, its differences); a value before
+    Returns (cvs, scores, judged, the window, its differences); a value before
     the window is full is not judged (cv 0)."""
     m = len(xs)
     nv, nd = len(values), len(diffs)
@@ -80,8 +96,7 @@ def _volatility(  # noqa: PLR0917
     dcount = nd
     sum_v, sum_d, sum_d2 = sums[0], sums[1], sums[2]
     cvs = np.zeros(m)
-    scores = np.zeros(m)
-    sev = np.zeros(m, np.int8)
+    scores = np.full(m, NAN)  # no score before the window is full
     judged = np.zeros(m, np.bool_)
     for j in range(m):
         x = xs[j]
@@ -116,13 +131,10 @@ def _volatility(  # noqa: PLR0917
         cvs[j] = cv
         scores[j] = score(cv / threshold)
         judged[j] = True
-        if cv > threshold:
-            sev[j] = WARN_SEV
     sums[0], sums[1], sums[2] = sum_v, sum_d, sum_d2
     return (
         cvs,
         scores,
-        sev,
         judged,
         fl[vhead : vhead + nv].copy(),
         dl[dhead:dcount].copy(),

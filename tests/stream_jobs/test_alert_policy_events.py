@@ -1,0 +1,89 @@
+"""The alert policy end to end through the detector: the shapes of real events (a loss jump
+with a gradient jump, a spike reported raw and again in its window) give one incident each,
+with the right hint, in the step they happen."""
+
+from __future__ import annotations
+
+import random
+
+from steplens.producer.schema import make_record
+from steplens.stream_jobs.detector import RunDetector
+from steplens.stream_jobs.rules import hint_for
+
+
+def step(i: int, loss: float, grad: float, rank: int = 0):
+    data = {"loss": loss, "grad_norm": grad}
+    return make_record("step", data, run_id="r", rank=rank, step=i, time_ns=(i + 1) * 10**8)
+
+
+def test_a_loss_jump_with_a_gradient_jump_is_one_incident_with_the_data_pipeline_hint():
+    """Loss up 9 % and the gradient norm up 5x in the same step of a healthy run (the shape of
+    a real bad batch): one incident, led by the loss+gradient correlation, in that step."""
+    rng = random.Random(5)
+    det = RunDetector("r")
+    reports = []
+    for i in range(400):
+        loss = 3.0 * (1 - i / 4000) + rng.gauss(0, 0.01)
+        grad = 1.0 + rng.gauss(0, 0.05)
+        if i == 300:
+            loss, grad = loss * 1.09, grad * 5
+        reports += det.process(step(i, loss, grad))[1]
+    opened = [a for a in reports if a.state == "firing"]
+    assert opened and {a.fingerprint for a in reports} == {opened[0].fingerprint}
+    assert opened[0].step == 300 and opened[-1].step == 300
+    assert opened[-1].rule == "correlation:loss_grad"
+    assert opened[-1].hint == hint_for("correlation:loss_grad")
+    members = {m["rule"]: m for m in opened[-1].evidence["members"]}
+    assert {"spike:loss", "correlation:loss_grad"} <= set(members)
+    assert any(r.endswith("grad_norm") for r in members["correlation:loss_grad"]["because"])
+
+
+def test_moderate_jumps_in_the_same_step_correlate_without_alerting_alone():
+    """A loss rise of 3 % and a gradient norm of 2.5x, each rare on its series but too small to
+    alert alone (notes), correlate in the step they happen; far apart they do not."""
+    rng = random.Random(6)
+
+    def run(loss_at: int, grad_at: int) -> list:
+        det = RunDetector("r")
+        out = []
+        for i in range(500):
+            loss = 3.0 + rng.gauss(0, 0.002)
+            grad = 1.0 + rng.gauss(0, 0.01)
+            loss *= 1.03 if i == loss_at else 1.0
+            grad *= 2.5 if i == grad_at else 1.0
+            out += det.process(step(i, loss, grad))[1]
+        return out
+
+    together = run(400, 400)
+    assert [(a.state, a.rule) for a in together if a.state == "firing"] == [
+        ("firing", "correlation:loss_grad")
+    ]
+    assert not [a for a in run(400, 440) if a.state == "firing"]
+
+
+def test_a_spike_sent_raw_is_not_reported_again_by_its_window():
+    """The producer sends a spike raw at once and again inside its window's maximum: one
+    incident, from the raw step."""
+    rng = random.Random(7)
+    det = RunDetector("r")
+    reports = []
+    for w in range(30):
+        first, last = w * 10, w * 10 + 9
+        peak = 2.0 + 0.05
+        if w == 20:
+            peak = 40.0
+            reports += det.process(step(205, 40.0, 1.0))[1]  # the guard sends it raw
+        metrics = {
+            "loss": {"count": 10, "mean": 2.0 + rng.gauss(0, 0.01), "min": 1.95, "max": peak},
+            "grad_norm": {"count": 10, "mean": 1.0, "min": 0.99, "max": 1.01},
+        }
+        window = make_record(
+            "step_window",
+            {"step_first": first, "step_last": last, "count": 10, "metrics": metrics},
+            run_id="r",
+            step=last,
+            time_ns=(last + 1) * 10**8,
+        )
+        reports += det.process(window)[1]
+    opened = [a for a in reports if a.state == "firing"]
+    assert [(a.rule, a.step) for a in opened] == [("spike:loss", 205)]

@@ -1,0 +1,143 @@
+"""Incidents: grouping, inhibition, one severity and one hint, over random alert histories."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from steplens.stream_jobs import incidents as inc_mod
+from steplens.stream_jobs.core import Alert
+from steplens.stream_jobs.incidents import IncidentsConfig, IncidentsState, update
+from steplens.stream_jobs.rules import fingerprint, hint_for
+
+RULES = [
+    "spike:loss",
+    "spike:grad_norm",
+    "correlation:loss_grad",
+    "arima:loss",
+    "volatility:loss",
+    "straggler:step_time_s",
+    "hang:progress",
+    "threshold:gpu_mem_pct",
+    "data:duplicate_rate",
+    "data:over_length_share",
+    "plateau:eval_loss",
+]
+SEVERITIES = ["info", "warning", "critical"]
+
+
+def alert(rule: str, state: str, step: int, started: int, severity: str = "warning") -> Alert:
+    return Alert(
+        rule,
+        severity,
+        state,
+        "run",
+        hint_for(rule),
+        fingerprint("r", rule, "run"),
+        "r",
+        step,
+        started,
+        f"{rule} {state}",
+        {"metric": rule.rsplit(":", maxsplit=1)[-1]},
+    )
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> list[Alert]:
+    """Alert transitions as the rules make them: per rule and scope, firing, then resolved
+    later, then maybe firing again; steps never go back."""
+    out: list[Alert] = []
+    firing: dict[str, int] = {}
+    step = 0
+    for _ in range(draw(st.integers(0, 40))):
+        step += draw(st.integers(1, 30))
+        rule = draw(st.sampled_from(RULES))
+        if rule in firing:
+            out.append(alert(rule, "resolved", step, firing.pop(rule)))
+        else:
+            firing[rule] = step
+            out.append(alert(rule, "firing", step, step, draw(st.sampled_from(SEVERITIES))))
+    for rule, started in firing.items():  # every alert resolves in the end
+        step += 10
+        out.append(alert(rule, "resolved", step, started))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), st.integers(0, 5))
+def test_each_incident_opens_once_resolves_once_and_never_steps_down(history, join):
+    state = IncidentsState()
+    reports: list[Alert] = []
+    for a in history:
+        reports += update(state, IncidentsConfig(join_steps=join), [a])
+    assert not state.open and not state.of_alert  # everything resolved
+    by_id: dict[str, list[Alert]] = {}
+    for r in reports:
+        by_id.setdefault(r.fingerprint, []).append(r)
+    firing_alerts = [a for a in history if a.state == "firing"]
+    members = sum(len({m["rule"] for m in rs[-1].evidence["members"]}) for rs in by_id.values())
+    # every firing alert is a member of exactly one incident (a rule that fires twice in one
+    # incident is one member)
+    assert members <= len(firing_alerts)
+    assert {a.rule for a in firing_alerts} == {
+        m["rule"] for rs in by_id.values() for m in rs[-1].evidence["members"]
+    }
+    for rs in by_id.values():
+        assert [r.state for r in rs].count("resolved") == 1 and rs[-1].state == "resolved"
+        assert rs[0].state == "firing"
+        ranks = [inc_mod.RANK[r.severity] for r in rs]
+        assert ranks == sorted(ranks)  # escalates, never steps down
+        top = max(inc_mod.RANK[m["severity"]] for m in rs[-1].evidence["members"])
+        assert ranks[-1] == top
+        lead = max(inc_mod.specificity(m["rule"]) for m in rs[-1].evidence["members"])
+        assert inc_mod.specificity(rs[-1].rule) == lead  # the most specific hint
+        assert rs[-1].hint == hint_for(rs[-1].rule)
+
+
+@settings(max_examples=100, deadline=None)
+@given(histories())
+def test_the_same_history_gives_the_same_incidents(history):
+    """A replay after a restart reports the same incidents (identity from run, topic, step)."""
+    a = [r for x in history for r in update(IncidentsState(), IncidentsConfig(), [x])]
+    s1, s2 = IncidentsState(), IncidentsState()
+    one = [
+        (r.fingerprint, r.state, r.severity)
+        for x in history
+        for r in update(s1, IncidentsConfig(), [x])
+    ]
+    two = [
+        (r.fingerprint, r.state, r.severity)
+        for x in history
+        for r in update(s2, IncidentsConfig(), [x])
+    ]
+    assert one == two and len(a) >= 0
+
+
+def test_one_bad_batch_is_one_incident_with_the_correlation_hint():
+    """Loss spike, gradient spike, their correlation, an ARIMA excursion and the over-length
+    share of the same step: one incident, critical once the gradient spike is, with the
+    correlation's hint; the members are inhibited; it resolves with its last member."""
+    state, cfg = IncidentsState(), IncidentsConfig()
+    steps = [
+        alert("spike:loss", "firing", 100, 100),
+        alert("data:over_length_share", "firing", 100, 100),
+        alert("spike:grad_norm", "firing", 100, 100, "critical"),
+        alert("correlation:loss_grad", "firing", 100, 100),
+        alert("arima:loss", "firing", 102, 100),
+    ]
+    got = [r for a in steps for r in update(state, cfg, [a])]
+    assert len({r.fingerprint for r in got}) == 1
+    assert [r.state for r in got] == ["firing"] * len(got) and len(got) <= 4
+    assert got[-1].severity == "critical" and got[-1].rule == "correlation:loss_grad"
+    assert got[-1].hint == hint_for("correlation:loss_grad")
+    ends = [alert(a.rule, "resolved", 120, 100) for a in steps]
+    out = [r for a in ends for r in update(state, cfg, [a])]
+    assert [r.state for r in out] == ["resolved"] and out[0].fingerprint == got[0].fingerprint
+    assert len(out[0].evidence["members"]) == 5
+
+
+def test_unrelated_alerts_far_apart_are_separate_incidents():
+    state, cfg = IncidentsState(), IncidentsConfig()
+    a = update(state, cfg, [alert("spike:loss", "firing", 100, 100)])
+    b = update(state, cfg, [alert("straggler:step_time_s", "firing", 300, 300)])
+    assert len(a) == len(b) == 1 and a[0].fingerprint != b[0].fingerprint

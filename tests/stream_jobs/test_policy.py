@@ -1,0 +1,118 @@
+"""The alert policy over random series: the rule written out, any batching, monotone in rarity
+and magnitude, persistence counted across batches, notes and the cold anchors."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from steplens.stream_jobs.policy import (
+    CRIT,
+    INFO,
+    MEASURES,
+    NONE,
+    WARN,
+    JudgeState,
+    Policy,
+    judge,
+    magnitude,
+)
+
+policies = st.builds(
+    Policy,
+    rarity=st.sampled_from([None, 0.99, 0.9999]),
+    measure=st.sampled_from(["ratio", "rise", "deviation", "value"]),
+    warning=st.sampled_from([0.0, 0.05, 3.0]),
+    critical=st.sampled_from([1.0, 10.0, math.inf]),
+    persist=st.integers(1, 4),
+    critical_persist=st.sampled_from([0, 5]),
+    alerts=st.booleans(),
+    note=st.sampled_from([None, 0.02, 2.0]),
+    cold_warning=st.sampled_from([math.inf, 0.15, 3.0]),
+    cold_critical=st.sampled_from([math.inf, 0.5, 10.0]),
+)
+values = st.floats(-1e3, 1e3, allow_nan=False)
+rows = st.lists(
+    st.tuples(values, st.one_of(values, st.just(math.nan)), st.floats(0, 1), st.booleans()),
+    max_size=60,
+)
+
+
+def reference(policy: Policy, series: list[tuple[float, float, float, bool]]) -> list[int]:
+    out, run = [], 0
+    note = math.inf if policy.note is None else policy.note
+    for v, e, a, cold in series:
+        m = magnitude(MEASURES[policy.measure], v, e)
+        if m >= policy.critical and policy.critical < math.inf:
+            run += 1
+            sev = CRIT
+        elif cold and policy.rarity is not None:
+            sev = CRIT if m >= policy.cold_critical else WARN if m >= policy.cold_warning else NONE
+        elif not ((policy.rarity is None or a >= policy.rarity) and m >= policy.warning):
+            run = 0
+            sev = INFO if m >= note and a >= policy.note_rarity else NONE
+        else:
+            run += 1
+            crit = m >= policy.critical or (
+                policy.critical_persist and run >= policy.critical_persist
+            )
+            noted = m >= note and a >= policy.note_rarity
+            sev = CRIT if crit else WARN if run >= policy.persist else INFO if noted else NONE
+        out.append(min(sev, INFO) if sev and not policy.alerts else sev)
+    return out
+
+
+def columns(part: list[tuple[float, float, float, bool]]) -> list[np.ndarray]:
+    return [np.array([r[k] for r in part], dtype=float) for k in range(3)] + [
+        np.array([r[3] for r in part], dtype=np.bool_)
+    ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(policies, rows, st.data())
+def test_judge_equals_the_rule_for_any_batching(policy, series, data):
+    want = reference(policy, series)
+    state = JudgeState()
+    cuts = sorted({0, len(series), *data.draw(st.lists(st.integers(0, len(series)), max_size=3))})
+    got: list[int] = []
+    for lo, hi in itertools.pairwise(cuts):
+        v, e, a, cold = columns(series[lo:hi])
+        got += judge(policy, state, v, e, a, cold=cold).tolist()
+    assert got == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(policies, values, values, st.floats(0, 1), st.floats(0, 1))
+def test_more_rare_is_never_less_severe(policy, v, e, a, b):
+    lo, hi = sorted((a, b))
+    one = judge(policy, JudgeState(), np.array([v]), np.array([e]), np.array([lo]))
+    two = judge(policy, JudgeState(), np.array([v]), np.array([e]), np.array([hi]))
+    assert two[0] >= one[0]
+
+
+def test_a_gradient_spike_warns_at_three_times_and_is_critical_at_ten():
+    grad = Policy(rarity=0.9999, measure="ratio", warning=3.0, critical=10.0, note=2.0)
+    v = np.array([1.4, 2.5, 5.0, 12.0, 12.0])
+    rare = np.array([0.99999, 0.99999, 0.99999, 0.99999, 0.5])
+    sev = judge(grad, JudgeState(), v, np.ones(5), rare)
+    # 1.4x: a signal; 2.5x: a note; 12x: critical, even where such values were common
+    assert sev.tolist() == [NONE, INFO, WARN, CRIT, CRIT]
+
+
+def test_persistence_makes_a_regime_change_warn_on_its_third_value():
+    arima = Policy(rarity=0.999, measure="deviation", warning=0.1, persist=3)
+    v = np.array([1.2, 1.2, 1.2, 1.2, 1.0])
+    sev = judge(arima, JudgeState(), v, np.ones(5), np.full(5, 0.9995))
+    assert sev.tolist() == [NONE, NONE, WARN, WARN, NONE]
+
+
+def test_before_the_series_knows_its_noise_only_the_cold_anchors_alert():
+    loss = Policy(rarity=0.999, measure="rise", warning=0.05, cold_warning=0.15, cold_critical=0.5)
+    v = np.array([1.1, 1.2, 1.6, 1.1])
+    cold = np.array([True, True, True, False])
+    sev = judge(loss, JudgeState(), v, np.ones(4), np.array([1.0, 1.0, 1.0, 0.9999]), cold=cold)
+    assert sev.tolist() == [NONE, WARN, CRIT, WARN]
