@@ -92,6 +92,10 @@ KINDS: Final[dict[str, dict[str, Field]]] = {
         "lr_schedule": _f(OBJ),
         "peak_flops": _f(FNUM),  # per device, for MFU
         "config": _f(OBJ),
+        # a run whose history the detectors' baselines may start from (a resumed or
+        # reference run), and the run's lineage (free-form: parent run, checkpoint, ...)
+        "baseline_run": _f(STR),
+        "lineage": _f(OBJ),
     },
     # One training step (raw, sampled or guarded) from one rank.
     "step": {
@@ -109,6 +113,10 @@ KINDS: Final[dict[str, dict[str, Field]]] = {
         "param_norm": _f(NUM),
         "update_ratio": _f(NUM),
         "group_lrs": _f(NUM_LIST),
+        # from watch(), at its interval: per layer (or module group) gradient and parameter
+        # norms
+        "layer_grad_norms": _f(NUM_MAP, names=True),
+        "layer_param_norms": _f(NUM_MAP, names=True),
         "scalars": _f(NUM_MAP, names=True),
         # why this raw record was sent: "sample" | "guard" | "every"
         "reason": _f(STR),
@@ -123,7 +131,7 @@ KINDS: Final[dict[str, dict[str, Field]]] = {
         "step_last": _f(INT, True),
         "count": _f(INT, True),
         "duration_s": _f(FNUM),
-        # metric -> {"count", "mean", "min", "max", "last", "nonfinite"}
+        # metric -> {"count", "mean", "std", "min", "max", "last", "nonfinite"}
         "metrics": _f(OBJ, True, names=True),
     },
     "eval": {
@@ -145,8 +153,11 @@ KINDS: Final[dict[str, dict[str, Field]]] = {
         "length_max": _f(INT),
         "max_len": _f(INT),
         "over_length": _f(INT),
-        "label_counts": _f(INT_MAP),
+        "label_counts": _f(INT_MAP),  # class labels of a classification batch
+        "supervised_share": _f(FNUM),  # language-model batch: share of supervised tokens
         "sample_hashes": _f(STR_LIST),  # truncated MD5 hex per sample
+        "sample_ids": _f(STR_LIST),  # the caller's own sample ids, when given
+        "epoch": _f(INT),  # the data's epoch (a sample seen again in a new one is no repeat)
     },
     # Host + all its GPUs, from the per-host sampler.
     "hw": {
@@ -163,6 +174,12 @@ KINDS: Final[dict[str, dict[str, Field]]] = {
         #   "pcie_tx_mb_s", "pcie_rx_mb_s", "energy_j"}]
         "gpus": _f(OBJ_LIST),
         "gpu_status": _f(STR),  # "ok" | "no_nvml" | "no_gpu" | error text
+    },
+    # The Python stacks of a rank that stopped stepping while its process lives.
+    "stacks": {
+        "stalled_s": _f(FNUM, True),  # since the last log_step
+        "last_step": _f(INT),
+        "threads": _f(OBJ_LIST, True),  # [{"name", "id", "stack"}], stack as text
     },
     # Inter-rank communication probe.
     "comm": {
