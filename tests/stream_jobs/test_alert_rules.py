@@ -72,9 +72,11 @@ def test_escalation_keeps_one_alert():
     assert st.firing[("spike:loss", "run")].severity == "critical"
 
 
-def test_loss_grad_correlation_is_one_alert_for_a_long_incident_with_steps():
+def test_loss_grad_correlation_holds_while_both_move_and_a_long_incident_is_one():
     # a long lr blow-up: the loss keeps breaching on and off, the gradient norm only at the
     # start and again much later; hardware samples (no step) arrive in between
+    from steplens.stream_jobs.incidents import IncidentsConfig, IncidentsState, update
+
     batches = []
     for i in range(60, 320):
         sigs = [sig(i, "warning" if 100 <= i <= 250 and i % 15 == 10 else None, "arima", "loss")]
@@ -84,10 +86,20 @@ def test_loss_grad_correlation_is_one_alert_for_a_long_incident_with_steps():
             batches.append([sig(None, None, "threshold", "gpu_util", scope="host")])
     _, alerts = run(batches)
     corr = [a for a in alerts if a.rule == "correlation:loss_grad"]
+    # the correlation holds while both parts moved in the last 20 steps, resolves 10 later
     assert [(a.state, a.step, a.started_step) for a in corr] == [
         ("firing", 105, 100),
-        ("resolved", 280, 100),
+        ("resolved", 135, 100),
+        ("firing", 200, 190),
+        ("resolved", 230, 190),
     ]
+    # the loss breaching on and off keeps one incident open from the first breach to the last
+    state = IncidentsState()
+    reports = [r for a in alerts for r in update(state, IncidentsConfig(), [a])]
+    training = [r for r in reports if r.evidence["topic"] == "training"]
+    assert len({r.fingerprint for r in training}) == 1
+    assert training[0].started_step == 100 and training[-1].state == "resolved"
+    assert training[-1].step > 250
 
 
 def grid_of(rng, steps, n_ranks, p_breach):

@@ -24,12 +24,13 @@ def test_plateau_after_patience_and_perplexity_mismatch():
     st = evals.EvalState()
     cfg = evals.EvalConfig()
     sev = []
-    for i, loss in enumerate([3.0, 2.5, 2.4, 2.41, 2.42, 2.40]):
-        st, sigs = rows(
-            evals.update(st, cfg, "val", {"loss": loss, "perplexity": math.exp(loss)}, None, i)
-        )
-        sev.append({s.name for s in sigs if s.severity})
-    assert sev[:5] == [set()] * 5 and "plateau" in sev[5]
+    for i, loss in enumerate([3.0, 2.5, 2.4, 2.41, 2.42, 2.40, 2.43, 2.41]):
+        metrics = {"loss": loss, "perplexity": math.exp(loss), "accuracy": 0.5}
+        st, sigs = rows(evals.update(st, cfg, "val", metrics, None, i))
+        sev.append({(s.name, s.metric, s.severity) for s in sigs if s.severity})
+    # five evaluations without improvement: a suggestion (info), of the loss only (the
+    # accuracy stalled from the start, which the loss's plateau already says)
+    assert sev[:7] == [set()] * 7 and sev[7] == {("plateau", "eval_loss", "info")}
     _, sigs = rows(evals.update(st, cfg, "val", {"loss": 2.0, "perplexity": 12.0}, None, 9))
     assert "perplexity" in {s.name for s in sigs if s.severity}
 

@@ -3,17 +3,20 @@
 The rules raise an alert per rule and scope; one event (a bad batch) often trips several (a loss
 spike, a gradient spike, their correlation, an ARIMA excursion, an over-length share). A firing
 alert joins the run's open incident of the same topic (training dynamics, throughput, memory,
-data, evaluation, hardware), or any open incident that started within ``join_steps`` steps of
-it (one event seen by rules of several topics); otherwise it opens an incident. An incident:
+data, evaluation, hardware) if one of its members started in the last ``join_gap`` steps, or
+any open incident that started within ``join_steps`` steps of it (one event seen by rules of
+several topics); otherwise it opens an incident. An incident:
 
 * has one severity, the highest any member reached (it escalates, and never steps down before
   it resolves);
 * carries the most specific hint of its members (a correlation explains more than its parts, a
   named cause more than a spike, a spike more than a forecast excursion) and every member's
   evidence;
-* inhibits its members: only the incident is reported (opened, escalated, resolved), as
-  Alertmanager's inhibition keeps lower-severity alerts of a firing one quiet;
-* resolves when its last member resolves.
+* inhibits its members: only the incident is reported (opened; again when it escalates, gets a
+  better hint or a member of a rule it did not have yet; resolved), as Alertmanager's
+  inhibition keeps lower-severity alerts of a firing one quiet;
+* resolves when its last member resolves, and opens again (the same incident) if an alert of
+  its topic starts within ``join_gap`` steps after that.
 
 Its identity (``fingerprint``) derives from the run, the topic and the step it started at, and
 its time from the record it opened on, so a replay after a restart reports the same incident.
@@ -117,6 +120,7 @@ class Incident:
     # by the alert's fingerprint and start: an alert that fires again is a member again
     members: dict[str, Member] = field(default_factory=dict)
     last_step: int | None = None
+    episode: int = 0  # times it opened again after resolving
 
     @property
     def lead(self) -> Member:
@@ -129,11 +133,21 @@ class Incident:
     def firing(self) -> bool:
         return any(m.firing for m in self.members.values())
 
+    def last_start(self) -> int | None:
+        """The latest step a member started at (None: no member has a step)."""
+        starts = [m.started_step for m in self.members.values() if m.started_step is not None]
+        return max(starts, default=None)
+
+    def rules(self) -> frozenset[str]:
+        return frozenset(m.rule for m in self.members.values())
+
 
 @dataclass
 class IncidentsConfig:
     join_steps: int = 2  # an alert starting this close to an open incident's start joins it
+    join_gap: int = 20  # ... one of its topic, if one of its members started this recently
     max_members: int = 20  # members listed in the evidence (the rest are counted)
+    max_closed: int = 16  # resolved incidents remembered (to open again)
 
 
 @dataclass
@@ -141,6 +155,8 @@ class IncidentsState:
     open: dict[str, Incident] = field(default_factory=dict)  # by fingerprint
     # alert fingerprint -> its incident and its member's key there, while it fires
     of_alert: dict[str, list[str]] = field(default_factory=dict)
+    # resolved in the last ``join_gap`` steps (they may open again), by fingerprint
+    closed: dict[str, Incident] = field(default_factory=dict)
 
 
 def incident_id(run_id: str, topic: str, step: int | None) -> str:
@@ -148,14 +164,30 @@ def incident_id(run_id: str, topic: str, step: int | None) -> str:
 
 
 def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> Incident | None:
-    """The open incident ``a`` (firing) joins, or None."""
+    """The open incident ``a`` (firing) joins, or None: the run's latest of its topic, unless
+    no member of that one started in the ``join_gap`` steps before ``a`` (a new event, while
+    the last one's slow members, such as a volatility window, still fire); else one that
+    started within ``join_steps`` of it."""
     topic = topic_of(a.rule)
+    start = a.started_step if a.started_step is not None else a.step
     same = [i for i in state.open.values() if i.run_id == a.run_id and i.topic == topic]
     if same:
-        return same[0]
-    start = a.started_step if a.started_step is not None else a.step
+        inc = same[-1]
+        last = inc.last_start()
+        if start is None or last is None or start - last <= cfg.join_gap:
+            return inc
     if start is None:
         return None
+    # one that resolved in the last ``join_gap`` steps opens again (an event whose alerts
+    # breach on and off)
+    for fp, inc in list(state.closed.items()):
+        if inc.last_step is None or start - inc.last_step > cfg.join_gap:
+            del state.closed[fp]  # too old to open again: forgotten
+        elif inc.run_id == a.run_id and inc.topic == topic:
+            del state.closed[fp]
+            state.open[fp] = inc
+            inc.episode += 1
+            return inc
     for inc in state.open.values():
         near = inc.started_step is not None and abs(start - inc.started_step) <= cfg.join_steps
         if inc.run_id == a.run_id and near:
@@ -170,7 +202,7 @@ def update(
     transitions, as alerts (rule: the lead member's; scope "incident"; evidence: the members,
     at most ``max_members``), each incident at most once. The result does not depend on the
     order of ``alerts``. ``time_ns``: the time of the record these alerts fired on."""
-    before = {fp: (inc.severity, inc.lead.rule) for fp, inc in state.open.items()}
+    before = {fp: (inc.severity, inc.lead.rule, inc.rules()) for fp, inc in state.open.items()}
     changed: dict[str, Incident] = {}
     firing = sorted(
         (a for a in alerts if a.state == "firing"),
@@ -183,8 +215,12 @@ def update(
     out: list[Alert] = []
     for inc in sorted(changed.values(), key=lambda i: (i.topic, i.fingerprint)):
         was = before.get(inc.fingerprint)
-        if was is None or RANK[inc.severity] > RANK[was[0]] or inc.lead.rule != was[1]:
-            out.append(_report(inc, cfg, "firing", step, time_ns))  # new, escalated, better hint
+        if was is None or (RANK[inc.severity], inc.lead.rule, inc.rules()) != (
+            RANK[was[0]],
+            was[1],
+            was[2],
+        ):  # new, escalated, a better hint, or a rule of another kind joined
+            out.append(_report(inc, cfg, "firing", step, time_ns))
     for a in alerts:
         if a.state != "firing":
             out += _resolved(state, cfg, a, time_ns)
@@ -226,6 +262,9 @@ def _resolved(state: IncidentsState, cfg: IncidentsConfig, a: Alert, time_ns: in
     if inc.firing():
         return []
     del state.open[inc.fingerprint]
+    state.closed[inc.fingerprint] = inc
+    while len(state.closed) > cfg.max_closed:
+        del state.closed[next(iter(state.closed))]
     return [_report(inc, cfg, "resolved", a.step, time_ns)]
 
 
@@ -257,6 +296,11 @@ def _report(inc: Incident, cfg: IncidentsConfig, st: str, step: int | None, time
         inc.started_step,
         f"{inc.topic} incident {verb} step {inc.started_step if st != 'resolved' else step}: "
         f"{rules}",
-        {"topic": inc.topic, "members": members, "member_count": len(inc.members)},
+        {
+            "topic": inc.topic,
+            "members": members,
+            "member_count": len(inc.members),
+            "episode": inc.episode,
+        },
         time_ns,
     )

@@ -19,7 +19,7 @@ signal is a breach only when it is both rare and large enough to matter, or last
 A small deviation that neither persists nor is large stays a signal: it is stored and plotted,
 it never alerts on its own. Before a series has values enough to know its noise (its
 calibration's warm-up) only the cold anchors apply: a loss 15 % above its median so far, a
-gradient norm 3x. One that is fairly rare (``note_rarity``) and of some size
+gradient norm 5x. One that is fairly rare (``note_rarity``) and of some size
 (``note``) is a *note* (severity info): it feeds the correlations (a loss jump with a gradient
 jump in the same steps) and never alerts alone; so is every breach of a policy that does not
 alert (``alerts`` False: an ARIMA excursion of the loss is evidence, not an alert).

@@ -244,11 +244,11 @@ def _recent(state: RulesState, rule: str, step: int | None, window: int) -> bool
 def _correlate(
     state: RulesState, cfg: RulesConfig, run_id: str, signals: list[Signal]
 ) -> tuple[RulesState, list[Alert]]:
-    """Fire a correlation when all its parts are recent; keep it while any part still is.
-
-    The hysteresis makes one long incident (whose parts breach on and off) one alert. Records
-    without a step (hardware samples) are judged at the latest step seen; before any step is
-    known nothing is judged, so every correlation alert carries its steps.
+    """Fire a correlation when all its parts are recent; keep it while all still are, and
+    ``resolve_after`` steps more (a long event whose parts breach on and off is one incident:
+    the incident stays open while its members fire). Records without a step (hardware
+    samples) are judged at the latest step seen; before any step is known nothing is judged,
+    so every correlation alert carries its steps.
     """
     steps = [s.step for s in signals if s.step is not None]
     return _correlate_at(state, cfg, run_id, max(steps) if steps else state.latest_step)
@@ -288,7 +288,7 @@ def _correlate_at(
                     f"{rule} at step {step}: {', '.join(because)}",
                 )
             )
-        elif live:
+        elif len(live) == len(parts):  # every part still moves: the correlation holds
             cur.last_step = max(step, cur.last_step if cur.last_step is not None else step)
         elif cur.last_step is None or step - cur.last_step >= cfg.resolve_after:
             del state.firing[key]

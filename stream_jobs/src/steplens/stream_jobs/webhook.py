@@ -25,10 +25,11 @@ from steplens.stream_jobs.core import Alert
 log = logging.getLogger("steplens.stream_jobs.webhook")
 
 
-def identity(alert: Alert) -> tuple[str, str, int | None, str]:
-    """What makes a transition the same one: fingerprint, state, episode and severity (an
-    escalation is a transition of its own)."""
-    return (alert.fingerprint, alert.state, alert.started_step, alert.severity)
+def identity(alert: Alert) -> tuple[str, str, int | None, str, int]:
+    """What makes a transition the same one: fingerprint, state, episode (its start, and how
+    often an incident opened again) and severity (an escalation is a transition of its own)."""
+    again = alert.evidence.get("episode", 0) if isinstance(alert.evidence, dict) else 0
+    return (alert.fingerprint, alert.state, alert.started_step, alert.severity, again)
 
 
 def idempotency_key(alert: Alert) -> str:
@@ -60,7 +61,7 @@ class WebhookNotifier:
         self.dropped = 0
         self.repeated = 0
         self.remember = remember
-        self.seen: OrderedDict[tuple[str, str, int | None, str], None] = OrderedDict()
+        self.seen: OrderedDict[tuple[str, str, int | None, str, int], None] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
 
     def notify(self, alert: Alert) -> None:

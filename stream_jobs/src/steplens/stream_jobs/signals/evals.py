@@ -1,5 +1,9 @@
 """Validation metrics: plateaus, perplexity vs exp(loss), a widening train/validation gap and
-unstable (oscillating) validation results."""
+unstable (oscillating) validation results.
+
+A plateau is a suggestion (severity info: consider early stopping or the lr), of the split's
+loss when it has one (an accuracy that stalls while the loss still improves is no news); the
+other metrics' plateaus stay signals."""
 
 from __future__ import annotations
 
@@ -23,10 +27,11 @@ HINTS = {
 
 @dataclass
 class EvalConfig:
-    patience: int = 3  # evaluations without improvement
+    patience: int = 5  # evaluations without improvement
     min_improvement: float = 1e-3  # relative
     perplexity_tolerance: float = 0.05  # |ppl - exp(loss)| / exp(loss)
     gap_evals: int = 3  # consecutive widenings of (val loss - train loss)
+    gap_rel: float = 0.05  # ... by at least this share of the validation loss in all
     unstable_swings: int = 3  # direction changes in the last unstable_swings + 1 evaluations
     unstable_rel: float = 0.05  # each swing at least this share of the value
 
@@ -59,6 +64,7 @@ def update(  # noqa: PLR0917
 ) -> tuple[EvalState, list[Signals]]:
     out: list[Signals] = []
     scope = f"split:{split}"
+    led_by_loss = "loss" in metrics
     for name, value in metrics.items():
         if not math.isfinite(value):
             out.append(
@@ -83,7 +89,9 @@ def update(  # noqa: PLR0917
                 float(stale),
                 score_of(stale / cfg.patience),
                 scope=scope,
-                severity=WARNING if stale >= cfg.patience else None,
+                severity=INFO
+                if stale >= cfg.patience and (name == "loss" or not led_by_loss)
+                else None,
             )
         )
         hist = state.history.setdefault(key, [])
@@ -122,7 +130,7 @@ def update(  # noqa: PLR0917
         del state.gaps[: -(cfg.gap_evals + 1)]
         g = state.gaps
         widening = len(g) > cfg.gap_evals and all(b > a for a, b in pairwise(g))
-        widening = widening and g[-1] > 0
+        widening = widening and g[-1] > 0 and g[-1] - g[0] >= cfg.gap_rel * abs(loss)
         out.append(
             one(
                 "generalization_gap",

@@ -85,7 +85,8 @@ SERIES: tuple[Series, ...] = (
         hints=SPIKE_HINTS,
     ),
     # gradient norms: heavy-tailed around a level; rarer than 1 in 1,000 and 3x the baseline
-    # warns, 10x (the design's anchor) is critical, a rare doubling is a note
+    # warns, 10x (the design's anchor) is critical, a rare doubling is a note; before the
+    # series knows its noise (early training, where norms move fast), 5x warns
     Series(
         "grad_spike",
         lambda: spike.SpikeConfig(
@@ -96,7 +97,7 @@ SERIES: tuple[Series, ...] = (
                 warning=3.0,
                 critical=10.0,
                 note=2.0,
-                cold_warning=3.0,
+                cold_warning=5.0,
                 cold_critical=10.0,
             ),
         ),
