@@ -149,3 +149,23 @@ def test_unrelated_alerts_far_apart_are_separate_incidents():
     a = update(state, cfg, [alert("spike:loss", "firing", 100, 100)])
     b = update(state, cfg, [alert("straggler:step_time_s", "firing", 300, 300)])
     assert len(a) == len(b) == 1 and a[0].fingerprint != b[0].fingerprint
+
+
+def test_a_follower_joins_silently_a_new_finding_is_reported():
+    """The volatility a loss spike leaves behind joins its incident without a second page; a
+    straggler (as specific a finding as the disk latency it joined) is reported again."""
+    state, cfg = IncidentsState(), IncidentsConfig()
+    opened = update(state, cfg, [alert("spike:loss", "firing", 45, 45, "critical")])
+    assert [r.state for r in opened] == ["firing"]
+    assert update(state, cfg, [alert("volatility:loss", "firing", 49, 49, "critical")]) == []
+    assert update(state, cfg, [alert("arima:loss", "firing", 50, 50)]) == []
+    ends = [alert(r, "resolved", 60, s) for r, s in [("spike:loss", 45), ("arima:loss", 50)]]
+    ends.append(alert("volatility:loss", "resolved", 60, 49))
+    out = [r for a in ends for r in update(state, cfg, [a])]
+    assert [r.state for r in out] == ["resolved"] and out[0].evidence["member_count"] == 3
+
+    state = IncidentsState()
+    disk = alert("threshold:disk_io_latency_ms", "firing", 200, 200)
+    assert len(update(state, cfg, [disk])) == 1
+    again = update(state, cfg, [alert("straggler:step_time_s", "firing", 201, 201)])
+    assert len(again) == 1 and "straggler:step_time_s" in again[0].summary

@@ -13,7 +13,7 @@ several topics); otherwise it opens an incident. An incident:
   named cause more than a spike, a spike more than a forecast excursion) and every member's
   evidence;
 * inhibits its members: only the incident is reported (opened; again when it escalates, gets a
-  better hint or a member of a rule it did not have yet; resolved), as Alertmanager's
+  better hint or a member of a rule as specific as its lead; resolved), as Alertmanager's
   inhibition keeps lower-severity alerts of a firing one quiet;
 * resolves when its last member resolves, and opens again (the same incident) if an alert of
   its topic starts within ``join_gap`` steps after that.
@@ -215,11 +215,7 @@ def update(
     out: list[Alert] = []
     for inc in sorted(changed.values(), key=lambda i: (i.topic, i.fingerprint)):
         was = before.get(inc.fingerprint)
-        if was is None or (RANK[inc.severity], inc.lead.rule, inc.rules()) != (
-            RANK[was[0]],
-            was[1],
-            was[2],
-        ):  # new, escalated, a better hint, or a rule of another kind joined
+        if was is None or _news(inc, *was):  # new, escalated, a better hint, a new finding
             out.append(_report(inc, cfg, "firing", step, time_ns))
     for a in alerts:
         if a.state != "firing":
@@ -246,6 +242,17 @@ def _firing(state: IncidentsState, cfg: IncidentsConfig, a: Alert, time_ns: int)
     if a.step is not None and (inc.last_step is None or a.step > inc.last_step):
         inc.last_step = a.step
     return inc
+
+
+def _news(inc: Incident, severity: str, lead: str, rules: frozenset[str]) -> bool:
+    """Whether ``inc`` says more than it did (``severity``, ``lead`` rule, ``rules``): it
+    escalated, its hint improved, or a rule as specific as its lead joined (a straggler in a
+    disk-latency incident). A follower of the event (the volatility or forecast excursion a
+    spike leaves behind) joins silently: the next report lists it."""
+    if RANK[inc.severity] > RANK[severity] or inc.lead.rule != lead:
+        return True
+    bar = specificity(inc.lead.rule)
+    return any(specificity(r) >= bar for r in inc.rules() - rules)
 
 
 def _resolved(state: IncidentsState, cfg: IncidentsConfig, a: Alert, time_ns: int) -> list[Alert]:
