@@ -19,7 +19,7 @@ from sinks_helpers import (
 from test_s3_roller import cold_rows, s3_settings
 
 from steplens.producer.schema import Record, encode, make_record
-from steplens.sinks.chunks import RecentRecords
+from steplens.sinks.chunks import RecentRecords, identity
 
 pytestmark = pytest.mark.stack
 
@@ -72,3 +72,26 @@ def test_signals_that_share_their_envelope_are_not_duplicates() -> None:
     zscore = make_record("signal", {"name": "zscore", "metric": "loss", "value": 9.0}, **envelope)
     recent = RecentRecords(size=10)
     assert recent.first_time(encode(spike)) and recent.first_time(encode(zscore))
+
+
+def test_an_output_scored_again_by_another_worker_is_the_same_record() -> None:
+    """A worker killed after its alert was sent, but before its offsets were committed: the
+    worker that takes over scores the same records again and sends the same alert and signals
+    with its own pid and host. They are the points already stored; the next state is not."""
+    envelope = {"run_id": "r", "rank": -1, "seq": 0, "time_ns": 1_700_000_000 * 10**9, "step": 45}
+    alert = {"rule": "spike:loss", "severity": "critical", "state": "firing", "scope": "incident"}
+    alert |= {"hint": "h", "summary": "s", "fingerprint": "f1", "evidence": {}}
+    sig = {"name": "spike", "metric": "loss", "value": 9.0, "detail": {"scope": "incident"}}
+    recent = RecentRecords(size=10)
+    for data, kind in [(alert, "alert"), (sig, "signal")]:
+        first, second = (
+            make_record(kind, data, host=host, pid=pid, **envelope)
+            for host, pid in [("a", 10), ("b", 20)]
+        )
+        assert encode(first) != encode(second)
+        assert recent.first_time(identity(first, encode(first)))
+        assert not recent.first_time(identity(second, encode(second)))
+    resolved = make_record("alert", alert | {"state": "resolved"}, **envelope)
+    assert recent.first_time(identity(resolved, encode(resolved)))
+    ranked = make_record("signal", sig, **(envelope | {"rank": 3}))
+    assert recent.first_time(identity(ranked, encode(ranked)))

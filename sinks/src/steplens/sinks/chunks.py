@@ -5,7 +5,9 @@ the last offset of the range a crashed roller was uploading (its state marker, r
 ``marker``), so a retry after a crash covers the same offsets and writes the same object keys.
 
 Duplicates: a record the producer sent twice (a re-send after a broker freeze: the same bytes,
-so the same run, rank, host, pid, ``seq``, time and data) is stored once. A record already seen
+so the same run, rank, host, pid, ``seq``, time and data) is stored once, and so is a worker's
+alert or signal scored again after a worker restart (the same point; see ``identity``). A record
+already seen
 among the partition's last ``dedupe_window`` records (this chunk or the ones before) is left
 out, its rows counted as duplicates.
 The memory is the process's own, so a duplicate can still be stored twice when its first copy
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
 from steplens.producer import schema
@@ -61,11 +63,12 @@ class RecentRecords:
         self._order: deque[int] = deque()
         self._seen: set[int] = set()
 
-    def first_time(self, value: bytes) -> bool:
-        """True (and remembered) unless the record ``value`` is among the recent ones."""
+    def first_time(self, ident: Hashable) -> bool:
+        """True (and remembered) unless the record ``ident`` (``identity``) is among the
+        recent ones."""
         if self.size <= 0:
             return True
-        key = hash(value)
+        key = hash(ident)
         if key in self._seen:
             return False
         self._seen.add(key)
@@ -73,6 +76,20 @@ class RecentRecords:
         if len(self._order) > self.size:
             self._seen.discard(self._order.popleft())
         return True
+
+
+def identity(rec: Record, value: bytes) -> Hashable:
+    """What makes two copies one record: a producer's record is its bytes (a re-send is the
+    same bytes); a worker's alert or signal is its point, as InfluxDB keys it (scored again by
+    the worker that took over, it carries that worker's pid and host)."""
+    d = rec.data
+    if rec.kind == "alert":
+        return ("alert", rec.run_id, d.get("fingerprint"), d.get("state"), rec.step, rec.time_ns)
+    if rec.kind == "signal":
+        scope = (d.get("detail") or {}).get("scope")
+        point = (d.get("name"), d.get("metric"), scope, rec.rank, rec.step, rec.time_ns)
+        return ("signal", rec.run_id, *point)
+    return value
 
 
 class Chunker:
@@ -125,7 +142,7 @@ class Chunker:
             recent = self._recent[(item.topic, item.partition)] = RecentRecords(self.dedupe_window)
         steps = schema.unbatch(rec)  # a step_batch is stored as its step records
         chunk.records += 1
-        if not recent.first_time(item.value):
+        if not recent.first_time(identity(rec, item.value)):
             chunk.duplicates += len(steps)
             return
         batched = rec.kind == "step_batch"
