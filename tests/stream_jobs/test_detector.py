@@ -104,3 +104,32 @@ def test_clean_run_raises_nothing():
     ]
     assert alerts_of(det, recs) == []
     assert det.series[0]["arima"]["loss"].params is not None
+
+
+def test_a_window_that_still_holds_an_lr_blowup_is_not_a_new_deviation():
+    """An lr x30 for steps 200-203 is seen on the raw steps; the 100-step window that holds
+    them ends back on the declared schedule and raises nothing more."""
+    sched = {"kind": "cosine", "peak_lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 25}
+    sched["total_steps"] = 500
+    det = RunDetector("r")
+    det.process(make_record("run_meta", {"world_size": 1, "lr_schedule": sched}, run_id="r"))
+    recs = []
+    for w in range(5):
+        first, last = w * 100, w * 100 + 99
+        lrs = [
+            3e-3 * min(1.0, (s + 1) / 25)
+            if s < 25
+            else 3e-4 + 2.7e-3 * 0.5 * (1 + math.cos(math.pi * (s - 25) / 475))
+            for s in range(first, last + 1)
+        ]
+        if w == 2:
+            lrs[:4] = [x * 30 for x in lrs[:4]]
+        # the guard's raw steps (the blow-up) and the sampled ones (every 10th)
+        raw = [i for i in range(100) if i % 10 == 5 or (w == 2 and i < 4)]
+        recs += [step("r", 0, first + i, loss=2.0, lr=lrs[i]) for i in raw]
+        stats = {"count": 100, "mean": sum(lrs) / 100, "min": min(lrs), "max": max(lrs)}
+        metrics = {"lr": {**stats, "last": lrs[-1], "nonfinite": 0}}
+        data = {"step_first": first, "step_last": last, "count": 100, "metrics": metrics}
+        recs.append(make_record("step_window", data, run_id="r", step=last, time_ns=last * 10**8))
+    fired = [(a.rule, a.step) for a in alerts_of(det, recs) if a.state == "firing"]
+    assert fired == [("lr_schedule:lr", 200)]

@@ -53,17 +53,27 @@ def entry_columns(entries: list[dict[str, Any]]) -> dict[str, list[float | None]
     return columns
 
 
+# metrics a window stands for by its last value, not its mean: the lr now is what the schedule
+# declares; a blow-up of a few steps inside a window is judged on the raw steps the producer's
+# guard sends, and a mean that still holds it 100 steps later is old news
+LAST_OF_WINDOW = frozenset({"lr"})
+
+
 def window_columns(
     data: dict[str, Any], step: int | None
 ) -> tuple[int | None, int | None, dict[str, list[float | None]], dict[str, float], float | None]:
-    """A ``step_window``'s last and first step, its metrics' means as one-row columns, their
-    extremes (NaN: a non-finite value in the window) and its mean data wait."""
+    """A ``step_window``'s last and first step, its metrics' means (``LAST_OF_WINDOW``: last
+    values) as one-row columns, their extremes (NaN: a non-finite value in the window) and its
+    mean data wait."""
     columns: dict[str, list[float | None]] = {}
     peaks: dict[str, float] = {}
     for name, stats in data["metrics"].items():
         if not isinstance(stats, dict):
             continue
-        mean = stats.get("mean", stats.get("last"))
+        if name in LAST_OF_WINDOW:
+            mean = stats.get("last", stats.get("mean"))
+        else:
+            mean = stats.get("mean", stats.get("last"))
         if not _number(mean):
             continue
         columns[name] = [float(mean)]
