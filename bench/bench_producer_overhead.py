@@ -220,6 +220,28 @@ def _mlp_loop() -> tuple[Any, Any, Callable[[bool], float]]:
     return model, opt, loop
 
 
+def _hook_cost(cls: Any, m: Any, model: Any, opt: Any, n: int = 200) -> float:
+    """Median microseconds of a watcher's three hooks on one watched step (gradients kept)."""
+    import torch
+
+    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+    opt.zero_grad(set_to_none=True)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    w = cls(m, model, opt, None, every=1, sample_size=4096)
+    samples = []
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter_ns()
+            w._end_of_backward()
+            w._before_step(opt, (), {})
+            w._publish()
+            samples.append(time.perf_counter_ns() - t0)
+            w._preclip = w._postclip = w._before = w._probe_before = w._clipped = None
+    finally:
+        w.remove()
+    return statistics.median(samples) / 1e3
+
+
 def bench_watch_against(old_root: str, quartets: int, steps: int) -> None:
     """This watcher against another checkout's, same model, same Monitor, A/B/B/A."""
     import importlib.util
@@ -255,6 +277,16 @@ def bench_watch_against(old_root: str, quartets: int, steps: int) -> None:
 
     for cls in (old.Watcher, Watcher):
         block(cls, 1)  # warm-up
+    hooks = {"old": [], "new": []}
+    for _ in range(5):
+        for name, cls in (("old", old.Watcher), ("new", Watcher)):
+            hooks[name].append(_hook_cost(cls, m, model, opt))
+    cost = {k: statistics.median(v) for k, v in hooks.items()}
+    print(
+        f"\nwatch hooks of one watched step (end of backward, before and after the optimizer "
+        f"step), medians: old {cost['old']:.1f} us, new {cost['new']:.1f} us, "
+        f"ratio {cost['new'] / cost['old']:.3f}"
+    )
     print(
         f"\nwatch against {old_root}: MLP 256-512-512-10, {quartets} A/B/B/A quartets of "
         f"{steps} steps; ratio = step time with this watcher / with the old one"

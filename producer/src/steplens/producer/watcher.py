@@ -63,6 +63,7 @@ class Watcher:
         device = self.params[0].device
         self._layer_index = torch.tensor(self.layers.index, device=device)
         self._zero = torch.zeros((), dtype=torch.float32, device=device)
+        self._one_device = all(p.device == device for p in self.params)
         self.steps = 0
         self._preclip: Any = None  # (per-layer grad norms, total) at the end of backward
         self._queued = False
@@ -109,12 +110,13 @@ class Watcher:
         else:  # torch before torch.foreach: one reduction per tensor
             norms = [torch.linalg.vector_norm(t, dtype=torch.float32) for t in present]
         device = self._zero.device
-        found = iter(norms)
-        column = []
-        for t in tensors:
-            n = next(found) if t is not None else self._zero
-            column.append(n if n.device == device else n.to(device, non_blocking=True))
-        squares = torch.stack(column).square_()
+        if len(norms) < len(tensors) or not self._one_device:
+            found = iter(norms)
+            norms = []
+            for t in tensors:
+                n = next(found) if t is not None else self._zero
+                norms.append(n if n.device == device else n.to(device, non_blocking=True))
+        squares = torch.stack(norms).square_()
         layers = torch.zeros(len(self.layers.names), dtype=torch.float32, device=device)
         layers.index_add_(0, self._layer_index, squares).sqrt_()
         which = None
