@@ -109,6 +109,35 @@ def test_the_schedulers_lr_reaches_steps_logged_without_one(memory_monitor) -> N
     assert windows and all("lr" in w.data["metrics"] for w in windows)
 
 
+def test_every_steps_lr_reaches_the_window_between_watched_steps(memory_monitor) -> None:  # type: ignore[no-untyped-def]
+    """watch(every=3) with a warm-up: the lr of each step (a host number) rides on every
+    log_step, so the window sees the whole ramp; only the watched steps are sent raw."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
+    m, tx = memory_monitor(sample_rate=0.0, window_steps=1000)
+    m.watch(model, opt, sched, every=3)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    used = []
+    for step in range(8):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        used.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+        m.log_step(step, loss=loss)
+    m.shutdown()
+    raw = {r.step: r.data for r in tx.records("step")}
+    assert set(raw) == {0, 3, 6} and all(d["reason"] == "every" for d in raw.values())
+    assert [raw[s]["lr"] for s in (0, 3, 6)] == [used[0], used[3], used[6]]
+    [window] = tx.records("step_window")
+    lr = window.data["metrics"]["lr"]
+    assert lr["count"] == 8 == window.data["count"]
+    assert lr["min"] == pytest.approx(2.5e-3) and lr["max"] == pytest.approx(1e-2)
+    assert lr["mean"] == pytest.approx(sum(used) / 8)
+
+
 def _adam_ratios(memory_monitor, lr: float, threshold: float | None = None) -> list[float]:  # type: ignore[no-untyped-def]
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
     opt = torch.optim.Adam(model.parameters(), lr=lr)

@@ -12,7 +12,8 @@
 - update ratio: share of a fixed random sample of parameter elements (bounded memory) whose
   change in this step exceeds ``update_threshold`` times the element's magnitude;
 - the learning rate the step used: the first param group's (``group_lrs`` too when the groups
-  differ); a scheduler's ``get_last_lr()`` only when the groups hold no ``lr``.
+  differ); a scheduler's ``get_last_lr()`` only when the groups hold no ``lr``. The lr is read
+  after every optimizer step, not only every ``every``: it is a host number, free to read.
 Results stay on the device; they are captured without a host sync and ride on the next
 ``log_step``.
 """
@@ -182,6 +183,8 @@ class Watcher:
         try:
             if self.due:
                 self._publish()
+            else:
+                self._step_lr()
         except Exception:
             self.monitor.counts.caller += 1  # never into the training loop
         finally:
@@ -203,6 +206,18 @@ class Watcher:
         if plain and all(v == lrs[0] for v in lrs):
             return lrs[0], []
         return lrs[0], lrs
+
+    def _step_lr(self) -> None:
+        """Between due steps, the lr alone (a host number: no device work), so the schedule
+        check sees every step's lr and not one in ``every``."""
+        lr, _ = self._lrs()
+        if lr is None or type(lr) not in V.PLAIN:
+            return  # a tensor lr: only on due steps (reading it costs a device copy)
+        pending = self.monitor._watch_pending
+        if pending is None:
+            self.monitor._watch_result({"lr": lr})
+        else:  # a due step's result not yet logged: the latest lr wins
+            pending["lr"] = lr
 
     def _publish(self) -> None:
         torch = self._torch
