@@ -138,6 +138,33 @@ def test_every_steps_lr_reaches_the_window_between_watched_steps(memory_monitor)
     assert lr["mean"] == pytest.approx(sum(used) / 8)
 
 
+def test_a_logged_grad_norm_says_clipped_on_every_step(memory_monitor) -> None:  # type: ignore[no-untyped-def]
+    """The plain loop logs clip_grad_norm_'s result: with watch(max_grad_norm=...) every step
+    says whether it was clipped, not only the watched ones, so the window's clipping rate
+    counts every step."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    m, tx = memory_monitor(sample_rate=1.0, window_steps=1000)
+    m.watch(model, opt, every=4, max_grad_norm=1.0)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    norms = []
+    for step, scale in enumerate([0.001, 1000.0, 0.001, 1000.0, 1000.0, 0.001]):
+        loss = torch.nn.functional.mse_loss(model(x), y) * scale
+        opt.zero_grad()
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        norms.append(float(norm))
+        opt.step()
+        m.log_step(step, loss=loss, grad_norm=norm)
+    m.shutdown()
+    got = {r.step: r.data.get("clipped") for r in tx.records("step")}
+    assert got == {i: n > 1.0 for i, n in enumerate(norms)}
+    assert list(got.values()) == [False, True, False, True, True, False]
+    [window] = tx.records("step_window")
+    assert window.data["metrics"]["clipped"]["count"] == 6
+    assert window.data["metrics"]["clipped"]["mean"] == pytest.approx(0.5)
+
+
 def _adam_ratios(memory_monitor, lr: float, threshold: float | None = None) -> list[float]:  # type: ignore[no-untyped-def]
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
     opt = torch.optim.Adam(model.parameters(), lr=lr)

@@ -26,7 +26,7 @@ _PROMOTED = frozenset(
 _MAX_STEP = (1 << 63) - 1
 _WATCHED = ("grad_norm_preclip", "param_norm", "update_ratio", "lr")
 _NOT_SERIES = frozenset(("group_lrs", "layer_grad_norms", "layer_param_norms"))
-_LR_ONLY = frozenset(("lr",))
+_BETWEEN = frozenset(("lr", "max_grad_norm"))  # what watch() sends between its due steps
 
 
 class Counters:
@@ -210,8 +210,8 @@ class StepStage:
             return
         if not flagged and is_sampled(step, self.period):
             data["reason"] = "sample"
-        elif not flagged and item.watch and item.watch.keys() != _LR_ONLY:
-            data["reason"] = "every"  # a watched step (not the lr watch() reads between them)
+        elif not flagged and item.watch and not item.watch.keys() <= _BETWEEN:
+            data["reason"] = "every"  # a watched step
         if "reason" in data:
             self.sender.send("step", step, t_ns, data)
         if self.window.due(t_ns, self.config.window_steps, self.config.window_s):

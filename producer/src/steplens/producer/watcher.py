@@ -208,16 +208,22 @@ class Watcher:
         return lrs[0], lrs
 
     def _step_lr(self) -> None:
-        """Between due steps, the lr alone (a host number: no device work), so the schedule
-        check sees every step's lr and not one in ``every``."""
+        """Between due steps, host numbers alone (no device work): the lr, so the schedule
+        check sees every step's lr and not one in ``every``, and ``max_grad_norm``, so a step
+        logged with its ``grad_norm`` says whether it was clipped."""
         lr, _ = self._lrs()
-        if lr is None or type(lr) not in V.PLAIN:
-            return  # a tensor lr: only on due steps (reading it costs a device copy)
+        between: dict[str, Any] = {}
+        if lr is not None and type(lr) in V.PLAIN:  # a tensor lr: only on due steps
+            between["lr"] = lr
+        if self.max_grad_norm is not None:
+            between["max_grad_norm"] = self.max_grad_norm
+        if not between:
+            return
         pending = self.monitor._watch_pending
         if pending is None:
-            self.monitor._watch_result({"lr": lr})
+            self.monitor._watch_result(between)
         else:  # a due step's result not yet logged: the latest lr wins
-            pending["lr"] = lr
+            pending.update(between)
 
     def _publish(self) -> None:
         torch = self._torch
