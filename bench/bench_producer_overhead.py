@@ -11,6 +11,9 @@
     python bench/bench_producer_overhead.py            # about a minute
     python bench/bench_producer_overhead.py --long     # more rounds
     python bench/bench_producer_overhead.py --calls    # only table 1 (seconds)
+    python bench/bench_producer_overhead.py --watch-against OLD_CHECKOUT
+        # watch(every=10) and watch(every=1): this watcher against OLD_CHECKOUT's, A/B/B/A in
+        # one process (the old watcher.py loaded from its file)
 """
 
 from __future__ import annotations
@@ -186,6 +189,124 @@ def bench_training(quartets: int, steps: int) -> None:
     sl.shutdown()
 
 
+def _mlp_loop() -> tuple[Any, Any, Callable[[bool], float]]:
+    import torch
+
+    import steplens.producer as sl
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512),
+        torch.nn.GELU(),
+        torch.nn.Linear(512, 512),
+        torch.nn.GELU(),
+        torch.nn.Linear(512, 10),
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+
+    def loop(steps: int) -> float:
+        t0 = time.perf_counter()
+        for step in range(steps):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sl.log_step(step, loss=loss, lr=1e-3, grad_norm=gn, tokens=64)
+        return (time.perf_counter() - t0) / steps
+
+    return model, opt, loop
+
+
+def _hook_cost(cls: Any, m: Any, model: Any, opt: Any, n: int = 200) -> float:
+    """Median microseconds of a watcher's three hooks on one watched step (gradients kept)."""
+    import torch
+
+    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+    opt.zero_grad(set_to_none=True)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    w = cls(m, model, opt, None, every=1, sample_size=4096)
+    samples = []
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter_ns()
+            w._end_of_backward()
+            w._before_step(opt, (), {})
+            w._publish()
+            samples.append(time.perf_counter_ns() - t0)
+            w._preclip = w._postclip = w._before = w._probe_before = w._clipped = None
+    finally:
+        w.remove()
+    return statistics.median(samples) / 1e3
+
+
+def bench_watch_against(old_root: str, quartets: int, steps: int) -> None:
+    """This watcher against another checkout's, same model, same Monitor, A/B/B/A."""
+    import importlib.util
+
+    import steplens.producer as sl
+    from steplens.producer.transport import MemoryTransport
+    from steplens.producer.watcher import Watcher
+
+    path = os.path.join(old_root, "producer", "src", "steplens", "producer", "watcher.py")
+    spec = importlib.util.spec_from_file_location("steplens_old_watcher", path)
+    assert spec is not None and spec.loader is not None
+    old = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(old)
+    model, opt, loop = _mlp_loop()
+    m = sl.init(
+        "bench-watch",
+        transport=MemoryTransport(),
+        hw_interval_s=0,
+        sample_rate=0.01,
+        spool_dir=tempfile.mkdtemp(),
+    )
+
+    def block(cls: Any, every: int) -> float:
+        w = cls(m, model, opt, None, every=every, sample_size=4096)
+        m._watchers.append(w)
+        m._update_plain_path()
+        try:
+            return loop(steps)
+        finally:
+            w.remove()
+            m._watchers.clear()
+            m._update_plain_path()
+
+    for cls in (old.Watcher, Watcher):
+        block(cls, 1)  # warm-up
+    hooks = {"old": [], "new": []}
+    for _ in range(5):
+        for name, cls in (("old", old.Watcher), ("new", Watcher)):
+            hooks[name].append(_hook_cost(cls, m, model, opt))
+    cost = {k: statistics.median(v) for k, v in hooks.items()}
+    print(
+        f"\nwatch hooks of one watched step (end of backward, before and after the optimizer "
+        f"step), medians: old {cost['old']:.1f} us, new {cost['new']:.1f} us, "
+        f"ratio {cost['new'] / cost['old']:.3f}"
+    )
+    print(
+        f"\nwatch against {old_root}: MLP 256-512-512-10, {quartets} A/B/B/A quartets of "
+        f"{steps} steps; ratio = step time with this watcher / with the old one"
+    )
+    for every in (10, 1):
+        ratios, before, after = [], [], []
+        for _ in range(quartets):
+            a1, b1, b2, a2 = (block(c, every) for c in (old.Watcher, Watcher, Watcher, old.Watcher))
+            before.append((a1 + a2) / 2)
+            after.append((b1 + b2) / 2)
+            ratios.append((b1 + b2) / (a1 + a2))
+        q1, med, q3 = statistics.quantiles(ratios, n=4)
+        print(
+            f"   watch(every={every:<2})  old {statistics.median(before) * 1e3:7.3f} ms  "
+            f"new {statistics.median(after) * 1e3:7.3f} ms  ratio median {med:.4f} "
+            f"IQR {q1:.4f}-{q3:.4f}"
+        )
+    sl.shutdown()
+
+
 def bench_import_and_memory() -> None:
     code_import = (
         "import time; t=time.perf_counter(); import steplens.producer; print(time.perf_counter()-t)"
@@ -224,7 +345,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--long", action="store_true", help="more rounds and steps")
     ap.add_argument("--calls", action="store_true", help="only the per-call table (1)")
+    ap.add_argument("--watch-against", metavar="CHECKOUT", help="only watch(): this against that")
     args = ap.parse_args()
+    if args.watch_against:
+        bench_watch_against(args.watch_against, 60 if args.long else 24, 20 if args.long else 10)
+        return 0
     rounds = 9 if args.long else 5
     bench_log_step(rounds, 200_000 if args.long else 20_000)
     if args.calls:

@@ -27,7 +27,7 @@ def synthetic_run(n_steps: int = 300, ranks: int = 2, seed: int = 0) -> RunData:
     for rank in range(ranks):
         loss = 4.3 * np.exp(-steps / 60) + 2.0 + rng.normal(0, 0.05, n_steps)
         loss[151:156] += 3.0
-        grad = 1.0 + rng.gamma(2, 0.2, n_steps)
+        grad = 0.5 + rng.gamma(2, 0.2, n_steps)
         grad[151:155] *= 8
         step_time = 0.08 + rng.normal(0, 0.005, n_steps)
         data_time = 0.002 + rng.gamma(2, 0.001, n_steps)
@@ -120,4 +120,75 @@ def synthetic_run(n_steps: int = 300, ranks: int = 2, seed: int = 0) -> RunData:
             "mem_used_pct": 55.0,
         }
     )
-    return RunData("synthetic", steps_df, signals, alerts, gpu, host, SCHEDULE)
+    return RunData(
+        "synthetic",
+        steps_df,
+        signals,
+        alerts,
+        gpu,
+        host,
+        SCHEDULE,
+        evals=_evals(n_steps),
+        batches=_batches(n_steps, ranks, rng),
+        layers=_layers(n_steps, ranks, rng),
+        lr_events=pd.DataFrame(
+            {"step": [20.0, 150.0], "text": ["warm-up ended", "lr 30x the declared schedule"]}
+        ),
+    )
+
+
+def _evals(n_steps: int) -> pd.DataFrame:
+    steps = np.arange(25, n_steps, 25)
+    progress = steps / n_steps
+    return pd.DataFrame(
+        {
+            "step": steps,
+            "split": "val",
+            "loss": 3.0 - progress,
+            "accuracy": 0.3 + 0.5 * progress,
+            "f1": 0.25 + 0.5 * progress,
+            "rouge": 0.2 + 0.4 * progress,
+            "bleu": 10 + 25 * progress,
+        }
+    )
+
+
+def _batches(n_steps: int, ranks: int, rng: np.random.Generator) -> pd.DataFrame:
+    rows = []
+    for rank in range(ranks):
+        for step in range(0, n_steps, 5):
+            lengths = rng.integers(20, 120 if step < 200 else 600, 16)
+            edges = [0, 32, 64, 128, 256, 512, 1024]
+            counts = np.histogram(lengths, bins=edges)[0]
+            bins = list(zip(edges, edges[1:], counts, strict=False))
+            over = int((lengths > 512).sum())
+            rows.append(
+                {
+                    "step": step,
+                    "rank": rank,
+                    "n_samples": 16,
+                    "lengths": [(int(a), int(b), int(c)) for a, b, c in bins],
+                    "over_length": over,
+                    "over_length_share": over / 16,
+                    "supervised_share": 0.8,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _layers(n_steps: int, ranks: int, rng: np.random.Generator) -> pd.DataFrame:
+    rows = []
+    for rank in range(ranks):
+        for step in range(0, n_steps, 10):
+            for i in range(12):
+                grad = 0.1 + rng.gamma(2, 0.02) + (3.0 if i == 7 and 150 <= step < 160 else 0)
+                rows.append(
+                    {
+                        "step": step,
+                        "rank": rank,
+                        "layer": f"model.layers.{i}",
+                        "grad_norm": grad,
+                        "param_norm": 20 + i + step / 100,
+                    }
+                )
+    return pd.DataFrame(rows)

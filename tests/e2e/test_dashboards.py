@@ -4,9 +4,11 @@ every replica, and every panel's Flux query answers on real data for short and l
 Grafana does not run here: each query goes to the real InfluxDB after the substitutions Grafana
 makes (dashboard variables, then its Flux macros), once the quick demo has written a run.
 The demo trains on the CPU of one host, so it writes no GPU statistics, no XID event, no
-producer loss and no incident: for those panels the test writes a few points of the
-measurements themselves, built by the producer's own GPU sampler (on a stand-in for NVML) and
-host-rate functions and stored through the influx sink's point conversion. For the long
+producer loss and no incident; nor BLEU, ROUGE or F1, a language-model batch, a stalled rank's
+stacks or an lr event: for those panels the test writes a few points of the measurements
+themselves, built by the producer's own GPU sampler (on a stand-in for NVML), host-rate
+functions, batch statistics and stack dump, and stored through the influx sink's point
+conversion. For the long
 ranges, the run's points are copied three days back into a scratch bucket and rolled up from
 there by the sinks' ``run_rollup``, so the rollup path has data to return.
 """
@@ -324,6 +326,39 @@ def _health_and_incident_records(run_id: str, now_ns: int) -> list[Any]:
     ]
 
 
+def _training_records(run_id: str, now_ns: int) -> list[Any]:
+    """What the quick demo does not log: BLEU, ROUGE and F1, a language-model batch (its
+    supervised share), a stalled rank's stacks and the worker's lr event; built by the
+    producer's own batch statistics and stack dump."""
+    import numpy as np
+
+    from steplens.producer.batch_stats import batch_payload
+    from steplens.producer.schema import make_record
+    from steplens.producer.stall import thread_stacks
+
+    ids = np.arange(80).reshape(4, 20) % 50 + 1
+    labels = ids.copy()
+    labels[:, :5] = -100
+    mask = np.ones_like(ids)
+    mask[0, 12:] = 0  # lengths 12, 20, 20, 20: bins len_lt_16 and len_lt_32
+    batch, _ = batch_payload(ids, mask, labels, max_len=16, sample_ids=["a", "b", "c", "d"])
+    evaluation = {"split": "val", "accuracy": 0.61, "f1": 0.55, "bleu": 23.4, "rouge": 0.48}
+    event = {
+        "name": "lr_event",
+        "metric": "lr",
+        "value": 1e-4,
+        "detail": {"text": "warm-up ended at step 10; declared warmup_steps 10"},
+    }
+    stacks = {"stalled_s": 75.0, "last_step": 96, "threads": thread_stacks()}
+    common = {"run_id": run_id, "time_ns": now_ns, "step": 96}
+    return [
+        make_record("batch", batch, rank=0, **common),
+        make_record("eval", evaluation, rank=0, **common),
+        make_record("signal", event, rank=-1, **common),
+        make_record("stacks", stacks, rank=1, host="n1", **common),
+    ]
+
+
 def _client(env: dict[str, str]) -> Any:
     from influxdb_client import InfluxDBClient
 
@@ -377,7 +412,11 @@ def board_data(quick_demo) -> Iterator[Any]:
     assert quick_demo.returncode == 0, quick_demo.output[-3000:]
     env, run_id = quick_demo.env, quick_demo.run_id
     now_ns = time.time_ns()
-    records = _hardware_records(run_id, now_ns) + _health_and_incident_records(run_id, now_ns)
+    records = [
+        *_hardware_records(run_id, now_ns),
+        *_health_and_incident_records(run_id, now_ns),
+        *_training_records(run_id, now_ns),
+    ]
     with _client(env) as client:
         lines = [line for rec in records for line in record_lines(rec)]
         client.write_api(write_options=SYNCHRONOUS).write(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import stat
+import tempfile
+import uuid
 
 import numpy as np
 import pytest
@@ -62,3 +64,102 @@ def test_report_is_readable_by_its_owner_only(tmp_path):
     assert stat.S_IMODE(out.stat().st_mode) == 0o700
     modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in out.iterdir()}
     assert modes == dict.fromkeys([*(f"{n}.png" for n in FIGURES), "index.html"], 0o600)
+
+
+def _producer_records(run_id: str) -> list:
+    """What a real Monitor sends for a short run: watched steps (lr from the scheduler, clipping,
+    per-layer norms), batches and evaluations scored from texts; and the worker's lr event."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("sacrebleu")
+    from steplens.producer.monitor import Monitor
+    from steplens.producer.schema import make_record
+    from steplens.producer.transport import MemoryTransport
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=6, gamma=0.1)
+    tx = MemoryTransport()
+    with tempfile.TemporaryDirectory() as spool:
+        m = Monitor(run_id, transport=tx, hw_interval_s=0, spool_dir=spool, sample_rate=0.0)
+        m.watch(model, opt, sched, every=1, max_grad_norm=1.0)
+        x, y = torch.randn(32, 8), torch.randn(32, 1)
+        for step in range(12):
+            loss = torch.nn.functional.mse_loss(model(x), y) * (100 if step % 3 == 0 else 0.01)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            m.log_step(step, loss=loss)
+            long = 40 if step >= 6 else 5
+            rows = [list(range(1, 1 + long + i)) for i in range(4)]
+            m.log_batch(step, rows, max_len=32, sample_ids=[f"s{step}-{i}" for i in range(4)])
+        refs = ["the cat sat on the mat", "a dog barked"]
+        m.log_eval(5, accuracy=0.5, f1=0.4, predictions=["the cat sat", "a dog"], references=refs)
+        m.log_eval(11, accuracy=0.7, f1=0.6, predictions=refs, references=refs)
+        m.shutdown()
+    event = make_record(
+        "signal",
+        {
+            "name": "lr_event",
+            "metric": "lr",
+            "value": 0.01,
+            "detail": {"text": "lr decayed at step 6; declared milestone 6"},
+        },
+        run_id=run_id,
+        rank=-1,
+        step=6,
+        time_ns=tx.records("step")[6].time_ns,
+    )
+    return [*tx.records(), event]
+
+
+@pytest.mark.stack
+def test_figures_are_drawn_from_the_stored_run(stack_env, monkeypatch):
+    """A producer's records through the influx sink into InfluxDB, read back by load_run: the
+    report's new figures show exactly what was stored."""
+    from steplens.sinks.influx import InfluxSink, make_client
+    from steplens.sinks.report_data import load_run
+    from steplens.sinks.report_figures import FIGURES
+    from steplens.sinks.settings import InfluxSettings
+
+    run_id = f"report-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("STEPLENS_S3_PREFIX", f"report-{uuid.uuid4().hex[:8]}")  # nothing cold
+    records = _producer_records(run_id)
+    influx = InfluxSettings.from_env()
+    assert influx is not None
+    with make_client(influx) as client:
+        result = InfluxSink(client, influx).export(records)
+    assert result.accepted == len(records) and not result.rejected
+    data = load_run(run_id)
+
+    steps = data.steps.sort_values("step")
+    assert list(steps["lr"]) == pytest.approx([0.1] * 6 + [0.01] * 6)  # no lr= given: watch's
+    assert list(steps["clipped"]) == [float(s % 3 == 0) for s in range(12)]
+    assert list(data.lr_events["text"]) == ["lr decayed at step 6; declared milestone 6"]
+    lr_fig = FIGURES["lr"][1](data)
+    assert "lr decayed at step 6" in " ".join(t.get_text() for t in lr_fig.axes[0].texts)
+
+    clip_fig = FIGURES["clipping"][1](data)
+    rate = clip_fig.axes[0].get_lines()[0]  # rank 0, one step per window here
+    assert list(rate.get_ydata()) == [100.0 * (s % 3 == 0) for s in range(12)]
+
+    evals = data.evals.sort_values("step")
+    assert list(evals["accuracy"]) == [0.5, 0.7] and evals["bleu"].iloc[1] == pytest.approx(100)
+    ev_fig = FIGURES["eval"][1](data)
+    drawn = {ln.get_label(): list(ln.get_ydata()) for ax in ev_fig.axes for ln in ax.get_lines()}
+    assert drawn["val f1"] == [0.4, 0.6] and drawn["val bleu"] == list(evals["bleu"])
+    assert drawn["val rouge"][1] == pytest.approx(1.0)
+
+    batches = data.batches.sort_values("step")
+    assert list(batches["over_length_share"]) == [0.0] * 6 + [1.0] * 6
+    assert batches["lengths"].iloc[0] == [(0, 1, 0), (1, 2, 0), (2, 4, 0), (4, 8, 3), (8, 16, 1)]
+    len_fig = FIGURES["lengths"][1](data)
+    grid = len_fig.axes[0].images[0].get_array()
+    assert grid.sum() == pytest.approx(len(grid[0]))  # each window's shares sum to 1
+
+    layers = set(data.layers["layer"])
+    assert layers == {"0", "2"} and len(data.layers) == 24
+    lay_fig = FIGURES["layers"][1](data)
+    assert {ln.get_label() for ln in lay_fig.axes[0].get_lines()} == {"0", "2"}

@@ -44,6 +44,8 @@ def test_steps_with_cuda_tensors_never_sync(memory_monitor) -> None:  # type: ig
     d = steps[19]
     assert d["loss"] > 0 and d["scalars"]["aux"] == pytest.approx(2 * d["loss"], rel=1e-5)
     assert "grad_norm_preclip" in d and "update_ratio" in d and "param_norm" in d
+    assert d["layer_grad_norms"].keys() == d["layer_param_norms"].keys() == {"0", "2"}
+    assert d["lr"] == 1e-3
     assert m.stats()["caller_errors"] == 0
 
 

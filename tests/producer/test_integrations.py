@@ -42,6 +42,7 @@ def test_hf_trainer_callback(memory_monitor, tmp_path) -> None:  # type: ignore[
         eval_strategy="steps",
         eval_steps=3,
         per_device_train_batch_size=8,
+        max_grad_norm=0.05,
         report_to=[],
         save_strategy="no",
         use_cpu=True,
@@ -58,8 +59,14 @@ def test_hf_trainer_callback(memory_monitor, tmp_path) -> None:  # type: ignore[
     m.shutdown()
     steps = {r.step: r.data for r in tx.records("step")}
     assert {2, 4, 6} <= set(steps)
-    assert all("loss" in steps[s] and "lr" in steps[s] for s in (2, 4, 6))
-    assert any("param_norm" in d for d in steps.values())
+    logged = {e["step"]: e for e in trainer.state.log_history if "loss" in e}
+    for s in (2, 4, 6):
+        d = steps[s]
+        assert "loss" in d and d["lr"] == pytest.approx(logged[s]["learning_rate"])
+        assert d["grad_norm_preclip"] == pytest.approx(logged[s]["grad_norm"], rel=1e-4)
+        assert d["clipped"] is (logged[s]["grad_norm"] > 0.05)
+    assert any(d["clipped"] for d in steps.values())
+    assert any("param_norm" in d and "layer_param_norms" in d for d in steps.values())
     evals = tx.records("eval")
     assert [e.step for e in evals] == [3, 6] and all("loss" in e.data for e in evals)
 
@@ -93,13 +100,17 @@ def test_lightning_callback(memory_monitor) -> None:  # type: ignore[no-untyped-
         enable_progress_bar=False,
         enable_model_summary=False,
         val_check_interval=2,
+        gradient_clip_val=0.05,
         callbacks=[SteplensCallback(m, watch_every=1)],
     )
     trainer.fit(Module(), loader, loader)
     m.shutdown()
     steps = tx.records("step")
     assert [r.step for r in steps] == [1, 2, 3, 4]
-    assert all(
-        r.data["lr"] == 0.01 and "loss" in r.data and "update_ratio" in r.data for r in steps
-    )
+    for r in steps:
+        d = r.data
+        assert d["lr"] == 0.01 and "loss" in d and "update_ratio" in d
+        assert d["clipped"] is (d["grad_norm_preclip"] > 0.05)
+        assert d["layer_grad_norms"].keys() == {"net.lin"}
+    assert any(r.data["clipped"] for r in steps)
     assert [e.data["loss"] for e in tx.records("eval")]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
+
 from steplens.producer.window import Guard, MetricStats, Window, is_sampled, sample_period
 
 
@@ -23,6 +25,27 @@ def test_metric_stats_counts_nonfinite_apart() -> None:
     s = st.summary()
     assert (s["count"], s["mean"], s["min"], s["max"], s["nonfinite"]) == (3, 3.0, 1.0, 5.0, 2)
     assert s["last"] == math.inf
+
+
+def test_window_std_is_the_population_std_of_its_finite_values() -> None:
+    """Volatility over real steps: the window says how its values spread, not only where."""
+    rng = random.Random(3)
+    values = [1e6 + rng.gauss(0, 0.5) for _ in range(500)]  # a large mean: no cancellation
+    w = Window()
+    for step, x in enumerate([*values[:250], math.nan, *values[250:]]):
+        w.add_step(step, {"loss": x}, now_ns=step)
+    data = w.emit(1000)
+    assert data is not None
+    loss = data["metrics"]["loss"]
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((x - mean) ** 2 for x in values) / len(values))
+    assert loss["count"] == 500 and loss["nonfinite"] == 1
+    assert loss["mean"] == pytest.approx(mean, rel=1e-12)
+    assert loss["std"] == pytest.approx(std, rel=1e-9)
+    single = MetricStats()
+    single.add(4.0)
+    assert single.summary()["std"] == 0.0
+    assert math.isnan(MetricStats().summary()["std"])
 
 
 def test_window_keeps_a_single_spike_and_resets() -> None:

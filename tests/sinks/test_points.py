@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 from sinks_helpers import step_batch, step_records
 
 from steplens.producer.schema import make_record
-from steplens.sinks.points import UnwritableRecord, check_name, record_lines, record_points
+from steplens.sinks.points import (
+    MAX_STRING_FIELD,
+    UnwritableRecord,
+    check_name,
+    json_list,
+    record_builders,
+    record_lines,
+    record_points,
+)
 
 
 def test_step_point_carries_tags_fields_and_the_records_time() -> None:
@@ -174,3 +183,78 @@ def test_signals_of_one_record_with_other_scopes_are_other_series() -> None:
     assert heads[0] != heads[1] and all("scope=gpu:n1/" in h for h in heads)
     run = make_record("signal", {"name": "spike", "metric": "loss", "value": 1.0}, run_id="r")
     assert "scope=run" in record_lines(run)[0].split(" ")[0]
+
+
+def test_layer_norms_become_layer_points_counted_as_names() -> None:
+    data = {
+        "loss": 1.0,
+        "layer_grad_norms": {"model.layers.0": 0.5, "lm_head": float("nan")},
+        "layer_param_norms": {"model.layers.0": 12.0, "lm_head": 30.0, "model.embed": 8.0},
+    }
+    rec = make_record("step", data, run_id="r", rank=2, step=9, time_ns=5)
+    builders = record_builders(rec)
+    assert [b.measurement for b in builders] == ["step", "layer", "layer", "layer"]
+    step, *layers = builders
+    assert not any(k.startswith("layer") for k in step.fields)
+    got = {b.tags["layer"]: b.fields for b in layers}
+    assert got["model.layers.0"] == {"seq": 0, "step": 9, "grad_norm": 0.5, "param_norm": 12.0}
+    assert got["lm_head"]["grad_norm_nonfinite"] == "NaN" and got["lm_head"]["param_norm"] == 30.0
+    assert "grad_norm" not in got["model.embed"]
+    assert all(b.name_tag == "layer" and b.tags["rank"] == "2" for b in layers)
+    entries = [{"step": 9, "time_ns": 5, **data}]
+    batch = make_record("step_batch", {"records": entries}, run_id="r", rank=2, step=9)
+    assert [b.measurement for b in record_builders(batch)] == ["step", "layer", "layer", "layer"]
+
+
+def test_batch_point_has_the_length_histogram_shares_and_samples() -> None:
+    data = {
+        "n_samples": 4,
+        "length_edges": [0, 1, 2, 4, 8],
+        "length_counts": [0, 1, 0, 3],
+        "length_max": 7,
+        "max_len": 5,
+        "over_length": 2,
+        "supervised_share": 0.75,
+        "epoch": 3,
+        "sample_hashes": ["a" * 16, "b" * 16],
+        "sample_ids": ["doc-1", "doc-2"],
+    }
+    (b,) = record_builders(make_record("batch", data, run_id="r", step=4, time_ns=1))
+    f = b.fields
+    assert (f["len_lt_1"], f["len_lt_2"], f["len_lt_4"], f["len_lt_8"]) == (0, 1, 0, 3)
+    assert f["over_length_share"] == 0.5 and f["supervised_share"] == 0.75 and f["epoch"] == 3
+    assert json.loads(f["sample_hashes"]) == data["sample_hashes"]
+    assert json.loads(f["sample_ids"]) == ["doc-1", "doc-2"]
+
+
+def test_long_sample_lists_are_cut_to_whole_items() -> None:
+    ids = [f"id-{i:06d}" for i in range(20_000)]
+    text = json_list(ids)
+    kept = json.loads(text)
+    assert len(text) <= MAX_STRING_FIELD and kept == ids[: len(kept)] and len(kept) > 1000
+
+
+def test_stacks_and_window_std() -> None:
+    threads = [
+        {"name": "MainThread", "id": 11, "stack": 'File "train.py", line 9, in all_reduce\n'},
+        {"name": "loader", "id": 12, "stack": "x" * 70_000},
+    ]
+    rec = make_record(
+        "stacks",
+        {"stalled_s": 75.5, "last_step": 41, "threads": threads},
+        run_id="r",
+        rank=3,
+        host="n1",
+        step=41,
+        time_ns=7,
+    )
+    (b,) = record_builders(rec)
+    assert b.measurement == "stacks" and b.tags == {"run_id": "r", "rank": "3", "host": "n1"}
+    f = b.fields
+    assert (f["stalled_s"], f["last_step"], f["n_threads"]) == (75.5, 41, 2)
+    assert "--- thread MainThread (11)" in f["text"] and "in all_reduce" in f["text"]
+    assert len(f["text"]) == MAX_STRING_FIELD
+    stats = {"count": 3, "mean": 1.0, "std": 0.25, "min": 0.5, "max": 1.5, "last": 1.0}
+    window = {"step_first": 1, "step_last": 3, "count": 3, "metrics": {"loss": stats}}
+    (w,) = record_builders(make_record("step_window", window, run_id="r", time_ns=1))
+    assert w.fields["std"] == 0.25

@@ -107,7 +107,13 @@ def _firing_annotation() -> dict[str, Any]:
     }
 
 
-def board(uid: str, title: str, panels: list[dict[str, Any]]) -> dict[str, Any]:
+def board(
+    uid: str,
+    title: str,
+    panels: list[dict[str, Any]],
+    annotations: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """A board of ``panels``; ``annotations`` beside the alerts that fire."""
     run = {
         "name": "run_id",
         "type": "query",
@@ -137,6 +143,6 @@ def board(uid: str, title: str, panels: list[dict[str, Any]]) -> dict[str, Any]:
                 run,
             ]
         },
-        "annotations": {"list": [_firing_annotation()]},
+        "annotations": {"list": [_firing_annotation(), *annotations]},
         "panels": _layout(panels),
     }

@@ -1,17 +1,83 @@
-"""The training board: loss, lr, throughput, gradients, step time, evaluation, signals."""
+"""The training board: loss, lr and its events, throughput, gradients and clipping, per-layer
+norms, step time, evaluation scores, input lengths, the stacks of a stalled rank, signals."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .flux import Read, latest, per_interval
-from .layout import board, panel
+from .flux import Read, latest, per_interval, stitched
+from .layout import COLD, INFLUX, board, panel
 
 RANK = ("rank",)
+LAYER = ("layer",)
+# length bins (len_lt_<upper edge>) the panel names; every bin is read (a pattern)
+LENGTH_BINS = ("len_lt_16", "len_lt_32")
+STACKS_LIMIT = 100
 
 
 def step(*fields: str) -> Read:
     return Read("step", fields, keep=RANK)
+
+
+def clipping_rate() -> list[str]:
+    """The share of steps clipped: a window's mean of ``clipped`` (every step of the window
+    that carried it), and in full resolution the steps' own flags (booleans, which the
+    rollups do not keep: the last hour only)."""
+    name = 'map(fn: (r) => ({r with _field: "clipped_rate"}))'
+    windows = per_interval(
+        Read("step_window", ("mean",), where='r.metric == "clipped"', keep=RANK),
+        "mean",
+        after=[name],
+    )
+    read = Read("step", ("clipped",), keep=RANK)
+    flags = stitched(
+        read,
+        "mean",
+        reduce_hot=["toFloat()", "aggregateWindow(every: every, fn: mean, createEmpty: false)"],
+        after=['sort(columns: ["_time"])', name],
+    )
+    return [windows, flags]
+
+
+def stacks_log() -> str:
+    """The newest stacks records (text in the hot bucket only; before, when and how long: a
+    rolled-up last_step is a float, and one column cannot be both)."""
+    read = Read("stacks", ("stalled_s", "last_step", "text"), rolled_fields=("stalled_s",))
+    pivot = 'pivot(rowKey: ["_time", "rank", "host"], columnKey: ["_field"], valueColumn: "_value")'
+    columns = '["_time", "rank", "host", "stalled_s", "last_step", "text"]'
+    return stitched(
+        read,
+        "last",
+        shape_hot=[pivot],
+        shape_rolled=[pivot],
+        after=[
+            "group()",
+            f"keep(columns: {columns})",
+            'sort(columns: ["_time"], desc: true)',
+            f"limit(n: {STACKS_LIMIT})",
+        ],
+    )
+
+
+def lr_events() -> dict[str, Any]:
+    """A mark at each lr event the worker found (warm-up ended, a decay and the declared
+    milestone it matches): its words in the hot bucket, "lr event" before."""
+    read = Read("signal", ("detail",), where='r.name == "lr_event"', rolled_fields=("value",))
+    columns = 'keep(columns: ["_time", "_value"])'
+    query = stitched(
+        read,
+        "last",
+        shape_hot=['map(fn: (r) => ({r with _value: "lr: " + r._value}))', columns],
+        shape_rolled=['map(fn: (r) => ({_time: r._time, _value: "lr event"}))', columns],
+        after=["group()"],
+    )
+    return {
+        "name": "lr events",
+        "datasource": INFLUX,
+        "enable": True,
+        "iconColor": "purple",
+        "target": {"query": query},
+    }
 
 
 def training() -> dict[str, Any]:
@@ -23,7 +89,15 @@ def training() -> dict[str, Any]:
             [per_interval(step("loss"), "max")],
             ["loss"],
         ),
-        panel("Learning rate", "timeseries", [per_interval(step("lr"), "last")], ["lr"]),
+        panel(
+            "Learning rate",
+            "timeseries",
+            [per_interval(step("lr"), "last")],
+            ["lr"],
+            description="The lr each step used (log_step's, else watch()'s); the lr events "
+            "the stream jobs find (warm-up ended, a decay and the declared milestone it "
+            "matches) are marks on every panel.",
+        ),
         panel(
             "Throughput (tokens/s, mean over ranks)",
             "timeseries",
@@ -54,14 +128,28 @@ def training() -> dict[str, Any]:
         ),
         panel("Live: last loss", "stat", [latest(step("loss"))], ["loss"], w=6),
         panel(
-            "Evaluation",
+            "Evaluation: loss and perplexity",
+            "timeseries",
+            [per_interval(Read("eval", ("loss", "perplexity"), keep=("split",)), "last")],
+            ["loss", "perplexity"],
+        ),
+        panel(
+            "Evaluation: accuracy, F1, ROUGE-L (0-1) and BLEU (0-100)",
             "timeseries",
             [
                 per_interval(
-                    Read("eval", ("loss", "perplexity", "accuracy"), keep=("split",)), "last"
+                    Read("eval", ("accuracy", "f1", "rouge", "bleu"), keep=("split",)), "last"
                 )
             ],
-            ["loss", "perplexity", "accuracy"],
+            ["accuracy", "f1", "rouge", "bleu"],
+            description="log_eval's scores; BLEU and ROUGE-L computed by the producer from "
+            "predictions and references when it has the text extra.",
+            overrides=[
+                {
+                    "matcher": {"id": "byRegexp", "options": "bleu.*"},
+                    "properties": [{"id": "custom.axisPlacement", "value": "right"}],
+                }
+            ],
         ),
         panel(
             "Loss per rank: ARIMA expectation and band",
@@ -114,6 +202,72 @@ def training() -> dict[str, Any]:
             ["param_norm", "update_ratio"],
         ),
         panel(
+            "Clipping rate per rank (share of steps clipped, mean per interval)",
+            "timeseries",
+            clipping_rate(),
+            ["clipped_rate"],
+            description="Clipping on most steps means the lr or the data is off. Windows: "
+            "the share of a window's steps that carried the flag; full resolution: every "
+            "step's flag (the last hour).",
+            unit="percentunit",
+            defaults={"min": 0, "max": 1},
+        ),
+        panel(
+            "Per-layer gradient norm (max per interval and over ranks)",
+            "timeseries",
+            [
+                per_interval(
+                    Read("layer", ("grad_norm",), keep=LAYER), "max", group=["_field", "layer"]
+                )
+            ],
+            ["grad_norm", "layer"],
+            description="watch()'s per-layer norms: every layer when a model has at most "
+            "max_layers (32), else those that changed most at each send.",
+        ),
+        panel(
+            "Per-layer parameter norm (max per interval and over ranks)",
+            "timeseries",
+            [
+                per_interval(
+                    Read("layer", ("param_norm",), keep=LAYER), "max", group=["_field", "layer"]
+                )
+            ],
+            ["param_norm", "layer"],
+        ),
+        panel(
+            "Input lengths (samples per batch in each length bin, mean per interval)",
+            "timeseries",
+            [per_interval(Read("batch", pattern="len_lt_[0-9]+"), "mean", group=["_field"])],
+            list(LENGTH_BINS),
+            description="One series per bin of the length histogram (len_lt_N: shorter than "
+            "N tokens, at least the bin before), over all ranks: a histogram per interval.",
+            defaults={"custom": {"drawStyle": "bars", "stacking": {"mode": "percent"}}},
+        ),
+        panel(
+            "Over-length and supervised share per rank (mean per interval)",
+            "timeseries",
+            [
+                per_interval(
+                    Read("batch", ("over_length_share", "supervised_share"), keep=RANK), "mean"
+                )
+            ],
+            ["over_length_share", "supervised_share"],
+            description="Share of samples longer than max_len; for language-model batches, "
+            "share of tokens with a label (log_batch).",
+            unit="percentunit",
+        ),
+        panel(
+            "Stalled ranks: the Python stacks they sent",
+            "table",
+            [stacks_log()],
+            ["stalled_s", "last_step", "text"],
+            description=f"Newest first, at most {STACKS_LIMIT}: a rank that stopped stepping "
+            "while its process lived sends the stacks of every thread (hang_dump_after_s). " + COLD,
+            w=24,
+            h=10,
+            hot_only=["text", "last_step"],
+        ),
+        panel(
             "Batches: longest row and over-length rows per rank (max per interval)",
             "timeseries",
             [
@@ -126,4 +280,4 @@ def training() -> dict[str, Any]:
             "length (max_len).",
         ),
     ]
-    return board("steplens-training", "steplens: training", panels)
+    return board("steplens-training", "steplens: training", panels, [lr_events()])

@@ -93,6 +93,7 @@ def log_step(
 
 
 def log_eval(step: int, split: str = "val", **metrics: Any) -> None:
+    """One split's evaluation (see ``Monitor.log_eval``: ``predictions``/``references``)."""
     m = _monitor
     if m is None:
         return _missing()
@@ -106,11 +107,14 @@ def log_batch(
     attention_mask: Any = None,
     labels: Any = None,
     max_len: int | None = None,
+    **options: Any,
 ) -> None:
+    """One batch's data quality (see ``Monitor.log_batch``: ``sample_ids``, ``epoch``,
+    ``task``, ``ignore_index``)."""
     m = _monitor
     if m is None:
         return _missing()
-    m.log_batch(step, input_ids, attention_mask, labels, max_len)
+    m.log_batch(step, input_ids, attention_mask, labels, max_len, **options)
     return None
 
 

@@ -49,6 +49,14 @@ def _optional_positive(x: float | None) -> bool:
     return x is None or _positive(x)
 
 
+def _optional_non_negative(x: float | None) -> bool:
+    return x is None or _non_negative(x)
+
+
+def _non_negative_int(x: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
 def _dict_or_none(x: Any) -> bool:
     return x is None or isinstance(x, dict)
 
@@ -98,8 +106,17 @@ class ProducerConfig:
     max_scalars: int = 1024
     flops_per_token: float | None = None
     peak_flops: float | None = None
-    update_threshold: float = 0.0  # watch(): |change| above this counts as "updated"
+    # watch(): an element counts as updated when |change| > update_threshold * |value| (a
+    # relative change: Adam moves every weight by about lr, so an absolute 0 says nothing)
+    update_threshold: float = 1e-3
     update_sample: int = 4096  # watch(): elements sampled for the update ratio
+    # watch(): per-layer norms of at most max_layers groups per record (the most changed);
+    # a layer is the parameters' name up to its block index, or its first layer_depth parts
+    max_layers: int = 32
+    layer_depth: int = 0  # 0: up to the block index (model.layers.7), else the owning module
+    # seconds without log_step before the stacks of every thread are sent once; None: the
+    # larger of 60 s and 20 median step intervals; 0: never
+    hang_dump_after_s: float | None = None
     lr_schedule: dict[str, Any] | None = None
     model_info: dict[str, Any] | None = None
     kafka_config: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -149,6 +166,9 @@ class ProducerConfig:
             peak_flops=s("peak_flops", float, _optional_positive),
             update_threshold=s("update_threshold", float, _non_negative),
             update_sample=s("update_sample", int, _positive_int),
+            max_layers=s("max_layers", int, _positive_int),
+            layer_depth=s("layer_depth", int, _non_negative_int),
+            hang_dump_after_s=s("hang_dump_after_s", float, _optional_non_negative),
             lr_schedule=s("lr_schedule", _parse_json_dict, _dict_or_none),
             model_info=s("model_info", _parse_json_dict, _dict_or_none),
             kafka_config=kafka_conf,

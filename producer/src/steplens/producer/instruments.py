@@ -63,9 +63,14 @@ class Instruments:
         f1: Any = None,
         bleu: Any = None,
         rouge: Any = None,
+        *,
+        predictions: Iterable[Any] | None = None,
+        references: Iterable[Any] | None = None,
         **extra: Any,
     ) -> None:
-        """Evaluation metrics of one split at one step."""
+        """Evaluation metrics of one split at one step. With ``predictions`` and
+        ``references`` (one text each per example), BLEU and ROUGE-L are computed from them in
+        the producer's worker thread (the ``text`` extra: sacrebleu, rouge-score)."""
         try:
             if not self._accepting:
                 self.counts.refused += 1
@@ -74,7 +79,10 @@ class Instruments:
             names = [*_EVAL_FIELDS, *extra]
             vals = V.capture([*named, *extra.values()])
             metrics = dict(zip(names, vals, strict=True))
-            self._put(EvalItem(step, time.monotonic_ns(), split, metrics, len(named)))
+            texts = None
+            if predictions is not None or references is not None:
+                texts = (list(predictions or ()), list(references or ()))
+            self._put(EvalItem(step, time.monotonic_ns(), split, metrics, len(named), texts))
         except Exception:
             self.counts.caller += 1
 
@@ -85,14 +93,28 @@ class Instruments:
         attention_mask: Any = None,
         labels: Any = None,
         max_len: int | None = None,
+        *,
+        sample_ids: Any = None,
+        epoch: int | None = None,
+        task: str | None = None,
+        ignore_index: int = -100,
     ) -> None:
-        """Data quality of one batch: lengths, over-length count, labels, sample hashes."""
+        """Data quality of one batch: lengths, over-length count, labels, sample hashes.
+
+        ``labels``: one per sample (classification: counts per class) or per token (a
+        language model, or ``task="lm"``: the share of labels other than ``ignore_index``).
+        ``sample_ids``: the caller's ids of the samples (a list or a tensor), sent with the
+        hashes; ``epoch``: the data's epoch (a sample seen again in a new epoch is no repeat).
+        """
         try:
             if not self._accepting:
                 self.counts.refused += 1
                 return
-            ids, mask, lab = V.capture([input_ids, attention_mask, labels])
-            self._put(BatchItem(step, time.monotonic_ns(), ids, mask, lab, max_len))
+            ids, mask, lab, sids = V.capture([input_ids, attention_mask, labels, sample_ids])
+            if sids is not None and not hasattr(sids, "detach") and not hasattr(sids, "shape"):
+                sids = list(sids)  # the caller may reuse its list
+            item = (step, time.monotonic_ns(), ids, mask, lab, max_len, sids, epoch, task)
+            self._put(BatchItem(*item, ignore_index))
         except Exception:
             self.counts.caller += 1
 
@@ -105,7 +127,8 @@ class Instruments:
         max_grad_norm: float | None = None,
     ) -> None:
         """Every ``every`` optimizer steps: pre-clip gradient norm, clipping, parameter norm,
-        update ratio and the learning rate of every param group, computed on the device.
+        per-layer gradient and parameter norms, update ratio and the learning rate the step
+        used (a step logged without ``lr`` gets it), computed on the device.
 
         ``max_grad_norm``: the clipping threshold the loop uses. With it, a step is clipped when
         its pre-clip norm (the ``grad_norm`` given to log_step, else the one measured at the end
@@ -125,6 +148,7 @@ class Instruments:
                     update_threshold=self.config.update_threshold,
                     sample_size=self.config.update_sample,
                     max_grad_norm=max_grad_norm,
+                    layer_depth=self.config.layer_depth,
                 )
             )
             self._update_plain_path()

@@ -32,6 +32,7 @@ class EvalItem(NamedTuple):
     split: Any
     metrics: dict[str, Any]  # the named metrics, then the extras
     n_named: int  # how many of ``metrics`` are the eval kind's own fields
+    texts: tuple[list[Any], list[Any]] | None = None  # (predictions, references) to score
 
 
 class BatchItem(NamedTuple):
@@ -41,6 +42,10 @@ class BatchItem(NamedTuple):
     attention_mask: Any
     labels: Any
     max_len: Any
+    sample_ids: Any = None
+    epoch: Any = None
+    task: Any = None
+    ignore_index: Any = -100
 
 
 class HwItem(NamedTuple):

@@ -1,6 +1,7 @@
 """The producer's worker thread: drain the caller's queue, resolve values, run each item through
 its stage (steps: enrich, window/sample/guard or batch; the other kinds: their payload), send
-the producer's own ``health`` record, and serve delivery.
+the producer's own ``health`` record, the stacks of a stalled rank (``stall``), and serve
+delivery.
 
 One Pipeline per process (a forked child makes its own). It catches every exception, counts it
 and goes on; ``stop`` bounds the final flush by a deadline.
@@ -29,6 +30,7 @@ from steplens.producer.items import (
 )
 from steplens.producer.schema import MAX_STR_LEN
 from steplens.producer.sender import Sender
+from steplens.producer.stall import StallWatch, thread_stacks
 from steplens.producer.steps import Counters, StepStage
 
 log = logging.getLogger("steplens")
@@ -49,6 +51,7 @@ class Pipeline:
         self.wake = wake
         self.counters = Counters()
         self.steps = StepStage(config, sender, self.counters)
+        self.stall = StallWatch(config.hang_dump_after_s)
         self.held: Item | None = None  # an item waiting for its device copy
         self.stopping = False
         self.deadline = float("inf")
@@ -132,6 +135,9 @@ class Pipeline:
         """Periodic work; True while a spool replay wants to be called again soon."""
         now_ns = time.monotonic_ns()
         self.steps.emit_due(now_ns)
+        stalled = self.stall.stalled_s(now_ns)
+        if stalled is not None:
+            self.emit_stacks(stalled, now_ns)
         if now >= self._next_health:
             self._next_health = now + self.config.health_interval_s
             self.emit_health(now_ns)
@@ -141,6 +147,7 @@ class Pipeline:
     def _handle(self, item: Item) -> None:
         send = self.sender.send
         if type(item) is StepItem:
+            self.stall.on_step(item.step, item.t_ns)
             self.steps.add(item)
         elif type(item) is HwItem:
             send("hw", None, item.t_ns, item.data)
@@ -149,15 +156,7 @@ class Pipeline:
         elif type(item) is EvalItem:
             self._on_eval(item)
         elif type(item) is BatchItem:
-            from steplens.producer.batch_stats import batch_payload
-
-            step = self._step_of("batch", item.step)
-            if step is None:
-                return
-            ids, mask, labels = (
-                V.host_value(v) for v in (item.input_ids, item.attention_mask, item.labels)
-            )
-            send("batch", step, item.t_ns, batch_payload(ids, mask, labels, item.max_len))
+            self._on_batch(item)
         elif type(item) is CommItem:
             data = item.data if item.pending is None else item.pending.resolve(item.data)
             send("comm", item.step, item.t_ns, data)
@@ -202,7 +201,79 @@ class Pipeline:
         extra = self.steps.names.clean(extras, self.config.max_scalars) if extras else None
         if extra:
             data["extra"] = extra
+        if item.texts is not None:
+            for name, score in self._text_scores(*item.texts).items():
+                data.setdefault(name, score)  # a score the caller gave wins
         self.sender.send("eval", step, item.t_ns, data)
+
+    def _text_scores(self, predictions: list[Any], references: list[Any]) -> dict[str, float]:
+        """BLEU and ROUGE-L, or nothing (said once per reason); the eval record goes anyway."""
+        from steplens.producer.text_scores import MissingExtra, text_scores
+
+        try:
+            return text_scores(predictions, references)
+        except MissingExtra as exc:
+            self.counters.error("text_extra_missing")
+            self._warn_once(
+                "text", f"BLEU/ROUGE not computed ({exc}): pip install 'steplens-producer[text]'"
+            )
+        except Exception as exc:
+            self.counters.error("text_scores")
+            self._warn_once("text_scores", f"BLEU/ROUGE not computed: {exc}")
+        return {}
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("steplens: %s", message)
+
+    def _on_batch(self, item: BatchItem) -> None:
+        from steplens.producer.batch_stats import TASKS, batch_payload
+
+        step = self._step_of("batch", item.step)
+        if step is None:
+            return
+        if item.task is not None and item.task not in TASKS:
+            self._refuse("batch", f"task {item.task!r}: one of {', '.join(TASKS)} or None")
+            return
+        try:
+            ignore_index = V.to_int(item.ignore_index)
+            epoch = None if item.epoch is None else V.to_int(item.epoch)
+        except V.BadValue as exc:
+            self._refuse("batch", f"epoch or ignore_index: {exc}")
+            return
+        if epoch is not None and epoch < 0:
+            self._refuse("batch", f"epoch {epoch} is negative")
+            return
+        ids, mask, labels, sample_ids = (
+            V.host_value(v)
+            for v in (item.input_ids, item.attention_mask, item.labels, item.sample_ids)
+        )
+        data, cut = batch_payload(
+            ids,
+            mask,
+            labels,
+            item.max_len,
+            task=item.task,
+            ignore_index=ignore_index,
+            sample_ids=sample_ids,
+        )
+        if cut:
+            self.sender.count_drop("batch_samples_cut", cut)
+        if epoch is not None:
+            data["epoch"] = epoch
+        self.sender.send("batch", step, item.t_ns, data)
+
+    def emit_stacks(self, stalled_s: float, now_ns: int) -> None:
+        """The stacks of every thread of this process, but this one (the producer's)."""
+        data: dict[str, Any] = {
+            "stalled_s": stalled_s,
+            "threads": thread_stacks(skip=threading.get_ident()),
+        }
+        last = self.stall.last_step
+        if last is not None:
+            data["last_step"] = last
+        self.sender.send("stacks", last, now_ns, data)
 
     # ------------------------------------------------------------------ health
     def stats(self) -> dict[str, Any]:
@@ -251,11 +322,16 @@ def _ready(item: Item) -> bool:
                 return False
         if item.scalars and not all(V.ready(v) for v in item.scalars.values()):
             return False
-        return item.watch is None or all(V.ready(v) for v in item.watch.values())
+        return item.watch is None or (
+            all(map(V.ready, item.watch.values()))
+            and all(map(V.ready, item.watch.get("group_lrs") or ()))
+        )
     if isinstance(item, EvalItem):
         return all(V.ready(v) for v in item.metrics.values())
     if isinstance(item, BatchItem):
-        return all(V.ready(v) for v in (item.input_ids, item.attention_mask, item.labels))
+        return all(
+            V.ready(v) for v in (item.input_ids, item.attention_mask, item.labels, item.sample_ids)
+        )
     if isinstance(item, CommItem):
         return item.pending is None or item.pending.ready()
     return True

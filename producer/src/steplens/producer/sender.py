@@ -26,8 +26,8 @@ class Sender:
         self.seq = 0
         self.dropped: dict[str, int] = {}  # reason -> records dropped here
 
-    def count_drop(self, reason: str) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+    def count_drop(self, reason: str, n: int = 1) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + n
 
     def send(
         self, kind: str, step: int | None, t_ns: int, data: dict[str, Any], count_drop: bool = True

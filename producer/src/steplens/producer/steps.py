@@ -12,15 +12,21 @@ from typing import Any
 from steplens.producer import values as V
 from steplens.producer.config import ProducerConfig
 from steplens.producer.items import StepItem
+from steplens.producer.layers import LayerPicker
 from steplens.producer.schema import valid_name
 from steplens.producer.sender import Sender
 from steplens.producer.step_batch import StepBatch
 from steplens.producer.window import Guard, Window, is_sampled, sample_period
 
-# Step fields a caller may also pass as keyword scalars; the caller's value wins.
-_PROMOTED = frozenset(("step_time_s", "data_time_s", "tokens_per_s", "mfu"))
+# Step fields a caller may also pass as keyword scalars (a framework callback's pre-clip norm
+# and clipping); the caller's value wins over a measured or watched one.
+_PROMOTED = frozenset(
+    ("step_time_s", "data_time_s", "tokens_per_s", "mfu", "grad_norm_preclip", "clipped")
+)
 _MAX_STEP = (1 << 63) - 1
-_WATCHED = ("grad_norm_preclip", "param_norm", "update_ratio")
+_WATCHED = ("grad_norm_preclip", "param_norm", "update_ratio", "lr")
+_NOT_SERIES = frozenset(("group_lrs", "layer_grad_norms", "layer_param_norms"))
+_BETWEEN = frozenset(("lr", "max_grad_norm"))  # what watch() sends between its due steps
 
 
 class Counters:
@@ -89,6 +95,7 @@ class StepStage:
         self.period = sample_period(config.sample_rate)
         self.last: tuple[int, int] | None = None  # (step, monotonic ns) of the previous step
         self.names = Names(config.max_metric_names, sender, counters)
+        self.layers = LayerPicker(config.max_layers)
 
     # ------------------------------------------------------------------ enrich
     def payload(self, item: StepItem, step: int) -> tuple[dict[str, Any], dict[str, float]]:
@@ -110,6 +117,8 @@ class StepStage:
             # collective so stragglers show) wins over the value measured between calls.
             for name in _PROMOTED.intersection(clean):
                 data[name] = clean.pop(name)
+            if "clipped" in data:
+                data["clipped"] = data["clipped"] != 0 and data["clipped"] == data["clipped"]
         t_ns = item.t_ns
         last, self.last = self.last, (step, t_ns)
         step_time = data.get("step_time_s")
@@ -132,18 +141,40 @@ class StepStage:
         num = self.counters.float_or_none
         for name in _WATCHED:
             v = watch.get(name)
-            if v is not None and (f := num(v)) is not None:
+            if name not in data and v is not None and (f := num(v)) is not None:
                 data[name] = f
         clipped = watch.get("clipped")
         limit = watch.get("max_grad_norm")
         pre = data.get("grad_norm", data.get("grad_norm_preclip"))
-        if limit is not None and pre is not None:
+        if "clipped" in data:
+            pass  # the caller's
+        elif limit is not None and pre is not None:
             data["clipped"] = pre > limit
         elif clipped is not None and (f := num(clipped)) is not None:
             data["clipped"] = bool(f)
         lrs = watch.get("group_lrs")
         if lrs:
             data["group_lrs"] = [f for v in lrs if (f := num(v)) is not None]
+        names = watch.get("layer_names")
+        if names:
+            self._add_layers(data, watch, names)
+
+    def _add_layers(self, data: dict[str, Any], watch: dict[str, Any], names: Any) -> None:
+        """The per-layer norms the record carries (``layers.LayerPicker``)."""
+        params = _floats(watch.get("layer_param_norms"), len(names))
+        grads = _floats(watch.get("layer_grad_norms"), len(names))
+        present = watch.get("layer_grad_present")
+        if present is not None:
+            keep = set(present)
+            grads = [g if i in keep else None for i, g in enumerate(grads)]
+        grad_map, param_map = self.layers.pick(names, grads, params)
+        admit = self.names.admit
+        grad_map = {k: v for k, v in grad_map.items() if admit(k)}
+        param_map = {k: v for k, v in param_map.items() if admit(k)}
+        if grad_map:
+            data["layer_grad_norms"] = grad_map
+        if param_map:
+            data["layer_param_norms"] = param_map
 
     # ------------------------------------------------------------------ decide
     def add(self, item: StepItem) -> None:
@@ -157,7 +188,7 @@ class StepStage:
                 self.sender.count_drop("bad_step")
                 return
         data, clean = self.payload(item, step)
-        metrics = {k: float(v) for k, v in data.items() if k != "group_lrs"}
+        metrics = {k: float(v) for k, v in data.items() if k not in _NOT_SERIES}
         if clean:
             data["scalars"] = clean
             metrics.update(clean)
@@ -179,8 +210,8 @@ class StepStage:
             return
         if not flagged and is_sampled(step, self.period):
             data["reason"] = "sample"
-        elif not flagged and item.watch:
-            data["reason"] = "every"
+        elif not flagged and item.watch and not item.watch.keys() <= _BETWEEN:
+            data["reason"] = "every"  # a watched step
         if "reason" in data:
             self.sender.send("step", step, t_ns, data)
         if self.window.due(t_ns, self.config.window_steps, self.config.window_s):
@@ -206,3 +237,14 @@ class StepStage:
     def emit_all(self, now_ns: int) -> None:
         self.emit_batch()
         self.emit_window(now_ns)
+
+
+def _floats(value: Any, n: int) -> list[float | None]:
+    """A device vector of ``n`` norms, resolved, as floats (None where there is none)."""
+    if value is None:
+        return [None] * n
+    host = V.host_value(value)
+    out = host.tolist() if hasattr(host, "tolist") else list(host)
+    if len(out) != n:
+        return [None] * n
+    return [float(v) for v in out]

@@ -6,9 +6,14 @@
   and ``optimizer.step()`` (clipping scales every gradient by the same factor): a few tiny
   reductions instead of a second full gradient norm (reported False when that gradient is 0);
 - parameter L2 norm after the update;
+- per-layer gradient and parameter norms (``layers``): one norm per parameter tensor, summed
+  into its layer on the device; the global norms are the same sums, so the layers cost one
+  reduction per tensor, as the global norms alone did;
 - update ratio: share of a fixed random sample of parameter elements (bounded memory) whose
-  absolute change in this step exceeds a threshold;
-- the learning rate of every param group.
+  change in this step exceeds ``update_threshold`` times the element's magnitude;
+- the learning rate the step used: the first param group's (``group_lrs`` too when the groups
+  differ); a scheduler's ``get_last_lr()`` only when the groups hold no ``lr``. The lr is read
+  after every optimizer step, not only every ``every``: it is a host number, free to read.
 Results stay on the device; they are captured without a host sync and ride on the next
 ``log_step``.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from steplens.producer import values as V
+from steplens.producer.layers import LayerGroups
 
 _CLIP_TOLERANCE = 1e-6  # relative drop of the norm that counts as clipping
 
@@ -30,9 +36,10 @@ class Watcher:
         optimizer: Any,
         scheduler: Any = None,
         every: int = 100,
-        update_threshold: float = 0.0,
+        update_threshold: float = 1e-3,
         sample_size: int = 4096,
         max_grad_norm: float | None = None,
+        layer_depth: int = 0,
     ) -> None:
         import torch
 
@@ -49,14 +56,20 @@ class Watcher:
         self.every = every
         self.update_threshold = update_threshold
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        if not self.params:
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not named:
             raise ValueError("the model has no trainable parameters")
+        self.params = [p for _, p in named]
+        self.layers = LayerGroups([n for n, _ in named], layer_depth)
+        device = self.params[0].device
+        self._layer_index = torch.tensor(self.layers.index, device=device)
+        self._zero = torch.zeros((), dtype=torch.float32, device=device)
+        self._one_device = all(p.device == device for p in self.params)
         self.steps = 0
-        self._preclip: Any = None
+        self._preclip: Any = None  # (per-layer grad norms, total) at the end of backward
         self._queued = False
         self._before: Any = None
-        self._postclip: Any = None  # full norm at step time, only when no pre-clip norm exists
+        self._postclip: Any = None  # the same at step time, only when no end-of-backward ran
         self._clipped: Any = None
         self._probe = min(self.params, key=lambda p: p.numel())  # clipping shows on it too
         self._probe_before: Any = None
@@ -85,23 +98,36 @@ class Watcher:
     def due(self) -> bool:
         return self.steps % self.every == 0
 
-    def _grad_norm(self) -> Any:
+    def _norms(self, tensors: list[Any]) -> tuple[Any, Any, tuple[int, ...] | None] | None:
+        """(per-layer L2 norms, total L2 norm, the layers that have a tensor or None for all)
+        of one tensor or None per parameter, on the device; None when all are None."""
         torch = self._torch
-        grads = [p.grad.detach() for p in self.params if p.grad is not None]
-        if not grads:
+        present = [t for t in tensors if t is not None]
+        if not present:
             return None
-        get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)
-        if get_total_norm is not None:
-            return get_total_norm(grads, 2.0)
-        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        foreach = getattr(getattr(torch, "foreach", None), "norm", None)
+        if foreach is not None:
+            norms = list(foreach(present, ord=2, dtype=torch.float32))
+        else:  # torch before torch.foreach: one reduction per tensor
+            norms = [torch.linalg.vector_norm(t, dtype=torch.float32) for t in present]
+        device = self._zero.device
+        if len(norms) < len(tensors) or not self._one_device:
+            found = iter(norms)
+            norms = []
+            for t in tensors:
+                n = next(found) if t is not None else self._zero
+                norms.append(n if n.device == device else n.to(device, non_blocking=True))
+        squares = torch.stack(norms).square_()
+        layers = torch.zeros(len(self.layers.names), dtype=torch.float32, device=device)
+        layers.index_add_(0, self._layer_index, squares).sqrt_()
+        which = None
+        if len(present) < len(tensors):
+            index = self.layers.index
+            which = tuple(sorted({index[i] for i, t in enumerate(tensors) if t is not None}))
+        return layers, squares.sum().sqrt(), which
 
-    def _param_norm(self) -> Any:
-        torch = self._torch
-        ps = [p.detach() for p in self.params]
-        get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)
-        if get_total_norm is not None:
-            return get_total_norm(ps, 2.0)
-        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p) for p in ps]))
+    def _grad_norms(self) -> Any:
+        return self._norms([None if p.grad is None else p.grad.detach() for p in self.params])
 
     def _gather(self) -> Any:
         torch = self._torch
@@ -133,57 +159,102 @@ class Watcher:
         self._queued = False
         try:
             with self._torch.no_grad():
-                self._preclip = self._grad_norm()
+                self._preclip = self._grad_norms()
                 self._probe_before = self._probe_size()
         except Exception:
-            self.monitor._caller_errors += 1
+            self.monitor.counts.caller += 1  # never into the training loop
 
     def _before_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
         if not self.due:
             return
         try:
             with self._torch.no_grad():
-                if self._preclip is None:  # no end-of-backward hook ran: the norm now
-                    self._postclip = self._grad_norm()
+                if self._preclip is None:  # no end-of-backward hook ran: the norms now
+                    self._postclip = self._grad_norms()
                 elif self._probe_before is not None:
                     after = self._probe_size()
                     if after is not None:
                         self._clipped = after < self._probe_before * (1 - _CLIP_TOLERANCE)
                 self._before = self._gather()
         except Exception:
-            self.monitor._caller_errors += 1
+            self.monitor.counts.caller += 1  # never into the training loop
 
     def _after_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
         try:
             if self.due:
                 self._publish()
+            else:
+                self._step_lr()
         except Exception:
-            self.monitor._caller_errors += 1
+            self.monitor.counts.caller += 1  # never into the training loop
         finally:
             self.steps += 1
             self._preclip = self._postclip = self._before = None
             self._probe_before = self._clipped = None
 
+    def _lrs(self) -> tuple[Any, list[Any]]:
+        """The step's lr, and every group's when they differ (or cannot be compared on the
+        host without a sync: tensors)."""
+        lrs = [g.get("lr") for g in self.optimizer.param_groups]
+        lrs = [v for v in lrs if v is not None]
+        if not lrs:
+            if self.scheduler is not None and hasattr(self.scheduler, "get_last_lr"):
+                last = self.scheduler.get_last_lr()
+                return (last[0] if last else None), []
+            return None, []
+        plain = all(type(v) in V.PLAIN for v in lrs)
+        if plain and all(v == lrs[0] for v in lrs):
+            return lrs[0], []
+        return lrs[0], lrs
+
+    def _step_lr(self) -> None:
+        """Between due steps, host numbers alone (no device work): the lr, so the schedule
+        check sees every step's lr and not one in ``every``, and ``max_grad_norm``, so a step
+        logged with its ``grad_norm`` says whether it was clipped."""
+        lr, _ = self._lrs()
+        between: dict[str, Any] = {}
+        if lr is not None and type(lr) in V.PLAIN:  # a tensor lr: only on due steps
+            between["lr"] = lr
+        if self.max_grad_norm is not None:
+            between["max_grad_norm"] = self.max_grad_norm
+        if not between:
+            return
+        pending = self.monitor._watch_pending
+        if pending is None:
+            self.monitor._watch_result(between)
+        else:  # a due step's result not yet logged: the latest lr wins
+            pending.update(between)
+
     def _publish(self) -> None:
         torch = self._torch
         with torch.no_grad():
-            pre = self._preclip if self._preclip is not None else self._postclip
-            clipped = self._clipped
+            grads = self._preclip if self._preclip is not None else self._postclip
             ratio = None
             if self._before is not None:
                 change = (self._gather() - self._before).abs()
-                ratio = (change > self.update_threshold).float().mean()
-            param_norm = self._param_norm()
-        lrs = [g.get("lr") for g in self.optimizer.param_groups]
-        vals = V.capture([pre, clipped, param_norm, ratio, *lrs])
+                moved = change > self._before.abs() * self.update_threshold
+                ratio = moved.float().mean()
+            params = self._norms([p.detach() for p in self.params])
+        layer_params, param_norm, _ = params if params is not None else (None, None, None)
+        layer_grads, pre, present = grads if grads is not None else (None, None, None)
+        lr, lrs = self._lrs()
+        # one capture: one event for every device copy of this step
+        vals = V.capture(
+            [pre, self._clipped, param_norm, ratio, layer_grads, layer_params, lr, *lrs]
+        )
         self.monitor._watch_result(
             {
                 "grad_norm_preclip": vals[0],
                 "clipped": vals[1],
                 "param_norm": vals[2],
                 "update_ratio": vals[3],
-                "group_lrs": [v for v in vals[4:] if v is not None],
+                "lr": vals[6],
+                "group_lrs": vals[7:],
                 "max_grad_norm": self.max_grad_norm,
+                "layer_names": self.layers.names,
+                "layer_grad_norms": vals[4],
+                "layer_grad_present": present,
+                "layer_param_norms": vals[5],
             }
         )
 

@@ -1,6 +1,7 @@
 """Pure math of "sampling that never hides a spike".
 
-Every value updates a per-window aggregate (count, mean, min, max, last, non-finite count); raw
+Every value updates a per-window aggregate (count, mean, population standard deviation, min,
+max, last, non-finite count; mean and deviation by Welford's update, over finite values); raw
 values are sent for a deterministic sample of steps and whenever the guard sees a non-finite or
 spike-like value.
 """
@@ -27,7 +28,8 @@ def is_sampled(step: int, period: int) -> bool:
 @dataclass
 class MetricStats:
     count: int = 0
-    total: float = 0.0
+    mean: float = 0.0
+    m2: float = 0.0  # sum of squared deviations from the mean (Welford)
     min: float = math.inf
     max: float = -math.inf
     last: float = math.nan
@@ -38,20 +40,26 @@ class MetricStats:
         if not math.isfinite(x):
             self.nonfinite += 1
             return
-        self.count += 1
-        self.total += x
+        n = self.count = self.count + 1
+        delta = x - self.mean
+        self.mean += delta / n
+        self.m2 += delta * (x - self.mean)
         self.min = min(self.min, x)
         self.max = max(self.max, x)
 
     def summary(self) -> dict[str, Any]:
-        """Wire form: finite count/mean/min/max; ``last`` may be non-finite."""
+        """Wire form: finite count/mean/std/min/max; ``last`` may be non-finite."""
         if self.count:
-            mean, lo, hi = self.total / self.count, self.min, self.max
+            mean, lo, hi = self.mean, self.min, self.max
+            std = math.sqrt(max(0.0, self.m2) / self.count)
+            if not math.isfinite(mean):  # finite values whose sum overflows
+                mean = std = math.nan
         else:
-            mean = lo = hi = math.nan
+            mean = std = lo = hi = math.nan
         return {
             "count": self.count,
             "mean": mean,
+            "std": std,
             "min": lo,
             "max": hi,
             "last": self.last,

@@ -10,19 +10,31 @@ Non-finite numbers, which line protocol cannot hold, are stored as a string fiel
 
 from __future__ import annotations
 
-import functools
 import json
-import math
-import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from influxdb_client import Point, WritePrecision
+from influxdb_client import Point
 
 from steplens.producer import schema
 from steplens.producer.schema import Record
+from steplens.sinks.point_builder import (
+    MAX_STRING_FIELD,
+    PointBuilder,
+    UnwritableRecord,
+    check_name,
+)
 
-MAX_STRING_FIELD: Final = 60_000  # InfluxDB caps string fields at 64 KiB
+__all__ = [
+    "MAX_STRING_FIELD",
+    "MEASUREMENT",
+    "PointBuilder",
+    "UnwritableRecord",
+    "check_name",
+    "record_builders",
+    "record_lines",
+    "record_points",
+]
 
 STEP_FLOATS: Final = (
     "loss",
@@ -40,7 +52,7 @@ EVAL_FLOATS: Final = ("loss", "perplexity", "accuracy", "f1", "bleu", "rouge")
 SIGNAL_FLOATS: Final = ("value", "score", "expected", "lower", "upper")
 HEALTH_INTS: Final = ("sent", "spooled", "spool_bytes", "replayed", "queue_len")
 WINDOW_INTS: Final = ("count", "nonfinite")
-WINDOW_FLOATS: Final = ("mean", "min", "max", "last")
+WINDOW_FLOATS: Final = ("mean", "std", "min", "max", "last")
 
 # kind -> measurement of its main point (hw is split into host, gpu, disk and net points)
 MEASUREMENT: Final = {
@@ -55,128 +67,10 @@ MEASUREMENT: Final = {
     "signal": "signal",
     "alert": "alert",
     "run_meta": "run_meta",
+    "stacks": "stacks",
 }
-
-
-class UnwritableRecord(ValueError):
-    """The record cannot be represented as line protocol; the message is the reason."""
-
-
-def _nonfinite_name(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    return "Infinity" if value > 0 else "-Infinity"
-
-
-@functools.lru_cache(maxsize=65536)
-def _name_problem(value: str) -> str | None:
-    if "\\" in value:
-        return "contains a backslash"
-    for ch in value:
-        if unicodedata.category(ch) == "Cc":
-            return f"contains control character {ch!r}"
-    return None
-
-
-def check_name(value: str, what: str) -> str:
-    """Reject names line protocol would alter: backslashes and control characters."""
-    problem = _name_problem(value)
-    if problem is not None:
-        raise UnwritableRecord(f"{what} {value[:80]!r} {problem}")
-    return value
-
-
-class PointBuilder:
-    """One point: checks every name, keeps field types stable per field name.
-
-    The point is built as it goes, and its tags and fields are kept as dicts too, so a sink
-    can see the names and leave fields out (the name limits, ``drop``) before the line is made:
-    only then is the point built again from the dicts. ``name_tag``: the tag whose values are
-    metric names (``step_window``'s ``metric``), limited like field keys."""
-
-    __slots__ = ("_point", "_rebuild", "fields", "measurement", "name_tag", "tags", "time_ns")
-
-    def __init__(self, measurement: str, rec: Record, name_tag: str | None = None) -> None:
-        self.measurement = measurement
-        self.time_ns = rec.time_ns
-        self.name_tag = name_tag
-        self.tags: dict[str, str] = {}
-        self.fields: dict[str, Any] = {"seq": rec.seq}
-        self._point = Point(measurement).field("seq", rec.seq)
-        self._rebuild = False
-
-    def drop(self, key: str) -> None:
-        """Leave field ``key`` out of the point."""
-        del self.fields[key]
-        self._rebuild = True
-
-    def point(self) -> Point:
-        if self._rebuild:
-            self._point = Point(self.measurement)
-            for key, value in self.tags.items():
-                self._point.tag(key, value)
-            for key, value in self.fields.items():
-                self._point.field(key, value)
-            self._rebuild = False
-        return self._point.time(self.time_ns, WritePrecision.NS)
-
-    def line(self) -> str:
-        return str(self.point().to_line_protocol())
-
-    def tag(self, key: str, value: Any) -> PointBuilder:
-        if value is None or value == "":
-            return self
-        key, text = check_name(key, "tag key"), check_name(str(value), f"tag {key}")
-        self.tags[key] = text
-        self._point.tag(key, text)
-        return self
-
-    def _field(self, key: str, value: Any) -> None:
-        self.fields[key] = value
-        self._point.field(key, value)
-
-    def num(self, key: str, value: Any) -> PointBuilder:
-        """A float field; non-finite values go to ``<key>_nonfinite``."""
-        if value is None:
-            return self
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UnwritableRecord(f"field {key[:80]!r} is not a number: {value!r:.80}")
-        check_name(key, "field key")
-        f = float(value)
-        if math.isfinite(f):
-            self._field(key, f)
-        else:
-            self._field(f"{key}_nonfinite", _nonfinite_name(f))
-        return self
-
-    def integer(self, key: str, value: Any) -> PointBuilder:
-        if value is None:
-            return self
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise UnwritableRecord(f"field {key[:80]!r} is not an integer: {value!r:.80}")
-        self._field(check_name(key, "field key"), value)
-        return self
-
-    def text(self, key: str, value: Any) -> PointBuilder:
-        if value is None:
-            return self
-        text = value if isinstance(value, str) else json.dumps(value, default=str)
-        self._field(check_name(key, "field key"), text[:MAX_STRING_FIELD])
-        return self
-
-    def flag(self, key: str, value: Any) -> PointBuilder:
-        if value is None:
-            return self
-        self._field(check_name(key, "field key"), bool(value))
-        return self
-
-    def any(self, key: str, value: Any) -> PointBuilder:
-        """Free-form scalar: numbers as floats (stable type), text, booleans."""
-        if isinstance(value, bool):
-            return self.flag(key, value)
-        if isinstance(value, (int, float)):
-            return self.num(key, value)
-        return self.text(key, value)
+LENGTH_BIN: Final = "len_lt_"  # batch: samples shorter than the bin's upper edge (and not shorter
+# than the previous edge), one integer field per bin: len_lt_1, len_lt_2, len_lt_4, ...
 
 
 def _by_name(
@@ -206,7 +100,22 @@ def _step(rec: Record) -> list[PointBuilder]:
         b.num(f"lr_group{i}", lr)
     fixed = {*STEP_FLOATS, "step", "tokens", "clipped", "reason", "seq"}
     _by_name(b, d.get("scalars") or {}, fixed, "scalar_")
-    return [b]
+    return [b, *_layers(rec)]
+
+
+def _layers(rec: Record) -> list[PointBuilder]:
+    """One ``layer`` point per layer of a step's per-layer norms; layer names are limited
+    like metric names (``name_tag``)."""
+    d = rec.data
+    grads = d.get("layer_grad_norms") or {}
+    params = d.get("layer_param_norms") or {}
+    points = []
+    for layer in dict.fromkeys([*grads, *params]):
+        b = PointBuilder("layer", rec, name_tag="layer").tag("run_id", rec.run_id)
+        b.tag("rank", rec.rank).tag("layer", layer).integer("step", rec.step)
+        b.num("grad_norm", grads.get(layer)).num("param_norm", params.get(layer))
+        points.append(b)
+    return points
 
 
 def _step_batch(rec: Record) -> list[PointBuilder]:
@@ -256,10 +165,44 @@ def _batch(rec: Record) -> list[PointBuilder]:
         "length_mean", d.get("length_mean")
     )
     b.integer("length_max", d.get("length_max")).integer("max_len", d.get("max_len"))
-    b.integer("over_length", d.get("over_length"))
+    b.integer("over_length", d.get("over_length")).integer("epoch", d.get("epoch"))
+    if d.get("over_length") is not None and d["n_samples"] > 0:
+        b.num("over_length_share", d["over_length"] / d["n_samples"])
+    b.num("supervised_share", d.get("supervised_share"))
+    edges, counts = d.get("length_edges") or [], d.get("length_counts") or []
+    if len(edges) == len(counts) + 1:
+        for upper, count in zip(edges[1:], counts, strict=True):
+            b.integer(f"{LENGTH_BIN}{upper}", count)
+    for name in ("sample_hashes", "sample_ids"):
+        if d.get(name):
+            b.text(name, json_list(d[name]))
     for label, count in (d.get("label_counts") or {}).items():
         b.integer(f"label_{label}", count)
     return [b]
+
+
+def json_list(values: list[Any], limit: int = MAX_STRING_FIELD) -> str:
+    """A JSON list of the first ``values`` that fit in ``limit`` characters (whole items, so
+    the text stays valid JSON)."""
+    out: list[Any] = []
+    size = 2
+    for v in values:
+        size += len(json.dumps(v)) + 2
+        if size > limit:
+            break
+        out.append(v)
+    return json.dumps(out)
+
+
+def _stacks(rec: Record) -> list[PointBuilder]:
+    d = rec.data
+    b = PointBuilder("stacks", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b.tag("host", rec.host).integer("step", rec.step).num("stalled_s", d["stalled_s"])
+    b.integer("last_step", d.get("last_step")).integer("n_threads", len(d["threads"]))
+    text = "\n".join(
+        f"--- thread {t.get('name')} ({t.get('id')})\n{t.get('stack', '')}" for t in d["threads"]
+    )
+    return [b.text("text", text)]
 
 
 def _flat_points(
@@ -357,6 +300,7 @@ _BUILDERS: Final = {
     "signal": _signal,
     "alert": _alert,
     "run_meta": _run_meta,
+    "stacks": _stacks,
 }
 
 

@@ -37,6 +37,7 @@ IDENTITY: Final = {
     "signal": ("rank", "name", "metric"),
     "alert": ("rule", "severity", "state", "scope"),
     "run_meta": ("rank",),
+    "stacks": ("rank", "host"),
 }
 # kind -> (map field in the record, field-name prefix in InfluxDB when a name is taken)
 MAP_FIELDS: Final = {
@@ -201,10 +202,12 @@ def query_records(
     until: datetime | str | int | None = None,
     *,
     stores: Stores | None = None,
+    where: dict[str, str] | None = None,
 ) -> pd.DataFrame:
     """One row per record of ``kind``: the envelope and the kind's fields (the S3 columns;
     maps as ``<field>.<key>``), from both stores. For ``hw`` the InfluxDB side carries the host
-    fields only; the per-GPU, disk and net lists come from S3 as JSON text."""
+    fields only; the per-GPU, disk and net lists come from S3 as JSON text. ``where``: tag (or
+    S3 column) values the records must have, e.g. ``{"name": "lr_event"}`` for signals."""
     if kind not in IDENTITY:
         raise ValueError(f"unknown kind {kind!r}; choose from {', '.join(IDENTITY)}")
     stores = stores or Stores.from_env()
@@ -220,6 +223,7 @@ def query_records(
             until=hi,
             fields=None,
             by_rank="rank" in IDENTITY[kind],
+            where=where,
         )
         if frame.empty:
             return frame
@@ -231,6 +235,10 @@ def query_records(
 
     def cold(s: S3Settings) -> pd.DataFrame:
         frame = query_cold.s3_frame(s, kind, run_id, rank=rank, since=lo, until=hi, columns=None)
+        for column, value in (where or {}).items():
+            if column not in frame:
+                return pd.DataFrame()
+            frame = frame[frame[column].astype("string") == value].reset_index(drop=True)
         return frame.drop(
             columns=["payload", "time", "kafka_topic", "kafka_partition", "kafka_offset"],
             errors="ignore",

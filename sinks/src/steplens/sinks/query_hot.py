@@ -62,8 +62,10 @@ def influx_frame(
     until: int | None,
     fields: list[str] | None,
     by_rank: bool,
+    where: dict[str, str] | None = None,
 ) -> pd.DataFrame:
-    """The run's points of ``kind``, pivoted (one row per time, a column per field)."""
+    """The run's points of ``kind``, pivoted (one row per time and series, a column per
+    field); ``where``: tag values the points must have."""
     from steplens.sinks.influx import make_client
 
     start = flux_time(_to_dt(since)) if since is not None else "1970-01-01T00:00:00Z"
@@ -74,6 +76,8 @@ def influx_frame(
     ]
     if rank is not None and by_rank:
         filters.append(f"r.rank == {flux_string(str(rank))}")
+    for tag, value in (where or {}).items():
+        filters.append(f"r[{flux_string(tag)}] == {flux_string(value)}")
     if fields is not None:
         wanted = " or ".join(f"r._field == {flux_string(f)}" for f in fields)
         filters.append(f"({wanted})")

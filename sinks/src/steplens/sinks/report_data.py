@@ -35,6 +35,11 @@ class RunData:
     ``steps``: one row per (rank, step) with the step fields as columns.
     ``signals``, ``alerts``: stream-job outputs, one row per record, fields as columns.
     ``gpu``, ``host``: hardware samples (``time``, tags and fields as columns).
+    ``evals``: one row per eval record (step, split, loss, accuracy, f1, bleu, rouge, ...).
+    ``batches``: one row per batch record (step, rank, ``lengths`` as (from, below, count)
+    bins, over_length_share, supervised_share, ...).
+    ``layers``: per-layer norms, one row per (step, rank, layer).
+    ``lr_events``: the worker's ``lr_event`` signals (step, text).
     """
 
     run_id: str
@@ -44,6 +49,10 @@ class RunData:
     gpu: pd.DataFrame = field(default_factory=pd.DataFrame)
     host: pd.DataFrame = field(default_factory=pd.DataFrame)
     lr_schedule: dict[str, Any] | None = None
+    evals: pd.DataFrame = field(default_factory=pd.DataFrame)
+    batches: pd.DataFrame = field(default_factory=pd.DataFrame)
+    layers: pd.DataFrame = field(default_factory=pd.DataFrame)
+    lr_events: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 SIGNAL_FIELDS = ("value", "expected", "lower", "upper", "score")
@@ -51,7 +60,7 @@ SIGNAL_FIELDS = ("value", "expected", "lower", "upper", "score")
 
 def load_run(run_id: str) -> RunData:
     """Read a run through the query layer into a ``RunData``."""
-    from steplens.sinks import query
+    from steplens.sinks import query, query_data
 
     series = []
     for metric in STEP_FIELDS:
@@ -79,7 +88,49 @@ def load_run(run_id: str) -> RunData:
         gpu=_explode_gpus(hw),
         host=hw,
         lr_schedule=_schedule(meta),
+        evals=_records(query, run_id, "eval"),
+        batches=_batches(_records(query, run_id, "batch")),
+        layers=query_data.query_layers(run_id),
+        lr_events=_lr_events(query.query_records(run_id, "signal", where={"name": "lr_event"})),
     )
+
+
+def _batches(frame: pd.DataFrame) -> pd.DataFrame:
+    """Batch records with their length bins as one column of (from, below, count) lists, and
+    the over-length share wherever the record allows it."""
+    if frame.empty or "step" not in frame:
+        return frame
+    from steplens.sinks.query_data import length_bins
+
+    out = frame.copy()
+    out["lengths"] = [length_bins(row) for row in frame.to_dict("records")]
+    if "over_length" in out and "n_samples" in out:
+        share = out["over_length"].astype("float64") / out["n_samples"].astype("float64")
+        out["over_length_share"] = share.where(out["n_samples"] > 0)
+    return out
+
+
+def _lr_events(frame: pd.DataFrame) -> pd.DataFrame:
+    """The lr events the worker found (step and its words), in step order."""
+    if frame.empty or "step" not in frame:
+        return pd.DataFrame(columns=["step", "text"])
+    texts = [_event_text(d) for d in frame.get("detail", pd.Series([None] * len(frame)))]
+    out = pd.DataFrame({"step": frame["step"].astype("float64"), "text": texts})
+    return out.dropna(subset=["step"]).drop_duplicates().sort_values("step").reset_index(drop=True)
+
+
+def _event_text(detail: Any) -> str:
+    if isinstance(detail, str):
+        try:
+            detail = json.loads(detail)
+        except ValueError:
+            return detail
+    if isinstance(detail, dict):
+        for key in ("text", "event", "summary", "message"):
+            if isinstance(detail.get(key), str):
+                return str(detail[key])
+        return ", ".join(f"{k}={v}" for k, v in detail.items() if k != "scope")
+    return "" if detail is None else str(detail)
 
 
 def _signals(query: Any, run_id: str) -> pd.DataFrame:

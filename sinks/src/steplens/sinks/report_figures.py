@@ -13,6 +13,10 @@ import numpy as np
 import pandas as pd
 
 from steplens.sinks.report_data import RunData
+from steplens.sinks.report_figures_data import fig_clipping, fig_eval, fig_layers, fig_lengths
+from steplens.sinks.report_plot import column, first_rank, log_scale_if_wide
+
+__all__ = ["FIGURES", "column", "declared_lr", "first_rank"]
 
 SEVERITY_COLOURS = {"info": "#4c78a8", "warning": "#f58518", "critical": "#e45756"}
 SEVERITY_LEVEL = {"info": 0, "warning": 1, "critical": 2}
@@ -40,17 +44,6 @@ def declared_lr(schedule: dict[str, Any], steps: np.ndarray) -> np.ndarray:
     if warmup > 0:
         lr = np.where(s < warmup, peak * (s + 1) / warmup, lr)
     return np.asarray(lr, dtype=float)
-
-
-def column(df: pd.DataFrame, name: str) -> pd.Series:
-    return df[name] if name in df.columns else pd.Series(np.nan, index=df.index)
-
-
-def first_rank(steps: pd.DataFrame) -> pd.DataFrame:
-    if steps.empty or "rank" not in steps.columns:
-        return steps
-    first = steps["rank"].min()
-    return steps[steps["rank"] == first].sort_values("step")
 
 
 def _mark_alerts(ax: Any, alerts: pd.DataFrame, words: tuple[str, ...] = ()) -> None:
@@ -111,18 +104,11 @@ def fig_loss(data: RunData) -> Any:
             )
     _mark_alerts(ax, data.alerts)
     ax.set(title=f"Loss - run {data.run_id}", xlabel="step", ylabel="loss")
-    _log_scale_if_wide(ax, data.steps["loss"])
+    log_scale_if_wide(ax, data.steps["loss"])
     ax.legend(loc="upper right", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
-
-
-def _log_scale_if_wide(ax: Any, values: pd.Series) -> None:
-    v = pd.to_numeric(values, errors="coerce")
-    v = v[np.isfinite(v) & (v > 0)]
-    if len(v) and v.max() / max(v.quantile(0.5), 1e-12) > 20:
-        ax.set_yscale("log")
 
 
 def fig_grad_norm(data: RunData) -> Any:
@@ -161,7 +147,7 @@ def fig_grad_norm(data: RunData) -> Any:
                 zorder=5,
             )
     _mark_alerts(ax, data.alerts, ("grad", "spike", "lr"))
-    _log_scale_if_wide(ax, norm)
+    log_scale_if_wide(ax, norm)
     ax.set(title="Gradient norm", xlabel="step", ylabel="L2 norm")
     ax.legend(loc="upper right", fontsize=8)
     ax.grid(alpha=0.3)
@@ -170,12 +156,13 @@ def fig_grad_norm(data: RunData) -> Any:
 
 
 def fig_lr(data: RunData) -> Any:
-    """Actual learning rate against the declared schedule."""
+    """Actual learning rate against the declared schedule, with the lr events the worker
+    found (warm-up ended, a decay and the declared milestone it matches) marked."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 3.6))
     df = first_rank(data.steps)
-    ax.plot(df["step"], df["lr"], lw=1.2, color="#4c78a8", label="actual lr")
+    ax.plot(df["step"], column(df, "lr"), lw=1.2, color="#4c78a8", label="actual lr")
     if data.lr_schedule and len(df):
         steps = np.arange(0, int(df["step"].max()) + 1)
         ax.plot(
@@ -186,7 +173,19 @@ def fig_lr(data: RunData) -> Any:
             color="#54a24b",
             label=f"declared ({data.lr_schedule.get('kind', '?')})",
         )
-    _log_scale_if_wide(ax, df["lr"])
+    events = data.lr_events
+    marks = zip(column(events, "step"), column(events, "text"), strict=True)
+    for i, (step, text) in enumerate(marks):
+        ax.axvline(float(step), color="#b279a2", lw=1, ls=":", label=None if i else "lr event")
+        ax.annotate(
+            str(text)[:60],
+            (float(step), 0.97 - 0.12 * (i % 4)),
+            xycoords=("data", "axes fraction"),
+            fontsize=7,
+            color="#6b3e6b",
+            va="top",
+        )
+    log_scale_if_wide(ax, column(df, "lr"))
     ax.set(title="Learning rate: actual vs declared", xlabel="step", ylabel="lr")
     ax.legend(loc="upper right", fontsize=8)
     ax.grid(alpha=0.3)
@@ -352,7 +351,11 @@ def _episodes(rows: pd.DataFrame, last_step: float) -> list[tuple[str, tuple[flo
 FIGURES: dict[str, tuple[str, Callable[[RunData], Any]]] = {
     "loss": ("Loss with its ARIMA band and anomalies", fig_loss),
     "grad_norm": ("Gradient norm, spikes and clipping", fig_grad_norm),
+    "clipping": ("Clipping rate", fig_clipping),
+    "layers": ("Per-layer norms: the layers that moved most", fig_layers),
     "lr": ("Learning rate against the declared schedule", fig_lr),
+    "eval": ("Evaluation", fig_eval),
+    "lengths": ("Input lengths per window", fig_lengths),
     "step_time": ("Step time per rank", fig_step_time),
     "hardware": ("GPU and host utilisation and memory", fig_hardware),
     "alerts": ("Incidents by severity", fig_alerts),

@@ -25,7 +25,11 @@ _SKIP = {
 
 
 class SteplensCallback(TrainerCallback):
-    """Sends the Trainer's logs as steps, its evaluations as eval records; optional watch()."""
+    """Sends the Trainer's logs as steps, its evaluations as eval records; optional watch().
+
+    A logged step carries the Trainer's learning rate as ``lr`` and its gradient norm, which
+    the Trainer takes before clipping, as ``grad_norm`` and ``grad_norm_preclip``, with
+    ``clipped`` when it exceeds ``args.max_grad_norm``."""
 
     def __init__(self, monitor: Any = None, watch_every: int | None = None, **init_kwargs: Any):
         self._monitor = monitor
@@ -44,7 +48,14 @@ class SteplensCallback(TrainerCallback):
         try:
             self._monitor = monitor_for(self._monitor, self._init_kwargs)
             if self._watch_every and model is not None and optimizer is not None:
-                self._monitor.watch(model, optimizer, every=self._watch_every)
+                limit = getattr(args, "max_grad_norm", None)
+                self._monitor.watch(
+                    model,
+                    optimizer,
+                    kwargs.get("lr_scheduler"),
+                    every=self._watch_every,
+                    max_grad_norm=limit if limit else None,
+                )
         except Exception:  # never break training
             self._monitor = None
 
@@ -58,6 +69,12 @@ class SteplensCallback(TrainerCallback):
         named = {_STEP_KEYS[k]: values.pop(k) for k in list(values) if k in _STEP_KEYS}
         if not named and not values:  # the end-of-training summary
             return
+        norm = named.get("grad_norm")
+        if norm is not None:  # the Trainer's norm is clip_grad_norm_'s: before clipping
+            values["grad_norm_preclip"] = norm
+            limit = getattr(args, "max_grad_norm", None)
+            if limit:
+                values["clipped"] = float(norm) > float(limit)
         m.log_step(state.global_step, **named, **values)
 
     def on_evaluate(

@@ -17,9 +17,14 @@ from steplens.producer.integrations._common import monitor_for, split_eval
 
 
 class SteplensCallback(Callback):
-    """Every training batch: loss (kept on the device) and lr; validation metrics as eval."""
+    """Every training batch: loss (kept on the device) and lr; validation metrics as eval.
 
-    def __init__(self, monitor: Any = None, watch_every: int | None = None, **init_kwargs: Any):
+    Every ``watch_every`` optimizer steps (default 10; None: never) ``watch()`` adds the
+    gradient norm before clipping, clipping (against the Trainer's ``gradient_clip_val`` when
+    it clips by norm), the parameter and per-layer norms and the update ratio: Lightning
+    clips inside its loop and keeps no norm, so these come from the watcher."""
+
+    def __init__(self, monitor: Any = None, watch_every: int | None = 10, **init_kwargs: Any):
         self._monitor = monitor
         self._watch_every = watch_every
         self._init_kwargs = init_kwargs
@@ -28,7 +33,16 @@ class SteplensCallback(Callback):
         try:
             self._monitor = monitor_for(self._monitor, self._init_kwargs)
             if self._watch_every and trainer.optimizers:
-                self._monitor.watch(pl_module, trainer.optimizers[0], every=self._watch_every)
+                limit = trainer.gradient_clip_val
+                by_norm = trainer.gradient_clip_algorithm in (None, "norm")
+                schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]
+                self._monitor.watch(
+                    pl_module,
+                    trainer.optimizers[0],
+                    schedulers[0] if schedulers else None,
+                    every=self._watch_every,
+                    max_grad_norm=float(limit) if limit and by_norm else None,
+                )
         except Exception:  # never break training
             self._monitor = None
 

@@ -1,0 +1,40 @@
+"""What the report's figures share: safe column access, the first rank, a log axis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+
+def column(df: pd.DataFrame, name: str) -> pd.Series:
+    return df[name] if name in df.columns else pd.Series(np.nan, index=df.index)
+
+
+def first_rank(steps: pd.DataFrame) -> pd.DataFrame:
+    if steps.empty or "rank" not in steps.columns:
+        return steps
+    first = steps["rank"].min()
+    return steps[steps["rank"] == first].sort_values("step")
+
+
+def log_scale_if_wide(ax: Any, values: pd.Series) -> None:
+    v = pd.to_numeric(values, errors="coerce")
+    v = v[np.isfinite(v) & (v > 0)]
+    if len(v) and v.max() / max(v.quantile(0.5), 1e-12) > 20:
+        ax.set_yscale("log")
+
+
+def step_windows(steps: pd.Series, n: int = 12) -> pd.Series:
+    """A window number per step: ``n`` windows of equal step span over the run."""
+    s = pd.to_numeric(steps, errors="coerce").astype("float64")
+    if s.dropna().empty:
+        return pd.Series(np.nan, index=steps.index)
+    lo, hi = s.min(), s.max()
+    width = max(1.0, (hi - lo + 1) / n)
+    return ((s - lo) // width).clip(upper=n - 1)
+
+
+def nothing(ax: Any, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
