@@ -283,3 +283,48 @@ def test_without_prometheus_client_it_says_what_to_install(monkeypatch, caplog) 
     exporter.start()
     assert not exporter.wait_started()
     assert "steplens-producer[exporter]" in caplog.text
+
+
+def test_the_compose_trainer_serves_its_node_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """``producer/examples/synthetic_node.py``, as compose's ``trainer`` runs it: its node
+    exporter answers while it steps, and SIGTERM (docker stop) ends it cleanly."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    script = Path(__file__).parents[2] / "producer" / "examples" / "synthetic_node.py"
+    port = _free_port()
+    env = {
+        **os.environ,
+        "STEPLENS_EXPORTER_PORT": str(port),
+        "STEPLENS_HW_INTERVAL_S": "0.1",
+        "STEPLENS_KAFKA_BOOTSTRAP": f"127.0.0.1:{_free_port()}",  # no Kafka: the spool
+        "STEPLENS_SPOOL_DIR": str(tmp_path / "spool"),
+        "STEPLENS_DELIVERY_TIMEOUT_S": "1",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "--step-s", "0.01", "--run-id", "compose-trainer"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        scraped = _wait(lambda: _try_scrape(port), 60)
+        assert scraped and "node_memory_MemTotal_bytes" in scraped
+        assert _value(scraped["steplens_node_info"], run_id="compose-trainer") == 1.0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    stats = json.loads(out.strip().splitlines()[-1])
+    assert stats["caller_errors"] == 0
+
+
+def _try_scrape(port: int) -> dict[str, list[Any]] | None:
+    try:
+        scraped = _scrape(port)
+    except OSError:
+        return None
+    return scraped if "node_memory_MemTotal_bytes" in scraped else None
