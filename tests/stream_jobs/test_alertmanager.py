@@ -313,3 +313,41 @@ async def _until(cond: Any, timeout_s: float = 20.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.1)
+
+
+@pytest.mark.stack
+@pytest.mark.slow
+def test_the_worker_posts_its_incidents(kafka, workers, tmp_path: Path, monkeypatch) -> None:
+    """`steplens worker --alertmanager-url`: a loss spike in the raw topic becomes an active
+    alert in the real Alertmanager, and no longer active once the incident resolves."""
+    from test_stream_worker import sample, steps
+
+    from steplens.stack import Stack
+
+    monkeypatch.delenv("STEPLENS_ALERTMANAGER_CONFIG", raising=False)
+    stack = Stack(home=tmp_path / "stack", ports={"alertmanager": _free_port()}, progress=print)
+    url = stack.up(["alertmanager"], timeout_s=60)["STEPLENS_ALERTMANAGER_URL"]
+    run = f"am-run-{uuid.uuid4().hex[:6]}"
+    try:
+        w = workers("--no-arima", "--fetch-wait-ms", "40", "--alertmanager-url", url).start()
+        w.wait_metrics()
+        kafka.send(steps(run, 0, 60, spike_at=50))
+        deadline = time.monotonic() + 90
+        while not (active := _active(url, run)):
+            assert time.monotonic() < deadline, w.log.read_text()[-3000:]
+            time.sleep(0.2)
+        (alert,) = active
+        assert alert["labels"]["alertname"] == "spike:loss"
+        assert alert["labels"]["severity"] == "critical" and alert["annotations"]["hint"]
+        assert alert["annotations"]["started_step"] == "50"
+        # clean steps: the incident resolves once its last member does (the loss volatility,
+        # whose 50-step window holds the spike until step 100, then 10 quiet steps)
+        kafka.send(steps(run, 60, 130))
+        deadline = time.monotonic() + 90
+        while _active(url, run):
+            assert time.monotonic() < deadline, w.log.read_text()[-3000:]
+            time.sleep(0.2)
+        sent = sample(w.metrics(), "steplens_worker_alertmanager_alerts_total", outcome="sent")
+        assert sent >= 2
+    finally:
+        stack.down(deadline_s=15)
