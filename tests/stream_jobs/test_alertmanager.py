@@ -79,12 +79,14 @@ def test_transitions_become_alerts_labelled_for_routing() -> None:
     (first,) = queued(sender)
     assert first.labels == {
         "alertname": "spike:loss",
+        "rule": "spike:loss",
         "run_id": "run-a",
         "severity": "warning",
         "fingerprint": opened.fingerprint,
         "topic": "training",
     }
-    assert first.annotations["hint"] == opened.hint and first.annotations["rule"] == "spike:loss"
+    assert first.annotations["hint"] == opened.hint
+    assert first.annotations["lead_rule"] == "spike:loss"
     assert (
         first.annotations["started_step"] == "100" and "spike:loss" in first.annotations["members"]
     )
@@ -96,8 +98,8 @@ def test_transitions_become_alerts_labelled_for_routing() -> None:
     ended, now = queued(sender)
     assert ended.labels == first.labels and ended.ends_s == T0 + 101
     assert now.labels["severity"] == "critical" and now.ends_s is None
-    assert now.labels["alertname"] == "spike:loss"  # an incident keeps its name ...
-    assert now.annotations["rule"] == escalated.rule  # ... its lead rule is an annotation
+    assert now.labels["alertname"] == now.labels["rule"] == "spike:loss"  # it keeps its name
+    assert now.annotations["lead_rule"] == escalated.rule  # ... its lead rule is an annotation
     assert now.starts_s == T0 + 100  # and it started when it opened
 
     sender.notify(escalated)  # the same transition again (scored again after a rebalance)
@@ -276,9 +278,9 @@ async def _story(url: str, hook_port: int, run: str) -> tuple[list[dict[str, Any
             ("critical", "active")
         ]  # the warning one ended when it escalated
         alert = active[0]
-        assert alert["labels"]["alertname"] == "spike:loss"
+        assert alert["labels"]["alertname"] == alert["labels"]["rule"] == "spike:loss"
         assert alert["labels"]["fingerprint"] == opened.fingerprint
-        assert alert["annotations"]["rule"] == escalated.rule
+        assert alert["annotations"]["lead_rule"] == escalated.rule
         assert _time(alert["startsAt"]) == pytest.approx(opened.time_ns / 1e9, abs=1e-3)
         assert _time(alert["endsAt"]) > time.time() + 60  # held while it fires
         await _until(lambda: any(n["status"] == "firing" for n in notified))
@@ -337,7 +339,7 @@ def test_the_worker_posts_its_incidents(kafka, workers, tmp_path: Path, monkeypa
             assert time.monotonic() < deadline, w.log.read_text()[-3000:]
             time.sleep(0.2)
         (alert,) = active
-        assert alert["labels"]["alertname"] == "spike:loss"
+        assert alert["labels"]["alertname"] == alert["labels"]["rule"] == "spike:loss"
         assert alert["labels"]["severity"] == "critical" and alert["annotations"]["hint"]
         assert alert["annotations"]["started_step"] == "50"
         # clean steps: the incident resolves once its last member does (the loss volatility,

@@ -1,9 +1,10 @@
 """Incidents into Alertmanager (``POST /api/v2/alerts``); never blocks the worker.
 
-An incident transition becomes an Alertmanager alert with the labels ``alertname`` (the rule
-of its lead member when it opened: an incident keeps its name), ``run_id``, ``severity``,
-``fingerprint`` (the incident's id) and ``topic``, and the annotations ``summary``, ``hint``,
-``rule`` (the lead member's rule now), ``members``, ``started_step`` and ``step``; its
+An incident transition becomes an Alertmanager alert with the labels ``alertname`` and
+``rule`` (both the rule of its lead member when it opened: an incident keeps its name),
+``run_id``, ``severity``, ``fingerprint`` (the incident's id) and ``topic``, and the
+annotations ``summary``, ``hint``, ``lead_rule`` (the lead member's rule now), ``members``,
+``started_step`` and ``step``; its
 ``startsAt`` is the time of the record it fired on. Alertmanager identifies an alert by its
 labels and keeps a firing one until its ``endsAt``:
 
@@ -52,6 +53,7 @@ def labels_of(alert: Alert) -> dict[str, str]:
     topic = alert.evidence.get("topic") if isinstance(alert.evidence, dict) else None
     labels = {
         "alertname": alert.rule,
+        "rule": alert.rule,
         "run_id": alert.run_id,
         "severity": alert.severity,
         "fingerprint": alert.fingerprint,
@@ -67,7 +69,7 @@ def annotations_of(alert: Alert) -> dict[str, str]:
     out = {
         "summary": alert.summary,
         "hint": alert.hint,
-        "rule": alert.rule,
+        "lead_rule": alert.rule,
         "members": ", ".join(rules),
         "started_step": "" if alert.started_step is None else str(alert.started_step),
         "step": "" if alert.step is None else str(alert.step),
@@ -135,7 +137,7 @@ class AlertmanagerSender:
         before = self.open.pop(alert.fingerprint, None)
         if before is not None:
             now.starts_s = before.starts_s
-            now.labels["alertname"] = before.labels["alertname"]
+            now.labels["alertname"] = now.labels["rule"] = before.labels["rule"]
             if before.labels != now.labels:  # escalated: end the alert of the old labels
                 self._put(Posted(before.labels, before.annotations, before.starts_s, at))
         if alert.state == "resolved":
