@@ -203,7 +203,7 @@ def ensure_alertmanager(cfg: StackConfig, progress: Progress) -> Path:
         if not binary.exists():
             progress(
                 f"[alertmanager] building alertmanager {ALERTMANAGER_VERSION} "
-                "(first time: 2-5 min on 2 cores)"
+                "(first time: 2-8 min on 2 cores)"
             )
             _run_recipe(
                 "alertmanager",
