@@ -13,7 +13,7 @@ $(VENV)/.installed: requirements-dev.txt constraints.txt producer/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -r requirements-dev.txt \
-	  -e producer[gpu,torch,fast,text] -e stream_jobs -e sinks[report,mlflow] -e stack
+	  -e producer[gpu,torch,fast,text,exporter] -e stream_jobs -e sinks[report,mlflow] -e stack
 	touch $@
 
 demo: setup

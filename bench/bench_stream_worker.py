@@ -147,7 +147,7 @@ def start_worker(
         "STEPLENS_TOPIC_ALERTS": topics.alerts,
         "STEPLENS_TOPIC_DEADLETTER": topics.dead_letters,
     }
-    cmd = [sys.executable, "-m", "steplens.stack.cli", "worker", "--app-id", f"bench-{tag}"]
+    cmd = [sys.executable, "-m", "steplens.producer.cli", "worker", "--app-id", f"bench-{tag}"]
     cmd += ["--state-dir", tempfile.mkdtemp(prefix="bench-worker-"), "--web-port", str(port)]
     cmd += extra
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -43,10 +43,16 @@ def private_stack(tmp_path: Path) -> Iterator[Callable[..., object]]:
     made: list[Stack] = []
 
     def make(services: Iterable[str] = ("kafka",), timeout_s: float = 180.0) -> Stack:
-        kafka, controller, influx, s3 = free_ports(4)
+        kafka, controller, influx, s3, alertmanager = free_ports(5)
         stack = Stack(
             home=tmp_path / f"stack{len(made)}",
-            ports={"kafka": kafka, "kafka_controller": controller, "influxdb": influx, "s3": s3},
+            ports={
+                "kafka": kafka,
+                "kafka_controller": controller,
+                "influxdb": influx,
+                "s3": s3,
+                "alertmanager": alertmanager,
+            },
             progress=lambda _line: None,
         )
         made.append(stack)

@@ -118,6 +118,43 @@ def synthetic_run(n_steps: int = 300, ranks: int = 2, seed: int = 0) -> RunData:
             "gpu": np.repeat([0, 1], 60),
             "util_gpu": rng.uniform(70, 99, 120),
             "mem_used_pct": 55.0,
+            "power_w": rng.uniform(300, 700, 120),
+            "temp_c": rng.uniform(50, 80, 120),
+            "pcie_tx_mb_s": rng.uniform(0, 900, 120),
+            "pcie_rx_mb_s": rng.uniform(0, 900, 120),
+            "mem_bw_util": rng.uniform(20, 90, 120),
+            "mem_bw_source": np.repeat(["gpm", "util"], 60),  # an H100 beside an older GPU
+            "xid_count": np.r_[np.zeros(90), np.ones(30)],
+            "ecc_corrected": 0.0,
+            "ecc_uncorrected": 0.0,
+            "throttle_reasons": np.r_[np.zeros(100), np.full(20, 1 << 6)],  # HW thermal
+        }
+    )
+    disks = pd.DataFrame(
+        {
+            "time": times,
+            "host": "n1",
+            "device": "nvme0n1",
+            "read_mb_s": rng.uniform(0, 500, 60),
+            "write_mb_s": rng.uniform(0, 50, 60),
+            "io_latency_ms": rng.uniform(0.1, 15, 60),
+        }
+    )
+    nets = pd.DataFrame(
+        {
+            "time": times,
+            "host": "n1",
+            "iface": "ib0",
+            "rx_mb_s": rng.uniform(0, 9000, 60),
+            "tx_mb_s": rng.uniform(0, 9000, 60),
+        }
+    )
+    comm = pd.DataFrame(
+        {
+            "time_ns": np.tile(times.as_unit("ns").asi8, 2),
+            "rank": np.repeat([0, 1], 60),
+            "op": "all_reduce",
+            "latency_ms": rng.uniform(1, 80, 120),
         }
     )
     return RunData(
@@ -128,6 +165,9 @@ def synthetic_run(n_steps: int = 300, ranks: int = 2, seed: int = 0) -> RunData:
         gpu,
         host,
         SCHEDULE,
+        disks=disks,
+        nets=nets,
+        comm=comm,
         evals=_evals(n_steps),
         batches=_batches(n_steps, ranks, rng),
         layers=_layers(n_steps, ranks, rng),

@@ -171,7 +171,7 @@ def test_pipeline_board_reads_metrics_the_processes_expose():
 
 def test_prometheus_finds_every_replica_and_the_nodes():
     """Compose services by DNS (one A record per replica of ``--scale``), the producers' node
-    endpoint (port 9465 on local rank 0) by DNS or by files, none of them a fixed target."""
+    endpoint (port 9467 on local rank 0) by DNS or by files, none of them a fixed target."""
     yaml = pytest.importorskip("yaml")
     jobs = {j["job_name"]: j for j in yaml.safe_load(PROMETHEUS.read_text())["scrape_configs"]}
     services = {
@@ -186,7 +186,7 @@ def test_prometheus_finds_every_replica_and_the_nodes():
         ]
     node = jobs["steplens-node"]
     assert "static_configs" not in node
-    assert {d["port"] for d in node["dns_sd_configs"]} == {9465}
+    assert {d["port"] for d in node["dns_sd_configs"]} == {9467}
     assert all(d["type"] == "A" for d in node["dns_sd_configs"])
     assert node["file_sd_configs"][0]["files"]
 

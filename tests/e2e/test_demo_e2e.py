@@ -42,3 +42,15 @@ def test_report_page_shows_every_figure_from_stored_data(quick_demo):
         assert (quick_demo.report_dir / f"{name}.png").stat().st_size > 5_000
         assert f'src="{name}.png"' in page
     assert "hang:progress" in page  # the alert table comes from the stored alerts
+
+
+def test_the_node_figures_read_the_stored_devices(quick_demo):
+    """The host sampler's disks and interfaces and the ranks' communication probes, as the
+    report reads them back from the stores (the demo's CPU ranks have no GPU)."""
+    from steplens.sinks.report_data import load_run
+
+    data = load_run(quick_demo.run_id)
+    assert {"host", "device", "read_mb_s", "write_mb_s", "io_latency_ms"} <= set(data.disks)
+    assert {"host", "iface", "rx_mb_s", "tx_mb_s"} <= set(data.nets)
+    assert {"rank", "op", "latency_ms", "time_ns"} <= set(data.comm)
+    assert set(data.comm["rank"]) == {0, 1}

@@ -109,6 +109,10 @@ def test_mirror_consumes_evals_and_alerts_from_kafka(stack_env, tracking_uri):
     producer.produce(topics.raw, encode(noise), key=noise.key)
     alert = _alert(run_id, 30, "firing", "warning")
     producer.produce(topics.alerts, encode(alert), key=alert.key)
+    window = _window(run_id, 49, 0.2, 0.45)
+    producer.produce(topics.raw, encode(window), key=window.key)
+    spike = _signal(run_id, 31, 4.0, 2.5, "warning")
+    producer.produce(topics.signals, encode(spike), key=spike.key)
     assert producer.flush(15) == 0
 
     mirror = MlflowMirror(tracking_uri, "kafka")
@@ -119,7 +123,7 @@ def test_mirror_consumes_evals_and_alerts_from_kafka(stack_env, tracking_uri):
             run_mirror(
                 mirror,
                 bootstrap,
-                [topics.raw, topics.alerts],
+                [topics.raw, topics.signals, topics.alerts],
                 group=f"g-{tag}",
                 stop=stop,
                 max_s=60,
@@ -134,7 +138,8 @@ def test_mirror_consumes_evals_and_alerts_from_kafka(stack_env, tracking_uri):
         if runs:
             history = mirror.client.get_metric_history(runs[0].info.run_id, "val/loss")
             alerts = mirror.client.get_metric_history(runs[0].info.run_id, "alert/spike:loss")
-            if len(history) == 5 and alerts:
+            peak = runs[0].data.tags.get("steplens.summary.loss_spike_peak", "")
+            if len(history) == 5 and alerts and peak.startswith("step 31"):
                 break
         time.sleep(0.5)
     stop.set()
@@ -148,3 +153,169 @@ def test_mirror_consumes_evals_and_alerts_from_kafka(stack_env, tracking_uri):
     ]
     assert [(m.step, m.value) for m in alerts] == [(30, 2.0)]
     assert used == [6]
+    metrics, tags = _summary_of(mirror, run_id)  # written when the mirror stopped
+    assert metrics["summary/clip_rate"] == pytest.approx(0.2)
+    assert metrics["summary/mfu_mean"] == pytest.approx(0.45)
+    assert metrics["summary/loss_spike_peak_rise"] == pytest.approx(0.6)
+    assert metrics["summary/incidents"] == 1.0
+    assert tags["steplens.summary.loss_spike_peak"].startswith("step 31: loss 4")
+
+
+# --------------------------------------------------------------------------- the run summary
+
+
+def _window(run_id, step_last, clipped_share, mfu, count=100, rank=0):
+    metrics = {
+        "loss": {"count": count, "mean": 2.0, "min": 1.9, "max": 2.1, "last": 2.0, "nonfinite": 0},
+        "clipped": {
+            "count": count,
+            "mean": clipped_share,
+            "min": 0.0,
+            "max": 1.0,
+            "last": 0.0,
+            "nonfinite": 0,
+        },
+        "mfu": {"count": count, "mean": mfu, "min": mfu, "max": mfu, "last": mfu, "nonfinite": 0},
+    }
+    data = {
+        "step_first": step_last - count + 1,
+        "step_last": step_last,
+        "count": count,
+        "metrics": metrics,
+    }
+    return make_record(
+        "step_window",
+        data,
+        run_id=run_id,
+        rank=rank,
+        step=step_last,
+        time_ns=1_700_000_000_000_000_000 + step_last * 1_000_000,
+    )
+
+
+def _step(run_id, step, clipped, mfu):
+    return make_record(
+        "step",
+        {"loss": 2.0, "clipped": clipped, "mfu": mfu, "reason": "sample"},
+        run_id=run_id,
+        step=step,
+    )
+
+
+def _signal(run_id, step, value, expected, severity=None):
+    data = {
+        "name": "spike",
+        "metric": "loss",
+        "value": value,
+        "expected": expected,
+        "score": 0.99 if severity else 0.1,
+    }
+    if severity:
+        data["detail"] = {"severity": severity}
+    return make_record("signal", data, run_id=run_id, rank=-1, step=step)
+
+
+def _incident(run_id, fp, step, state, severity, rules=("spike:loss",)):
+    members = [{"rule": r, "scope": "run", "severity": severity} for r in rules]
+    data = {
+        "rule": rules[0],
+        "severity": severity,
+        "state": state,
+        "scope": "incident",
+        "hint": "loss spike: inspect the batch",
+        "fingerprint": fp,
+        "started_step": 100,
+        "evidence": {"topic": "training", "members": members},
+    }
+    return make_record(
+        "alert",
+        data,
+        run_id=run_id,
+        rank=-1,
+        step=step,
+        time_ns=1_700_000_000_000_000_000 + step * 1_000_000,
+    )
+
+
+def _summary_of(mirror, run_id):
+    run = mirror.client.get_run(mirror.mlflow_run(run_id))
+    return run.data.metrics, run.data.tags
+
+
+def test_the_run_summary_lands_as_metrics_and_tags(tracking_uri):
+    run = "sum-1"
+    records = [
+        _window(run, 99, 0.25, 0.40),
+        _window(run, 199, 0.75, 0.50),
+        _window(run, 199, 0.75, 0.50, rank=1),
+        _step(run, 150, True, 0.9),  # a raw sample of a windowed step: not counted again
+        _signal(run, 120, 3.1, 2.0, "warning"),  # +55 %
+        _signal(run, 160, 5.0, 2.0, "critical"),  # +150 %: the peak
+        _signal(run, 170, 9.0, 2.0),  # quiet: not a spike
+        _incident(run, "inc-a", 120, "firing", "warning", ("spike:loss",)),
+        _incident(run, "inc-a", 160, "firing", "critical", ("spike:loss", "spike:grad_norm")),
+        _incident(run, "inc-a", 180, "resolved", "critical", ("spike:loss", "spike:grad_norm")),
+        _incident(run, "inc-b", 190, "firing", "warning", ("hang",)),
+    ]
+    mirror = MlflowMirror(tracking_uri, "t")
+    assert mirror.handle(records) == 4  # the alert records (evaluations: none here)
+    mirror.flush_summaries(force=True)
+    metrics, tags = _summary_of(mirror, run)
+    assert metrics["summary/clip_rate"] == pytest.approx((25 + 75 + 75) / 300)
+    assert metrics["summary/mfu_mean"] == pytest.approx((40 + 50 + 50) / 300)
+    assert metrics["summary/loss_spike_peak_rise"] == pytest.approx(1.5)
+    assert (metrics["summary/incidents"], metrics["summary/incidents_critical"]) == (2.0, 1.0)
+    assert metrics["summary/incidents_open"] == 1.0
+    assert tags["steplens.summary.loss_spike_peak"] == (
+        "step 160: loss 5 over a baseline of 2 (+150.0 %)"
+    )
+    history = mirror.client.get_metric_history(mirror.mlflow_run(run), "summary/clip_rate")
+    assert [m.step for m in history] == [199]  # at the run's last step
+    assert tags["steplens.alert.inc-a"] == (
+        "critical resolved incident step 180: loss spike: inspect the batch "
+        "[rules: spike:loss, spike:grad_norm]"
+    )
+
+
+def test_a_full_resolution_run_counts_every_step(tracking_uri):
+    run = "sum-full"
+    entries = [
+        {"step": s, "time_ns": s, "loss": 2.0, "clipped": s % 4 == 0, "mfu": 0.3} for s in range(8)
+    ]
+    batch = make_record("step_batch", {"records": entries}, run_id=run, step=7)
+    mirror = MlflowMirror(tracking_uri, "t")
+    mirror.handle([batch, _step(run, 8, False, 0.6)])
+    mirror.flush_summaries(force=True)
+    metrics, tags = _summary_of(mirror, run)
+    assert metrics["summary/clip_rate"] == pytest.approx(2 / 9)
+    assert metrics["summary/mfu_mean"] == pytest.approx((8 * 0.3 + 0.6) / 9)
+    assert metrics["summary/loss_spike_peak_rise"] == 0.0
+    assert tags["steplens.summary.loss_spike_peak"] == "no loss spike"
+
+
+def test_a_restarted_mirror_goes_on_and_counts_nothing_twice(tracking_uri):
+    """The state tag holds the counts and the offsets they cover: a second mirror (a restart)
+    that reads the last batch again (its commit was lost) and then new records adds only the
+    new ones."""
+    run = "sum-restart"
+    first = [_window(run, 99, 0.5, 0.4), _incident(run, "i1", 50, "firing", "warning")]
+    where = [("raw", 3, 10), ("alerts", 0, 5)]
+    MlflowMirror(tracking_uri, "t", summary_interval_s=3600).handle(first, where)
+    again = MlflowMirror(tracking_uri, "t", summary_interval_s=3600)
+    again.handle(first, where)  # replayed
+    again.handle(
+        [_window(run, 199, 0.0, 0.6), _incident(run, "i2", 150, "firing", "critical")],
+        [("raw", 3, 11), ("alerts", 0, 6)],
+    )
+    again.flush_summaries()  # the first write of this process goes out at once
+    metrics, _ = _summary_of(again, run)
+    assert metrics["summary/clip_rate"] == pytest.approx(0.25)
+    assert metrics["summary/mfu_mean"] == pytest.approx(0.5)
+    assert (metrics["summary/incidents"], metrics["summary/incidents_open"]) == (2.0, 2.0)
+    again.handle([_window(run, 299, 1.0, 0.6)], [("raw", 3, 12)])
+    again.flush_summaries()  # within the interval: not yet
+    history = again.client.get_metric_history(again.mlflow_run(run), "summary/clip_rate")
+    assert len(history) == 1
+    again.flush_summaries(force=True)  # the mirror's stop
+    metrics, _ = _summary_of(again, run)
+    assert metrics["summary/clip_rate"] == pytest.approx(0.5)

@@ -163,3 +163,72 @@ def test_figures_are_drawn_from_the_stored_run(stack_env, monkeypatch):
     assert layers == {"0", "2"} and len(data.layers) == 24
     lay_fig = FIGURES["layers"][1](data)
     assert {ln.get_label() for ln in lay_fig.axes[0].get_lines()} == {"0", "2"}
+
+
+def _labels(ax) -> list[str]:
+    return [str(line.get_label()) for line in ax.get_lines()]
+
+
+def test_node_figures_show_every_hardware_statistic():
+    """Each statistic the producer collects has a line; memory bandwidth says its source per
+    GPU; the alert lines of disk latency and communication latency are drawn."""
+    import matplotlib.pyplot as plt
+
+    from steplens.sinks.report_node import fig_gpu_node, fig_io
+
+    data = synthetic_run()
+    gpu_fig = fig_gpu_node(data)
+    power, pcie, bandwidth, errors, throttle = gpu_fig.axes[:5]
+    temp = gpu_fig.axes[5]  # the twin axis of power
+    assert set(_labels(power)) == {"n1/0 power W", "n1/1 power W"}
+    assert set(_labels(temp)) == {"n1/0 temp °C", "n1/1 temp °C"}
+    assert {"n1/0 tx", "n1/0 rx", "n1/1 tx", "n1/1 rx"} <= set(_labels(pcie))
+    assert set(_labels(bandwidth)) == {
+        "n1/0 DRAM bandwidth (GPM)",
+        "n1/1 memory util (NVML, coarse)",
+    }
+    assert {"n1/0 XID", "n1/1 ECC uncorr."} <= set(_labels(errors))
+    (marks,) = throttle.collections  # one reason set: HW thermal, on 20 samples each
+    assert len(marks.get_offsets()) == 20
+    assert {tuple(o)[1] for o in marks.get_offsets()} == {6.0}
+    io_fig = fig_io(data)
+    disk, latency, net, comm = io_fig.axes
+    assert {"nvme0n1" in lab for lab in _labels(disk)} == {True} and len(_labels(disk)) == 2
+    assert "alert line" in _labels(latency) and latency.get_lines()[-1].get_ydata()[0] == 10
+    assert {"n1/ib0 rx", "n1/ib0 tx"} == set(_labels(net))
+    assert {"0/all_reduce ms", "1/all_reduce ms"} <= set(_labels(comm))
+    assert comm.get_lines()[-1].get_ydata()[0] == 50  # the 50 ms line
+    plt.close("all")
+
+
+def test_device_lists_of_stored_hw_records_become_rows():
+    """Both stores give a hw record's GPUs, disks and interfaces as JSON text."""
+    import pandas as pd
+
+    from steplens.sinks.report_data import _explode, _explode_gpus
+
+    t = pd.Timestamp("2026-01-01T00:00:00Z")
+    hw = pd.DataFrame(
+        {
+            "time": [t],
+            "host": ["n1"],
+            "gpus": [
+                '[{"index": 1, "mem_used_bytes": 5, "mem_total_bytes": 10, '
+                '"mem_bw_util": 40.0, "mem_bw_source": "gpm", "power_w": 300.0}]'
+            ],
+            "disks": ['[{"device": "sda", "read_mb_s": 1.5, "io_latency_ms": 2.0}]'],
+            "nets": ["not json"],
+        }
+    )
+    (gpu,) = _explode_gpus(hw).to_dict("records")
+    assert gpu["gpu"] == 1 and gpu["mem_used_pct"] == 50.0 and gpu["mem_bw_source"] == "gpm"
+    assert gpu["power_w"] == 300.0
+    (disk,) = _explode(hw, "disks", "device").to_dict("records")
+    assert disk == {
+        "time": t,
+        "host": "n1",
+        "device": "sda",
+        "read_mb_s": 1.5,
+        "io_latency_ms": 2.0,
+    }
+    assert _explode(hw, "nets", "iface").empty

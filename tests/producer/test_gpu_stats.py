@@ -9,85 +9,9 @@ import pytest
 
 pynvml = pytest.importorskip("pynvml")
 
+from fake_nvml import FakeDevices, FakeGpmDevices  # noqa: E402
+
 from steplens.producer.gpu_stats import GpuSampler  # noqa: E402
-
-
-class FakeDevices:
-    """pynvml's API for two GPUs; GPU 1 does not support ECC queries; two XID events wait."""
-
-    def __init__(self) -> None:
-        self.events = [(0, 79), (1, 48), (0, 31)]
-        for name in dir(pynvml):
-            if name.startswith(("NVML_", "nvmlEventType")):
-                setattr(self, name, getattr(pynvml, name))
-
-    def nvmlInit(self) -> None: ...
-    def nvmlShutdown(self) -> None: ...
-    def nvmlDeviceGetCount(self) -> int:
-        return 2
-
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
-        return i
-
-    def nvmlDeviceGetIndex(self, h: int) -> int:
-        return h
-
-    def nvmlDeviceGetUUID(self, h: int) -> str:
-        return f"GPU-{h}"
-
-    def nvmlDeviceGetName(self, h: int) -> bytes:
-        return b"NVIDIA H200"
-
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
-        m = pynvml.c_nvmlMemory_t()
-        m.total, m.used, m.free = 141 << 30, (10 + h) << 30, (131 - h) << 30
-        return m
-
-    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
-        u = pynvml.c_nvmlUtilization_t()
-        u.gpu, u.memory = 97, 40
-        return u
-
-    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
-        return 650_500
-
-    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
-        assert sensor == pynvml.NVML_TEMPERATURE_GPU
-        return 71
-
-    def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:
-        assert clock == pynvml.NVML_CLOCK_SM
-        return 1980
-
-    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: int) -> int:
-        return 0x4
-
-    def nvmlDeviceGetTotalEccErrors(self, h: int, kind: int, counter: int) -> int:
-        if h == 1:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return 3 if kind == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED else 0
-
-    def nvmlDeviceGetPcieThroughput(self, h: int, counter: int) -> int:
-        return 2_000_000 if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else 500_000
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:
-        return 123_456_789
-
-    def nvmlEventSetCreate(self) -> str:
-        return "set"
-
-    def nvmlDeviceRegisterEvents(self, h: int, types: int, s: str) -> None:
-        assert types == pynvml.nvmlEventTypeXidCriticalError
-
-    def nvmlEventSetWait_v2(self, s: str, timeout_ms: int) -> Any:
-        if not self.events:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
-        dev, xid = self.events.pop(0)
-        data = pynvml.c_nvmlEventData_t()
-        data.eventData = xid
-        return type("Event", (), {"device": dev, "eventData": data.eventData})()
-
-    def nvmlEventSetFree(self, s: str) -> None: ...
 
 
 def test_parses_every_field_and_counts_every_xid() -> None:
@@ -103,6 +27,8 @@ def test_parses_every_field_and_counts_every_xid() -> None:
     assert "ecc_corrected" not in g1 and s.errors == 0  # NotSupported is absence, not an error
     assert (g0["xid_count"], g0["xid_last"], g1["xid_count"], g1["xid_last"]) == (2, 31, 1, 48)
     assert "pcie_tx_mb_s" not in g0
+    # this stand-in has no GPM (an older nvidia-ml-py): the coarse counter, said so
+    assert (g0["mem_bw_util"], g0["mem_bw_source"]) == (40.0, "util")
     slow = s.sample(slow=True)[0]
     assert (slow["pcie_tx_mb_s"], slow["pcie_rx_mb_s"]) == (2000.0, 500.0)
     assert slow["energy_j"] == pytest.approx(123456.789)
@@ -115,3 +41,38 @@ def test_no_gpu_here_says_so_and_carries_on() -> None:
     if status == "ok":
         pytest.skip("this machine has a GPU")
     assert s.sample() == []
+
+
+def _bandwidth(sampler: GpuSampler) -> list[tuple[Any, Any]]:
+    return [(g.get("mem_bw_util"), g.get("mem_bw_source")) for g in sampler.sample()]
+
+
+def test_dram_bandwidth_from_gpm_where_supported_else_the_utilisation_counter() -> None:
+    nvml = FakeGpmDevices(rates=[0.625, 0.25, 0.9])
+    s = GpuSampler(nvml)
+    assert s.start() == "ok"
+    # GPM measures between two samples: the first only takes the starting one
+    assert _bandwidth(s) == [(None, None), (40.0, "util")]
+    assert _bandwidth(s) == [(62.5, "gpm"), (40.0, "util")]
+    assert _bandwidth(s) == [(25.0, "gpm"), (40.0, "util")]  # each interval on its own
+    g0 = s.sample()[0]
+    assert g0["mem_bw_util"] == pytest.approx(90.0) and g0["util_mem"] == 40.0
+    assert s.errors == 0
+    s.close()
+    assert len(nvml.allocated) == 2 and nvml.freed == nvml.allocated
+
+
+def test_gpm_that_keeps_failing_falls_back_to_the_utilisation_counter() -> None:
+    nvml = FakeGpmDevices(rates=[0.5] * 10, fail_metrics=3)
+    s = GpuSampler(nvml)
+    assert s.start() == "ok"
+    assert _bandwidth(s)[0] == (None, None)  # first sample
+    assert _bandwidth(s)[0] == (None, None)  # failed: left out, counted
+    assert s.errors == 1
+    _bandwidth(s)  # re-primes after a failure
+    assert _bandwidth(s)[0] == (None, None)  # second failure
+    _bandwidth(s)
+    assert _bandwidth(s)[0] == (40.0, "util")  # third in a row: the counter from now on
+    assert s.errors == 3 and nvml.freed == nvml.allocated
+    assert _bandwidth(s)[0] == (40.0, "util")
+    s.close()

@@ -102,3 +102,37 @@ def test_provisioned_files_exist() -> None:
         "steplens-influxdb",
         "steplens-prometheus",
     }
+
+
+def test_optional_services_and_the_node_exporters() -> None:
+    """Alertmanager and the trainer loops come only with their profiles; the trainers' node
+    exporters are what Prometheus's steplens-node job finds by DNS; Alertmanager routes as the
+    local stack's does, on 127.0.0.1."""
+    import yaml
+
+    from steplens.stack.services.alertmanager import CONFIG
+
+    result = _config(SECRETS)
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    assert services["alertmanager"]["profiles"] == ["alertmanager"]
+    assert services["trainer"]["profiles"] == ["trainer"]
+    assert not [
+        n for n, s in services.items() if n not in ("alertmanager", "trainer") and s.get("profiles")
+    ]
+    assert [str(p).split(":")[0] for p in services["alertmanager"]["ports"]] == ["127.0.0.1"]
+    assert "--cluster.listen-address=" in services["alertmanager"]["command"]
+    routing = (ROOT / "deploy/alertmanager/alertmanager.yml").read_text()
+    assert yaml.safe_load(routing) == yaml.safe_load(CONFIG)
+    assert services["worker"]["environment"]["STEPLENS_ALERTMANAGER_URL"] == ""
+    trainer = services["trainer"]
+    assert trainer["environment"]["STEPLENS_EXPORTER_PORT"] == "9467"
+    assert trainer["environment"]["STEPLENS_EXPORTER_HOST"] == "0.0.0.0"
+    assert "ports" not in trainer  # scraped inside compose's network only
+    script = trainer["command"][-1].removeprefix("/src/")
+    assert (ROOT / script).exists()
+    prometheus = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    (node,) = [j for j in prometheus["scrape_configs"] if j["job_name"] == "steplens-node"]
+    assert node["dns_sd_configs"] == [
+        {"names": ["trainer"], "type": "A", "port": 9467, "refresh_interval": "30s"}
+    ]

@@ -114,10 +114,32 @@ def hardware() -> dict[str, Any]:
         ),
         heat(
             "GPU memory bandwidth utilisation per node and GPU",
-            per_interval(gpu("util_mem"), "mean"),
-            ["util_mem"],
+            per_interval(gpu("mem_bw_util"), "mean"),
+            ["mem_bw_util"],
             "percent",
-            "Share of time the memory controller was busy (NVML utilization.memory).",
+            "DRAM bandwidth in use, in percent of the peak, from NVML's GPM where the GPU has "
+            "it (Hopper and later); elsewhere the coarse utilization.memory, the share of time "
+            "the memory controller was busy at all. The next panel says which each GPU reports.",
+        ),
+        panel(
+            "GPU memory bandwidth: source per node and GPU (last hour)",
+            "table",
+            [
+                hot_only(
+                    gpu("mem_bw_source"),
+                    [
+                        "last()",
+                        'keep(columns: ["_time", "host", "gpu", "_field", "_value"])',
+                        "group()",
+                    ],
+                )
+            ],
+            ["mem_bw_source"],
+            description='"gpm": DRAM bandwidth measured by GPM between two samples; "util": '
+            "NVML's utilization.memory (GPUs without GPM). Text is kept in the hot bucket only.",
+            hot_only=["mem_bw_source"],
+            w=24,
+            h=5,
         ),
         panel(
             "GPU temperature and power (max per interval)",

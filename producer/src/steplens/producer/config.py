@@ -37,6 +37,10 @@ def _positive_int(x: int) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
 
 
+def _port_or_off(x: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 65535
+
+
 def _batch_size(x: int) -> bool:
     return _positive_int(x) and x <= MAX_BATCH_ENTRIES
 
@@ -91,6 +95,9 @@ class ProducerConfig:
     batch_s: float = 1.0
     hw_interval_s: float = 1.0  # hardware sampler period; 0 disables it
     hw_slow_every: int = 10  # PCIe throughput and energy: every N samples
+    # the node exporter (Prometheus, ``exporter.py``) on local rank 0: 0 is off
+    exporter_port: int = 0
+    exporter_host: str = "127.0.0.1"
     health_interval_s: float = 5.0
     spool_dir: str = ""
     spool_max_bytes: int = 256 << 20
@@ -151,6 +158,8 @@ class ProducerConfig:
             batch_s=s("batch_s", float, _positive),
             hw_interval_s=s("hw_interval_s", float, _non_negative),
             hw_slow_every=s("hw_slow_every", int, _positive_int),
+            exporter_port=s("exporter_port", int, _port_or_off),
+            exporter_host=s("exporter_host", str, bool),
             health_interval_s=s("health_interval_s", float, _positive),
             spool_dir=setting("spool_dir", kw.get("spool_dir"), str, _default_spool_dir(), bool),
             spool_max_bytes=s("spool_max_bytes", int, _positive_int),

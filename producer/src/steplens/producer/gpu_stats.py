@@ -3,6 +3,9 @@
 Cheap queries (about 2-8 us each) run at every sample; PCIe throughput (about 21 ms, it samples
 a window) and total energy (about 3 ms) only when ``slow`` is set. XID critical errors are
 counted from an NVML event set, every event. A query the device does not support is left out.
+Memory bandwidth (``mem_bw_util``, percent) comes from GPM's DRAM bandwidth where the device
+has it and from the coarse ``utilization.memory`` elsewhere; ``mem_bw_source`` says which
+("gpm" or "util", ``gpm.py``).
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from typing import Any
+
+from steplens.producer.gpm import GPM, UTIL, GpmReader
 
 log = logging.getLogger("steplens")
 
@@ -23,6 +28,7 @@ class GpuSampler:
         self._handles: list[Any] = []
         self._static: list[dict[str, Any]] = []
         self._events: Any = None
+        self._gpm: GpmReader | None = None
         self.xid_count: dict[int, int] = {}
         self.xid_last: dict[int, int] = {}
 
@@ -46,6 +52,7 @@ class GpuSampler:
                 self._static = [self._identity(i, h) for i, h in enumerate(self._handles)]
                 self.status = "ok" if count else "no_gpu"
                 self._register_xid_events()
+                self._gpm = GpmReader(nv, self._handles, self._count_error)
             except Exception as exc:
                 self.status = str(exc)[:200] or type(exc).__name__
         if self.status != "ok":
@@ -72,6 +79,9 @@ class GpuSampler:
             self._q(
                 nv.nvmlDeviceRegisterEvents, handle, nv.nvmlEventTypeXidCriticalError, self._events
             )
+
+    def _count_error(self) -> None:
+        self.errors += 1
 
     def _q(self, fn: Callable[..., Any], *args: Any) -> Any:
         """One NVML query; None when unsupported or failing (failures are counted)."""
@@ -114,6 +124,7 @@ class GpuSampler:
         util = q(nv.nvmlDeviceGetUtilizationRates, handle)
         if util is not None:
             out["util_gpu"], out["util_mem"] = float(util.gpu), float(util.memory)
+        self._memory_bandwidth(out, index, util)
         power = q(nv.nvmlDeviceGetPowerUsage, handle)  # milliwatts
         if power is not None:
             out["power_w"] = power / 1000.0
@@ -148,9 +159,20 @@ class GpuSampler:
                 out["energy_j"] = energy / 1000.0
         return out
 
+    def _memory_bandwidth(self, out: dict[str, Any], index: int, util: Any) -> None:
+        gpm = self._gpm
+        bw = gpm.read(index) if gpm is not None else None
+        if gpm is not None and gpm.source(index) == GPM:
+            if bw is not None:  # none at the first sample: GPM measures between two
+                out["mem_bw_util"], out["mem_bw_source"] = bw, GPM
+        elif util is not None:
+            out["mem_bw_util"], out["mem_bw_source"] = float(util.memory), UTIL
+
     def close(self) -> None:
         if self.status != "ok" or self._nvml is None:
             return
+        if self._gpm is not None:
+            self._gpm.close()
         if self._events is not None:
             self._q(self._nvml.nvmlEventSetFree, self._events)
         self._q(self._nvml.nvmlShutdown)

@@ -1,5 +1,6 @@
 """The per-host hardware sampler: a daemon thread that reads host and GPU statistics every
-``interval_s`` and hands each sample (a ``hw`` payload) to a callback."""
+``interval_s`` and hands each sample (a ``hw`` payload) to a callback, and to ``listeners``
+(the node exporter), which must not modify it."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class HardwareSampler:
         self.host = host or HostSampler()
         self.errors = 0
         self.samples = 0
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -54,7 +56,10 @@ class HardwareSampler:
         self.host.sample(time.monotonic())  # baseline for the first rates
         while not self._stop.wait(self.interval_s):
             try:
-                self._emit(self.sample_once())
+                data = self.sample_once()
+                for listener in self.listeners:
+                    listener(data)
+                self._emit(data)
             except Exception:
                 self.errors += 1
         try:

@@ -171,6 +171,11 @@ class HostSampler:
             parse_cpu_times(_read(os.path.join(self.proc, "stat"))),
         )
 
+    def totals(self) -> tuple[dict[str, DiskCounters], dict[str, tuple[int, int]]] | None:
+        """The cumulative disk counters and (rx, tx) bytes per interface of the last sample."""
+        last = self._last
+        return None if last is None else (last[1], last[2])
+
     def sample(self, now: float) -> dict[str, Any]:
         snap = self._snapshot(now)
         out: dict[str, Any] = {}

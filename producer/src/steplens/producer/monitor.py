@@ -95,12 +95,14 @@ class Monitor(Instruments):
         self._watchers: list[Any] = []
         self._comm: Any = None
         self._hw: Any = None
+        self._exporter: Any = None
         self._closed = False
         self._wall_offset_ns = time.time_ns() - time.monotonic_ns()
         self._init_process_state()
         self._put(MetaItem(_monotonic_ns(), self.config.run_meta(self.identity)))
         if self.identity.local_rank == 0 and self.config.hw_interval_s > 0:
             self._start_hw()
+            self._start_exporter()
         _LIVE.add(self)
         atexit.register(_shutdown_at_exit, weakref.ref(self))
 
@@ -124,6 +126,16 @@ class Monitor(Instruments):
         self._pipeline.health_extra = self._caller_counters
         self._update_plain_path()
 
+    def _start_exporter(self) -> None:
+        """The node exporter (opt-in: ``exporter_port``), serving the sampler's samples."""
+        c = self.config
+        if c.exporter_port and self._hw is not None:
+            from steplens.producer.exporter import start_exporter
+
+            self._exporter = start_exporter(
+                self._hw, self.run_id, self.identity.host, c.exporter_host, c.exporter_port
+            )
+
     def _make_transport(self) -> Transport:
         given = self._given_transport
         return given if given is not None else kafka_transport(self.config, self.identity)
@@ -133,6 +145,9 @@ class Monitor(Instruments):
         if self.delivery.transport is not None and self._given_transport is None:
             _ABANDONED_AFTER_FORK.append(self.delivery.transport)
         self._hw = None  # one sampler per host: the parent's
+        if self._exporter is not None:
+            self._exporter.forget_in_child()
+            self._exporter = None
         self._comm = None
         self._init_process_state()
         self._accepting = not self._closed
@@ -261,6 +276,8 @@ class Monitor(Instruments):
                 w.remove()
             if self._hw is not None:
                 self._hw.stop(min(1.0, timeout))
+            if self._exporter is not None:
+                self._exporter.stop()
             if self._needs_start:
                 if self.delivery.transport is None and not len(self._q):
                     return  # never logged in this process: nothing to deliver, never connected

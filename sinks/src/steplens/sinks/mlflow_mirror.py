@@ -1,13 +1,22 @@
-"""Mirror evaluation metrics and alerts of steplens runs into MLflow (optional).
+"""Mirror evaluation metrics, incidents and a run summary of steplens runs into MLflow
+(optional).
 
-A sink-side consumer, never part of the training process: it reads ``eval`` records from the
-raw topic and ``alert`` records from the alerts topic and writes them to one MLflow run per
-steplens run (found by the tag ``steplens.run_id``, created when missing):
+A sink-side consumer, never part of the training process: it reads the raw topic (evaluations,
+steps), the signals topic and the alerts topic, and writes to one MLflow run per steplens run
+(found by the tag ``steplens.run_id``, created when missing):
 
 - eval metric ``loss`` of split ``val`` -> MLflow metric ``val/loss`` at the record's step;
-- an alert -> metric ``alert/<rule>`` (severity level 1 info, 2 warning, 3 critical; 0 when
-  resolved) at its step, and tag ``steplens.alert.<fingerprint>`` with severity, state, scope,
-  step and hint, so the MLflow UI lists what fired next to the evaluation results.
+- an alert (an incident) -> metric ``alert/<rule>`` (severity level 1 info, 2 warning, 3
+  critical; 0 when resolved) at its step, and tag ``steplens.alert.<fingerprint>`` with
+  severity, state, scope, step, hint and the incident's member rules, so the MLflow UI lists
+  what fired next to the evaluation results;
+- the run's summary (``mlflow_summary.py``): metrics ``summary/loss_spike_peak_rise``,
+  ``summary/clip_rate``, ``summary/mfu_mean``, ``summary/incidents``,
+  ``summary/incidents_critical``, ``summary/incidents_open`` at the run's last step, and tag
+  ``steplens.summary.loss_spike_peak`` (its step, loss and baseline). The metrics are written
+  at most every ``summary_interval_s`` per run and when the mirror stops; the tag
+  ``steplens.summary.state`` (the counts and the offsets they hold) with every batch, so a
+  restarted mirror goes on from it and counts no record twice.
 
 Needs ``mlflow`` (or ``mlflow-skinny``) and a tracking URI (``--tracking-uri`` or
 ``MLFLOW_TRACKING_URI``). Delivery is at least once: offsets are committed after MLflow
@@ -24,10 +33,12 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 from steplens.producer.schema import Record, decode
+from steplens.sinks.mlflow_summary import RunSummary
 
 log = logging.getLogger("steplens.sinks.mlflow")
 
@@ -37,6 +48,12 @@ EVAL_FIELDS = ("loss", "perplexity", "accuracy", "f1", "bleu", "rouge")
 MAX_BATCH = 900  # MLflow accepts at most 1000 metrics and 100 tags per log_batch
 MAX_TAGS = 90
 MAX_TAG_LEN = 5000
+MAX_RUNS = 1000  # summaries kept in memory; an older one is read back from its tag if needed
+STATE_TAG = "steplens.summary.state"
+PEAK_TAG = "steplens.summary.loss_spike_peak"
+SUMMARY_KINDS = frozenset(("step", "step_window", "step_batch", "signal", "alert"))
+KINDS = SUMMARY_KINDS | {"eval"}  # what the mirror reads
+Position = tuple[str, int, int]  # topic, partition, offset
 
 
 def mlflow_available() -> bool:
@@ -50,7 +67,9 @@ def mlflow_available() -> bool:
 class MlflowMirror:
     """Writes steplens records into MLflow runs of one experiment."""
 
-    def __init__(self, tracking_uri: str, experiment: str = "steplens") -> None:
+    def __init__(
+        self, tracking_uri: str, experiment: str = "steplens", summary_interval_s: float = 30.0
+    ) -> None:
         from mlflow import MlflowClient
 
         self.client = MlflowClient(tracking_uri=tracking_uri)
@@ -59,6 +78,11 @@ class MlflowMirror:
             found.experiment_id if found is not None else self.client.create_experiment(experiment)
         )
         self._runs: dict[str, str] = {}  # steplens run id -> MLflow run id
+        self.summary_interval_s = summary_interval_s
+        self._summaries: dict[str, RunSummary] = {}  # the runs seen lately (MAX_RUNS)
+        self._changed: set[str] = set()  # runs whose summary metrics are behind their state
+        self._unsaved: set[str] = set()  # runs whose state tag is behind their state
+        self._written: dict[str, float] = {}  # run -> when its summary metrics were written
 
     def mlflow_run(self, run_id: str) -> str:
         """The MLflow run of a steplens run: found by tag, else created."""
@@ -79,14 +103,37 @@ class MlflowMirror:
         self._runs[run_id] = mlflow_id
         return mlflow_id
 
-    def handle(self, records: Iterable[Record]) -> int:
-        """Mirror the eval and alert records among ``records``; returns how many were used."""
+    def summary(self, run_id: str) -> RunSummary:
+        """The run's summary: in memory, else as the MLflow run's state tag left it."""
+        found = self._summaries.get(run_id)
+        if found is None:
+            tags = self.client.get_run(self.mlflow_run(run_id)).data.tags
+            state = tags.get(STATE_TAG)
+            found = RunSummary.loads(state) if state else RunSummary()
+            self._summaries[run_id] = found
+            if len(self._summaries) > MAX_RUNS:
+                oldest = next(iter(self._summaries))
+                if oldest not in self._unsaved:  # else it goes when its state is saved
+                    self._write_summary(oldest)
+                    del self._summaries[oldest]
+                self._written.pop(oldest, None)
+        return found
+
+    def handle(
+        self, records: Iterable[Record], positions: Iterable[Position | None] | None = None
+    ) -> int:
+        """Mirror ``records`` (read at ``positions``, for the summary's offsets); returns how
+        many evaluations and alerts were mirrored."""
         from mlflow.entities import Metric, RunTag
 
         metrics: dict[str, list[Any]] = {}
         tags: dict[str, list[Any]] = {}
         used = 0
-        for rec in records:
+        records = list(records)
+        where = list(positions) if positions is not None else [None] * len(records)
+        for rec, position in zip(records, where, strict=True):
+            if rec.kind in SUMMARY_KINDS and self.summary(rec.run_id).add(rec, position):
+                self._unsaved.add(rec.run_id)
             ts_ms = rec.time_ns // 1_000_000
             step = rec.step if rec.step is not None else 0
             if rec.kind == "eval":
@@ -104,13 +151,23 @@ class MlflowMirror:
                 metrics.setdefault(rec.run_id, []).append(
                     Metric(f"alert/{d['rule']}", level, ts_ms, step)
                 )
-                text = (f"{d['severity']} {d['state']} {d['scope']} step {rec.step}: {d['hint']}")[
-                    :MAX_TAG_LEN
-                ]
+                text = f"{d['severity']} {d['state']} {d['scope']} step {rec.step}: {d['hint']}"
+                members = (d.get("evidence") or {}).get("members") or []
+                rules = [str(m.get("rule")) for m in members if isinstance(m, dict)]
+                if rules:
+                    text += f" [rules: {', '.join(dict.fromkeys(rules))}]"
+                text = text[:MAX_TAG_LEN]
                 tags.setdefault(rec.run_id, []).append(
                     RunTag(f"steplens.alert.{d['fingerprint']}", text)
                 )
                 used += 1
+        saving = set(self._unsaved)  # also what a failed attempt before this one did not save
+        for run_id in saving:
+            s = self._summaries[run_id]
+            tags.setdefault(run_id, []).extend(
+                [RunTag(STATE_TAG, s.dumps()), RunTag(PEAK_TAG, s.peak_text())]
+            )
+            self._changed.add(run_id)
         for run_id in set(metrics) | set(tags):
             mlflow_id = self.mlflow_run(run_id)
             m, t = metrics.get(run_id, []), _last_per_key(tags.get(run_id, []))
@@ -118,7 +175,28 @@ class MlflowMirror:
                 self.client.log_batch(mlflow_id, metrics=m[i : i + MAX_BATCH])
             for i in range(0, len(t), MAX_TAGS):
                 self.client.log_batch(mlflow_id, tags=t[i : i + MAX_TAGS])
+        self._unsaved -= saving
         return used
+
+    def flush_summaries(self, force: bool = False) -> None:
+        """Write the summary metrics of the runs whose summary changed, at most every
+        ``summary_interval_s`` per run (``force``: now)."""
+        now = time.time()
+        for run_id in list(self._changed):
+            if force or now - self._written.get(run_id, 0.0) >= self.summary_interval_s:
+                self._write_summary(run_id)
+
+    def _write_summary(self, run_id: str) -> None:
+        from mlflow.entities import Metric
+
+        if run_id not in self._changed:
+            return
+        s, now = self._summaries[run_id], time.time()
+        ts_ms, step = int(now * 1000), max(s.last_step, 0)
+        batch = [Metric(k, v, ts_ms, step) for k, v in s.metrics().items()]
+        self.client.log_batch(self.mlflow_run(run_id), metrics=batch)
+        self._written[run_id] = now
+        self._changed.discard(run_id)
 
 
 def _last_per_key(tags: list[Any]) -> list[Any]:
@@ -156,31 +234,36 @@ def run_mirror(
     try:
         while not stop.is_set() and time.monotonic() < deadline:
             msgs = consumer.consume(1000, timeout=0.5)
-            if not msgs:
-                continue
-            records = []
-            for msg in msgs:
-                if msg.error():
-                    continue
-                rec = decode(msg.value())
-                if not isinstance(rec, Record) or rec.kind not in ("eval", "alert"):
-                    continue
-                if only_run is None or rec.run_id == only_run:
-                    records.append(rec)
-            if records:
-                used += _with_retry(mirror, records, stop)
-            consumer.commit(asynchronous=False)
+            if msgs:
+                records: list[Record] = []
+                positions: list[Position | None] = []
+                for msg in msgs:
+                    if msg.error():
+                        continue
+                    rec = decode(msg.value())
+                    if not isinstance(rec, Record) or rec.kind not in KINDS:
+                        continue
+                    if only_run is None or rec.run_id == only_run:
+                        records.append(rec)
+                        positions.append(
+                            (str(msg.topic()), msg.partition() or 0, msg.offset() or 0)
+                        )
+                if records:
+                    used += _with_retry(partial(mirror.handle, records, positions), stop)
+                consumer.commit(asynchronous=False)
+            _with_retry(mirror.flush_summaries, stop)
+        _with_retry(partial(mirror.flush_summaries, force=True), stop)
     finally:
         consumer.close()
     return used
 
 
-def _with_retry(mirror: MlflowMirror, records: list[Record], stop: threading.Event) -> int:
+def _with_retry(write: Callable[[], int | None], stop: threading.Event) -> int:
     """MLflow (a tracking server) may be briefly away: bounded retries with backoff."""
     delay = 0.5
     for attempt in range(6):
         try:
-            return mirror.handle(records)
+            return write() or 0
         except Exception as exc:
             if attempt == 5:
                 raise
@@ -192,13 +275,21 @@ def _with_retry(mirror: MlflowMirror, records: list[Record], stop: threading.Eve
 
 
 def main(argv: list[str], prog: str = "steplens sink mlflow") -> int:
-    p = argparse.ArgumentParser(prog=prog, description="mirror evals and alerts into MLflow")
+    p = argparse.ArgumentParser(
+        prog=prog, description="mirror evaluations, incidents and a run summary into MLflow"
+    )
     p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"))
     p.add_argument("--experiment", default=os.environ.get("STEPLENS_MLFLOW_EXPERIMENT", "steplens"))
     p.add_argument("--bootstrap", help="Kafka bootstrap (default: STEPLENS_KAFKA_BOOTSTRAP)")
     p.add_argument("--group", default="steplens-mlflow")
     p.add_argument("--run", help="mirror only this run")
     p.add_argument("--max-s", type=float, help="stop after this many seconds")
+    p.add_argument(
+        "--summary-interval",
+        type=float,
+        default=30.0,
+        help="write a run's summary metrics at most this often (seconds; and at the end)",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if not mlflow_available():
@@ -216,12 +307,12 @@ def main(argv: list[str], prog: str = "steplens sink mlflow") -> int:
     topics = Topics.from_env()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    mirror = MlflowMirror(args.tracking_uri, args.experiment)
+    mirror = MlflowMirror(args.tracking_uri, args.experiment, args.summary_interval)
     try:
         used = run_mirror(
             mirror,
             kafka_bootstrap(args.bootstrap),
-            [topics.raw, topics.alerts],
+            [topics.raw, topics.signals, topics.alerts],
             group=args.group,
             stop=stop,
             only_run=args.run,

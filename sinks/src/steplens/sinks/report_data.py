@@ -7,7 +7,6 @@ data, S3 for older), so a report can be built for any run still in either store.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,12 +33,14 @@ class RunData:
 
     ``steps``: one row per (rank, step) with the step fields as columns.
     ``signals``, ``alerts``: stream-job outputs, one row per record, fields as columns.
-    ``gpu``, ``host``: hardware samples (``time``, tags and fields as columns).
     ``evals``: one row per eval record (step, split, loss, accuracy, f1, bleu, rouge, ...).
     ``batches``: one row per batch record (step, rank, ``lengths`` as (from, below, count)
     bins, over_length_share, supervised_share, ...).
     ``layers``: per-layer norms, one row per (step, rank, layer).
     ``lr_events``: the worker's ``lr_event`` signals (step, text).
+    ``gpu``, ``host``, ``disks``, ``nets``: hardware samples (``time``, ``host``, the device
+    (``gpu``, ``device``, ``iface``) and its fields as columns).
+    ``comm``: the inter-rank communication probe, one row per record.
     """
 
     run_id: str
@@ -53,6 +54,9 @@ class RunData:
     batches: pd.DataFrame = field(default_factory=pd.DataFrame)
     layers: pd.DataFrame = field(default_factory=pd.DataFrame)
     lr_events: pd.DataFrame = field(default_factory=pd.DataFrame)
+    disks: pd.DataFrame = field(default_factory=pd.DataFrame)
+    nets: pd.DataFrame = field(default_factory=pd.DataFrame)
+    comm: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 SIGNAL_FIELDS = ("value", "expected", "lower", "upper", "score")
@@ -92,6 +96,9 @@ def load_run(run_id: str) -> RunData:
         batches=_batches(_records(query, run_id, "batch")),
         layers=query_data.query_layers(run_id),
         lr_events=_lr_events(query.query_records(run_id, "signal", where={"name": "lr_event"})),
+        disks=_explode(hw, "disks", "device"),
+        nets=_explode(hw, "nets", "iface"),
+        comm=_records(query, run_id, "comm"),
     )
 
 
@@ -183,34 +190,38 @@ def _schedule(meta: pd.DataFrame) -> dict[str, Any] | None:
     return first if isinstance(first, dict) else None
 
 
-def _explode_gpus(hw: pd.DataFrame) -> pd.DataFrame:
-    """hw records carry a list of GPUs each; one row per (time, host, gpu)."""
-    if hw.empty or "gpus" not in hw.columns:
+def _explode(hw: pd.DataFrame, column: str, key: str) -> pd.DataFrame:
+    """hw records carry lists of devices (GPUs, disks, network interfaces): one row per
+    (time, host, device) with every field of the entry."""
+    if hw.empty or column not in hw.columns:
         return pd.DataFrame()
     rows = []
-    for rec in hw.itertuples(index=False):
-        gpus = getattr(rec, "gpus", None)
-        if isinstance(gpus, str):  # the cold store keeps the list as JSON text
+    for when, host, value in zip(hw["time"], hw["host"], hw[column], strict=True):
+        items = value
+        if isinstance(value, str):  # the stores keep the list as JSON text
             try:
-                gpus = json.loads(gpus)
+                items = json.loads(value)
             except ValueError:
                 continue
-        if not isinstance(gpus, (list, tuple, np.ndarray)):
+        if not isinstance(items, (list, tuple, np.ndarray)):
             continue
-        for g in gpus:
-            if not isinstance(g, dict):
-                continue
-            total = g.get("mem_total_bytes") or math.nan
-            rows.append(
-                {
-                    "time": rec.time,
-                    "host": rec.host,
-                    "gpu": g.get("index", 0),
-                    "util_gpu": g.get("util_gpu"),
-                    "mem_used_pct": 100 * (g.get("mem_used_bytes") or 0) / total,
-                }
-            )
-    return pd.DataFrame(rows)
+        rows += [{"time": when, "host": host, **d} for d in items if isinstance(d, dict)]
+    out = pd.DataFrame(rows)
+    if not out.empty and key not in out.columns:
+        out[key] = 0 if key == "index" else "?"
+    return out
+
+
+def _explode_gpus(hw: pd.DataFrame) -> pd.DataFrame:
+    """One row per (time, host, gpu) with every field of the GPU entry, and mem_used_pct."""
+    gpu = _explode(hw, "gpus", "index").rename(columns={"index": "gpu"})
+    if gpu.empty:
+        return gpu
+    nan = pd.Series(np.nan, index=gpu.index)
+    used = pd.to_numeric(gpu.get("mem_used_bytes", nan), errors="coerce")
+    total = pd.to_numeric(gpu.get("mem_total_bytes", nan), errors="coerce")
+    gpu["mem_used_pct"] = 100 * used.fillna(0) / total.where(total > 0)
+    return gpu
 
 
 def wait_for_steps(run_id: str, last_step: int, timeout_s: float) -> bool:

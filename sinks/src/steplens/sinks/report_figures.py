@@ -14,6 +14,7 @@ import pandas as pd
 
 from steplens.sinks.report_data import RunData
 from steplens.sinks.report_figures_data import fig_clipping, fig_eval, fig_layers, fig_lengths
+from steplens.sinks.report_node import fig_gpu_node, fig_io
 from steplens.sinks.report_plot import column, first_rank, log_scale_if_wide
 
 __all__ = ["FIGURES", "column", "declared_lr", "first_rank"]
@@ -358,5 +359,10 @@ FIGURES: dict[str, tuple[str, Callable[[RunData], Any]]] = {
     "lengths": ("Input lengths per window", fig_lengths),
     "step_time": ("Step time per rank", fig_step_time),
     "hardware": ("GPU and host utilisation and memory", fig_hardware),
+    "gpu_node": (
+        "GPU power, temperature, PCIe, memory bandwidth, XID/ECC errors and throttling",
+        fig_gpu_node,
+    ),
+    "io": ("Disk, network and inter-rank communication", fig_io),
     "alerts": ("Incidents by severity", fig_alerts),
 }

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 
-from steplens.stack.config import SERVICES
+from steplens.stack.config import ALL_SERVICES, OPTIONAL_SERVICES, SERVICES
 from steplens.stack.errors import StackError
 from steplens.stack.stack import Stack, tail
 
@@ -15,7 +16,8 @@ from steplens.stack.stack import Stack, tail
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Kafka, InfluxDB 2 and an S3 server on 127.0.0.1, without Docker. "
+        description="Kafka, InfluxDB 2 and an S3 server (and, when asked, Alertmanager) on "
+        "127.0.0.1, without Docker. "
         "State lives in $STEPLENS_HOME (default ~/.local/state/steplens), downloads and "
         "builds in $STEPLENS_CACHE (default ~/.cache/steplens).",
     )
@@ -24,9 +26,19 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     up.add_argument(
         "services",
         nargs="*",
-        choices=[[], *SERVICES],
+        choices=[[], *ALL_SERVICES],
         metavar="SERVICE",
-        help=f"some of {', '.join(SERVICES)} (default: all)",
+        help=f"some of {', '.join(ALL_SERVICES)} (default: {', '.join(SERVICES)})",
+    )
+    up.add_argument(
+        "--with",
+        dest="extra",
+        action="append",
+        default=[],
+        choices=OPTIONAL_SERVICES,
+        metavar="SERVICE",
+        help=f"start an optional service too: {', '.join(OPTIONAL_SERVICES)} (also "
+        "STEPLENS_STACK_WITH=alertmanager)",
     )
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for health")
     sub.add_parser("down", help="stop the services this stack started")
@@ -36,13 +48,26 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     logs.add_argument(
         "service",
         nargs="?",
-        choices=SERVICES,
+        choices=ALL_SERVICES,
         metavar="SERVICE",
-        help=f"one of {', '.join(SERVICES)} (default: all)",
+        help=f"one of {', '.join(ALL_SERVICES)} (default: all)",
     )
     logs.add_argument("-n", type=int, default=40, help="number of lines (default 40)")
     sub.add_parser("env", help='shell exports for the stack: eval "$(steplens stack env)"')
     return parser
+
+
+def _wanted(named: list[str], extra: list[str]) -> list[str]:
+    """The services named (default: the default ones), plus ``--with`` and
+    STEPLENS_STACK_WITH (comma-separated optional services)."""
+    env = [s.strip() for s in os.environ.get("STEPLENS_STACK_WITH", "").split(",") if s.strip()]
+    unknown = sorted(set(env) - set(OPTIONAL_SERVICES))
+    if unknown:
+        raise StackError(
+            f"STEPLENS_STACK_WITH names {', '.join(unknown)}; optional services: "
+            f"{', '.join(OPTIONAL_SERVICES)}"
+        )
+    return list(dict.fromkeys([*(named or SERVICES), *extra, *env]))
 
 
 def _progress(line: str) -> None:
@@ -61,7 +86,7 @@ def main(argv: list[str], prog: str = "steplens stack") -> int:
 
 def _run(stack: Stack, args: argparse.Namespace) -> int:
     if args.action == "up":
-        stack.up(args.services or None, timeout_s=args.timeout)
+        stack.up(_wanted(args.services, args.extra), timeout_s=args.timeout)
         for st in stack.status():
             if st.running:
                 print(f"{st.name:<9} {st.address:<16} {'healthy' if st.healthy else st.detail}")
@@ -82,7 +107,7 @@ def _run(stack: Stack, args: argparse.Namespace) -> int:
                 print(f"{st.name:<9} {st.address:<16} {pid:<11} {state}")
         return 0 if all(st.healthy for st in statuses if st.running) else 1
     if args.action == "logs":
-        for name in [args.service] if args.service else SERVICES:
+        for name in [args.service] if args.service else stack.listed():
             path = stack.cfg.log_path(name)
             if not args.service:
                 print(f"==> {path} <==")

@@ -13,8 +13,11 @@ KAFKA_VERSION = "4.1.1"
 LOG4J_VERSION = "2.24.3"
 S3PROXY_VERSION = "2.6.0"
 INFLUXDB_VERSION = "2.9.1"
+ALERTMANAGER_VERSION = "0.35.0"
 
-SERVICES = ("kafka", "influxdb", "s3")
+SERVICES = ("kafka", "influxdb", "s3")  # what `up` starts unless told otherwise
+OPTIONAL_SERVICES = ("alertmanager",)  # only when asked for (`up --with alertmanager`)
+ALL_SERVICES = SERVICES + OPTIONAL_SERVICES
 
 # port name -> (default, environment variable)
 DEFAULT_PORTS: dict[str, tuple[int, str]] = {
@@ -22,6 +25,7 @@ DEFAULT_PORTS: dict[str, tuple[int, str]] = {
     "kafka_controller": (19093, "STEPLENS_KAFKA_CONTROLLER_PORT"),
     "influxdb": (18086, "STEPLENS_INFLUX_PORT"),
     "s3": (19000, "STEPLENS_S3_PORT"),
+    "alertmanager": (19094, "STEPLENS_ALERTMANAGER_PORT"),
 }
 
 INFLUX_ORG = "steplens"

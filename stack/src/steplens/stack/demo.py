@@ -259,7 +259,7 @@ def _run(
         [
             sys.executable,
             "-m",
-            "steplens.stack.cli",
+            "steplens.producer.cli",
             "report",
             "--run",
             args.run_id,

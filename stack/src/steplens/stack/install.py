@@ -16,6 +16,7 @@ from filelock import FileLock, Timeout
 
 from steplens.stack import process
 from steplens.stack.config import (
+    ALERTMANAGER_VERSION,
     INFLUXDB_VERSION,
     KAFKA_VERSION,
     LOG4J_VERSION,
@@ -57,6 +58,10 @@ def s3proxy_libs(cfg: StackConfig) -> Path:
 
 def influxd_binary(cfg: StackConfig) -> Path:
     return cfg.cache / "influxdb" / INFLUXDB_VERSION / "influxd"
+
+
+def alertmanager_binary(cfg: StackConfig) -> Path:
+    return cfg.cache / "alertmanager" / ALERTMANAGER_VERSION / "alertmanager"
 
 
 def _run_recipe(
@@ -183,4 +188,30 @@ def ensure_influxd(cfg: StackConfig, progress: Progress) -> Path:
         lock.release()
     if not binary.exists():
         raise StackError(f"influxd build finished but {binary} is missing", exit_code=4)
+    return binary
+
+
+def ensure_alertmanager(cfg: StackConfig, progress: Progress) -> Path:
+    """Build Alertmanager once per version (the recipe's own lock makes a build run by hand
+    and one run here wait for each other)."""
+    binary = alertmanager_binary(cfg)
+    if binary.exists():
+        return binary
+    require_tool("go", "install Go >= 1.26 (https://go.dev/dl)")
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(binary.parent / ".build.lock"), timeout=BUILD_TIMEOUT_S):
+        if not binary.exists():
+            progress(
+                f"[alertmanager] building alertmanager {ALERTMANAGER_VERSION} "
+                "(first time: 2-8 min on 2 cores)"
+            )
+            _run_recipe(
+                "alertmanager",
+                ["bash", str(recipe("build_alertmanager.sh")), ALERTMANAGER_VERSION],
+                cfg.cache / "logs" / "build-alertmanager.log",
+                progress,
+                {**os.environ, "STEPLENS_CACHE": str(cfg.cache)},
+            )
+    if not binary.exists():
+        raise StackError(f"alertmanager build finished but {binary} is missing", exit_code=4)
     return binary

@@ -15,17 +15,29 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from steplens.stack import process
-from steplens.stack.config import DEFAULT_PORTS, SERVICES, StackConfig
+from steplens.stack.config import (
+    ALL_SERVICES,
+    DEFAULT_PORTS,
+    OPTIONAL_SERVICES,
+    SERVICES,
+    StackConfig,
+)
 from steplens.stack.errors import StackError
 from steplens.stack.install import BUILD_TIMEOUT_S, Progress
 from steplens.stack.private_files import private_dir, write_private
 from steplens.stack.secret_store import Secrets, load_or_create
+from steplens.stack.services.alertmanager import Alertmanager
 from steplens.stack.services.base import Service
 from steplens.stack.services.influxdb import InfluxDB
 from steplens.stack.services.kafka import Kafka
 from steplens.stack.services.s3 import S3
 
-SERVICE_TYPES: dict[str, type[Service]] = {"kafka": Kafka, "influxdb": InfluxDB, "s3": S3}
+SERVICE_TYPES: dict[str, type[Service]] = {
+    "kafka": Kafka,
+    "influxdb": InfluxDB,
+    "s3": S3,
+    "alertmanager": Alertmanager,
+}
 LOG_ROTATE_BYTES = 50 * 1024 * 1024
 
 
@@ -77,14 +89,14 @@ class Stack:
 
     def service(self, name: str) -> Service:
         if name not in SERVICE_TYPES:
-            raise StackError(f"unknown service {name!r}; choose from {', '.join(SERVICES)}")
+            raise StackError(f"unknown service {name!r}; choose from {', '.join(ALL_SERVICES)}")
         return SERVICE_TYPES[name](self.cfg, self.secrets)
 
     def _names(self, services: Iterable[str] | None) -> list[str]:
         wanted = list(SERVICES) if services is None else list(services)
         for name in wanted:
             self.service(name)  # validates the name
-        return [name for name in SERVICES if name in wanted]
+        return [name for name in ALL_SERVICES if name in wanted]
 
     def _lock(self) -> FileLock:
         private_dir(self.cfg.home)  # an older home is made private too
@@ -229,14 +241,20 @@ class Stack:
         os.kill(pid, sig)
 
     def down(self, deadline_s: float = 30.0) -> list[str]:
-        """Stop every service this stack started (InfluxDB and S3 first, Kafka last)."""
-        return [name for name in reversed(SERVICES) if self.stop(name, deadline_s)]
+        """Stop every service this stack started (Alertmanager, InfluxDB and S3 first, Kafka
+        last)."""
+        return [name for name in reversed(ALL_SERVICES) if self.stop(name, deadline_s)]
+
+    def listed(self) -> list[str]:
+        """The default services, and the optional ones this stack has started."""
+        started = [n for n in OPTIONAL_SERVICES if self.cfg.pid_path(n).exists()]
+        return [*SERVICES, *started]
 
     # -- inspect -------------------------------------------------------------------------------
 
     def status(self) -> list[ServiceStatus]:
         out = []
-        for name in SERVICES:
+        for name in self.listed():
             svc = self.service(name)
             pid = self.pid(name)
             reason = svc.probe() if pid is not None else "not running"
@@ -259,6 +277,9 @@ class Stack:
         merged: dict[str, str] = {}
         for name in SERVICES:
             merged.update(self.service(name).env())
+        for name in OPTIONAL_SERVICES:  # only while running: clients would post to nothing
+            if self.pid(name) is not None:
+                merged.update(self.service(name).env())
         return merged
 
 

@@ -26,6 +26,7 @@ import orjson
 
 from steplens.producer.schema import DecodeError, Record, decode
 from steplens.stream_jobs import compat
+from steplens.stream_jobs.alertmanager import AlertmanagerSender
 from steplens.stream_jobs.detector import RunDetector
 from steplens.stream_jobs.fit_queue import FitQueue, pool_initializer
 from steplens.stream_jobs.metrics import WorkerMetrics
@@ -67,7 +68,11 @@ class Worker:
         )
         self.consumed = 0
         self.pool: concurrent.futures.ProcessPoolExecutor | None = None
-        self.notifier = WebhookNotifier(s.webhook_url) if s.webhook_url else None
+        self.notifiers: list[Any] = []
+        if s.webhook_url:
+            self.notifiers.append(WebhookNotifier(s.webhook_url))
+        if s.alertmanager_url:
+            self.notifiers.append(AlertmanagerSender(s.alertmanager_url, metrics=metrics))
         self.app = app = faust.App(
             s.app_id,
             broker=f"kafka://{s.bootstrap}",
@@ -110,7 +115,7 @@ class Worker:
             s.topics,
             metrics,
             QuietLimiter(s.signal_every, s.signal_interval_s),
-            self.notifier,
+            self.notifiers,
             s.app_id,
         )
         self.router = Router(s, self.by_run, self.out, lambda: app.consumer)
@@ -147,8 +152,8 @@ class Worker:
             for _ in range(self.s.fit_workers):
                 self.pool.submit(arima.warm_up)
             self.fits.pool = self.pool
-        if self.notifier:
-            await self.notifier.start()
+        for notifier in self.notifiers:
+            await notifier.start()
 
     async def _revoked(self, app: faust.App, revoked: Any, **kw: Any) -> None:
         self.store.revoked()

@@ -72,6 +72,13 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
         help="seconds without progress before a hang alert",
     )
     ap.add_argument("--webhook-url", default=None, help="POST every alert transition here")
+    ap.add_argument(
+        "--alertmanager-url",
+        default=os.environ.get("STEPLENS_ALERTMANAGER_URL") or None,
+        help="post incidents to this Alertmanager, e.g. http://127.0.0.1:19094 (default: "
+        "STEPLENS_ALERTMANAGER_URL, which `steplens stack env` sets while the stack's "
+        "Alertmanager runs; '' for none)",
+    )
     ap.add_argument("--log-level", default="warning")
     args = ap.parse_args(argv)
 
@@ -101,6 +108,7 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
         fit_workers=args.fit_workers,
         detector=det,
         webhook_url=args.webhook_url,
+        alertmanager_url=args.alertmanager_url or None,
         log_level=args.log_level,
     )
     os.makedirs(settings.state_dir, exist_ok=True)

@@ -1,11 +1,11 @@
 """What the worker sends: signals (thinned out by the quiet limiter), alert transitions (and
-the webhook), dead letters; with the worker's metrics of each."""
+the notifiers: the webhook, Alertmanager), dead letters; with the worker's metrics of each."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from steplens.producer.dead_letter import dead_letter_bytes
 from steplens.producer.topics import Topics
@@ -13,10 +13,14 @@ from steplens.stream_jobs.core import Alert, Signals
 from steplens.stream_jobs.metrics import WorkerMetrics, reason_class
 from steplens.stream_jobs.outputs import alert_bytes, signal_bytes
 from steplens.stream_jobs.publish_limit import QuietLimiter
-from steplens.stream_jobs.webhook import WebhookNotifier
 
 # (topic, key, value) -> the send's delivery
 Send = Callable[[str, bytes | None, bytes], Awaitable[Any]]
+
+
+class Notifier(Protocol):
+    def notify(self, alert: Alert) -> None:
+        """Queue an alert transition for delivery; never waits."""
 
 
 class Publisher:
@@ -26,14 +30,14 @@ class Publisher:
         topics: Topics,
         metrics: WorkerMetrics,
         quiet: QuietLimiter,
-        notifier: WebhookNotifier | None,
+        notifiers: Sequence[Notifier],
         consumer_name: str,
     ) -> None:
         self.send = send
         self.topics = topics
         self.metrics = metrics
         self.quiet = quiet
-        self.notifier = notifier
+        self.notifiers = notifiers
         self.consumer_name = consumer_name
 
     async def publish(
@@ -58,8 +62,8 @@ class Publisher:
         for a in alerts:
             await send(self.topics.alerts, key, alert_bytes(a))
             self.metrics.alerts.labels(a.state, a.severity).inc()
-            if self.notifier:
-                self.notifier.notify(a)
+            for notifier in self.notifiers:
+                notifier.notify(a)
         last = max(times_ns, default=0)
         if (n or alerts) and last:
             self.metrics.latency.observe(max(0.0, time.time() - last / 1e9))

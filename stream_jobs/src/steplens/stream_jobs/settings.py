@@ -36,6 +36,7 @@ class WorkerSettings:
     fit_batch: int = 64  # fits per pool job at most
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     webhook_url: str | None = None
+    alertmanager_url: str | None = None  # incidents posted to its /api/v2/alerts
     session_timeout_s: float = 10.0  # a SIGKILLed worker's partitions move after this
     log_level: str = "warning"
 

@@ -1,0 +1,162 @@
+"""Each deployable part stands alone: the `steplens` command comes with the producer, and a
+part installed without the stack brings its own subcommands (entry-point group
+``steplens.commands``); a command of a part that is missing names the distribution to install.
+
+The parts are built into wheels once and installed into fresh virtual environments (no system
+site packages): the producer with its two light dependencies, the other parts without theirs,
+since what is checked is the packaging, the command table and the arguments parsing. That the
+dependencies of each part resolve under the project's constraints is checked by pip's resolver
+(``--dry-run``, reading the registry's metadata, installing nothing). A full install of
+producer + stream_jobs with their dependencies takes about 2 minutes here, mostly downloads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from steplens.producer.cli import BUILTIN, GROUP
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTS = {
+    "producer": "steplens-producer",
+    "stream_jobs": "steplens-stream-jobs",
+    "sinks": "steplens-sinks",
+    "stack": "steplens-stack",
+}
+
+
+def _pip(*args: str) -> subprocess.CompletedProcess[str]:
+    # without this environment's own path and venv, or pip sees the parts as installed here
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("wheels")
+    _pip(
+        "wheel",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "-w",
+        str(out),
+        *(str(ROOT / part) for part in ("producer", "stream_jobs", "sinks")),
+    )
+    found = {p.name.split("-")[0]: p for p in out.glob("*.whl")}
+    return {part: found[dist.replace("-", "_")] for part, dist in PARTS.items() if part != "stack"}
+
+
+def _venv(tmp: Path, wheels: dict[str, Path], *parts: str) -> Path:
+    """A fresh environment with the producer (and its two light dependencies) and these parts
+    (without theirs)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp)], check=True)
+    python = str(tmp / "bin" / "python")
+    constraints = str(ROOT / "constraints.txt")
+    _pip("--python", python, "install", "-q", "-c", constraints, str(wheels["producer"]))
+    _pip("--python", python, "install", "-q", "--no-deps", *(str(wheels[p]) for p in parts))
+    return tmp / "bin" / "steplens"
+
+
+def _run(steplens: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin"}  # nothing of the development environment
+    return subprocess.run(
+        [str(steplens), *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+
+
+def test_stream_jobs_alone_gives_the_worker(tmp_path: Path, wheels: dict[str, Path]) -> None:
+    steplens = _venv(tmp_path / "env", wheels, "stream_jobs")
+    listing = _run(steplens, "--help").stdout
+    assert "worker   run a Faust worker" in listing
+    assert "sink     (pip install steplens-sinks)" in listing
+    assert "stack    (pip install steplens-stack)" in listing
+    done = _run(steplens, "worker", "--help")
+    assert done.returncode == 0, done.stderr
+    assert "--alertmanager-url" in done.stdout
+    for command, dist in (("sink", "steplens-sinks"), ("stack", "steplens-stack")):
+        missing = _run(steplens, command, "up")
+        assert missing.returncode == 3
+        assert f"this command comes with {dist}; install it" in missing.stderr
+    python = steplens.parent / "python"
+    probe = subprocess.run(
+        [str(python), "-c", "import steplens.stack"], capture_output=True, check=False
+    )
+    assert probe.returncode != 0  # the stack really is absent
+
+
+def test_sinks_alone_give_the_sink_commands(tmp_path: Path, wheels: dict[str, Path]) -> None:
+    steplens = _venv(tmp_path / "env", wheels, "sinks")
+    listing = _run(steplens, "--help").stdout
+    for name in ("sink", "query", "replay", "report", "mlflow"):
+        assert f"\n  {name:<8} {BUILTIN[name][2]}" in listing
+    assert "worker   (pip install steplens-stream-jobs)" in listing
+    done = _run(steplens, "mlflow", "--help")
+    assert done.returncode == 0, done.stderr
+    missing = _run(steplens, "worker")
+    assert missing.returncode == 3 and "steplens-stream-jobs" in missing.stderr
+
+
+@pytest.mark.parametrize("part", ["stream_jobs", "sinks"])
+def test_a_part_resolves_under_the_constraints(
+    tmp_path: Path, wheels: dict[str, Path], part: str
+) -> None:
+    """What `pip install -c constraints.txt steplens-<part>` installs: no stack, and only
+    versions the constraints pin."""
+    report = tmp_path / "report.json"
+    _pip(
+        "install",
+        "-q",
+        "--dry-run",
+        "--ignore-installed",
+        "--report",
+        str(report),
+        "-c",
+        str(ROOT / "constraints.txt"),
+        str(wheels["producer"]),
+        str(wheels[part]),
+    )
+    installs = {
+        i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"]
+        for i in json.loads(report.read_text())["install"]
+    }
+    assert "steplens-stack" not in installs and {PARTS[part], "steplens-producer"} <= set(installs)
+    pinned = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("==")
+            pinned[name.strip().lower().replace("_", "-")] = version.strip()
+    unpinned = sorted(n for n in installs if n not in pinned and not n.startswith("steplens-"))
+    assert unpinned == [], "add these to constraints.txt"
+    assert all(installs[n] == pinned[n] for n in installs if n in pinned)
+
+
+def test_the_command_table_matches_what_the_parts_register() -> None:
+    registered = {}
+    for part, dist in PARTS.items():
+        meta = tomllib.loads((ROOT / part / "pyproject.toml").read_text())["project"]
+        for name, target in meta.get("entry-points", {}).get(GROUP, {}).items():
+            registered[name] = (dist, target)
+        if part == "producer":
+            assert meta["scripts"] == {"steplens": "steplens.producer.cli:main"}
+        else:
+            assert "scripts" not in meta  # one `steplens` script, the producer's
+    assert registered == {
+        name: (dist, f"{module}:main") for name, (dist, module, _) in BUILTIN.items()
+    }
