@@ -33,6 +33,7 @@ from steplens.stream_jobs.policy import JudgeState
 from steplens.stream_jobs.rules import Firing, RulesState
 from steplens.stream_jobs.signals.arima_fit import ArimaParams
 from steplens.stream_jobs.signals.registry import ENTRIES
+from steplens.stream_jobs.signals.sketches import Bloom, Distinct
 
 log = logging.getLogger("steplens.stream_jobs")
 
@@ -43,6 +44,8 @@ CLASSES: dict[str, type] = {
     for c in (
         *(e.state for e in ENTRIES),
         ArimaParams,
+        Bloom,
+        Distinct,
         JudgeState,
         CalibrationState,
         RulesState,
