@@ -18,6 +18,7 @@ import pytest
 from steplens.producer.schema import make_record
 from steplens.stream_jobs.core import flatten
 from steplens.stream_jobs.detector import RunDetector
+from steplens.stream_jobs.signals import data_quality
 from steplens.stream_jobs.state import FORMAT, MAGIC, dump_state, load_state, pack, unpack
 
 BLOB = Path(__file__).parent / "data" / "state_v1.msgpack"
@@ -93,6 +94,23 @@ def test_a_state_of_format_1_restores_and_scores_as_a_never_stopped_detector():
     got = replay(det, recs[CUT:], NEW_SINCE_V1)
     assert got == want
     assert any("spike:loss" in alerts for _, alerts in got)  # the baselines were restored
+
+
+def test_format_1_states_of_changed_detectors_restore_to_working_ones():
+    """The training state of format 1 had no lr schedule: restored, it reads the run's (the
+    update share is not judged in the warmup); format 1's data state kept sets of hashes per
+    step (``by_step``): dropped, the step keys refill from the next batch."""
+    det = restore(BLOB.read_bytes())
+    assert det is not None and det.schedule is not None
+    got = [st for s in det.series.values() for st in s["training"].values()]
+    assert got and all(st.schedule == det.schedule for st in got)
+    old = msgpack.unpackb(pack(data_quality.DataState())[len(MAGIC) + 1 :])
+    old["f"]["by_step"] = msgpack.unpackb(pack({5: {"ab" * 8}})[len(MAGIC) + 1 :])
+    st = unpack(MAGIC + bytes([FORMAT]) + msgpack.packb(old, use_bin_type=True))
+    assert isinstance(st, data_quality.DataState) and st.step_keys == {}
+    data = {"n_samples": 2, "sample_hashes": ["ab" * 8, "cd" * 8]}
+    _, sigs = data_quality.update(st, data_quality.DataConfig(), data, 6, 0)
+    assert {s.metric for s in sigs} >= {"duplicate_rate", "repeat_rate"}
 
 
 def test_dump_and_load_round_trip_every_detector_state():

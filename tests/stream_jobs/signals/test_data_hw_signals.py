@@ -107,7 +107,7 @@ def test_cross_rank_memory_is_bounded_and_keeps_finding_duplicates():
         for rank in range(16):  # 16 x 256 samples a step; rank 15 duplicates rank 0
             src = 0 if rank == 15 else rank
             m = batch(cfg, st, step, rank, [f"{step}-{src}-{i}" for i in range(256)])
-    assert all(len(v) <= 512 for v in st.by_step.values()) and st.keep_shift >= 3
+    assert all(len(v) <= 512 for v in st.step_keys.values()) and st.keep_shift >= 3
     assert m["duplicate_rate"].severity == "warning"
     # the rate over the last 20 batch records: rank 15's are all duplicates, 1/16 of the rest
     assert 0.03 < m["duplicate_rate"].value < 0.12

@@ -174,6 +174,13 @@ def load_state(
             det.series[rank] = unpack(part) if part else _missing()
         except Exception as exc:
             log.warning("rank %s of run %s starts afresh: %s", rank, det.run_id, exc)
+            continue
+        # a state that reads the lr schedule, stored before it did (format 1's training
+        # state): the run's, as when the run declares one
+        for states in det.series[rank].values():
+            for st in states.values():
+                if getattr(st, "schedule", False) is None:
+                    st.schedule = det.schedule
     return det
 
 

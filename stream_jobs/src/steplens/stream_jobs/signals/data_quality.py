@@ -63,7 +63,8 @@ class DataState:
     labels: dict[str, int] = field(default_factory=dict)
     labels_dropped: int = 0  # counts of labels past ``max_labels``
     # step -> its kept hash keys (sorted); the keys kept have their top ``keep_shift`` bits 0
-    by_step: dict[int, np.ndarray] = field(default_factory=dict)
+    # (format 1 kept sets of hashes as ``by_step``: dropped on restore, the next steps refill)
+    step_keys: dict[int, np.ndarray] = field(default_factory=dict)
     keep_shift: int = 0
     recent: deque[tuple[int, int]] = field(default_factory=deque)  # (duplicates, samples)
     epoch: int | None = None
@@ -148,15 +149,15 @@ def _same_step(  # noqa: PLR0917
     """Samples of this batch already in its step (another rank's, or ``twice`` in it): the
     ``duplicate_rate`` signal; returns which of the batch's distinct keys were checked (all,
     unless the step's keys are sampled) and which of those were in the step."""
-    by_step = state.by_step
-    now = step if step is not None else max(by_step, default=0)
-    for old in [s for s in by_step if s <= now - cfg.step_keep]:
-        del by_step[old]
+    step_keys = state.step_keys
+    now = step if step is not None else max(step_keys, default=0)
+    for old in [s for s in step_keys if s <= now - cfg.step_keep]:
+        del step_keys[old]
     sampled = np.ones(len(uniq), np.bool_)
     if state.keep_shift:
         sampled = (uniq >> np.uint64(64 - state.keep_shift)) == 0
     kept = uniq[sampled]
-    mine = by_step.get(now)
+    mine = step_keys.get(now)
     in_step = np.zeros(len(kept), np.bool_)
     if mine is not None and len(mine):  # both sorted
         at = np.minimum(np.searchsorted(mine, kept), len(mine) - 1)
@@ -167,9 +168,9 @@ def _same_step(  # noqa: PLR0917
         state.keep_shift += 1
         top = np.uint64(64 - state.keep_shift)
         kept = kept[(kept >> top) == 0]
-        for s, v in by_step.items():
-            by_step[s] = v[(v >> top) == 0]
-    by_step[now] = kept
+        for s, v in step_keys.items():
+            step_keys[s] = v[(v >> top) == 0]
+    step_keys[now] = kept
     checked = int(sampled.sum())  # all of them unless the step's keys are sampled
     twice = twice * checked // max(len(uniq), 1)  # as many of those as were checked
     state.recent.append((twice + int(in_step.sum()), checked + twice))
