@@ -314,3 +314,21 @@ def test_an_xid_or_ecc_error_is_a_critical_hardware_incident_with_the_xid_code()
     resolved = [a for a in reports if a.state == "resolved"]
     assert resolved and resolved[0].time_ns == 15 * 10**9  # ten clean samples later
     assert math.isfinite(xid["value"])
+
+
+def test_length_histograms_are_published_per_window_and_never_alert():
+    rng = random.Random(5)
+    recs = []
+    for i in range(40):
+        for rank in range(2):
+            counts = [rng.randint(0, 9) for _ in range(4)]
+            data = {"n_samples": sum(counts), "length_edges": [0, 64, 128, 256, 512],
+                    "length_counts": counts, "length_mean": 100.0 + rng.gauss(0, 30)}  # fmt: skip
+            recs.append(make_record("batch", data, run_id="r", rank=rank, step=i, time_ns=t(i)))
+    _, reports, sigs = run(recs)
+    assert opened(reports) == []
+    hist = [s for s in sigs if s.name == "length_histogram"]
+    assert [s.step for s in hist] == [9, 19, 29, 39]  # 20 batch records a window, both ranks
+    assert sum(sum(s.detail["counts"]) for s in hist) == sum(
+        sum(r.data["length_counts"]) for r in recs
+    )

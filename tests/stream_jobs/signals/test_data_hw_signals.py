@@ -10,7 +10,16 @@ import random
 
 import numpy as np
 
-from steplens.stream_jobs.signals import data_quality, gpu_errors, layers, samples, stacks
+from steplens.producer.schema import make_record
+from steplens.stream_jobs.core import Run
+from steplens.stream_jobs.signals import (
+    data_quality,
+    gpu_errors,
+    layers,
+    lengths,
+    samples,
+    stacks,
+)
 from steplens.stream_jobs.signals.sketches import Bloom, Distinct, keys
 
 
@@ -185,12 +194,15 @@ def test_samples_keep_the_last_steps_of_a_rank_bounded():
     for step in range(10):
         samples.keep(st, cfg, step, {"n_samples": 5, "sample_hashes": [md5(i) for i in range(5)],
                                      "sample_ids": [f"doc-{step}-{i}" for i in range(5)],
-                                     "length_mean": 100.0, "max_len": 512})  # fmt: skip
+                                     "length_mean": 100.0, "max_len": 512,
+                                     "length_edges": [0, 256, 512],
+                                     "length_counts": [3, 2]})  # fmt: skip
     samples.keep(st, cfg, 9, {"n_samples": 2, "sample_ids": ["x"]})  # a second micro-batch
     assert [b["step"] for b in st.batches] == [6, 7, 8, 9]
     got = samples.names(st, cfg, "spike:loss", 9, {})["samples"]
     assert got["n_samples"] == 7 and len(got["hashes"]) == 3 and got["ids"][0] == "doc-9-0"
     assert got["length_mean"] == 100.0 and got["max_len"] == 512
+    assert got["length_edges"] == [0, 256, 512] and got["length_counts"] == [3, 2]
     assert samples.names(st, cfg, "spike:loss", 3, {}) is None  # not kept any more
     assert samples.names(st, cfg, "straggler:step_time_s", 9, {}) is None
 
@@ -224,3 +236,35 @@ def test_stacks_are_bounded_and_only_those_of_the_current_stall_are_named():
         for t in got["threads"]
     )
     assert stacks.names(st, cfg, "hang:progress", None, {"last_step": 90}) is None
+
+
+def test_length_histograms_are_summed_over_a_window_of_all_ranks():
+    """One histogram per ``window`` batch records (both ranks), its counts the sum of theirs,
+    its value the mean length; another max length closes the window early."""
+    cfg, st = lengths.LengthConfig(window=4), lengths.LengthState()
+    edges = [0, 128, 256, 512]
+
+    def rec(step, rank, counts, mean, over=0, e=edges):
+        data = {"n_samples": sum(counts), "length_edges": e, "length_counts": counts,
+                "length_mean": mean, "over_length": over}  # fmt: skip
+        return make_record("batch", data, run_id="r", rank=rank, step=step, time_ns=step + 1)
+
+    out = []
+    for i in range(4):
+        for rank in range(2):
+            got = lengths.on_record(st, cfg, rec(i, rank, [1, 2, 1], 200.0, over=1), Run())
+            out += [v for s in got for v in s.views()]
+    assert [(v.step, v.value) for v in out] == [(1, 200.0), (3, 200.0)]
+    d = out[0].detail
+    assert d["edges"] == edges and d["counts"] == [4, 8, 4] and d["samples"] == 16
+    assert d["over_length_share"] == 4 / 16 and d["first_step"] == 0
+    assert out[0].severity is None
+    assert st.records == 0
+    lengths.on_record(st, cfg, rec(4, 0, [2, 0, 0], 10.0), Run())
+    got = lengths.on_record(st, cfg, rec(4, 1, [0, 4], 300.0, e=[0, 256, 1024]), Run())
+    (v,) = [v for s in got for v in s.views()]
+    assert v.detail["counts"] == [2, 0, 0] and v.value == 10.0
+    assert st.edges == [0, 256, 1024] and st.counts == [0, 4] and st.records == 1
+    # a malformed histogram is not counted
+    bad = rec(5, 0, [1, 2], 1.0)  # two counts for three bins
+    assert lengths.on_record(st, cfg, bad, Run()) == [] and st.records == 1

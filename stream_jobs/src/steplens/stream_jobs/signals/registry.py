@@ -30,6 +30,7 @@ from steplens.stream_jobs.signals import (
     evals,
     gpu_errors,
     layers,
+    lengths,
     lr_events,
     lr_schedule,
     ranks,
@@ -60,8 +61,9 @@ NOT_SERIES = frozenset(
         "layer_param_norms",
     }
 )
-# signals that are events, not judgements: every one is published, none alerts
-EVENTS = frozenset({"lr_event"})
+# signals that are records for the board, not judgements (an lr decay, a window's length
+# histogram): every one is published, none alerts
+EVENTS = frozenset({"lr_event", lengths.NAME})
 
 
 @dataclass(frozen=True)
@@ -251,6 +253,13 @@ RECORDS: tuple[Records, ...] = (
         data_quality.on_record,
         frozenset({"batch"}),
         data_quality.HINTS,
+    ),
+    Records(
+        "lengths",
+        lengths.LengthConfig,
+        lengths.LengthState,
+        lengths.on_record,
+        frozenset({"batch"}),
     ),
     Records(
         "gpu_errors",

@@ -18,7 +18,16 @@ RULES = frozenset(
     for name in ("spike", "nonfinite")
     for metric in ("loss", "grad_norm", "grad_norm_preclip")
 )
-_LENGTHS = ("length_mean", "length_max", "max_len", "over_length", "epoch")
+# the batch's lengths (its histogram too) and epoch, as sent
+_LENGTHS = (
+    "length_mean",
+    "length_max",
+    "max_len",
+    "over_length",
+    "length_edges",
+    "length_counts",
+    "epoch",
+)
 
 
 @dataclass

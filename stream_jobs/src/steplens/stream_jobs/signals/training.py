@@ -91,7 +91,7 @@ def _update_share(state: TrainingState, cfg: TrainingConfig, col: Column) -> Sig
         if below >= cfg.update_persist:
             sev[k] = WARN_SEV
     state.below = below
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         score = scores_of(floor / xs)  # 1 at a share of 0
     return Signals.of(
         "training",
