@@ -15,6 +15,7 @@ class VanishState:
     level: float = math.nan
     ref: float = math.nan
     seen: int = 0
+    since: int = 0
 
 
 def update(state: VanishState, cfg: VanishConfig, x: float, step: int, rank: int = 0) -> list:
@@ -27,13 +28,18 @@ def update(state: VanishState, cfg: VanishConfig, x: float, step: int, rank: int
     state.ref = state.level if math.isnan(state.ref) else max(state.level, state.ref - forget)
     level, ref = math.exp(state.level), math.exp(state.ref)
     floor = ref * cfg.collapse
+    sc = score_of((state.ref - state.level) / -math.log(cfg.collapse))
+    state.since += 1
+    if sc < cfg.quiet_score and level >= floor and state.since < cfg.quiet_every:
+        return []  # quiet: not a signal
+    state.since = 0
     return [
         Signal(
             "vanishing",
             "grad_norm",
             step,
             level,
-            score_of((state.ref - state.level) / -math.log(cfg.collapse)),
+            sc,
             rank,
             "run",
             WARNING if level < floor else None,

@@ -7,6 +7,10 @@ so the slow decline of a healthy run (a gradient norm a hundred times smaller af
 thousand steps) follows it, while a level that falls below ``collapse`` x the reference faster
 than that is a collapse: parameters stopped receiving gradient (fp16 underflow, a detached or
 frozen graph, saturated activations).
+
+A healthy level is news to nobody: a value is a signal when its score reaches ``quiet_score``
+(the level well below its reference), when it warns, or once in ``quiet_every`` values (the
+board's trace); an alert whose values stop coming resolves by steps, as any other.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ class VanishConfig:
     horizon: int = 2000  # values over which the reference may fall by ``collapse``
     alpha: float = 0.1  # EMA weight of log(x)
     warmup: int = 20  # values before the level is judged
+    quiet_score: float = 0.2  # a score from this on is a signal (the level 5x below its ref)
+    quiet_every: int = 50  # else one value in this many is
 
 
 @dataclass
@@ -36,20 +42,23 @@ class VanishState:
     level: float = NAN  # EMA of log(x)
     ref: float = NAN  # the reference level (log), forgotten at ln(1/collapse)/horizon a value
     seen: int = 0
+    since: int = 0  # values judged since the last one that was a signal
 
 
 def update(state: VanishState, cfg: VanishConfig, metric: str, col: Column) -> Signals | None:
-    """The level after each value against its reference, once ``warmup`` values were seen."""
-    out, ints, floats = _vanishing(
+    """The level after each value against its reference, once ``warmup`` values were seen
+    (those that are signals: ``quiet_score``, a warning, ``quiet_every``)."""
+    out, seen, since, floats = _vanishing(
         col.xs,
         np.array((state.level, state.ref)),
-        int(state.seen),
+        np.array((state.seen, state.since, cfg.warmup, cfg.quiet_every), dtype=np.int64),
         float(cfg.alpha),
         math.log(1.0 / cfg.collapse) / max(cfg.horizon, 1),
-        math.log(cfg.collapse),
-        int(cfg.warmup),
+        float(cfg.collapse),
+        float(cfg.quiet_score),
     )
-    state.level, state.ref, state.seen = float(floats[0]), float(floats[1]), int(ints)
+    state.level, state.ref = float(floats[0]), float(floats[1])
+    state.seen, state.since = int(seen), int(since)
     judged = ~np.isnan(out[1])
     if not judged.any():
         return None
@@ -76,18 +85,21 @@ def update(state: VanishState, cfg: VanishConfig, metric: str, col: Column) -> S
 def _vanishing(  # noqa: PLR0917
     xs: np.ndarray,
     floats: np.ndarray,
-    seen: int,
+    ints: np.ndarray,
     alpha: float,
     forget: float,
-    log_collapse: float,
-    warmup: int,
-) -> tuple[np.ndarray, int, np.ndarray]:
-    """Each value's level and reference (NaN before ``warmup`` values) and score (0.5 where
-    the level is ``collapse`` x the reference); ``floats`` (their logs) is updated in place and
-    returned with the count of values seen."""
+    collapse: float,
+    quiet: float,
+) -> tuple[np.ndarray, int, int, np.ndarray]:
+    """Each value's level, reference and score (0.5 where the level is ``collapse`` x the
+    reference), NaN where it is not a signal (before ``warmup`` values, or quiet);
+    ``floats`` (their logs) is updated in place and returned with the count of values seen
+    and of judged values since the last signal. ``ints``: seen, since, warmup, every."""
     m = len(xs)
     out = np.full((3, m), NAN)
     level, ref = floats[0], floats[1]
+    seen, since, warmup, every = ints[0], ints[1], ints[2], ints[3]
+    log_collapse = math.log(collapse)
     for i in range(m):
         lx = math.log(max(xs[i], TINY))
         level = lx if seen == 0 else level + alpha * (lx - level)
@@ -95,12 +107,18 @@ def _vanishing(  # noqa: PLR0917
         if seen < warmup:
             continue
         ref = level if math.isnan(ref) else max(level, ref - forget)
-        out[0, i] = math.exp(level)
-        out[1, i] = math.exp(ref)
         # how far below the reference, against how far it may be: 0.5 at the threshold
-        out[2, i] = score((ref - level) / -log_collapse)
+        sc = score((ref - level) / -log_collapse)
+        lv, rf = math.exp(level), math.exp(ref)
+        since += 1
+        if sc < quiet and lv >= rf * collapse and since < every:
+            continue
+        since = 0
+        out[0, i] = lv
+        out[1, i] = rf
+        out[2, i] = sc
     floats[0], floats[1] = level, ref
-    return out, seen, floats
+    return out, seen, since, floats
 
 
 def warm_up_kernel() -> None:
