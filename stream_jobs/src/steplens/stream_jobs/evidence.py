@@ -5,7 +5,7 @@ recent inputs).
 A breach is named as it is judged: its signal's detail gains the entry's key (so the alert
 and the incident carry it). An input that comes after the alert fired (a batch record sent
 after its step, stacks sent after the hang was confirmed) is added to the firing alert's
-evidence (``rules.amend``) and its incident reports it again.
+evidence (``amend``) and its incident reports it again.
 """
 
 from __future__ import annotations
@@ -65,10 +65,36 @@ def keep_record(det: RunDetector, rec: Record) -> list[Alert]:
                 continue
             got = e.names(st, cfg, key[0], cur.started_step, ev)
             if got:
-                amended = rules.amend(det.rules, det.run_id, key, got)
+                amended = amend(det.rules, det.run_id, key, got)
                 if amended is not None:
                     out.append(amended)
     return out
+
+
+def amend(
+    state: rules.RulesState, run_id: str, key: tuple[str, str], extra: dict[str, Any]
+) -> Alert | None:
+    """Evidence that came after the alert of ``key`` fired: added to it; its ``firing``
+    transition again, with the evidence now known, for its incident to report (None: it no
+    longer fires)."""
+    cur = state.firing.get(key)
+    if cur is None:
+        return None
+    cur.evidence.update(extra)
+    rule, scope = key
+    return Alert(
+        rule,
+        cur.severity,
+        "firing",
+        scope,
+        rules.hint_for(rule),
+        rules.fingerprint(run_id, rule, scope),
+        run_id,
+        cur.last_step,
+        cur.started_step,
+        f"{rule}: evidence added ({', '.join(extra)})",
+        dict(cur.evidence),
+    )
 
 
 def entry_inputs(entries: list[dict[str, Any]]) -> Inputs | None:

@@ -210,29 +210,6 @@ def quiet(state: RulesState, step: int | None) -> None:
         state.latest_step = step
 
 
-def amend(
-    state: RulesState, run_id: str, key: tuple[str, str], extra: dict[str, Any]
-) -> Alert | None:
-    """Evidence that came after the alert of ``key`` fired (a batch record sent after its
-    spike's step, stacks after the hang): added to it; its ``firing`` transition again, with
-    the evidence now known, for its incident to report (None: it no longer fires)."""
-    cur = state.firing.get(key)
-    if cur is None:
-        return None
-    cur.evidence.update(extra)
-    return _alert(
-        run_id,
-        key[0],
-        cur.severity,
-        "firing",
-        key[1],
-        cur.last_step,
-        cur.started_step,
-        cur.evidence,
-        f"{key[0]}: evidence added ({', '.join(extra)})",
-    )
-
-
 def _resolved(run_id: str, key: tuple[str, str], cur: Firing, step: int | None) -> Alert:
     return _alert(
         run_id,
