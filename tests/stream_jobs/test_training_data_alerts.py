@@ -137,6 +137,22 @@ def test_grad_norm_preclip_is_judged_like_grad_norm():
     assert det.series[0]["arima"]["grad_norm_preclip"].params is not None
 
 
+def test_a_loss_and_pre_clip_gradient_spike_together_are_the_loss_grad_correlation():
+    rng = random.Random(6)
+    recs = []
+    for i in range(400):
+        data = healthy(i, rng, grad_norm_preclip=1.0 + rng.gauss(0, 0.05))
+        if i == 300:
+            data["loss"] *= 1.6
+            data["grad_norm_preclip"] *= 30
+        recs.append(step(i, **data))
+    _, reports, _ = run(recs)
+    first = opened(reports)
+    assert first and first[0].step == 300
+    got = members(first[-1])
+    assert {"spike:loss", "spike:grad_norm_preclip", "correlation:loss_grad"} <= set(got)
+
+
 def test_lr_events_are_published_signals_and_never_alerts():
     from steplens.stream_jobs.publish_limit import QuietLimiter
 
