@@ -48,7 +48,7 @@ class VanishState:
 def update(state: VanishState, cfg: VanishConfig, metric: str, col: Column) -> Signals | None:
     """The level after each value against its reference, once ``warmup`` values were seen
     (those that are signals: ``quiet_score``, a warning, ``quiet_every``)."""
-    out, seen, since, floats = _vanishing(
+    at, out, sev, ints, floats = _vanishing(
         col.xs,
         np.array((state.level, state.ref)),
         np.array((state.seen, state.since, cfg.warmup, cfg.quiet_every), dtype=np.int64),
@@ -58,26 +58,23 @@ def update(state: VanishState, cfg: VanishConfig, metric: str, col: Column) -> S
         float(cfg.quiet_score),
     )
     state.level, state.ref = float(floats[0]), float(floats[1])
-    state.seen, state.since = int(seen), int(since)
-    judged = ~np.isnan(out[1])
-    if not judged.any():
+    state.seen, state.since = int(ints[0]), int(ints[1])
+    if not len(at):
         return None
-    if not judged.all():
-        out = out[:, judged]
-    level, ref, floor = out[0], out[1], out[1] * cfg.collapse
-    sev = np.where(level < floor, WARN_SEV, 0).astype(np.int8)
-    return Signals.of(
+    return Signals(
         "vanishing",
         metric,
-        col.rows[judged],
-        col.steps[judged],
-        level,
+        col.rows[at],
+        col.steps[at],
+        out[0],
         out[2],
         sev,
-        ref,
-        floor,
-        None,
+        out[1],
+        out[3],
+        np.full(len(at), NAN),
         col.rank,
+        "run",
+        None,
     )
 
 
@@ -90,16 +87,19 @@ def _vanishing(  # noqa: PLR0917
     forget: float,
     collapse: float,
     quiet: float,
-) -> tuple[np.ndarray, int, int, np.ndarray]:
-    """Each value's level, reference and score (0.5 where the level is ``collapse`` x the
-    reference), NaN where it is not a signal (before ``warmup`` values, or quiet);
-    ``floats`` (their logs) is updated in place and returned with the count of values seen
-    and of judged values since the last signal. ``ints``: seen, since, warmup, every."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The values that are signals (their indices; not before ``warmup`` values, nor quiet)
+    with their level, reference, score (0.5 where the level is ``collapse`` x the reference)
+    and floor, and severities. ``floats`` (the level and reference, as logs) and ``ints``
+    (seen, since the last signal, warmup, every) are updated in place and returned."""
     m = len(xs)
-    out = np.full((3, m), NAN)
+    at = np.empty(m, np.int64)
+    out = np.empty((4, m))
+    sev = np.zeros(m, np.int8)
     level, ref = floats[0], floats[1]
     seen, since, warmup, every = ints[0], ints[1], ints[2], ints[3]
     log_collapse = math.log(collapse)
+    k = 0
     for i in range(m):
         lx = math.log(max(xs[i], TINY))
         level = lx if seen == 0 else level + alpha * (lx - level)
@@ -110,15 +110,19 @@ def _vanishing(  # noqa: PLR0917
         # how far below the reference, against how far it may be: 0.5 at the threshold
         sc = score((ref - level) / -log_collapse)
         lv, rf = math.exp(level), math.exp(ref)
+        floor = rf * collapse
         since += 1
-        if sc < quiet and lv >= rf * collapse and since < every:
+        low = lv < floor
+        if sc < quiet and not low and since < every:
             continue
         since = 0
-        out[0, i] = lv
-        out[1, i] = rf
-        out[2, i] = sc
+        at[k] = i
+        out[0, k], out[1, k], out[2, k], out[3, k] = lv, rf, sc, floor
+        sev[k] = WARN_SEV if low else 0
+        k += 1
     floats[0], floats[1] = level, ref
-    return out, seen, since, floats
+    ints[0], ints[1] = seen, since
+    return at[:k], out[:, :k].copy(), sev[:k], ints, floats
 
 
 def warm_up_kernel() -> None:
