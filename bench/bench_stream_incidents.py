@@ -3,7 +3,8 @@ worker's detectors (``RunDetector``, the code `steplens worker` runs).
 
 Each run trains an MLP on CPU as ``--ranks`` data-parallel replicas (one shard each, stepped in
 turn) and emits the records the producer would: run_meta (declared cosine schedule), step
-(loss, grad_norm, lr, step_time_s, data_time_s, param_norm, update_ratio, measured), batch
+(loss, grad_norm, lr, step_time_s, data_time_s, param_norm, update_ratio: the share of
+elements updated by more than 1e-3 of their size, measured), batch
 (sample hashes) and hw (GPU memory: bytes of live tensors against a declared budget, since the
 runs are on CPU). Faults start at a random step: lr blow-up, corrupted batch, NaN, slow rank,
 memory growth, duplicated data, stalled rank. Clean runs measure false alarms.
@@ -135,7 +136,17 @@ def train_run(fault: str | None, seed: int, steps: int, ranks: int, start: int) 
             opt.zero_grad()
             loss.backward()
             gn = float(torch.norm(torch.stack([p.grad.norm() for p in m.parameters()])))
+            before = [p.detach().clone() for p in m.parameters()]
             opt.step()
+            # the share of elements updated by more than 1e-3 of their magnitude (watch's),
+            # not counted in the step's time
+            t_share = time.thread_time()
+            moved = sum(
+                int(((p.detach() - b).abs() > 1e-3 * b.abs()).sum())
+                for p, b in zip(m.parameters(), before, strict=True)
+            )
+            upd = moved / sum(b.numel() for b in before)
+            t_start += time.thread_time() - t_share
             if fault == "memory_growth" and on and rank == 0:
                 leak.append(torch.zeros(param_bytes // 2))  # a leak: twice the model a step
             if fault == "slow_rank" and on and rank == 2:  # a degraded device: extra work
@@ -143,7 +154,6 @@ def train_run(fault: str | None, seed: int, steps: int, ranks: int, start: int) 
                     m(xb).sum().backward()
                 opt.zero_grad()
             pn = float(torch.norm(torch.stack([p.detach().norm() for p in m.parameters()])))
-            upd = lr * gn / max(pn, 1e-12)  # |update| / |params| of an SGD step
             st = time.thread_time() - t_start
             now = time.time_ns()
             run.records.append(

@@ -407,3 +407,40 @@ def test_sigkill_resumes_state_and_two_workers_share_partitions(kafka, workers):
     # records replayed after the kill (uncommitted offsets) were not applied twice
     transitions = [(a.run_id, a.data["fingerprint"], a.data["state"], a.step) for a in alerts]
     assert len(transitions) == len(set(transitions))
+
+
+def test_a_spike_alert_names_its_batch_and_lr_events_are_published(kafka, workers):
+    """Through the worker: a loss spike's incident names the samples of that step's batch on
+    its rank (kept from a batch record of another message), and the declared warmup's end is
+    an ``lr_event`` signal on the signals topic, published though quiet."""
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    w = workers("--no-arima").start()
+    w.wait_metrics()
+    sched = {"kind": "constant", "peak_lr": 1e-3, "warmup_steps": 10}
+    kafka.send([make_record("run_meta", {"world_size": 1, "lr_schedule": sched}, run_id=run)])
+    recs = []
+    for r in steps(run, 0, 80, spike_at=60):
+        ids = [f"doc-{r.step}-{k}" for k in range(4)]
+        hashes = [f"{r.step:08x}{k:08x}" for k in range(4)]
+        data = {"n_samples": 4, "sample_hashes": hashes, "sample_ids": ids}
+        recs.append(make_record("batch", data, run_id=run, step=r.step, time_ns=r.time_ns))
+        lr = 1e-3 * min(1.0, (r.step + 1) / 10)
+        recs.append(make_record("step", {**r.data, "lr": lr}, run_id=run, step=r.step,
+                                seq=r.seq, time_ns=r.time_ns))  # fmt: skip
+    kafka.send(recs)
+    alerts = kafka.collect(
+        kafka.topics.alerts, lambda got: bool(alerts_matching(got, state="firing"))
+    )
+    fired = alerts_matching(alerts, state="firing")
+    assert fired[0].step == 60 and fired[0].data["rule"] == "spike:loss"
+    member = next(m for m in fired[0].data["evidence"]["members"] if m["rule"] == "spike:loss")
+    assert member["samples"]["ids"] == [f"doc-60-{k}" for k in range(4)]
+    assert member["samples"]["hashes"][0] == f"{60:08x}{0:08x}"
+    sigs = kafka.collect(
+        kafka.topics.signals, lambda got: any(s.data["name"] == "lr_event" for s in got)
+    )
+    events = [s for s in sigs if s.data["name"] == "lr_event"]
+    assert [
+        (e.step, e.data["detail"]["kind"], e.data["detail"]["declared_step"]) for e in events
+    ] == [(9, "warmup_end", 10)]
+    assert "Crashed" not in w.log.read_text()

@@ -108,15 +108,24 @@ def test_hw_thresholds_and_sustained_low_util():
     assert comm[0].severity == "warning" and comm[0].scope == "rank:1"
 
 
-def test_update_ratio_collapse_and_param_norm_instability():
+def test_update_share_below_five_percent_warns_once_it_persists_and_param_norm_instability():
+    """``update_ratio`` is the share of elements updated by more than 1e-3 of their size: an
+    Adam step moves most of them (0.6-0.9); a collapse (an lr decayed to nothing) moves almost
+    none. Below 5 % for 3 values in a row warns; one low value does not."""
     st = training.TrainingState()
     cfg = training.TrainingConfig()
     flags = []
     for i in range(40):
-        r = 1e-3 if i < 30 else 1e-6
+        r = 0.02 if i == 10 else (0.75 if i < 30 else 0.01)
         st, sigs = one(st, cfg, "update_ratio", r, i)
         flags += [s.step for s in sigs if s.severity]
-    assert flags and flags[0] == 30
+    assert flags == list(range(32, 40))
+    assert sigs[0].expected == 0.05 and sigs[0].score > 0.8
+    # not judged before the declared warmup ends (a warming lr moves few elements)
+    st = training.TrainingState(schedule={"peak_lr": 1e-3, "warmup_steps": 100})
+    got = [one(st, cfg, "update_ratio", 0.001, i)[1] for i in range(0, 200, 10)]
+    assert [len(g) for g in got] == [0] * 10 + [1] * 10
+    assert [bool(g[0].severity) for g in got[10:]] == [False] * 2 + [True] * 8
     st = training.TrainingState()
     flags = []
     for i in range(40):

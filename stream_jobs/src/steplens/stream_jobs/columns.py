@@ -10,7 +10,7 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-from steplens.stream_jobs.signals.registry import NOT_SERIES
+from steplens.stream_jobs.signals.registry import FLAGS, NOT_SERIES
 
 Cells = Sequence[float | None] | np.ndarray  # a metric's value per row (None: the row has none)
 Columns = Mapping[str, Cells]
@@ -36,7 +36,11 @@ def entry_columns(entries: list[dict[str, Any]]) -> dict[str, list[float | None]
         if name in _NOT_BATCH_SERIES:
             continue
         got: list[Any] = [e.get(name) for e in entries]
-        if not all(type(v) is float for v in got):  # the common case, checked first
+        if name in FLAGS:  # a flag (clipped): 1.0 or 0.0
+            got = [None if type(v) is not bool else float(v) for v in got]
+            if all(v is None for v in got):
+                continue
+        elif not all(type(v) is float for v in got):  # the common case, checked first
             got = [float(v) if _number(v) else None for v in got]
             if all(v is None for v in got):
                 continue
@@ -58,15 +62,24 @@ def entry_columns(entries: list[dict[str, Any]]) -> dict[str, list[float | None]
 # guard sends, and a mean that still holds it 100 steps later is old news
 LAST_OF_WINDOW = frozenset({"lr"})
 
+Window = tuple[
+    int | None,
+    int | None,
+    dict[str, list[float | None]],
+    dict[str, float],
+    float | None,
+    dict[str, tuple[float, int]],
+]
 
-def window_columns(
-    data: dict[str, Any], step: int | None
-) -> tuple[int | None, int | None, dict[str, list[float | None]], dict[str, float], float | None]:
+
+def window_columns(data: dict[str, Any], step: int | None) -> Window:
     """A ``step_window``'s last and first step, its metrics' means (``LAST_OF_WINDOW``: last
-    values) as one-row columns, their extremes (NaN: a non-finite value in the window) and its
-    mean data wait."""
+    values) as one-row columns, their extremes (NaN: a non-finite value in the window), its
+    mean data wait, and each metric's own spread: its standard deviation over the window's
+    steps (NaN when not sent) and its count of finite values."""
     columns: dict[str, list[float | None]] = {}
     peaks: dict[str, float] = {}
+    spreads: dict[str, tuple[float, int]] = {}
     for name, stats in data["metrics"].items():
         if not isinstance(stats, dict):
             continue
@@ -81,6 +94,9 @@ def window_columns(
             peaks[name] = math.nan
         elif _number(stats.get("max")):
             peaks[name] = float(stats["max"])
+        count, std = stats.get("count"), stats.get("std")
+        if isinstance(count, int) and not isinstance(count, bool):
+            spreads[name] = (float(std) if _number(std) else math.nan, count)
     last = data.get("step_last", step)
     first = data.get("step_first")
     dt = data["metrics"].get("data_time_s", {})
@@ -91,6 +107,7 @@ def window_columns(
         columns,
         peaks,
         float(wait) if _number(wait) else None,
+        spreads,
     )
 
 

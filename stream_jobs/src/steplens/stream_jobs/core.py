@@ -322,6 +322,10 @@ class Column:
     probes: np.ndarray | None = None  # the values scored where not ``xs`` (a window's peak)
     firsts: np.ndarray | None = None  # a window's first step (its values are means over it)
     want_fit: Callable[[Any], None] | None = None  # a model is asked for (ARIMA)
+    # a window's own standard deviation of its steps' values (NaN: not sent) and how many
+    # values it aggregates; None for step rows (one value each)
+    spreads: np.ndarray | None = None
+    counts: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.xs)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from steplens.producer.schema import RUN_RANK, Record
-from steplens.stream_jobs import batch_rules, fits, incidents, rules, step_tail
+from steplens.stream_jobs import batch_rules, evidence, fits, incidents, rules, step_tail
 from steplens.stream_jobs.columns import (
     Cells,
     Columns,
@@ -81,9 +81,11 @@ class RunDetector:
         if kind == "step":
             return self.process_steps([rec])
         self.records += 1
+        # a batch record or stacks, kept for the evidence; firing alerts it completes
+        amended = evidence.keep_record(self, rec) if kind in evidence.KINDS else None
         batch: list[Signals] = []
         if kind == "step_window":
-            step, first, metrics, peaks, wait = window_columns(data, rec.step)
+            step, first, metrics, peaks, wait, spreads = window_columns(data, rec.step)
             self._already_probed(rec.rank, first, step, peaks)
             batch = self.process_columns(
                 rec.rank,
@@ -93,6 +95,7 @@ class RunDetector:
                 data_times=[wait],
                 peaks=peaks,
                 firsts=None if first is None else [first],
+                spreads=spreads,
             )
         elif kind == "run_meta":
             self._run_meta(data)
@@ -101,7 +104,11 @@ class RunDetector:
                 batch += e.on_record(
                     self.run_states[e.key], getattr(self.cfg, e.key), rec, self.run
                 )
-        return batch, self.evaluate(batch, 1, [rec.time_ns])
+        evidence.annotate(self, batch, rec.rank, None)
+        alerts = self.evaluate(batch, 1, [rec.time_ns])
+        if amended:
+            alerts += incidents.update(self.incidents, self.cfg.incidents, amended, rec.time_ns)
+        return batch, alerts
 
     def process_steps(self, recs: list[Record]) -> tuple[list[Signals], list[Alert]]:
         """``step`` records of one rank, in order, scored as one batch (a record is a batch of
@@ -139,8 +146,10 @@ class RunDetector:
             # the worker); the run goes on with the schedule it had
             self.schedule = lr_schedule.check_schedule(data["lr_schedule"])
             for rank, s in self.series.items():
-                for st in s.get("lr", {}).values():
-                    st.schedule = self.schedule
+                for states in s.values():
+                    for st in states.values():
+                        if hasattr(st, "schedule"):  # a detector that reads the schedule
+                            st.schedule = self.schedule
                 self.touched.add(rank)
 
     def process_entries(
@@ -158,9 +167,11 @@ class RunDetector:
         waits = [w if isinstance(w, (int, float)) else None for w in waits]
         if behind is None:  # the other ranks' batches of the same steps may come after this
             behind = max(steps) - min(steps) if steps else 0
+        inputs = evidence.entry_inputs(entries)  # layer norms, kept for the evidence
         batch = self.process_columns(
             rank, steps, times, entry_columns(entries), data_times=waits, behind=behind
         )
+        evidence.annotate(self, batch, rank, inputs)
         return batch, self.evaluate(batch, n, times)
 
     def evaluate(self, batch: list[Signals], n: int, times_ns: Sequence[int]) -> list[Alert]:
@@ -199,11 +210,13 @@ class RunDetector:
         behind: int = 0,
         peaks: dict[str, float] | None = None,
         firsts: Sequence[int] | None = None,
+        spreads: dict[str, tuple[float, int]] | None = None,
     ) -> list[Signals]:
         """Score the metrics of ``len(steps)`` consecutive steps of ``rank``, one metric at a
         time (``columns``, in order). ``peaks``: a one-row window's extremes, probed for spikes
         (NaN: a non-finite value in the window); ``firsts``: its first step (its metrics are
-        means over the window). A non-finite value is a ``nonfinite`` signal, learnt by none."""
+        means over the window); ``spreads``: its metrics' standard deviations and counts. A
+        non-finite value is a ``nonfinite`` signal, learnt by none."""
         cfg = self.cfg
         n = len(steps)
         s = self.series.get(rank)
@@ -222,6 +235,9 @@ class RunDetector:
                 batch.append(bad)
             if col is None:
                 continue
+            if spreads and metric in spreads:  # a window's own spread (one row)
+                std, count = spreads[metric]
+                col.spreads, col.counts = np.array([std]), np.array([count], dtype=np.int64)
             col.want_fit = want_fit
             for e in route(metric, self.generic):
                 if e.enabled is not None and not getattr(cfg, e.enabled):
@@ -304,15 +320,15 @@ def _finite(  # noqa: PLR0917
 
 
 def _state(s: dict[str, dict[str, Any]], key: str, metric: str, new: Any, schedule: Any) -> Any:
-    """Rank series ``s``'s state of detector ``key`` for ``metric``, made at first use (an lr
-    state with the run's declared schedule)."""
+    """Rank series ``s``'s state of detector ``key`` for ``metric``, made at first use (one
+    that reads the run's declared lr schedule gets it)."""
     states = s.get(key)
     if states is None:
         states = s[key] = {}
     st = states.get(metric)
     if st is None:
         st = states[metric] = new()
-        if isinstance(st, lr_schedule.LrState):
+        if hasattr(st, "schedule"):
             st.schedule = schedule
     return st
 

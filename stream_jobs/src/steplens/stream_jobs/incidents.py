@@ -45,6 +45,8 @@ TOPICS: Mapping[str, str] = {
     "arima:grad_norm_preclip": "training",
     "lr_schedule": "training",
     "training": "training",
+    "clipping": "training",
+    "vanishing": "training",
     "correlation:loss_grad": "training",
     "arima:step_time_s": "throughput",
     "arima:tokens_per_s": "throughput",
@@ -78,6 +80,8 @@ SPECIFIC: Mapping[str, int] = {
     "threshold": 3,
     "hardware": 3,
     "training": 3,
+    "clipping": 3,
+    "vanishing": 3,
     "spike": 2,
     "plateau": 2,
     "perplexity": 2,
@@ -164,10 +168,16 @@ def incident_id(run_id: str, topic: str, step: int | None) -> str:
 
 
 def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> Incident | None:
-    """The open incident ``a`` (firing) joins, or None: the run's latest of its topic, unless
-    no member of that one started in the ``join_gap`` steps before ``a`` (a new event, while
-    the last one's slow members, such as a volatility window, still fire); else one that
-    started within ``join_steps`` of it."""
+    """The open incident ``a`` (firing) joins, or None: the one it is already a member of
+    (its evidence amended); else the run's latest of its topic, unless no member of that one
+    started in the ``join_gap`` steps before ``a`` (a new event, while the last one's slow
+    members, such as a volatility window, still fire); else one that started within
+    ``join_steps`` of it."""
+    mine = state.of_alert.get(a.fingerprint)
+    if mine is not None and mine[1] == f"{a.fingerprint}@{a.started_step}":
+        inc = state.open.get(mine[0])
+        if inc is not None:
+            return inc
     topic = topic_of(a.rule)
     start = a.started_step if a.started_step is not None else a.step
     same = [i for i in state.open.values() if i.run_id == a.run_id and i.topic == topic]
@@ -204,18 +214,22 @@ def update(
     order of ``alerts``. ``time_ns``: the time of the record these alerts fired on."""
     before = {fp: (inc.severity, inc.lead.rule, inc.rules()) for fp, inc in state.open.items()}
     changed: dict[str, Incident] = {}
+    grown: set[str] = set()  # incidents a member of which gained evidence
     firing = sorted(
         (a for a in alerts if a.state == "firing"),
         key=lambda a: (topic_of(a.rule), a.rule, a.scope),
     )
     for a in firing:
-        inc = _firing(state, cfg, a, time_ns)
+        inc, grew = _firing(state, cfg, a, time_ns)
         changed[inc.fingerprint] = inc
+        if grew:
+            grown.add(inc.fingerprint)
     step = max((a.step for a in alerts if a.step is not None), default=None)
     out: list[Alert] = []
     for inc in sorted(changed.values(), key=lambda i: (i.topic, i.fingerprint)):
         was = before.get(inc.fingerprint)
-        if was is None or _news(inc, *was):  # new, escalated, a better hint, a new finding
+        # new, escalated, a better hint, a new finding, or a member's evidence completed
+        if was is None or _news(inc, *was) or inc.fingerprint in grown:
             out.append(_report(inc, cfg, "firing", step, time_ns))
     for a in alerts:
         if a.state != "firing":
@@ -223,8 +237,11 @@ def update(
     return out
 
 
-def _firing(state: IncidentsState, cfg: IncidentsConfig, a: Alert, time_ns: int) -> Incident:
-    """The incident ``a`` joins (or opens); a member inhibited from now on."""
+def _firing(
+    state: IncidentsState, cfg: IncidentsConfig, a: Alert, time_ns: int
+) -> tuple[Incident, bool]:
+    """The incident ``a`` joins (or opens), and whether it adds evidence to a member it
+    already is; a member inhibited from now on."""
     inc = _home(state, cfg, a)
     member = Member(a.rule, a.scope, a.severity, a.hint, a.started_step, a.step, True, a.evidence)
     if inc is None:
@@ -235,13 +252,14 @@ def _firing(state: IncidentsState, cfg: IncidentsConfig, a: Alert, time_ns: int)
     again = inc.members.get(key)  # an escalation of a firing member keeps its peak
     if again is not None and RANK.get(again.severity, 0) > RANK.get(member.severity, 0):
         member.severity = again.severity
+    grew = again is not None and not again.evidence.keys() >= member.evidence.keys()
     inc.members[key] = member
     state.of_alert[a.fingerprint] = [inc.fingerprint, key]
     if RANK.get(a.severity, 0) > RANK.get(inc.severity, 0):
         inc.severity = a.severity
     if a.step is not None and (inc.last_step is None or a.step > inc.last_step):
         inc.last_step = a.step
-    return inc
+    return inc, grew
 
 
 def _news(inc: Incident, severity: str, lead: str, rules: frozenset[str]) -> bool:

@@ -1,4 +1,4 @@
-"""Which quiet signals the worker publishes: breaches always, the rest thinned out.
+"""Which quiet signals the worker publishes: breaches and events always, the rest thinned out.
 
 A quiet signal (no severity, score below the alert threshold) carries the detector's score for
 dashboards; publishing every one would cost more than detecting it. One goes out per run, rank
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from steplens.stream_jobs.core import NO_STEP, Signal, Signals
+from steplens.stream_jobs.signals.registry import EVENTS
 
 
 @dataclass
@@ -40,7 +41,7 @@ class QuietLimiter:
         return got
 
     def wanted(self, run: str, sig: Signal, now: float) -> bool:
-        if sig.severity is not None or sig.score >= 0.5:
+        if sig.severity is not None or sig.score >= 0.5 or sig.name in EVENTS:
             return True
         if self.every <= 0 or sig.step is None:
             return False
@@ -59,6 +60,8 @@ class QuietLimiter:
         through, asked one after the other: every breach, and the quiet ones the limits allow,
         each rank's series on its own. A rank with nothing loud whose time limit has not passed
         is skipped whole, without reading its signals."""
+        if sigs.name in EVENTS:  # an event (an lr decay): every one
+            return list(range(len(sigs)))
         loud = sigs.loud()
         any_loud = bool(loud.any())
         out: list[int] = np.flatnonzero(loud).tolist() if any_loud else []

@@ -33,6 +33,7 @@ from steplens.stream_jobs.policy import JudgeState
 from steplens.stream_jobs.rules import Firing, RulesState
 from steplens.stream_jobs.signals.arima_fit import ArimaParams
 from steplens.stream_jobs.signals.registry import ENTRIES
+from steplens.stream_jobs.signals.sketches import Bloom, Distinct
 
 log = logging.getLogger("steplens.stream_jobs")
 
@@ -43,6 +44,8 @@ CLASSES: dict[str, type] = {
     for c in (
         *(e.state for e in ENTRIES),
         ArimaParams,
+        Bloom,
+        Distinct,
         JudgeState,
         CalibrationState,
         RulesState,
@@ -171,6 +174,13 @@ def load_state(
             det.series[rank] = unpack(part) if part else _missing()
         except Exception as exc:
             log.warning("rank %s of run %s starts afresh: %s", rank, det.run_id, exc)
+            continue
+        # a state that reads the lr schedule, stored before it did (format 1's training
+        # state): the run's, as when the run declares one
+        for states in det.series[rank].values():
+            for st in states.values():
+                if getattr(st, "schedule", False) is None:
+                    st.schedule = det.schedule
     return det
 
 

@@ -87,7 +87,16 @@ def _median_sorted(s: np.ndarray, n: int) -> float:
 def warm_up() -> None:
     """Compile the detectors' loops, or load them from the cache, before the first batch
     needs them."""
-    from steplens.stream_jobs.signals import arima, lr_schedule, ranks, spike, volatility
+    from steplens.stream_jobs.signals import (
+        arima,
+        clipping,
+        lr_schedule,
+        ranks,
+        sketches,
+        spike,
+        vanishing,
+        volatility,
+    )
 
-    for mod in (spike, arima, volatility, lr_schedule, ranks):
+    for mod in (spike, arima, volatility, lr_schedule, ranks, clipping, vanishing, sketches):
         mod.warm_up_kernel()

@@ -8,6 +8,11 @@ Adding a signal is a module under ``signals/`` and an entry here. ``DetectorConf
   rank and metric. A step record is a run of one value, a step batch a run of many.
 * ``Records``: a detector of records of its own kinds, ``on_record(state, cfg, rec, run) ->
   list[Signals]``; one state per run.
+* ``Evidence``: a rank's memory of recent inputs (a record kind's data, or step fields) that
+  the evidence of a breach names (``stream_jobs.evidence``): ``keep(state, cfg, step, data)``,
+  and ``names(state, cfg, rule, step, detail) -> {key: ...} | None`` for a breach of ``rule``
+  at ``step`` on that rank (``detail``: the signal's, or the firing alert's evidence); one
+  state per rank.
 """
 
 from __future__ import annotations
@@ -20,22 +25,45 @@ from typing import Any
 from steplens.stream_jobs.policy import Policy
 from steplens.stream_jobs.signals import (
     arima,
+    clipping,
     data_quality,
     evals,
+    gpu_errors,
+    layers,
+    lengths,
+    lr_events,
     lr_schedule,
     ranks,
+    samples,
     spike,
+    stacks,
     thresholds,
     training,
+    vanishing,
     volatility,
 )
 
+# step fields that are flags (bool), scored as 1.0 or 0.0
+FLAGS = frozenset({"clipped"})
 # metrics checked for non-finite values only, even by the generic (offline) detectors
 NONFINITE_ONLY = frozenset(
-    {"lr", "param_norm", "update_ratio", "step_time_s", "tokens_per_s", "mfu"}
+    {"lr", "param_norm", "update_ratio", "step_time_s", "tokens_per_s", "mfu", *FLAGS}
 )
 # step fields that are not series to score on their own
-NOT_SERIES = frozenset({"tokens", "clipped", "group_lrs", "reason", "scalars", "data_time_s"})
+NOT_SERIES = frozenset(
+    {
+        "tokens",
+        "group_lrs",
+        "reason",
+        "scalars",
+        "data_time_s",
+        "layer_grad_norms",
+        "layer_param_norms",
+    }
+)
+# signals that are records for the board, not judgements (an lr decay, a window's length
+# histogram): every one is published, none alerts
+EVENTS = frozenset({"lr_event", lengths.NAME})
 
 
 @dataclass(frozen=True)
@@ -67,12 +95,29 @@ class Records:
     hints: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Evidence:
+    key: str  # its settings' attribute, its state's name, and the evidence's key
+    config: Callable[[], Any]
+    state: type
+    keep: Callable[..., None]
+    names: Callable[..., dict[str, Any] | None]
+    rules: frozenset[str]  # the rules (name:metric) whose breaches it names
+    kinds: frozenset[str] = frozenset()  # the record kinds it keeps
+    fields: frozenset[str] = frozenset()  # the step fields it keeps
+    hints: dict[str, str] = field(default_factory=dict)
+
+
 SPIKE_HINTS = {
     "spike:loss": "loss spike: inspect the batch at this step (corrupted or out-of-distribution "
-    "data), then the lr",
-    "spike:grad_norm": "gradient-norm spike: check clipping, the lr and the batch at this step",
+    "data; its samples are in the evidence), then the lr",
+    "spike:grad_norm": "gradient-norm spike: check clipping, the lr and the batch at this step "
+    "(its samples and the layers that moved are in the evidence)",
+    "spike:grad_norm_preclip": "pre-clip gradient-norm spike: check the lr and the batch at "
+    "this step (its samples and the layers that moved are in the evidence)",
     "spike": "value far above its recent robust baseline",
 }
+GRAD_NORMS = frozenset({"grad_norm", "grad_norm_preclip"})
 
 SERIES: tuple[Series, ...] = (
     Series(
@@ -103,7 +148,7 @@ SERIES: tuple[Series, ...] = (
         ),
         spike.SpikeState,
         spike.update,
-        frozenset({"grad_norm", "grad_norm_preclip"}),
+        GRAD_NORMS,
         group="spike",
     ),
     Series(
@@ -128,8 +173,8 @@ SERIES: tuple[Series, ...] = (
         arima.ArimaConfig,
         arima.ArimaState,
         arima.update,
-        frozenset({"loss", "grad_norm", "step_time_s", "tokens_per_s"}),
-        generic_except=frozenset({"lr"}),
+        frozenset({"loss", *GRAD_NORMS, "step_time_s", "tokens_per_s"}),
+        generic_except=frozenset({"lr", *FLAGS}),
         enabled="arima_enabled",
         hints={
             "arima": "the series left its forecast interval for several steps: a change in regime"
@@ -147,14 +192,47 @@ SERIES: tuple[Series, ...] = (
         },
     ),
     Series(
+        "lr_events",
+        lr_events.LrEventConfig,
+        lr_events.LrEventState,
+        lr_events.update,
+        frozenset({"lr"}),
+    ),
+    Series(
         "training",
         training.TrainingConfig,
         training.TrainingState,
         training.update,
         frozenset({"update_ratio", "param_norm"}),
         hints={
-            "training:update_ratio": "parameter updates collapsed: lr or optimizer state",
-            "training:param_norm": "parameter norm unstable: lower the lr, check weight decay",
+            "training:update_ratio": "fewer than 5 % of the parameters moved by more than 1e-3 "
+            "of their size: the lr decayed to nothing or is too low, the optimizer state is "
+            "broken (a reset, a huge epsilon) or the parameters are frozen",
+            "training:param_norm": "parameter norm unstable: lower the lr, check weight decay "
+            "(the layers that moved are in the evidence)",
+        },
+    ),
+    Series(
+        "clipping",
+        clipping.ClipConfig,
+        clipping.ClipState,
+        clipping.update,
+        FLAGS,
+        hints={
+            "clipping": "the gradient is clipped on most steps: every update is the clip's; "
+            "the lr is too high or the data is wrong (check the batches, then lower the lr)"
+        },
+    ),
+    Series(
+        "vanishing",
+        vanishing.VanishConfig,
+        vanishing.VanishState,
+        vanishing.update,
+        GRAD_NORMS,
+        hints={
+            "vanishing": "the gradient norm collapsed toward zero: vanishing gradients (fp16 "
+            "underflow or a stuck loss scale, a detached or frozen graph, saturated "
+            "activations); the layers that moved are in the evidence"
         },
     ),
 )
@@ -177,6 +255,21 @@ RECORDS: tuple[Records, ...] = (
         data_quality.HINTS,
     ),
     Records(
+        "lengths",
+        lengths.LengthConfig,
+        lengths.LengthState,
+        lengths.on_record,
+        frozenset({"batch"}),
+    ),
+    Records(
+        "gpu_errors",
+        gpu_errors.GpuErrorConfig,
+        gpu_errors.GpuErrorState,
+        gpu_errors.on_record,
+        frozenset({"hw"}),
+        gpu_errors.HINTS,
+    ),
+    Records(
         "evals",
         evals.EvalConfig,
         evals.EvalState,
@@ -190,16 +283,46 @@ RECORDS: tuple[Records, ...] = (
         ranks.RanksConfig,
         ranks.RanksState,
         ranks.on_record,
-        frozenset({"hw", "health"}),
+        frozenset({"hw", "health", "stacks"}),
         {
             "straggler": "one rank is consistently slower: check its GPU, host and data loading",
             "hang": "no progress while records still arrive: a hang (collective or data "
-            "loader); dump the stacks of the stuck rank",
+            "loader); the stuck rank's stacks are in the evidence when it sent them",
         },
     ),
 )
 
-ENTRIES: tuple[Series | Records, ...] = (*SERIES, *RECORDS)
+EVIDENCE: tuple[Evidence, ...] = (
+    Evidence(
+        "samples",
+        samples.SamplesConfig,
+        samples.SamplesState,
+        samples.keep,
+        samples.names,
+        samples.RULES,
+        kinds=frozenset({"batch"}),
+    ),
+    Evidence(
+        "layers",
+        layers.LayersConfig,
+        layers.LayersState,
+        layers.keep,
+        layers.names,
+        frozenset(layers.RULES),
+        fields=frozenset(layers.FIELDS),
+    ),
+    Evidence(
+        "stacks",
+        stacks.StacksConfig,
+        stacks.StacksState,
+        stacks.keep,
+        stacks.names,
+        stacks.RULES,
+        kinds=frozenset({"stacks"}),
+    ),
+)
+
+ENTRIES: tuple[Series | Records | Evidence, ...] = (*SERIES, *RECORDS, *EVIDENCE)
 HINTS: dict[str, str] = {k: v for e in ENTRIES for k, v in e.hints.items()}
 
 

@@ -1,4 +1,11 @@
-"""Optimizer health from watch(): update ratio collapse and parameter-norm instability."""
+"""Optimizer health from watch(): update-ratio collapse and parameter-norm instability.
+
+``update_ratio`` is the share of parameter elements whose update exceeded 1e-3 of their
+magnitude in the step (the producer samples the elements); below ``update_share_floor`` (5 %)
+for ``update_persist`` values in a row, the optimizer has nearly stopped moving the model (an lr
+decayed to nothing, a broken optimizer state, frozen parameters). Not judged before the declared
+warmup ends: a warming lr moves few elements by design.
+"""
 
 from __future__ import annotations
 
@@ -6,35 +13,38 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from steplens.stream_jobs.core import WARN_SEV, Column, Signals, median, score_of
+from steplens.stream_jobs.core import WARN_SEV, Column, Signals, score_of, scores_of
 
 NAN = math.nan
 
 
 @dataclass
 class TrainingConfig:
-    update_ratio_floor: float = 0.05  # update ratio below 5 % of its recent median
-    update_window: int = 50
-    update_warmup: int = 10
+    update_share_floor: float = 0.05  # share of elements updated by more than 1e-3 of their size
+    update_persist: int = 3  # values below the floor in a row before it warns
     param_norm_window: int = 20
     param_norm_std: float = 0.10  # window std above 10 % of the current norm
 
 
 @dataclass
 class TrainingState:
-    recent: deque[float] = field(default_factory=deque)  # the metric's recent values
+    recent: deque[float] = field(default_factory=deque)  # param_norm's recent values
+    below: int = 0  # update_ratio values below the floor in a row
+    schedule: dict[str, Any] | None = None  # the run's declared lr schedule (its warmup)
 
 
 def update(state: TrainingState, cfg: TrainingConfig, metric: str, col: Column) -> Signals | None:
-    """``update_ratio`` against its recent median, ``param_norm``'s spread over its window."""
-    judge = _update_ratio if metric == "update_ratio" else _param_norm
+    """``update_ratio`` against its floor, ``param_norm``'s spread over its window."""
+    if metric == "update_ratio":
+        return _update_share(state, cfg, col)
     at: list[int] = []
     cols: list[list[float]] = [[], [], [], [], []]  # value, score, severity, expected, lower
     for k, x in enumerate(col.xs.tolist()):
-        got = judge(state, cfg, x)
+        got = _param_norm(state, cfg, x)
         if got is not None:
             at.append(k)
             for c, v in zip(cols, got, strict=True):
@@ -57,20 +67,45 @@ def update(state: TrainingState, cfg: TrainingConfig, metric: str, col: Column) 
     )
 
 
-def _update_ratio(
-    state: TrainingState, cfg: TrainingConfig, x: float
-) -> tuple[float, float, float, float, float] | None:
-    recent = state.recent
-    out = None
-    if len(recent) >= cfg.update_warmup:
-        base = median(recent)
-        limit = cfg.update_ratio_floor * base
-        breach = base > 0 and x < limit
-        out = (x, score_of(limit / x) if x > 0 else 1.0, WARN_SEV if breach else 0, base, limit)
-    recent.append(x)
-    if len(recent) > cfg.update_window:
-        recent.popleft()
-    return out
+def warmup_end(schedule: dict[str, Any] | None) -> int:
+    """The step the declared warmup ends at (0: none declared)."""
+    if not schedule:
+        return 0
+    w = schedule.get("warmup_steps")
+    return int(w) if isinstance(w, (int, float)) and not isinstance(w, bool) else 0
+
+
+def _update_share(state: TrainingState, cfg: TrainingConfig, col: Column) -> Signals | None:
+    """Each share against the floor, once the declared warmup is over; it warns from the
+    ``update_persist``-th value below the floor in a row."""
+    floor = cfg.update_share_floor
+    warm = warmup_end(state.schedule)
+    keep = col.steps >= warm if warm else None  # a value without a step: not after it
+    if keep is not None and not keep.any():
+        return None
+    xs = col.xs if keep is None else col.xs[keep]
+    sev = np.zeros(len(xs), np.int8)
+    below = state.below
+    for k, x in enumerate(xs.tolist()):
+        below = below + 1 if x < floor else 0
+        if below >= cfg.update_persist:
+            sev[k] = WARN_SEV
+    state.below = below
+    with np.errstate(divide="ignore", over="ignore"):
+        score = scores_of(floor / xs)  # 1 at a share of 0
+    return Signals.of(
+        "training",
+        "update_ratio",
+        col.rows if keep is None else col.rows[keep],
+        col.steps if keep is None else col.steps[keep],
+        xs,
+        score,
+        sev,
+        floor,
+        floor,
+        None,
+        col.rank,
+    )
 
 
 def _param_norm(

@@ -2,6 +2,12 @@
 
 The noise is the standard deviation of first differences divided by sqrt(2): on a steadily
 falling loss it measures the jitter, not the trend. Kept with running sums, O(1) per value.
+
+A ``step_window`` that carries its own standard deviation (of its steps' values) is judged on
+it: the window's relative noise is its std over its mean, less the part a linear trend over the
+window explains (the slope between this window's mean and the last's), so "the std of the last
+N steps over 10 %" means what it says. A window without it (or of fewer than
+``min_window_values`` steps) is one value of the series above, as a step record is.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from steplens.producer.schema import RUN_RANK
-from steplens.stream_jobs.core import Column, Signals
+from steplens.stream_jobs.core import Column, Signals, score_of
 from steplens.stream_jobs.policy import Policy
 from steplens.stream_jobs.signals.kernels import jit, score
 
@@ -25,6 +31,7 @@ class VolatilityConfig:
     window: int = 50
     threshold: float = 0.10  # relative noise above this warns
     abs_floor: float = 1e-3  # |mean| below this is treated as this (near-zero losses)
+    min_window_values: int = 8  # a window's own std is read from this many values on
     policy: Policy | None = None  # None: the design's anchor, relative noise over threshold
 
     def __post_init__(self) -> None:
@@ -37,11 +44,18 @@ class VolatilityState:
     values: np.ndarray = field(default_factory=lambda: _EMPTY)  # the window, oldest first
     diffs: np.ndarray = field(default_factory=lambda: _EMPTY)  # its differences
     sums: np.ndarray = field(default_factory=lambda: np.zeros(3))  # of values, diffs, diffs²
+    # the last window judged on its own std: its mean and last step (the trend to the next)
+    window_mean: float = NAN
+    window_step: int = -1
 
 
 def update(state: VolatilityState, cfg: VolatilityConfig, metric: str, col: Column) -> Signals:
     """The relative noise after each value (0, without a score, until the window is full).
     The signals are of the run (rank -1): the series is one rank's, the scope the run's."""
+    if col.spreads is not None and col.firsts is not None and col.counts is not None:
+        std, count = float(col.spreads[0]), int(col.counts[0])
+        if math.isfinite(std) and count >= cfg.min_window_values:
+            return _window(state, cfg, metric, col, std)
     cvs, scores, judged, values, diffs = _volatility(
         col.xs,
         state.values,
@@ -66,6 +80,34 @@ def update(state: VolatilityState, cfg: VolatilityConfig, metric: str, col: Colu
         nan,
         nan,
         RUN_RANK,
+    )
+
+
+def _window(
+    state: VolatilityState, cfg: VolatilityConfig, metric: str, col: Column, std: float
+) -> Signals:
+    """A window's relative noise from its own std (one row), without the variance a linear
+    trend from the last such window explains; the first window is not judged (no trend yet)."""
+    assert col.firsts is not None
+    mean, step, first = float(col.xs[0]), int(col.steps[0]), int(col.firsts[0])
+    prev, prev_step = state.window_mean, state.window_step
+    state.window_mean, state.window_step = mean, step
+    var = std * std
+    judged = math.isfinite(prev) and step > prev_step
+    if judged:
+        slope = (mean - prev) / (step - prev_step)
+        span = max(step - first + 1, 1)
+        var = max(0.0, var - slope * slope * (span * span - 1) / 12.0)
+    cv = math.sqrt(var) / max(abs(mean), cfg.abs_floor)
+    return Signals.of(
+        "volatility",
+        metric,
+        col.rows,
+        col.steps,
+        cv,
+        score_of(cv / cfg.threshold) if judged else NAN,
+        None,
+        cfg.threshold if judged else None,
     )
 
 
