@@ -7,6 +7,7 @@ from __future__ import annotations
 import resource
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,10 @@ def test_up_starts_it_only_when_asked(monkeypatch) -> None:
 
 def test_help_names_the_optional_service() -> None:
     out = subprocess.run(
-        ["steplens", "stack", "up", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "steplens.producer.cli", "stack", "up", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert "--with SERVICE" in out and "alertmanager" in out
 
