@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from steplens.producer.schema import RUN_RANK, Record
-from steplens.stream_jobs import batch_rules, evidence, fits, incidents, rules, step_tail
+from steplens.stream_jobs import batch_rules, evidence, fits, incidents, restarts, rules, step_tail
 from steplens.stream_jobs.columns import (
     Cells,
     Columns,
@@ -56,6 +56,9 @@ class RunDetector:
     # last window (``process_steps``)
     raw_seen: dict[int, dict[str, list[Any]]] = field(default_factory=dict)
     touched: set[int] = field(default_factory=set)  # ranks whose series changed (take_touched)
+    # rank -> [detail, values left]: the rank's signals carry ``detail`` (where its baselines
+    # came from: a warm start from history) for that many more of its values
+    baseline: dict[int, list[Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for e in RECORDS:
@@ -219,6 +222,11 @@ class RunDetector:
         non-finite value is a ``nonfinite`` signal, learnt by none."""
         cfg = self.cfg
         n = len(steps)
+        if n and rank != RUN_RANK and steps[0] is not None:
+            last = self.ranks.last_step.get(rank)
+            if last is not None and steps[0] < last:  # steps go back: a restart
+                restarts.restart(self, rank, steps[0] if firsts is None else int(firsts[0]))
+        mark = self.baseline.get(rank) if self.baseline else None
         s = self.series.get(rank)
         if s is None:
             s = self.series[rank] = {}
@@ -252,6 +260,8 @@ class RunDetector:
                             policy = _notes(policy)
                         judged = _state(s, f"judge:{e.key}", metric, JudgeState, None)
                         judge_signals(judged, cfg.calibration, policy, got)
+                    if mark is not None:
+                        restarts.marked(got, mark[0])
                     batch.append(got)
             if metric == "loss":
                 self.run.track_loss(col.xs, cfg.train_loss_alpha)
@@ -259,6 +269,10 @@ class RunDetector:
             batch += step_tail.tail(
                 self.ranks, self.cfg, self.run, rank, step_a, times_ns, columns, data_times, behind
             )
+        if mark is not None:
+            mark[1] -= n
+            if mark[1] <= 0:
+                del self.baseline[rank]
         return batch
 
     # ------------------------------------------------------------------ ARIMA fits
