@@ -7,7 +7,9 @@ raw topic (key run_id:rank, 8 partitions)
      payloads become dead letters here. The hop puts every rank of a run on one partition: the
      producers key raw by run and rank, and a run's detectors judge its ranks together.
   -> ``detect``: one ``RunDetector`` per run (``RunStore``: the ``runs`` table, checkpoints,
-     acknowledgements); ``Publisher`` sends its signals, alerts and dead letters.
+     acknowledgements; a run the table does not have, or a rank whose steps go back, is warmed
+     from its history first: ``HistoryLoads``); ``Publisher`` sends its signals, alerts and
+     dead letters.
 ARIMA fits run in a process pool, many to a job (``FitQueue``); their parameters are applied
 when they come back.
 """
@@ -15,6 +17,7 @@ when they come back.
 from __future__ import annotations
 
 import concurrent.futures
+import importlib.util
 import logging
 import multiprocessing
 import os
@@ -25,10 +28,11 @@ import faust
 import orjson
 
 from steplens.producer.schema import DecodeError, Record, decode
-from steplens.stream_jobs import compat
+from steplens.stream_jobs import compat, restarts
 from steplens.stream_jobs.alertmanager import AlertmanagerSender
 from steplens.stream_jobs.detector import RunDetector
 from steplens.stream_jobs.fit_queue import FitQueue, pool_initializer
+from steplens.stream_jobs.history_loads import HistoryLoads
 from steplens.stream_jobs.metrics import WorkerMetrics
 from steplens.stream_jobs.publish_limit import QuietLimiter
 from steplens.stream_jobs.publisher import Publisher
@@ -109,7 +113,14 @@ class Worker:
         table: Any = app.Table(
             "runs", default=None, partitions=s.by_run_partitions, key_type=bytes, value_type=bytes
         )
-        self.store = RunStore(table, s.detector, s.checkpoint_s)
+        self.history: HistoryLoads | None = None
+        if not s.history.enabled:
+            log.info("history off: runs the table does not have start cold")
+        elif importlib.util.find_spec("steplens.sinks") is None:
+            log.warning("history off: steplens-sinks is not installed (runs start cold)")
+        else:
+            self.history = HistoryLoads(s.history, s.detector, metrics.registry, self._wake)
+        self.store = RunStore(table, s.detector, s.checkpoint_s, self.history)
         self.out = Publisher(
             self._send,
             s.topics,
@@ -152,6 +163,8 @@ class Worker:
             for _ in range(self.s.fit_workers):
                 self.pool.submit(arima.warm_up)
             self.fits.pool = self.pool
+        if self.history is not None:
+            self.history.start()
         for notifier in self.notifiers:
             await notifier.start()
 
@@ -189,36 +202,63 @@ class Worker:
     # ------------------------------------------------------------------ detect
     async def _detect(self, stream: Any) -> None:
         """Score each by-run message into its run's detector; acknowledge it once a
-        checkpoint of its run holds it (``RunStore``)."""
+        checkpoint of its run holds it (``RunStore``). A run warming from its history holds
+        its messages until it is warm."""
         stream = stream.noack()
         async for event in stream.events():
             run = event.key.decode() if isinstance(event.key, bytes) else str(event.key)
-            det = self.store.get(run)
-            seen = det.offsets
-            steps: list[tuple[int, int, str, Record]] = []  # consecutive steps of one rank
-            for partition, offset, text in orjson.loads(event.value):
-                if offset <= seen.get(partition, -1):
-                    continue  # replayed after a restart: already in this state
-                seen[partition] = offset
-                rec = decode(text)
-                if isinstance(rec, DecodeError):
-                    await self.out.dead(str(rec), text.encode(), run, None, partition, offset)
-                    continue
-                if rec.kind == "step" and (not steps or steps[-1][3].rank == rec.rank):
-                    steps.append((partition, offset, text, rec))
-                    continue
-                await self._steps(det, run, steps)
-                steps = []
-                if rec.kind == "step":
-                    steps.append((partition, offset, text, rec))
-                else:
-                    await self._one(det, run, partition, offset, text, rec)
+            todo = self.store.ready(run, event)
+            for i, ev in enumerate(todo):
+                det = self.store.cache[run]
+                if not await self._score(det, run, ev):
+                    self.store.wait(run, todo[i:])  # a restart's re-seed holds the run
+                    break
+                self._submit_fits(run, det)
+                for due, events in self.store.hold(ev.message.partition, run, ev):
+                    self.store.checkpoint(due)
+                    for held in events:
+                        await stream.ack(held)
+
+    async def _score(self, det: RunDetector, run: str, event: Any) -> bool:
+        """One by-run message's records into ``det``; False when a rank's steps went back
+        and its re-seed from history began (the message is scored again once it is done,
+        the records before the restart skipped by their offsets)."""
+        seen = det.offsets
+        check = self.history is not None  # else the detector restarts the rank itself
+        steps: list[tuple[int, int, str, Record]] = []  # consecutive steps of one rank
+        for partition, offset, text in orjson.loads(event.value):
+            if offset <= seen.get(partition, -1):
+                continue  # replayed after a restart: already in this state
+            rec = decode(text)
+            if check and not isinstance(rec, DecodeError):
+                last = steps[-1][3] if steps else None
+                after = last.step if last is not None and last.rank == rec.rank else None
+                back = restarts.resume_step(det, rec, after)
+                if back is not None:
+                    await self._steps(det, run, steps)
+                    steps = []
+                    if not self.store.restart(det, rec.rank, back, rec.time_ns):
+                        return False
+            seen[partition] = offset
+            if isinstance(rec, DecodeError):
+                await self.out.dead(str(rec), text.encode(), run, None, partition, offset)
+                continue
+            if rec.kind == "step" and (not steps or steps[-1][3].rank == rec.rank):
+                steps.append((partition, offset, text, rec))
+                continue
             await self._steps(det, run, steps)
-            self._submit_fits(run, det)
-            for due, events in self.store.hold(event.message.partition, run, event):
-                self.store.checkpoint(due)
-                for held in events:
-                    await stream.ack(held)
+            steps = []
+            if rec.kind == "step":
+                steps.append((partition, offset, text, rec))
+            else:
+                await self._one(det, run, partition, offset, text, rec)
+        await self._steps(det, run, steps)
+        return True
+
+    async def _wake(self, run: str) -> None:
+        """An empty message to ``run``: the detect agent then installs its ended history
+        load and scores the messages it held."""
+        await self.by_run.send(key=run.encode(), value=b"[]")
 
     async def _nudge_quiet_runs(self) -> None:
         """A quiet run's held messages wait for its next checkpoint, which needs a message of
@@ -226,6 +266,8 @@ class Worker:
         it and acknowledges them."""
         for run in self.store.quiet_runs():
             await self.by_run.send(key=run.encode(), value=b"[]")
+        if self.history is not None:
+            self.history.sweep()
 
     async def _steps(
         self, det: RunDetector, run: str, steps: list[tuple[int, int, str, Record]]
