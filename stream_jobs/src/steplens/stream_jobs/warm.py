@@ -32,9 +32,9 @@ from steplens.stream_jobs.history import (
     History,
     HistorySettings,
     Rows,
-    Source,
     read_history,
 )
+from steplens.stream_jobs.history_source import Source
 from steplens.stream_jobs.signals import lr_schedule
 
 CHUNK = 256  # rows of one rank replayed before the next rank's
