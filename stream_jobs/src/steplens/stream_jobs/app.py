@@ -8,8 +8,8 @@ raw topic (key run_id:rank, 8 partitions)
      producers key raw by run and rank, and a run's detectors judge its ranks together.
   -> ``detect``: one ``RunDetector`` per run (``RunStore``: the ``runs`` table, checkpoints,
      acknowledgements; a run the table does not have, or a rank whose steps go back, is warmed
-     from its history first: ``HistoryLoads``); ``Publisher`` sends its signals, alerts and
-     dead letters.
+     from its history first: ``HistoryLoads``); ``Scorer`` scores its messages, ``Publisher``
+     sends its signals, alerts and dead letters.
 ARIMA fits run in a process pool, many to a job (``FitQueue``); their parameters are applied
 when they come back.
 """
@@ -17,7 +17,6 @@ when they come back.
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.util
 import logging
 import multiprocessing
 import os
@@ -25,18 +24,16 @@ import time
 from typing import Any, cast
 
 import faust
-import orjson
 
-from steplens.producer.schema import DecodeError, Record, decode
-from steplens.stream_jobs import compat, restarts
+from steplens.stream_jobs import compat, history_loads
 from steplens.stream_jobs.alertmanager import AlertmanagerSender
 from steplens.stream_jobs.detector import RunDetector
 from steplens.stream_jobs.fit_queue import FitQueue, pool_initializer
-from steplens.stream_jobs.history_loads import HistoryLoads
 from steplens.stream_jobs.metrics import WorkerMetrics
 from steplens.stream_jobs.publish_limit import QuietLimiter
 from steplens.stream_jobs.publisher import Publisher
 from steplens.stream_jobs.router import Router
+from steplens.stream_jobs.scoring import Scorer
 from steplens.stream_jobs.settings import (
     BY_RUN_MAX_BYTES,
     PRODUCER_BATCH_BYTES,
@@ -70,7 +67,6 @@ class Worker:
             max_pending=s.max_pending_fits,
             on_job=lambda n: self.metrics.fit_jobs.inc(),
         )
-        self.consumed = 0
         self.pool: concurrent.futures.ProcessPoolExecutor | None = None
         self.notifiers: list[Any] = []
         if s.webhook_url:
@@ -113,13 +109,7 @@ class Worker:
         table: Any = app.Table(
             "runs", default=None, partitions=s.by_run_partitions, key_type=bytes, value_type=bytes
         )
-        self.history: HistoryLoads | None = None
-        if not s.history.enabled:
-            log.info("history off: runs the table does not have start cold")
-        elif importlib.util.find_spec("steplens.sinks") is None:
-            log.warning("history off: steplens-sinks is not installed (runs start cold)")
-        else:
-            self.history = HistoryLoads(s.history, s.detector, metrics.registry, self._wake)
+        self.history = history_loads.for_worker(s.history, s.detector, metrics, self._wake)
         self.store = RunStore(table, s.detector, s.checkpoint_s, self.history)
         self.out = Publisher(
             self._send,
@@ -129,6 +119,7 @@ class Worker:
             self.notifiers,
             s.app_id,
         )
+        self.scorer = Scorer(self.store, self.out, metrics)
         self.router = Router(s, self.by_run, self.out, lambda: app.consumer)
         app.agent(self.raw, name="route")(self.router.route)
         app.agent(self.by_run, name="detect")(self._detect)
@@ -183,8 +174,8 @@ class Worker:
     async def _report(self) -> None:
         now = time.monotonic()
         t0, n0 = self._rate_mark
-        self.metrics.rate.set((self.consumed - n0) / max(now - t0, 1e-6))
-        self._rate_mark = (now, self.consumed)
+        self.metrics.rate.set((self.scorer.consumed - n0) / max(now - t0, 1e-6))
+        self._rate_mark = (now, self.scorer.consumed)
         consumer = self.app.consumer
         lag = 0
         try:
@@ -210,7 +201,7 @@ class Worker:
             todo = self.store.ready(run, event)
             for i, ev in enumerate(todo):
                 det = self.store.cache[run]
-                if not await self._score(det, run, ev):
+                if not await self.scorer.score(det, run, ev):
                     self.store.wait(run, todo[i:])  # a restart's re-seed holds the run
                     break
                 self._submit_fits(run, det)
@@ -218,42 +209,6 @@ class Worker:
                     self.store.checkpoint(due)
                     for held in events:
                         await stream.ack(held)
-
-    async def _score(self, det: RunDetector, run: str, event: Any) -> bool:
-        """One by-run message's records into ``det``; False when a rank's steps went back
-        and its re-seed from history began (the message is scored again once it is done,
-        the records before the restart skipped by their offsets)."""
-        seen = det.offsets
-        check = self.history is not None  # else the detector restarts the rank itself
-        steps: list[tuple[int, int, str, Record]] = []  # consecutive steps of one rank
-        for partition, offset, text in orjson.loads(event.value):
-            if offset <= seen.get(partition, -1):
-                continue  # replayed after a restart: already in this state
-            rec = decode(text)
-            if check and not isinstance(rec, DecodeError):
-                last = steps[-1][3] if steps else None
-                after = last.step if last is not None and last.rank == rec.rank else None
-                back = restarts.resume_step(det, rec, after)
-                if back is not None:
-                    await self._steps(det, run, steps)
-                    steps = []
-                    if not self.store.restart(det, rec.rank, back, rec.time_ns):
-                        return False
-            seen[partition] = offset
-            if isinstance(rec, DecodeError):
-                await self.out.dead(str(rec), text.encode(), run, None, partition, offset)
-                continue
-            if rec.kind == "step" and (not steps or steps[-1][3].rank == rec.rank):
-                steps.append((partition, offset, text, rec))
-                continue
-            await self._steps(det, run, steps)
-            steps = []
-            if rec.kind == "step":
-                steps.append((partition, offset, text, rec))
-            else:
-                await self._one(det, run, partition, offset, text, rec)
-        await self._steps(det, run, steps)
-        return True
 
     async def _wake(self, run: str) -> None:
         """An empty message to ``run``: the detect agent then installs its ended history
@@ -268,52 +223,6 @@ class Worker:
             await self.by_run.send(key=run.encode(), value=b"[]")
         if self.history is not None:
             self.history.sweep()
-
-    async def _steps(
-        self, det: RunDetector, run: str, steps: list[tuple[int, int, str, Record]]
-    ) -> None:
-        """Consecutive ``step`` records of one rank, scored as one batch (a record is a batch
-        of one row: the same signals and alerts, without a detector call per record and
-        metric); one at a time if the batch fails, so only the bad record is dead-lettered."""
-        if len(steps) == 1:
-            await self._one(det, run, *steps[0])
-        if len(steps) <= 1:
-            return
-        recs = [rec for _, _, _, rec in steps]
-        try:
-            batch, alerts = det.process_steps(recs)
-        except Exception:  # find the record that fails, as one by one
-            log.debug("a batch of step records failed; scoring them one by one", exc_info=True)
-            for item in steps:
-                await self._one(det, run, *item)
-            return
-        self.consumed += len(recs)
-        self.metrics.records.labels("step").inc(len(recs))
-        await self.out.publish(run, batch, alerts, [rec.time_ns for rec in recs])
-
-    async def _one(  # noqa: PLR0917
-        self, det: RunDetector, run: str, partition: int, offset: int, text: str, rec: Record
-    ) -> None:
-        """One record; one that the detectors refuse or fail on becomes a dead letter."""
-        try:
-            n = len(rec.data["records"]) if rec.kind == "step_batch" else 1
-            batch, alerts = det.process(rec)
-        except ValueError as exc:  # a record the detectors refuse, with the reason
-            await self.out.dead(str(exc), text.encode(), run, None, partition, offset)
-            return
-        except Exception as exc:  # one record must not stop every run's detection
-            log.exception("record not processed (run %s, offset %s)", run, offset)
-            reason = f"processing: {type(exc).__name__}: {exc}"
-            await self.out.dead(reason, text.encode(), run, None, partition, offset)
-            return
-        self.consumed += n
-        self.metrics.records.labels("step" if rec.kind == "step_batch" else rec.kind).inc(n)
-        times = (
-            [e["time_ns"] for e in rec.data["records"]]
-            if rec.kind == "step_batch"
-            else [rec.time_ns]
-        )
-        await self.out.publish(run, batch, alerts, times)
 
     # ------------------------------------------------------------------ fits
     def _submit_fits(self, run: str, det: RunDetector) -> None:

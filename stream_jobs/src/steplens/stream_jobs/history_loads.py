@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib.util
 import logging
 import multiprocessing
 import os
@@ -126,6 +127,23 @@ def first_sight(value: bytes) -> Sight:
         if steps and isinstance(rank, int) and step < cuts.get(rank, step + 1):
             cuts[rank] = step
     return Sight(until if until is not None else time.time_ns(), cuts, meta)
+
+
+def for_worker(
+    settings: HistorySettings,
+    cfg: DetectorConfig,
+    metrics: Any,
+    wake: Callable[[str], Coroutine[Any, Any, None]],
+) -> HistoryLoads | None:
+    """The worker's history loads; None (runs start cold) when off or without the stores'
+    code (``steplens-sinks``)."""
+    if not settings.enabled:
+        log.info("history off: runs the table does not have start cold")
+        return None
+    if importlib.util.find_spec("steplens.sinks") is None:
+        log.warning("history off: steplens-sinks is not installed (runs start cold)")
+        return None
+    return HistoryLoads(settings, cfg, metrics.registry, wake)
 
 
 class HistoryLoads:
