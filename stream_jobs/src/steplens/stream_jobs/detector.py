@@ -56,9 +56,7 @@ class RunDetector:
     # last window (``process_steps``)
     raw_seen: dict[int, dict[str, list[Any]]] = field(default_factory=dict)
     touched: set[int] = field(default_factory=set)  # ranks whose series changed (take_touched)
-    # rank -> [detail, values left]: the rank's signals carry ``detail`` (where its baselines
-    # came from: a warm start from history) for that many more of its values
-    baseline: dict[int, list[Any]] = field(default_factory=dict)
+    baseline: dict[int, list[Any]] = field(default_factory=dict)  # ``restarts.mark``
 
     def __post_init__(self) -> None:
         for e in RECORDS:
@@ -222,11 +220,7 @@ class RunDetector:
         non-finite value is a ``nonfinite`` signal, learnt by none."""
         cfg = self.cfg
         n = len(steps)
-        if n and rank != RUN_RANK and steps[0] is not None:
-            last = self.ranks.last_step.get(rank)
-            if last is not None and steps[0] < last:  # steps go back: a restart
-                restarts.restart(self, rank, steps[0] if firsts is None else int(firsts[0]))
-        mark = self.baseline.get(rank) if self.baseline else None
+        restarts.check(self, rank, steps, firsts)
         s = self.series.get(rank)
         if s is None:
             s = self.series[rank] = {}
@@ -260,8 +254,6 @@ class RunDetector:
                             policy = _notes(policy)
                         judged = _state(s, f"judge:{e.key}", metric, JudgeState, None)
                         judge_signals(judged, cfg.calibration, policy, got)
-                    if mark is not None:
-                        restarts.marked(got, mark[0])
                     batch.append(got)
             if metric == "loss":
                 self.run.track_loss(col.xs, cfg.train_loss_alpha)
@@ -269,10 +261,7 @@ class RunDetector:
             batch += step_tail.tail(
                 self.ranks, self.cfg, self.run, rank, step_a, times_ns, columns, data_times, behind
             )
-        if mark is not None:
-            mark[1] -= n
-            if mark[1] <= 0:
-                del self.baseline[rank]
+        restarts.mark(self, rank, batch, n)
         return batch
 
     # ------------------------------------------------------------------ ARIMA fits
@@ -292,9 +281,6 @@ class RunDetector:
         """The ranks whose series changed since the last call (to save only those)."""
         got, self.touched = self.touched, set()
         return got
-
-    def firing(self) -> list[tuple[str, str]]:
-        return list(self.rules.firing)
 
 
 def _finite(  # noqa: PLR0917

@@ -17,6 +17,7 @@ is its only trace.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from steplens.producer.schema import RUN_RANK, Record
@@ -74,10 +75,32 @@ def restart(det: RunDetector, rank: int, step: int, series: Series | None = None
     det.touched.add(rank)
 
 
-def marked(sigs: Signals, detail: dict[str, Any]) -> None:
-    """Add ``detail`` to each of ``sigs``' details (one dict shared: the outputs copy it)."""
-    d = sigs.detail
-    if d is None:
-        sigs.detail = [detail] * len(sigs)
-    else:
-        sigs.detail = [detail if x is None else {**x, **detail} for x in d]
+def check(
+    det: RunDetector, rank: int, steps: Sequence[int | None], firsts: Sequence[int] | None
+) -> None:
+    """Rows of ``rank`` about to be scored: when their steps go back, the rank restarts
+    afresh at the first (the worker, which has the stores, re-seeds it before this)."""
+    first = steps[0] if steps else None
+    if first is None or rank == RUN_RANK:
+        return
+    last = det.ranks.last_step.get(rank)
+    if last is not None and first < last:
+        restart(det, rank, int(first if firsts is None else firsts[0]))
+
+
+def mark(det: RunDetector, rank: int, batch: list[Signals], n: int) -> None:
+    """``batch``, the signals of ``n`` rows of ``rank``, say where its baselines came from
+    while ``det.baseline`` has it (rank -> [detail, values left]: set by a warm start)."""
+    got = det.baseline.get(rank) if det.baseline else None
+    if got is None:
+        return
+    detail = got[0]
+    for sigs in batch:
+        d = sigs.detail  # one dict shared: the outputs copy it
+        if d is None:
+            sigs.detail = [detail] * len(sigs)
+        else:
+            sigs.detail = [detail if x is None else {**x, **detail} for x in d]
+    got[1] -= n
+    if got[1] <= 0:
+        del det.baseline[rank]
