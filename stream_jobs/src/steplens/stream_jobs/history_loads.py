@@ -175,10 +175,6 @@ class HistoryLoads:
         )
         self.pool.submit(warm_up)
 
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-
     # ------------------------------------------------------------------ loads
     def begin(self, run: str, event: Any) -> Load | None:
         """Warm ``run`` from its history, ``event`` (its first message) waiting for it; None
