@@ -248,12 +248,12 @@ def stored_steps(st, run: str) -> int:
     return len(query_series(run, "loss", stores=st))
 
 
-def outcome(kafka, run: str, last_step: int):
+def outcome(kafka, run: str, last_step: int, since_ns: int):
     """The run's alert transitions and signals, once an alert or signal of ``last_step``
-    is out."""
+    made on a record from ``since_ns`` on is out (a restarted run sent that step before)."""
 
     def done(got):
-        return any(r.run_id == run and r.step == last_step for r in got)
+        return any(r.run_id == run and r.step == last_step and r.time_ns >= since_ns for r in got)
 
     alerts = [a for a in kafka.collect(kafka.topics.alerts, done, 120) if a.run_id == run]
     sigs = [s for s in kafka.collect(kafka.topics.signals, done, 60) if s.run_id == run]
@@ -307,7 +307,7 @@ def test_a_restarted_run_alerts_on_a_real_regression_but_not_on_its_restart(
             seed=1,
         )
         kafka.send(resumed)
-        alerts, sigs = outcome(kafka, run, 1299)
+        alerts, sigs = outcome(kafka, run, 1299, resumed[0].time_ns)
         assert first_fired(alerts) == (REGRESSION, "spike:loss")  # none at the restart
         assert metric(w, "steplens_worker_history_loads_total", why="restart", outcome="warm") == 1
         assert metric(w, "steplens_worker_history_loads_total", why="restart", outcome="kept") == 1
@@ -346,7 +346,7 @@ def test_a_worker_without_state_warms_a_resumed_run_from_its_parents_history(
         b, RESUME, 1300, ranks=(0, 1), t0=t1 + STEP_NS, regression=(REGRESSION, 1.1), seed=1
     )
     kafka.send(meta + resumed)
-    alerts, sigs = outcome(kafka, b, 1299)
+    alerts, sigs = outcome(kafka, b, 1299, resumed[0].time_ns)
     assert first_fired(alerts) == (REGRESSION, "spike:loss")  # none at the restart
     assert metric(w, "steplens_worker_history_loads_total", why="start", outcome="warm") == 1
     first = [s for s in sigs if s.data["name"] == "spike" and s.step == RESUME]
