@@ -249,13 +249,22 @@ def stored_steps(st, run: str) -> int:
 
 
 def outcome(kafka, run: str, last_step: int, since_ns: int):
-    """The run's alert transitions and signals, once an alert or signal of ``last_step``
-    made on a record from ``since_ns`` on is out (a restarted run sent that step before)."""
+    """The run's alert transitions, once one made on a record from ``since_ns`` on fired (a
+    run's alerts are in order), and its signals, once each rank's of ``last_step`` made on a
+    record from ``since_ns`` on is out (a restarted run sent that step before)."""
+
+    def fired(got):
+        return any(
+            r.run_id == run and r.time_ns >= since_ns and r.data["state"] == "firing" for r in got
+        )
 
     def done(got):
-        return any(r.run_id == run and r.step == last_step and r.time_ns >= since_ns for r in got)
+        at = (
+            r.rank for r in got if r.run_id == run and r.step == last_step and r.time_ns >= since_ns
+        )
+        return {0, 1} <= set(at)  # each rank's (a run-level signal of that step may come first)
 
-    alerts = [a for a in kafka.collect(kafka.topics.alerts, done, 120) if a.run_id == run]
+    alerts = [a for a in kafka.collect(kafka.topics.alerts, fired, 120) if a.run_id == run]
     sigs = [s for s in kafka.collect(kafka.topics.signals, done, 60) if s.run_id == run]
     return alerts, sigs
 
