@@ -7,7 +7,9 @@ raw topic (key run_id:rank, 8 partitions)
      payloads become dead letters here. The hop puts every rank of a run on one partition: the
      producers key raw by run and rank, and a run's detectors judge its ranks together.
   -> ``detect``: one ``RunDetector`` per run (``RunStore``: the ``runs`` table, checkpoints,
-     acknowledgements); ``Publisher`` sends its signals, alerts and dead letters.
+     acknowledgements; a run the table does not have, or a rank whose steps go back, is warmed
+     from its history first: ``HistoryLoads``); ``Scorer`` scores its messages, ``Publisher``
+     sends its signals, alerts and dead letters.
 ARIMA fits run in a process pool, many to a job (``FitQueue``); their parameters are applied
 when they come back.
 """
@@ -22,10 +24,8 @@ import time
 from typing import Any, cast
 
 import faust
-import orjson
 
-from steplens.producer.schema import DecodeError, Record, decode
-from steplens.stream_jobs import compat
+from steplens.stream_jobs import compat, history_loads
 from steplens.stream_jobs.alertmanager import AlertmanagerSender
 from steplens.stream_jobs.detector import RunDetector
 from steplens.stream_jobs.fit_queue import FitQueue, pool_initializer
@@ -33,6 +33,7 @@ from steplens.stream_jobs.metrics import WorkerMetrics
 from steplens.stream_jobs.publish_limit import QuietLimiter
 from steplens.stream_jobs.publisher import Publisher
 from steplens.stream_jobs.router import Router
+from steplens.stream_jobs.scoring import Scorer
 from steplens.stream_jobs.settings import (
     BY_RUN_MAX_BYTES,
     PRODUCER_BATCH_BYTES,
@@ -66,7 +67,6 @@ class Worker:
             max_pending=s.max_pending_fits,
             on_job=lambda n: self.metrics.fit_jobs.inc(),
         )
-        self.consumed = 0
         self.pool: concurrent.futures.ProcessPoolExecutor | None = None
         self.notifiers: list[Any] = []
         if s.webhook_url:
@@ -109,7 +109,8 @@ class Worker:
         table: Any = app.Table(
             "runs", default=None, partitions=s.by_run_partitions, key_type=bytes, value_type=bytes
         )
-        self.store = RunStore(table, s.detector, s.checkpoint_s)
+        self.history = history_loads.for_worker(s.history, s.detector, metrics, self._wake)
+        self.store = RunStore(table, s.detector, s.checkpoint_s, self.history)
         self.out = Publisher(
             self._send,
             s.topics,
@@ -118,6 +119,7 @@ class Worker:
             self.notifiers,
             s.app_id,
         )
+        self.scorer = Scorer(self.store, self.out, metrics)
         self.router = Router(s, self.by_run, self.out, lambda: app.consumer)
         app.agent(self.raw, name="route")(self.router.route)
         app.agent(self.by_run, name="detect")(self._detect)
@@ -152,6 +154,8 @@ class Worker:
             for _ in range(self.s.fit_workers):
                 self.pool.submit(arima.warm_up)
             self.fits.pool = self.pool
+        if self.history is not None:
+            self.history.start()
         for notifier in self.notifiers:
             await notifier.start()
 
@@ -170,8 +174,8 @@ class Worker:
     async def _report(self) -> None:
         now = time.monotonic()
         t0, n0 = self._rate_mark
-        self.metrics.rate.set((self.consumed - n0) / max(now - t0, 1e-6))
-        self._rate_mark = (now, self.consumed)
+        self.metrics.rate.set((self.scorer.consumed - n0) / max(now - t0, 1e-6))
+        self._rate_mark = (now, self.scorer.consumed)
         consumer = self.app.consumer
         lag = 0
         try:
@@ -189,36 +193,27 @@ class Worker:
     # ------------------------------------------------------------------ detect
     async def _detect(self, stream: Any) -> None:
         """Score each by-run message into its run's detector; acknowledge it once a
-        checkpoint of its run holds it (``RunStore``)."""
+        checkpoint of its run holds it (``RunStore``). A run warming from its history holds
+        its messages until it is warm."""
         stream = stream.noack()
         async for event in stream.events():
             run = event.key.decode() if isinstance(event.key, bytes) else str(event.key)
-            det = self.store.get(run)
-            seen = det.offsets
-            steps: list[tuple[int, int, str, Record]] = []  # consecutive steps of one rank
-            for partition, offset, text in orjson.loads(event.value):
-                if offset <= seen.get(partition, -1):
-                    continue  # replayed after a restart: already in this state
-                seen[partition] = offset
-                rec = decode(text)
-                if isinstance(rec, DecodeError):
-                    await self.out.dead(str(rec), text.encode(), run, None, partition, offset)
-                    continue
-                if rec.kind == "step" and (not steps or steps[-1][3].rank == rec.rank):
-                    steps.append((partition, offset, text, rec))
-                    continue
-                await self._steps(det, run, steps)
-                steps = []
-                if rec.kind == "step":
-                    steps.append((partition, offset, text, rec))
-                else:
-                    await self._one(det, run, partition, offset, text, rec)
-            await self._steps(det, run, steps)
-            self._submit_fits(run, det)
-            for due, events in self.store.hold(event.message.partition, run, event):
-                self.store.checkpoint(due)
-                for held in events:
-                    await stream.ack(held)
+            todo = self.store.ready(run, event)
+            for i, ev in enumerate(todo):
+                det = self.store.cache[run]
+                if not await self.scorer.score(det, run, ev):
+                    self.store.wait(run, todo[i:])  # a restart's re-seed holds the run
+                    break
+                self._submit_fits(run, det)
+                for due, events in self.store.hold(ev.message.partition, run, ev):
+                    self.store.checkpoint(due)
+                    for held in events:
+                        await stream.ack(held)
+
+    async def _wake(self, run: str) -> None:
+        """An empty message to ``run``: the detect agent then installs its ended history
+        load and scores the messages it held."""
+        await self.by_run.send(key=run.encode(), value=b"[]")
 
     async def _nudge_quiet_runs(self) -> None:
         """A quiet run's held messages wait for its next checkpoint, which needs a message of
@@ -226,52 +221,8 @@ class Worker:
         it and acknowledges them."""
         for run in self.store.quiet_runs():
             await self.by_run.send(key=run.encode(), value=b"[]")
-
-    async def _steps(
-        self, det: RunDetector, run: str, steps: list[tuple[int, int, str, Record]]
-    ) -> None:
-        """Consecutive ``step`` records of one rank, scored as one batch (a record is a batch
-        of one row: the same signals and alerts, without a detector call per record and
-        metric); one at a time if the batch fails, so only the bad record is dead-lettered."""
-        if len(steps) == 1:
-            await self._one(det, run, *steps[0])
-        if len(steps) <= 1:
-            return
-        recs = [rec for _, _, _, rec in steps]
-        try:
-            batch, alerts = det.process_steps(recs)
-        except Exception:  # find the record that fails, as one by one
-            log.debug("a batch of step records failed; scoring them one by one", exc_info=True)
-            for item in steps:
-                await self._one(det, run, *item)
-            return
-        self.consumed += len(recs)
-        self.metrics.records.labels("step").inc(len(recs))
-        await self.out.publish(run, batch, alerts, [rec.time_ns for rec in recs])
-
-    async def _one(  # noqa: PLR0917
-        self, det: RunDetector, run: str, partition: int, offset: int, text: str, rec: Record
-    ) -> None:
-        """One record; one that the detectors refuse or fail on becomes a dead letter."""
-        try:
-            n = len(rec.data["records"]) if rec.kind == "step_batch" else 1
-            batch, alerts = det.process(rec)
-        except ValueError as exc:  # a record the detectors refuse, with the reason
-            await self.out.dead(str(exc), text.encode(), run, None, partition, offset)
-            return
-        except Exception as exc:  # one record must not stop every run's detection
-            log.exception("record not processed (run %s, offset %s)", run, offset)
-            reason = f"processing: {type(exc).__name__}: {exc}"
-            await self.out.dead(reason, text.encode(), run, None, partition, offset)
-            return
-        self.consumed += n
-        self.metrics.records.labels("step" if rec.kind == "step_batch" else rec.kind).inc(n)
-        times = (
-            [e["time_ns"] for e in rec.data["records"]]
-            if rec.kind == "step_batch"
-            else [rec.time_ns]
-        )
-        await self.out.publish(run, batch, alerts, times)
+        if self.history is not None:
+            self.history.sweep()
 
     # ------------------------------------------------------------------ fits
     def _submit_fits(self, run: str, det: RunDetector) -> None:

@@ -79,6 +79,29 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
         "STEPLENS_ALERTMANAGER_URL, which `steplens stack env` sets while the stack's "
         "Alertmanager runs; '' for none)",
     )
+    ap.add_argument(
+        "--no-history",
+        action="store_true",
+        help="start runs the worker has no state of cold, instead of from their stored history",
+    )
+    ap.add_argument(
+        "--history-days",
+        type=float,
+        default=7.0,
+        help="how far back a run's history (and its baseline run's) is read for a warm start",
+    )
+    ap.add_argument(
+        "--history-max-points",
+        type=int,
+        default=4096,
+        help="history rows per rank replayed into the detectors at most (the newest)",
+    )
+    ap.add_argument(
+        "--history-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a run waits for its history before it starts cold",
+    )
     ap.add_argument("--log-level", default="warning")
     args = ap.parse_args(argv)
 
@@ -88,6 +111,7 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
     from steplens.producer.topics import Topics
     from steplens.stream_jobs.app import Worker
     from steplens.stream_jobs.config import DetectorConfig
+    from steplens.stream_jobs.history import HistorySettings
     from steplens.stream_jobs.metrics import WorkerMetrics
     from steplens.stream_jobs.settings import WorkerSettings, ensure_worker_topics
 
@@ -109,6 +133,12 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
         detector=det,
         webhook_url=args.webhook_url,
         alertmanager_url=args.alertmanager_url or None,
+        history=HistorySettings(
+            enabled=not args.no_history,
+            days=args.history_days,
+            max_points=max(1, args.history_max_points),
+            timeout_s=args.history_timeout,
+        ),
         log_level=args.log_level,
     )
     os.makedirs(settings.state_dir, exist_ok=True)

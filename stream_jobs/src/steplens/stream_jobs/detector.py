@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from steplens.producer.schema import RUN_RANK, Record
-from steplens.stream_jobs import batch_rules, evidence, fits, incidents, rules, step_tail
+from steplens.stream_jobs import batch_rules, evidence, fits, incidents, restarts, rules, step_tail
 from steplens.stream_jobs.columns import (
     Cells,
     Columns,
@@ -56,6 +56,7 @@ class RunDetector:
     # last window (``process_steps``)
     raw_seen: dict[int, dict[str, list[Any]]] = field(default_factory=dict)
     touched: set[int] = field(default_factory=set)  # ranks whose series changed (take_touched)
+    baseline: dict[int, list[Any]] = field(default_factory=dict)  # ``restarts.mark``
 
     def __post_init__(self) -> None:
         for e in RECORDS:
@@ -219,6 +220,7 @@ class RunDetector:
         non-finite value is a ``nonfinite`` signal, learnt by none."""
         cfg = self.cfg
         n = len(steps)
+        restarts.check(self, rank, steps, firsts)
         s = self.series.get(rank)
         if s is None:
             s = self.series[rank] = {}
@@ -259,6 +261,7 @@ class RunDetector:
             batch += step_tail.tail(
                 self.ranks, self.cfg, self.run, rank, step_a, times_ns, columns, data_times, behind
             )
+        restarts.mark(self, rank, batch, n)
         return batch
 
     # ------------------------------------------------------------------ ARIMA fits
@@ -278,9 +281,6 @@ class RunDetector:
         """The ranks whose series changed since the last call (to save only those)."""
         got, self.touched = self.touched, set()
         return got
-
-    def firing(self) -> list[tuple[str, str]]:
-        return list(self.rules.firing)
 
 
 def _finite(  # noqa: PLR0917

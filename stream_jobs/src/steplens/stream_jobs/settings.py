@@ -7,6 +7,7 @@ from typing import Any
 
 from steplens.producer.topics import Topics
 from steplens.stream_jobs.config import DetectorConfig
+from steplens.stream_jobs.history import HistorySettings
 
 # Longest a fetch waits at the broker for new records. Faust builds its consumer with 1,500 ms,
 # and aiokafka keeps one fetch in flight per broker, for the partitions that hold no fetched
@@ -37,6 +38,7 @@ class WorkerSettings:
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     webhook_url: str | None = None
     alertmanager_url: str | None = None  # incidents posted to its /api/v2/alerts
+    history: HistorySettings = field(default_factory=HistorySettings)  # warm starts
     session_timeout_s: float = 10.0  # a SIGKILLed worker's partitions move after this
     log_level: str = "warning"
 

@@ -1,10 +1,12 @@
-"""The worker's runs: loaded from the table, checkpointed to it, their messages acknowledged.
+"""The worker's runs: loaded from the table (or warmed from their history when the table has
+none), checkpointed to it, their messages acknowledged.
 
 A by-run message is acknowledged only once a checkpoint of its run holds it, so a worker killed
 between checkpoints leaves those messages to be scored again, not lost (a run's ``offsets``
 skip what its stored state already applied). Checkpoints go to the table (changelog-backed: a
 restarted or newly joined worker resumes the run); a run's head and each changed rank's series
-are values of their own (``state``).
+are values of their own (``state``). A run the table does not have is warmed from its history
+when the worker has the stores (``history_loads``); its messages wait for that, in order.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from steplens.stream_jobs.config import DetectorConfig
 from steplens.stream_jobs.detector import RunDetector
+from steplens.stream_jobs.history_loads import HistoryLoads
 from steplens.stream_jobs.signals.arima_fit import ArimaParams
 from steplens.stream_jobs.state import dump_state, load_state, rank_key
 
@@ -24,32 +27,72 @@ log = logging.getLogger("steplens.stream_jobs")
 
 class RunStore:
     def __init__(
-        self, table: MutableMapping[bytes, Any], cfg: DetectorConfig, checkpoint_s: float
+        self,
+        table: MutableMapping[bytes, Any],
+        cfg: DetectorConfig,
+        checkpoint_s: float,
+        history: HistoryLoads | None = None,
     ) -> None:
         self.table = table
         self.cfg = cfg
         self.checkpoint_s = checkpoint_s
+        self.history = history  # None: runs the table does not have start cold
         self.cache: dict[str, RunDetector] = {}
         self.saved_at: dict[str, float] = {}
         # by-run partition -> run -> its messages scored since its last checkpoint
         self.held: dict[int, dict[str, list[Any]]] = {}
 
-    def get(self, run: str) -> RunDetector:
-        """``run``'s detector: cached, else restored from the table, else new."""
-        det = self.cache.get(run)
-        if det is None:
-            blob = self.table.get(run.encode())
-            if blob:
-                det = load_state(
-                    blob, lambda r: self.table.get(rank_key(run, r).encode()), self.cfg
-                )
-            if det is None:
-                det = RunDetector(run, self.cfg, fit_inline=False)
-            else:
-                det.touched.update(det.series)
-                det.resume_fits()
-            self.cache[run] = det
+    def ready(self, run: str, event: Any) -> list[Any]:
+        """``run``'s messages to score now, in order, with ``event`` last (its detector is
+        ``cache[run]``); none while a history load holds the run (``event`` waits with it)."""
+        h = self.history
+        if run in self.cache and (h is None or not h.loads):  # the common case
+            return [event]
+        tail = [event]
+        load = h.waiting(run) if h is not None else None
+        if load is None and run not in self.cache:
+            det = self._restored(run)
+            if det is None and h is not None:
+                load = h.begin(run, event)
+                tail = [] if load is not None else tail
+            if load is None:
+                self.cache[run] = det or RunDetector(run, self.cfg, fit_inline=False)
+        elif load is not None and not load.done:
+            h.hold(load, event)  # type: ignore[union-attr]
+            tail = []
+        if load is None:
+            return tail
+        if not load.done:
+            return []
+        self.cache[run], held = h.finish(run, self.cache.get(run))  # type: ignore[union-attr]
+        return [*held, *tail]
+
+    def _restored(self, run: str) -> RunDetector | None:
+        blob = self.table.get(run.encode())
+        if not blob:
+            return None
+        det = load_state(blob, lambda r: self.table.get(rank_key(run, r).encode()), self.cfg)
+        if det is not None:
+            det.touched.update(det.series)
+            det.resume_fits()
         return det
+
+    def restart(self, det: RunDetector, rank: int, step: int, until_ns: int) -> bool:
+        """A rank of ``det`` resumes at ``step`` (its steps went back): True when it is
+        re-seeded now (or the detector starts it afresh itself: no history); False when a
+        history load begins, for which the run's messages from this one on must wait
+        (``wait``)."""
+        if self.history is None:
+            return True
+        return self.history.reseed(det, rank, step, until_ns)
+
+    def wait(self, run: str, events: list[Any]) -> None:
+        """``events`` (the run's, in order) wait for its history load before anything held."""
+        h = self.history
+        load = h.waiting(run) if h is not None else None
+        assert h is not None and load is not None
+        for event in events:
+            h.hold(load, event)
 
     def hold(self, partition: int, run: str, event: Any) -> list[tuple[str, list[Any]]]:
         """Hold ``event`` (a message of ``run`` on by-run ``partition``) until a checkpoint;
@@ -89,6 +132,8 @@ class RunStore:
         self.cache.clear()
         self.saved_at.clear()
         self.held.clear()
+        if self.history is not None:
+            self.history.revoked()
 
     def fitted(self, run: str, key: tuple[int, str], params: ArimaParams | None) -> None:
         det = self.cache.get(run)
