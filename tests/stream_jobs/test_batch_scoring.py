@@ -287,7 +287,7 @@ def test_columns_equal_rows(table, data):
     assert repr(got_sigs) == repr(want_sigs)  # nan == nan as text
     assert repr(got_alerts) == repr(want_alerts)
     assert repr(by_col.rules) == repr(by_row.rules)  # evidence may hold a nan
-    assert by_col.train_loss == by_row.train_loss
+    assert by_col.run.train_loss == by_row.run.train_loss
 
 
 @st.composite

@@ -67,10 +67,6 @@ class RunDetector:
         state: ranks.RanksState = self.run_states["ranks"]
         return state
 
-    @property
-    def train_loss(self) -> float | None:
-        return self.run.train_loss
-
     # ------------------------------------------------------------------ records
     def process(self, rec: Record) -> tuple[list[Signals], list[Alert]]:
         """Route one validated record; returns its signals (a ``step_batch``'s: one row per
@@ -87,7 +83,7 @@ class RunDetector:
         batch: list[Signals] = []
         if kind == "step_window":
             step, first, metrics, peaks, wait, spreads = window_columns(data, rec.step)
-            self._already_probed(rec.rank, first, step, peaks)
+            _drop_probed(self.raw_seen.pop(rec.rank, None), first, step, peaks)
             batch = self.process_columns(
                 rec.rank,
                 [step],
@@ -99,7 +95,7 @@ class RunDetector:
                 spreads=spreads,
             )
         elif kind == "run_meta":
-            self._run_meta(data)
+            _run_meta(self, data)
         for e in RECORDS:
             if kind in e.kinds:
                 batch += e.on_record(
@@ -119,39 +115,8 @@ class RunDetector:
         alert)."""
         rank = recs[0].rank
         entries = [{**r.data, "step": r.step, "time_ns": r.time_ns} for r in recs]
-        seen = self.raw_seen.setdefault(rank, {})
-        for e in entries:
-            for name, x in (*e.items(), *(e.get("scalars") or {}).items()):
-                if type(x) is float and (name not in seen or x > seen[name][1]):
-                    seen[name] = [e["step"], x]
+        _remember_peaks(self.raw_seen.setdefault(rank, {}), entries)
         return self.process_entries(rank, entries, behind=0)
-
-    def _already_probed(
-        self, rank: int, first: int | None, last: int | None, peaks: dict[str, float]
-    ) -> None:
-        """Drop from a window's ``peaks`` those a step record of its steps already reported
-        (the window's maximum is that record's value); forget the rank's step records."""
-        seen = self.raw_seen.pop(rank, None)
-        if not seen or first is None or last is None:
-            return
-        for name, (step, x) in seen.items():
-            peak = peaks.get(name)
-            if peak is not None and first <= step <= last and x >= peak:
-                del peaks[name]
-
-    def _run_meta(self, data: dict[str, Any]) -> None:
-        state = self.ranks
-        state.world_size = max(state.world_size, int(data.get("world_size", 0)))
-        if data.get("lr_schedule") is not None:
-            # a bad schedule is refused with the reason (the record becomes a dead letter in
-            # the worker); the run goes on with the schedule it had
-            self.schedule = lr_schedule.check_schedule(data["lr_schedule"])
-            for rank, s in self.series.items():
-                for states in s.values():
-                    for st in states.values():
-                        if hasattr(st, "schedule"):  # a detector that reads the schedule
-                            st.schedule = self.schedule
-                self.touched.add(rank)
 
     def process_entries(
         self, rank: int, entries: list[dict[str, Any]], behind: int | None = None
@@ -241,20 +206,7 @@ class RunDetector:
                 std, count = spreads[metric]
                 col.spreads, col.counts = np.array([std]), np.array([count], dtype=np.int64)
             col.want_fit = want_fit
-            for e in route(metric, self.generic):
-                if e.enabled is not None and not getattr(cfg, e.enabled):
-                    continue
-                st = _state(s, e.key, metric, e.state, self.schedule)
-                ecfg = getattr(cfg, e.key)
-                got = e.update(st, ecfg, metric, col)
-                if got is not None and len(got):
-                    policy = getattr(ecfg, "policy", None)
-                    if policy is not None:
-                        if metric in getattr(ecfg, "notes_only", ()):
-                            policy = _notes(policy)
-                        judged = _state(s, f"judge:{e.key}", metric, JudgeState, None)
-                        judge_signals(judged, cfg.calibration, policy, got)
-                    batch.append(got)
+            batch += _score(s, cfg, self.schedule, self.generic, metric, col)
             if metric == "loss":
                 self.run.track_loss(col.xs, cfg.train_loss_alpha)
         if rank != RUN_RANK and n:
@@ -281,6 +233,73 @@ class RunDetector:
         """The ranks whose series changed since the last call (to save only those)."""
         got, self.touched = self.touched, set()
         return got
+
+
+def _remember_peaks(seen: dict[str, list[Any]], entries: list[dict[str, Any]]) -> None:
+    """Keep in ``seen`` each metric's largest value of the step records ``entries`` (with its
+    step), until the rank's next window (``_drop_probed``)."""
+    for e in entries:
+        for name, x in (*e.items(), *(e.get("scalars") or {}).items()):
+            if type(x) is float and (name not in seen or x > seen[name][1]):
+                seen[name] = [e["step"], x]
+
+
+def _drop_probed(
+    seen: dict[str, list[Any]] | None, first: int | None, last: int | None, peaks: dict[str, float]
+) -> None:
+    """Drop from a window's ``peaks`` those a step record of its steps already reported
+    (``seen``: the rank's, since its last window; the window's maximum is that value)."""
+    if not seen or first is None or last is None:
+        return
+    for name, (step, x) in seen.items():
+        peak = peaks.get(name)
+        if peak is not None and first <= step <= last and x >= peak:
+            del peaks[name]
+
+
+def _run_meta(det: RunDetector, data: dict[str, Any]) -> None:
+    """A ``run_meta`` record: the world size, and a declared lr schedule for every detector
+    that reads it."""
+    state = det.ranks
+    state.world_size = max(state.world_size, int(data.get("world_size", 0)))
+    if data.get("lr_schedule") is not None:
+        # a bad schedule is refused with the reason (the record becomes a dead letter in the
+        # worker); the run goes on with the schedule it had
+        det.schedule = lr_schedule.check_schedule(data["lr_schedule"])
+        for rank, s in det.series.items():
+            for states in s.values():
+                for st in states.values():
+                    if hasattr(st, "schedule"):  # a detector that reads the schedule
+                        st.schedule = det.schedule
+            det.touched.add(rank)
+
+
+def _score(  # noqa: PLR0917
+    s: dict[str, dict[str, Any]],
+    cfg: DetectorConfig,
+    schedule: dict[str, Any] | None,
+    generic: bool,
+    metric: str,
+    col: Column,
+) -> list[Signals]:
+    """Every enabled detector of ``metric`` over ``col`` (rank series ``s``), each detector's
+    signals judged by its policy."""
+    out: list[Signals] = []
+    for e in route(metric, generic):
+        if e.enabled is not None and not getattr(cfg, e.enabled):
+            continue
+        st = _state(s, e.key, metric, e.state, schedule)
+        ecfg = getattr(cfg, e.key)
+        got = e.update(st, ecfg, metric, col)
+        if got is not None and len(got):
+            policy = getattr(ecfg, "policy", None)
+            if policy is not None:
+                if metric in getattr(ecfg, "notes_only", ()):
+                    policy = _notes(policy)
+                judged = _state(s, f"judge:{e.key}", metric, JudgeState, None)
+                judge_signals(judged, cfg.calibration, policy, got)
+            out.append(got)
+    return out
 
 
 def _finite(  # noqa: PLR0917

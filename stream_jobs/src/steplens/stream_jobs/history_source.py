@@ -43,8 +43,7 @@ class Source:
         return cls(Stores.from_env())
 
     def _try(self, store: str, what: str, fn: Callable[[], Any]) -> Any:
-        """A store's answer, or None when it cannot answer (logged once: this source asks it
-        no more); history is best effort."""
+        """A store's answer, or None (logged once; the store is not asked again)."""
         if store in self.down:
             return None
         try:
