@@ -109,34 +109,14 @@ def bench_log_step(rounds: int, n: int) -> None:
 
 
 def bench_training(quartets: int, steps: int) -> None:
-    import torch
 
     import steplens.producer as sl
     from steplens.producer.transport import MemoryTransport
 
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(256, 512),
-        torch.nn.GELU(),
-        torch.nn.Linear(512, 512),
-        torch.nn.GELU(),
-        torch.nn.Linear(512, 10),
-    )
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+    model, opt, run = _mlp_loop()
 
     def loop(with_steplens: bool) -> float:
-        t0 = time.perf_counter()
-        for step in range(steps):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            if with_steplens:
-                sl.log_step(step, loss=loss, lr=1e-3, grad_norm=gn, tokens=64)
-        return (time.perf_counter() - t0) / steps
+        return run(steps, with_steplens)
 
     loop(False)  # warm-up
     spool = tempfile.mkdtemp()
@@ -189,7 +169,7 @@ def bench_training(quartets: int, steps: int) -> None:
     sl.shutdown()
 
 
-def _mlp_loop() -> tuple[Any, Any, Callable[[bool], float]]:
+def _mlp_loop() -> tuple[Any, Any, Callable[..., float]]:
     import torch
 
     import steplens.producer as sl
@@ -206,7 +186,7 @@ def _mlp_loop() -> tuple[Any, Any, Callable[[bool], float]]:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
 
-    def loop(steps: int) -> float:
+    def loop(steps: int, with_steplens: bool = True) -> float:
         t0 = time.perf_counter()
         for step in range(steps):
             loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -214,7 +194,8 @@ def _mlp_loop() -> tuple[Any, Any, Callable[[bool], float]]:
             loss.backward()
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-            sl.log_step(step, loss=loss, lr=1e-3, grad_norm=gn, tokens=64)
+            if with_steplens:
+                sl.log_step(step, loss=loss, lr=1e-3, grad_norm=gn, tokens=64)
         return (time.perf_counter() - t0) / steps
 
     return model, opt, loop

@@ -5,24 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from steplens.producer.gpu_stats import THROTTLE_REASONS
+
 from .flux import Read, hot_only, latest, names, per_interval
 from .layout import board, panel, threshold_line
 
 GPU = ("host", "gpu")
 PRODUCER = ("rank", "host")  # one producer per process
 
-# NVML clock throttle reasons (nvmlClocksThrottleReason*), lowest bit first.
-THROTTLE_REASONS = (
-    "idle",
-    "application clocks",
-    "SW power cap",
-    "HW slowdown",
-    "sync boost",
-    "SW thermal",
-    "HW thermal",
-    "HW power brake",
-    "display clocks",
-)
 # Thresholds of the stream jobs (stream_jobs/.../signals/thresholds.py, ThresholdConfig).
 COMM_LATENCY_MS = 50.0
 DISK_LATENCY_MS = 10.0

@@ -16,6 +16,19 @@ from typing import Any
 
 from steplens.producer.gpm import GPM, UTIL, GpmReader
 
+# the names of the bits of ``throttle_reasons`` (nvmlClocksThrottleReason*), lowest first
+THROTTLE_REASONS = (
+    "idle",
+    "application clocks",
+    "SW power cap",
+    "HW slowdown",
+    "sync boost",
+    "SW thermal",
+    "HW thermal",
+    "HW power brake",
+    "display clocks",
+)
+
 log = logging.getLogger("steplens")
 
 

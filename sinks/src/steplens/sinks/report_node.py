@@ -11,24 +11,13 @@ from typing import Any
 
 import pandas as pd
 
+from steplens.producer.gpu_stats import THROTTLE_REASONS
 from steplens.sinks.report_data import RunData
 
 # Thresholds of the stream jobs (stream_jobs/.../signals/thresholds.py, ThresholdConfig),
 # drawn as dashed lines as on the hardware board.
 COMM_LATENCY_MS = 50.0
 DISK_LATENCY_MS = 10.0
-# NVML clock throttle reasons (nvmlClocksThrottleReason*), lowest bit first.
-THROTTLE_REASONS = (
-    "idle",
-    "application clocks",
-    "SW power cap",
-    "HW slowdown",
-    "sync boost",
-    "SW thermal",
-    "HW thermal",
-    "HW power brake",
-    "display clocks",
-)
 
 
 def _lines(ax: Any, frame: pd.DataFrame, keys: list[str], fields: dict[str, str]) -> bool:
