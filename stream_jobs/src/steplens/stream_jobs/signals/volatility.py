@@ -98,7 +98,9 @@ def _window(
         slope = (mean - prev) / (step - prev_step)
         span = max(step - first + 1, 1)
         var = max(0.0, var - slope * slope * (span * span - 1) / 12.0)
-    cv = math.sqrt(var) / max(abs(mean), cfg.abs_floor)
+    # not judged: 0 without a score, as a step series before its window is full (the policy
+    # reads the value: a first window's std is mostly the early loss's fall)
+    cv = math.sqrt(var) / max(abs(mean), cfg.abs_floor) if judged else 0.0
     return Signals.of(
         "volatility",
         metric,
