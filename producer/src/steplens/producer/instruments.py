@@ -159,6 +159,14 @@ class Instruments:
     def _watch_result(self, result: dict[str, Any]) -> None:
         self._watch_pending = result
 
+    def _watch_between(self, values: dict[str, Any]) -> None:
+        """Host numbers of a step between watched ones, for the next ``log_step``: merged into
+        a watched step's result not yet logged (the latest lr wins)."""
+        if self._watch_pending is None:
+            self._watch_pending = values
+        else:
+            self._watch_pending.update(values)
+
     def probe_comm(self, every: int = 100) -> None:
         """Every ``every`` steps (checked in log_step): a tiny timed all_reduce and a ring
         send/recv. Every rank must call log_step at the same steps."""

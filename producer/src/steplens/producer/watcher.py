@@ -217,13 +217,8 @@ class Watcher:
             between["lr"] = lr
         if self.max_grad_norm is not None:
             between["max_grad_norm"] = self.max_grad_norm
-        if not between:
-            return
-        pending = self.monitor._watch_pending
-        if pending is None:
-            self.monitor._watch_result(between)
-        else:  # a due step's result not yet logged: the latest lr wins
-            pending.update(between)
+        if between:
+            self.monitor._watch_between(between)
 
     def _publish(self) -> None:
         torch = self._torch

@@ -42,9 +42,11 @@ def _hours(since: int | None, until: int | None) -> tuple[str, str]:
     )
 
 
-def _s3_objects(
+def s3_objects(
     s: S3Settings, kind: str, run_id: str, since: int | None, until: int | None
 ) -> Iterator[tuple[Any, str]]:
+    """The run's ``kind`` objects of the hours from ``since`` to ``until`` (ns; None: open),
+    each with the client that lists them."""
     from steplens.sinks.s3 import make_s3_client
 
     client = make_s3_client(s)
@@ -71,7 +73,7 @@ def s3_frame(
 ) -> pd.DataFrame:
     """The run's rows of ``kind`` in the time range (and of one rank)."""
     frames = []
-    for client, key in _s3_objects(s, kind, run_id, since, until):
+    for client, key in s3_objects(s, kind, run_id, since, until):
         body = client.get_object(Bucket=s.bucket, Key=key)["Body"].read()
         frame = read_parquet(body, columns).to_pandas()
         frames.append(frame)

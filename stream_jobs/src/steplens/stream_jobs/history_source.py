@@ -70,25 +70,16 @@ class Source:
 
     def _s3_extent(self, run: str, since_ns: int, until_ns: int) -> list[tuple[int, int] | None]:
         """The hours of the run's step and window objects in S3 (one listing of each kind)."""
-        from steplens.sinks.cold import hour_from_key, hour_of, run_prefix
-        from steplens.sinks.s3 import make_s3_client
+        from steplens.sinks.cold import hour_from_key
 
         s = self.stores.s3
         if s is None or "S3" in self.down:
             return []
-        lo, hi = hour_of(since_ns), hour_of(until_ns)
         hours: set[str] = set()
         try:
-            client = make_s3_client(s)
             for kind in ("step", "step_window"):
-                pages = client.get_paginator("list_objects_v2").paginate(
-                    Bucket=s.bucket, Prefix=run_prefix(s.prefix, kind, run)
-                )
-                for page in pages:
-                    for obj in page.get("Contents", []):
-                        hour = hour_from_key(obj["Key"]) or ""
-                        if lo <= hour <= hi:
-                            hours.add(hour)
+                for _, key in self._cold.s3_objects(s, kind, run, since_ns, until_ns):
+                    hours.add(hour_from_key(key) or "")  # listed: within the range, so named
         except Exception as exc:
             self.down.add("S3")
             log.warning("history: S3 not listed (asked no more): %s: %s", type(exc).__name__, exc)
