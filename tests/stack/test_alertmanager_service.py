@@ -78,3 +78,17 @@ def test_private_alertmanager_is_local_limited_and_private(tmp_path, monkeypatch
     assert "STEPLENS_ALERTMANAGER_URL" not in stack.env()
     assert [st.name for st in stack.status()] == list(SERVICES)
     assert Path(stack.cfg.log_path("alertmanager")).read_text()  # its log stays for a look
+
+
+def test_own_options_may_set_the_log_level(tmp_path, monkeypatch) -> None:
+    """Alertmanager refuses a repeated flag: `--log.level` in STEPLENS_ALERTMANAGER_OPTS
+    replaces the default, other options are appended."""
+    from steplens.stack import Stack
+
+    stack = Stack(home=tmp_path / "home", ports={"alertmanager": 1}, progress=print)
+    monkeypatch.setenv("STEPLENS_ALERTMANAGER_OPTS", "--log.level=debug --data.retention=1h")
+    argv = stack.service("alertmanager").argv()
+    assert [a for a in argv if a.startswith("--log.level")] == ["--log.level=debug"]
+    assert argv[-1] == "--data.retention=1h"
+    monkeypatch.delenv("STEPLENS_ALERTMANAGER_OPTS")
+    assert "--log.level=info" in stack.service("alertmanager").argv()

@@ -21,7 +21,10 @@ A transition already posted (the same fingerprint, state, severity and lead rule
 scored again after a rebalance) is not posted again (the last ``remember`` are remembered); a repeat
 is harmless anyway, since Alertmanager merges alerts of the same labels. Posts wait in a bounded
 queue (the oldest dropped when full, counted) and go in batches from a background task, with a
-timeout and retries with exponential backoff; a refusal (4xx) is logged and not retried.
+timeout and retries with exponential backoff; a refusal (4xx) is logged and not retried. A batch
+holds each alert (label set) once, in its latest state: Alertmanager 0.35 takes in the alerts of
+one request on parallel workers, and an alert posted firing and ended in one request was seen to
+stay firing in its group.
 """
 
 from __future__ import annotations
@@ -119,7 +122,9 @@ class AlertmanagerSender:
         self.metrics = metrics  # WorkerMetrics (its ``alertmanager`` counter), or None
         self.seen: OrderedDict[tuple[str, str, str, str], None] = OrderedDict()
         self.open: OrderedDict[str, Posted] = OrderedDict()  # firing incidents by fingerprint
-        self.counts = {"sent": 0, "failed": 0, "dropped": 0, "repeated": 0, "evicted": 0}
+        self.counts = dict.fromkeys(
+            ("sent", "failed", "dropped", "repeated", "evicted", "superseded"), 0
+        )
         self._tasks: list[asyncio.Task[None]] = []
 
     # ------------------------------------------------------------------ the worker's side
@@ -186,10 +191,19 @@ class AlertmanagerSender:
                 while len(batch) < MAX_BATCH and not self.queue.empty():
                     batch.append(self.queue.get_nowait())
                 try:
-                    await self._post(session, batch)
+                    await self._post(session, self._latest(batch))
                 finally:
                     for _ in batch:
                         self.queue.task_done()
+
+    def _latest(self, batch: list[Posted]) -> list[Posted]:
+        """One post per alert (label set), its latest state: Alertmanager may take in the
+        alerts of one request in any order, so a firing alert and its end in one request
+        could leave it firing."""
+        latest = {tuple(sorted(p.labels.items())): p for p in batch}
+        if len(latest) < len(batch):
+            self._count("superseded", len(batch) - len(latest))
+        return list(latest.values())
 
     async def _post(self, session: aiohttp.ClientSession, batch: list[Posted]) -> None:
         for attempt in range(self.retries):

@@ -49,7 +49,8 @@ class WorkerMetrics:
         self.alertmanager = Counter(
             "steplens_worker_alertmanager_alerts",
             "incident alerts for Alertmanager, by outcome (sent, failed, dropped from the full "
-            "queue, repeated transitions not posted again, evicted from the open ones kept)",
+            "queue, repeated transitions not posted again, evicted from the open ones kept, "
+            "superseded by a later state of the same alert in one batch)",
             ["outcome"],
             registry=r,
         )

@@ -73,6 +73,9 @@ class Alertmanager(Service):
             )
 
     def argv(self) -> list[str]:
+        opts = os.environ.get("STEPLENS_ALERTMANAGER_OPTS", "").split()
+        # kingpin refuses a repeated flag: the default level only where the options set none
+        level = [] if any(o.startswith("--log.level") for o in opts) else ["--log.level=info"]
         return [
             str(alertmanager_binary(self.cfg)),
             f"--config.file={self.config_file}",
@@ -80,8 +83,8 @@ class Alertmanager(Service):
             f"--web.listen-address={self.address}",
             f"--web.external-url={self.url}",
             "--cluster.listen-address=",  # one instance: no gossip port on 0.0.0.0:9094
-            "--log.level=info",
-            *os.environ.get("STEPLENS_ALERTMANAGER_OPTS", "").split(),  # later flags win
+            *level,
+            *opts,
         ]
 
     def process_env(self) -> dict[str, str]:
