@@ -195,6 +195,29 @@ def test_a_warm_start_scores_on_as_a_detector_that_never_stopped():
     assert not [s for s in batch if s.name == "hang" and s.severity.any()]
 
 
+def test_a_checkpoint_keeps_saying_where_the_baselines_came_from():
+    """Signals marked ``baseline="history"`` after a warm start stay marked, for the same
+    ``MARK_VALUES`` values, across a checkpoint and restore in the middle."""
+    past = steps("r", 0, 2000)
+    live = steps("r", 2000, 2400, t0=T0 + 2000 * STEP_NS)
+    job = WarmJob("r", DetectorConfig(), HistorySettings(), live[0].time_ns)
+    warm = load_state(*_restored(warm_job(job, Store({"r": past}))))
+    assert warm is not None
+    warm.baseline[0] = [{"baseline": "history", "history_points": 2000}, MARK_VALUES]
+    cut = MARK_VALUES // 2
+    first, _ = scored(warm, live[:cut])
+    head, ranks = dump_state(warm, warm.series)
+    again = load_state(head, ranks.get)
+    assert again is not None
+    rest, _ = scored(again, live[cut:])
+    marked = {s.step for s in [*first, *rest] if s.detail and s.detail.get("baseline")}
+    assert marked == set(range(2000, 2000 + MARK_VALUES))
+
+
+def _restored(result):
+    return result.head, result.ranks.get
+
+
 def test_a_replayed_history_is_never_alerted_on():
     past = steps("r", 0, 1500, regression=(1000, 2.0))  # a real jump, long ago
     _, alerts = scored(RunDetector("r"), past)

@@ -141,6 +141,7 @@ _HEAD = (
     "records",
     "offsets",
     "raw_seen",
+    "baseline",  # which ranks' signals still say their baselines came from history
 )
 
 
