@@ -445,3 +445,56 @@ def test_a_spike_alert_names_its_batch_and_lr_events_are_published(kafka, worker
         (e.step, e.data["detail"]["kind"], e.data["detail"]["declared_step"]) for e in events
     ] == [(9, "warmup_end", 10)]
     assert "Crashed" not in w.log.read_text()
+
+
+def test_runs_and_ranks_past_the_limits_are_left_out_and_idle_runs_retired(kafka, workers):
+    """`--max-runs 1 --max-ranks 2`: a second run is not scored while the first is kept, and a
+    third rank's records are dead letters that name the limit. Once the first run has been
+    idle for `--run-idle-hours` it is retired (tombstones for its state in the changelog), and
+    the second run is scored."""
+    tag = uuid.uuid4().hex[:6]
+    a, b = f"lim-a-{tag}", f"lim-b-{tag}"
+    idle_s = 12.0
+    w = workers(
+        "--no-arima",
+        "--no-history",
+        "--checkpoint-s",
+        "1",
+        "--max-runs",
+        "1",
+        "--max-ranks",
+        "2",
+        "--run-idle-hours",
+        str(idle_s / 3600),
+    ).start()
+    w.wait_metrics()
+    kafka.send(steps(a, 0, 20, rank=0) + steps(a, 0, 20, rank=1))
+    wait_scored(w, 40)
+    kafka.send(steps(a, 0, 5, rank=2))  # ranks are kept first come, first served
+    dead = kafka.collect(kafka.topics.dead_letters, lambda got: len(got) >= 5)
+    assert {d.data["reason"] for d in dead} == {f"rank 2: run {a} has its 2 ranks (--max-ranks)"}
+    kafka.send(steps(b, 0, 10))
+
+    def limited(outcome: str) -> float:
+        return sample(w.metrics(), "steplens_worker_run_limits_total", outcome=outcome)
+
+    deadline = time.monotonic() + 30
+    while limited("refused_messages") < 1:
+        assert time.monotonic() < deadline, w.metrics()
+        time.sleep(0.1)
+    assert limited("refused_records") == 5
+    assert f"run {b} is not scored" in w.log.read_text()
+    deadline = time.monotonic() + 60
+    while limited("retired_runs") < 1:
+        assert time.monotonic() < deadline, w.metrics()
+        time.sleep(0.2)
+    changelog = kafka.collect(
+        f"{w.app_id}-runs-changelog",
+        lambda got: any(k == a.encode() and v is None for k, v in got),
+        30,
+        raw=True,
+    )
+    last = {k: v for k, v in changelog if k and k.startswith(a.encode())}
+    assert len(last) == 3 and all(v is None for v in last.values())  # head and 2 ranks
+    kafka.send(steps(b, 10, 20))
+    wait_scored(w, 50)  # a's 40, then b's second 10 (its first 10 were refused)

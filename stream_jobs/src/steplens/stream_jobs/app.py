@@ -33,6 +33,7 @@ from steplens.stream_jobs.metrics import WorkerMetrics
 from steplens.stream_jobs.publish_limit import QuietLimiter
 from steplens.stream_jobs.publisher import Publisher
 from steplens.stream_jobs.router import Router
+from steplens.stream_jobs.run_limits import NUDGE, RunLimits
 from steplens.stream_jobs.scoring import Scorer
 from steplens.stream_jobs.settings import (
     BY_RUN_MAX_BYTES,
@@ -110,7 +111,8 @@ class Worker:
             "runs", default=None, partitions=s.by_run_partitions, key_type=bytes, value_type=bytes
         )
         self.history = history_loads.for_worker(s.history, s.detector, metrics, self._wake)
-        self.store = RunStore(table, s.detector, s.checkpoint_s, self.history)
+        limits = RunLimits(s.limits, table.keys, metrics.count_limited)
+        self.store = RunStore(table, s.detector, s.checkpoint_s, self.history, limits)
         self.out = Publisher(
             self._send,
             s.topics,
@@ -125,6 +127,7 @@ class Worker:
         app.agent(self.by_run, name="detect")(self._detect)
         app.timer(2.0)(self._report)
         app.timer(max(1.0, s.checkpoint_s))(self._nudge_quiet_runs)
+        app.timer(min(600.0, max(1.0, s.limits.idle_s / 4)))(self._retire_idle_runs)
         app.on_partitions_revoked.connect(cast(Any, self._revoked))
         app.on_partitions_assigned.connect(cast(Any, self._assigned))
         app.task(self._startup)
@@ -198,6 +201,9 @@ class Worker:
         stream = stream.noack()
         async for event in stream.events():
             run = event.key.decode() if isinstance(event.key, bytes) else str(event.key)
+            if not self.store.admit(run, event):
+                await stream.ack(event)
+                continue
             todo = self.store.ready(run, event)
             for i, ev in enumerate(todo):
                 det = self.store.cache[run]
@@ -213,16 +219,22 @@ class Worker:
     async def _wake(self, run: str) -> None:
         """An empty message to ``run``: the detect agent then installs its ended history
         load and scores the messages it held."""
-        await self.by_run.send(key=run.encode(), value=b"[]")
+        await self.by_run.send(key=run.encode(), value=NUDGE)
 
     async def _nudge_quiet_runs(self) -> None:
         """A quiet run's held messages wait for its next checkpoint, which needs a message of
         its partition: it is sent an empty by-run message, so the detect agent checkpoints
         it and acknowledges them."""
         for run in self.store.quiet_runs():
-            await self.by_run.send(key=run.encode(), value=b"[]")
+            await self.by_run.send(key=run.encode(), value=NUDGE)
         if self.history is not None:
             self.history.sweep()
+
+    async def _retire_idle_runs(self) -> None:
+        """An idle run is retired by the detect agent, where table writes may happen: it is
+        sent an empty by-run message (``run_limits``)."""
+        for run in self.store.idle_runs():
+            await self.by_run.send(key=run.encode(), value=NUDGE)
 
     # ------------------------------------------------------------------ fits
     def _submit_fits(self, run: str, det: RunDetector) -> None:

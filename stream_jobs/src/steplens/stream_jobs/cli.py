@@ -16,7 +16,16 @@ def default_state_dir() -> str:
     return os.path.join(home, "worker-state")
 
 
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
 def main(argv: list[str], prog: str = "steplens worker") -> int:
+    from steplens.stream_jobs.run_limits import LimitSettings
+
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("--bootstrap", help="Kafka bootstrap (default: STEPLENS_KAFKA_BOOTSTRAP)")
     ap.add_argument("--app-id", default="steplens-worker", help="consumer group and table prefix")
@@ -102,6 +111,25 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
         default=30.0,
         help="seconds a run waits for its history before it starts cold",
     )
+    ap.add_argument(
+        "--max-runs",
+        type=_positive_int,
+        default=LimitSettings.max_runs,
+        help="runs this worker keeps at most; a further run is not scored (counted)",
+    )
+    ap.add_argument(
+        "--max-ranks",
+        type=_positive_int,
+        default=LimitSettings.max_ranks,
+        help="ranks of one run scored at most; a further rank's records are dead letters",
+    )
+    ap.add_argument(
+        "--run-idle-hours",
+        type=float,
+        default=LimitSettings.idle_s / 3600,
+        help="a run with nothing scored this long leaves the worker's state (it warms from "
+        "its history if it comes back)",
+    )
     ap.add_argument("--log-level", default="warning")
     args = ap.parse_args(argv)
 
@@ -139,6 +167,7 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
             max_points=max(1, args.history_max_points),
             timeout_s=args.history_timeout,
         ),
+        limits=LimitSettings(args.max_runs, args.max_ranks, max(1.0, args.run_idle_hours * 3600)),
         log_level=args.log_level,
     )
     os.makedirs(settings.state_dir, exist_ok=True)

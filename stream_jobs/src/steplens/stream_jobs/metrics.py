@@ -43,6 +43,14 @@ class WorkerMetrics:
             registry=r,
         )
         self.fits = Counter("steplens_worker_arima_fits", "ARIMA fits", ["outcome"], registry=r)
+        self.limited = Counter(
+            "steplens_worker_run_limits",
+            "what the run limits left out: by-run messages of runs past --max-runs "
+            "(refused_messages), records of ranks past --max-ranks (refused_records), idle "
+            "runs retired (retired_runs)",
+            ["outcome"],
+            registry=r,
+        )
         self.fit_jobs = Counter(
             "steplens_worker_arima_fit_jobs", "pool jobs the ARIMA fits went in", registry=r
         )
@@ -59,6 +67,9 @@ class WorkerMetrics:
             "longest the consumer's fetch waits at the broker for new records (as in use)",
             registry=r,
         )
+
+    def count_limited(self, outcome: str, n: int) -> None:
+        self.limited.labels(outcome).inc(n)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)

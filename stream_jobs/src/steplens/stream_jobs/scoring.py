@@ -18,6 +18,7 @@ from steplens.stream_jobs import restarts
 from steplens.stream_jobs.detector import RunDetector
 from steplens.stream_jobs.metrics import WorkerMetrics
 from steplens.stream_jobs.publisher import Publisher
+from steplens.stream_jobs.run_limits import rank_admitted
 from steplens.stream_jobs.store import RunStore
 
 log = logging.getLogger("steplens.stream_jobs")
@@ -37,6 +38,7 @@ class Scorer:
         and its re-seed from history began (the message is scored again once it is done,
         the records before the restart skipped by their offsets)."""
         seen = det.offsets
+        max_ranks = self.store.limits.s.max_ranks
         check = self.store.history is not None  # else the detector restarts the rank itself
         steps: list[Item] = []  # consecutive steps of one rank
         for partition, offset, text in orjson.loads(event.value):
@@ -55,6 +57,14 @@ class Scorer:
             seen[partition] = offset
             if isinstance(rec, DecodeError):
                 await self.out.dead(str(rec), text.encode(), run, None, partition, offset)
+                continue
+            pending = steps[-1][3].rank if steps else None
+            if not rank_admitted(det.series, rec.rank, max_ranks, pending):
+                await self._steps(det, run, steps)
+                steps = []
+                self.store.limits.count("refused_records", 1)
+                reason = f"rank {rec.rank}: run {run} has its {max_ranks} ranks (--max-ranks)"
+                await self.out.dead(reason, text.encode(), run, None, partition, offset)
                 continue
             if rec.kind == "step" and (not steps or steps[-1][3].rank == rec.rank):
                 steps.append((partition, offset, text, rec))

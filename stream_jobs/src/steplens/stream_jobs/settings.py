@@ -8,6 +8,7 @@ from typing import Any
 from steplens.producer.topics import Topics
 from steplens.stream_jobs.config import DetectorConfig
 from steplens.stream_jobs.history import HistorySettings
+from steplens.stream_jobs.run_limits import LimitSettings
 
 # Longest a fetch waits at the broker for new records. Faust builds its consumer with 1,500 ms,
 # and aiokafka keeps one fetch in flight per broker, for the partitions that hold no fetched
@@ -39,6 +40,7 @@ class WorkerSettings:
     webhook_url: str | None = None
     alertmanager_url: str | None = None  # incidents posted to its /api/v2/alerts
     history: HistorySettings = field(default_factory=HistorySettings)  # warm starts
+    limits: LimitSettings = field(default_factory=LimitSettings)  # runs and ranks kept
     session_timeout_s: float = 10.0  # a SIGKILLed worker's partitions move after this
     log_level: str = "warning"
 

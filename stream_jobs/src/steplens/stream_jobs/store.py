@@ -7,6 +7,7 @@ skip what its stored state already applied). Checkpoints go to the table (change
 restarted or newly joined worker resumes the run); a run's head and each changed rank's series
 are values of their own (``state``). A run the table does not have is warmed from its history
 when the worker has the stores (``history_loads``); its messages wait for that, in order.
+How many runs it keeps, and when an idle one is retired: ``run_limits``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from typing import Any
 from steplens.stream_jobs.config import DetectorConfig
 from steplens.stream_jobs.detector import RunDetector
 from steplens.stream_jobs.history_loads import HistoryLoads
+from steplens.stream_jobs.run_limits import NUDGE, LimitSettings, RunLimits
 from steplens.stream_jobs.signals.arima_fit import ArimaParams
-from steplens.stream_jobs.state import dump_state, load_state, rank_key
+from steplens.stream_jobs.state import dump_state, load_state, rank_key, unpack
 
 log = logging.getLogger("steplens.stream_jobs")
 
@@ -32,6 +34,7 @@ class RunStore:
         cfg: DetectorConfig,
         checkpoint_s: float,
         history: HistoryLoads | None = None,
+        limits: RunLimits | None = None,
     ) -> None:
         self.table = table
         self.cfg = cfg
@@ -41,6 +44,43 @@ class RunStore:
         self.saved_at: dict[str, float] = {}
         # by-run partition -> run -> its messages scored since its last checkpoint
         self.held: dict[int, dict[str, list[Any]]] = {}
+        self.limits = limits or RunLimits(LimitSettings(), table.keys)
+
+    def admit(self, run: str, event: Any) -> bool:
+        """Whether ``event`` (a by-run message of ``run``) goes on to be scored; False: it is
+        acknowledged as it is (a run past ``max_runs``, or the nudge that retires an idle
+        run)."""
+        if event.value == NUDGE:  # kept runs only; an idle one is retired
+            kept = run in self.cache or run in self.limits.known
+            if kept and not self.busy(run) and self.limits.idle(run):
+                self._retire(run)
+                return False
+            return kept or self.busy(run)
+        if run in self.cache or self.busy(run):
+            self.limits.seen[run] = self.limits.clock()
+            return True
+        return self.limits.admits(run)
+
+    def busy(self, run: str) -> bool:
+        """``run`` holds messages for its next checkpoint, or its history is loading."""
+        h = self.history
+        return any(run in held for held in self.held.values()) or (
+            h is not None and h.waiting(run) is not None
+        )
+
+    def _retire(self, run: str) -> None:
+        det = self.cache.pop(run, None)
+        head = self.table.get(run.encode())
+        ranks = list(det.series) if det is not None else _ranks_of(head)
+        for key in [*(rank_key(run, r) for r in ranks), run]:
+            if key.encode() in self.table:
+                del self.table[key.encode()]
+        self.saved_at.pop(run, None)
+        self.limits.retired(run)
+
+    def idle_runs(self) -> list[str]:
+        """Runs to send a retirement nudge (``run_limits``)."""
+        return self.limits.idle_runs(self.busy)
 
     def ready(self, run: str, event: Any) -> list[Any]:
         """``run``'s messages to score now, in order, with ``event`` last (its detector is
@@ -132,6 +172,7 @@ class RunStore:
         self.cache.clear()
         self.saved_at.clear()
         self.held.clear()
+        self.limits.forget()
         if self.history is not None:
             self.history.revoked()
 
@@ -139,3 +180,11 @@ class RunStore:
         det = self.cache.get(run)
         if det is not None:
             det.apply_fit(key, params)
+
+
+def _ranks_of(head: bytes | None) -> list[int]:
+    """The ranks a stored head lists (none for a head this release cannot read)."""
+    try:
+        return list(unpack(head)["ranks"]) if head else []
+    except (ValueError, KeyError, TypeError):
+        return []

@@ -1,0 +1,74 @@
+"""A broken producer that invents a run id per step, against the worker's run store.
+
+Each message is one step record of a new run, scored as the detect agent does (admit, ready,
+score, checkpoint into a dict standing for the table). The memory the store holds afterwards
+(tracemalloc: its detectors and its table values) with the default ``--max-runs`` is printed
+against the same store without a limit, measured in the same run.
+
+    python bench/bench_run_limits.py               # 20,000 runs, about a minute
+    python bench/bench_run_limits.py --runs 50000
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+import tracemalloc
+from types import SimpleNamespace
+
+from steplens.producer.schema import make_record
+from steplens.stream_jobs.config import DetectorConfig
+from steplens.stream_jobs.run_limits import LimitSettings, RunLimits
+from steplens.stream_jobs.store import RunStore
+
+
+def flood(runs: int, max_runs: int) -> tuple[float, int, float]:
+    """MiB held by the store after ``runs`` one-step runs, runs kept, seconds taken."""
+    gc.collect()
+    tracemalloc.start()
+    table: dict[bytes, bytes] = {}
+    limits = RunLimits(LimitSettings(max_runs=max_runs), table.keys)
+    store = RunStore(table, DetectorConfig(arima_enabled=False), 0.0, limits=limits)
+    msg = SimpleNamespace(value=b"[]x", message=SimpleNamespace(partition=0))
+    t0 = time.perf_counter()
+    for i in range(runs):
+        run = f"junk-{i}"
+        if not store.admit(run, msg):
+            continue
+        store.ready(run, msg)
+        rec = make_record("step", {"loss": 2.0, "grad_norm": 1.0}, run_id=run, rank=0, step=i)
+        store.cache[run].process(rec)
+        store.checkpoint(run)
+    took = time.perf_counter() - t0
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] / 2**20
+    tracemalloc.stop()
+    kept = len(store.limits.known)
+    del store, table, limits
+    return held, kept, took
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=20_000)
+    args = ap.parse_args()
+    default = LimitSettings.max_runs
+    flood(200, 10**9)  # compile the detectors first
+    base_mib, base_kept, base_s = flood(args.runs, 10**9)
+    lim_mib, lim_kept, lim_s = flood(args.runs, default)
+    print(f"{args.runs:,} runs of one step each, one per message")
+    print(
+        f"  no limit              {base_mib:8.1f} MiB held, {base_kept:,} runs kept "
+        f"({base_s:.1f} s)"
+    )
+    print(
+        f"  --max-runs {default:<10,} {lim_mib:8.1f} MiB held, {lim_kept:,} runs kept "
+        f"({lim_s:.1f} s)"
+    )
+    print(f"  held with the limit / without: {lim_mib / base_mib:.2f}x")
+    print(f"  per run kept: {base_mib * 1024 / max(base_kept, 1):.1f} KiB")
+
+
+if __name__ == "__main__":
+    main()
