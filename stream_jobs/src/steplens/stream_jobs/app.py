@@ -231,8 +231,7 @@ class Worker:
             self.history.sweep()
 
     async def _retire_idle_runs(self) -> None:
-        """An idle run is retired by the detect agent, where table writes may happen: it is
-        sent an empty by-run message (``run_limits``)."""
+        """Each idle run is sent an empty by-run message: the detect agent retires it."""
         for run in self.store.idle_runs():
             await self.by_run.send(key=run.encode(), value=NUDGE)
 
