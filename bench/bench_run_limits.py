@@ -3,10 +3,13 @@
 Each message is one step record of a new run, scored as the detect agent does (admit, ready,
 score, checkpoint into a dict standing for the table). The memory the store holds afterwards
 (tracemalloc: its detectors and its table values) with the default ``--max-runs`` is printed
-against the same store without a limit, measured in the same run.
+against the same store without a limit, measured in the same run. Then what one run of
+``--ranks`` ranks holds once its windows are full (``--steps`` steps a rank, ARIMA on; the
+fits left pending, as the worker's pool holds them), against a one-step run: what to size
+``--max-runs`` by.
 
-    python bench/bench_run_limits.py               # 20,000 runs, about a minute
-    python bench/bench_run_limits.py --runs 50000
+    python bench/bench_run_limits.py               # 20,000 runs, about two minutes
+    python bench/bench_run_limits.py --runs 50000 --ranks 64
 """
 
 from __future__ import annotations
@@ -49,9 +52,45 @@ def flood(runs: int, max_runs: int) -> tuple[float, int, float]:
     return held, kept, took
 
 
+def wide_run_kib(runs: int, ranks: int, steps: int) -> tuple[float, float]:
+    """KiB a run of ``ranks`` ranks and ``steps`` steps a rank holds: in memory (its detector)
+    and in the table (its checkpoint values), the mean over ``runs`` runs."""
+    gc.collect()
+    tracemalloc.start()
+    table: dict[bytes, bytes] = {}
+    store = RunStore(table, DetectorConfig(), 0.0)
+    msg = SimpleNamespace(value=b"[]x", message=SimpleNamespace(partition=0))
+    for i in range(runs):
+        run = f"wide-{i}"
+        store.admit(run, msg)
+        store.ready(run, msg)
+        det = store.cache[run]
+        for rank in range(ranks):
+            recs = [
+                make_record(
+                    "step",
+                    {"loss": 2.0 + 0.01 * (s % 7), "grad_norm": 1.0 + 0.02 * (s % 5)},
+                    run_id=run,
+                    rank=rank,
+                    step=s,
+                    time_ns=1_700_000_000_000_000_000 + s * 10**8,
+                )
+                for s in range(steps)
+            ]
+            det.process_steps(recs)
+        store.checkpoint(run)
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] / 1024 / runs
+    tracemalloc.stop()
+    stored = sum(len(v) for v in table.values()) / 1024 / runs
+    return held, stored
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=20_000)
+    ap.add_argument("--ranks", type=int, default=8, help="ranks of a wide run")
+    ap.add_argument("--steps", type=int, default=600, help="steps a rank of a wide run")
     args = ap.parse_args()
     default = LimitSettings.max_runs
     flood(200, 10**9)  # compile the detectors first
@@ -68,6 +107,14 @@ def main() -> None:
     )
     print(f"  held with the limit / without: {lim_mib / base_mib:.2f}x")
     print(f"  per run kept: {base_mib * 1024 / max(base_kept, 1):.1f} KiB")
+    wide_held, wide_stored = wide_run_kib(20, args.ranks, args.steps)
+    per_run = base_mib * 1024 / max(base_kept, 1)
+    at_limit = wide_held * default / 2**20
+    print(
+        f"a run of {args.ranks} ranks x {args.steps} steps, ARIMA on: {wide_held:,.0f} KiB held "
+        f"(its table values {wide_stored:,.0f} KiB of it), {wide_held / per_run:.0f}x a "
+        f"one-step run; {default:,} such runs: {at_limit:.1f} GiB"
+    )
 
 
 if __name__ == "__main__":
