@@ -79,6 +79,7 @@ def wide_run_kib(runs: int, ranks: int, steps: int) -> tuple[float, float]:
             ]
             det.process_steps(recs)
         store.checkpoint(run)
+        del recs, det  # the run's own state only
     gc.collect()
     held = tracemalloc.get_traced_memory()[0] / 1024 / runs
     tracemalloc.stop()
@@ -106,9 +107,9 @@ def main() -> None:
         f"({lim_s:.1f} s)"
     )
     print(f"  held with the limit / without: {lim_mib / base_mib:.2f}x")
-    print(f"  per run kept: {base_mib * 1024 / max(base_kept, 1):.1f} KiB")
-    wide_held, wide_stored = wide_run_kib(20, args.ranks, args.steps)
     per_run = base_mib * 1024 / max(base_kept, 1)
+    print(f"  per run kept: {per_run:.1f} KiB")
+    wide_held, wide_stored = wide_run_kib(20, args.ranks, args.steps)
     at_limit = wide_held * default / 2**20
     print(
         f"a run of {args.ranks} ranks x {args.steps} steps, ARIMA on: {wide_held:,.0f} KiB held "

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from history_helpers import STEP_NS, steps
+from test_stream_worker import sample
 
 from steplens.producer.schema import Record, encode, make_record
 from steplens.stream_jobs.config import DetectorConfig
@@ -232,16 +233,6 @@ def wait_for(what, timeout_s: float, step_s: float = 0.5):
         time.sleep(step_s)
 
 
-def metric(worker, name: str, **labels: str) -> float:
-    want = {f'{k}="{v}"' for k, v in labels.items()}
-    for line in worker.metrics().splitlines():
-        head, _, value = line.rpartition(" ")
-        got, _, rest = head.partition("{")
-        if got == name and set(rest.rstrip("}").split(",")) - {""} == want:
-            return float(value)
-    return 0.0
-
-
 def stored_steps(st, run: str) -> int:
     from steplens.sinks.query import query_series
 
@@ -304,7 +295,8 @@ def test_a_restarted_run_alerts_on_a_real_regression_but_not_on_its_restart(
         st = stores(stack_env, prefix)
         assert wait_for(lambda: stored_steps(st, run) >= 2 * CRASH, 120)
         assert wait_for(
-            lambda: metric(w, "steplens_worker_records_total", kind="step") >= 2 * CRASH, 120
+            lambda: sample(w.metrics(), "steplens_worker_records_total", kind="step") >= 2 * CRASH,
+            120,
         )
         resumed = steps(
             run,
@@ -318,8 +310,18 @@ def test_a_restarted_run_alerts_on_a_real_regression_but_not_on_its_restart(
         kafka.send(resumed)
         alerts, sigs = outcome(kafka, run, 1299, resumed[0].time_ns)
         assert first_fired(alerts) == (REGRESSION, "spike:loss")  # none at the restart
-        assert metric(w, "steplens_worker_history_loads_total", why="restart", outcome="warm") == 1
-        assert metric(w, "steplens_worker_history_loads_total", why="restart", outcome="kept") == 1
+        assert (
+            sample(
+                w.metrics(), "steplens_worker_history_loads_total", why="restart", outcome="warm"
+            )
+            == 1
+        )
+        assert (
+            sample(
+                w.metrics(), "steplens_worker_history_loads_total", why="restart", outcome="kept"
+            )
+            == 1
+        )
         after = [s for s in sigs if s.time_ns >= resumed[0].time_ns]  # the restart's
         marked = [s for s in after if s.data["name"] == "spike" and s.step < RESUME + 256]
         assert {s.rank for s in marked} == {0, 1}
@@ -357,7 +359,9 @@ def test_a_worker_without_state_warms_a_resumed_run_from_its_parents_history(
     kafka.send(meta + resumed)
     alerts, sigs = outcome(kafka, b, 1299, resumed[0].time_ns)
     assert first_fired(alerts) == (REGRESSION, "spike:loss")  # none at the restart
-    assert metric(w, "steplens_worker_history_loads_total", why="start", outcome="warm") == 1
+    assert (
+        sample(w.metrics(), "steplens_worker_history_loads_total", why="start", outcome="warm") == 1
+    )
     first = [s for s in sigs if s.data["name"] == "spike" and s.step == RESUME]
     assert {s.rank for s in first} == {0, 1}
     assert all(

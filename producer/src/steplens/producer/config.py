@@ -38,7 +38,7 @@ def _positive_int(x: int) -> bool:
 
 
 def _port_or_off(x: int) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 65535
+    return _non_negative_int(x) and x <= 65535
 
 
 def _batch_size(x: int) -> bool:

@@ -22,7 +22,7 @@ UTIL = "util"
 MAX_FAILURES = 3  # consecutive failed readings after which a device falls back to "util"
 
 
-def _not_supported(exc: Exception) -> bool:
+def not_supported(exc: Exception) -> bool:
     return "NotSupported" in type(exc).__name__ or "NOT_SUPPORTED" in str(exc).upper()
 
 
@@ -82,7 +82,7 @@ class GpmReader:
         except AttributeError:  # an nvidia-ml-py without GPM
             return None
         except Exception as exc:
-            if not _not_supported(exc):
+            if not not_supported(exc):
                 self.on_error()
             return None
 

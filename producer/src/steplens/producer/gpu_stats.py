@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from steplens.producer.gpm import GPM, UTIL, GpmReader
+from steplens.producer.gpm import GPM, UTIL, GpmReader, not_supported
 
 # the names of the bits of ``throttle_reasons`` (nvmlClocksThrottleReason*), lowest first
 THROTTLE_REASONS = (
@@ -101,7 +101,7 @@ class GpuSampler:
         try:
             return fn(*args)
         except Exception as exc:
-            if "NotSupported" not in type(exc).__name__ and "NOT_SUPPORTED" not in str(exc).upper():
+            if not not_supported(exc):
                 self.errors += 1
             return None
 

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from steplens.sinks.report_plot import column
+
 STEP_FIELDS = (
     "loss",
     "lr",
@@ -217,9 +219,8 @@ def _explode_gpus(hw: pd.DataFrame) -> pd.DataFrame:
     gpu = _explode(hw, "gpus", "index").rename(columns={"index": "gpu"})
     if gpu.empty:
         return gpu
-    nan = pd.Series(np.nan, index=gpu.index)
-    used = pd.to_numeric(gpu.get("mem_used_bytes", nan), errors="coerce")
-    total = pd.to_numeric(gpu.get("mem_total_bytes", nan), errors="coerce")
+    used = pd.to_numeric(column(gpu, "mem_used_bytes"), errors="coerce")
+    total = pd.to_numeric(column(gpu, "mem_total_bytes"), errors="coerce")
     gpu["mem_used_pct"] = 100 * used.fillna(0) / total.where(total > 0)
     return gpu
 

@@ -13,6 +13,7 @@ import pandas as pd
 
 from steplens.producer.gpu_stats import THROTTLE_REASONS
 from steplens.sinks.report_data import RunData
+from steplens.sinks.report_plot import nothing
 
 # Thresholds of the stream jobs (stream_jobs/.../signals/thresholds.py, ThresholdConfig),
 # drawn as dashed lines as on the hardware board.
@@ -40,7 +41,7 @@ def _finish(fig: Any, axes: list[Any], drawn: list[bool], empty: str) -> Any:
     for ax, ok in zip(axes, drawn, strict=True):
         ax.grid(alpha=0.3)
         if not ok:
-            ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
+            nothing(ax, empty)
         elif ax.get_legend_handles_labels()[0]:
             ax.legend(loc="upper right", fontsize=7)
     axes[-1].set_xlabel("time (UTC)")

@@ -41,6 +41,7 @@ from typing import Any
 import aiohttp
 
 from steplens.stream_jobs.core import Alert
+from steplens.stream_jobs.notify_queue import first_time, put_dropping_oldest
 
 log = logging.getLogger("steplens.stream_jobs.alertmanager")
 
@@ -131,12 +132,9 @@ class AlertmanagerSender:
     def notify(self, alert: Alert) -> None:
         """Queue the posts of one incident transition (never waits)."""
         key = (alert.fingerprint, alert.state, alert.severity, alert.rule)
-        if key in self.seen:
+        if not first_time(self.seen, key, self.remember):
             self._count("repeated")
             return
-        self.seen[key] = None
-        if len(self.seen) > self.remember:
-            self.seen.popitem(last=False)
         at = alert.time_ns / 1e9 if alert.time_ns else time.time()
         now = Posted(labels_of(alert), annotations_of(alert), at)
         before = self.open.pop(alert.fingerprint, None)
@@ -155,11 +153,8 @@ class AlertmanagerSender:
         self._put(now)
 
     def _put(self, posted: Posted) -> None:
-        if self.queue.full():
-            self.queue.get_nowait()
-            self.queue.task_done()
+        if put_dropping_oldest(self.queue, posted):
             self._count("dropped")
-        self.queue.put_nowait(posted)
 
     def _count(self, outcome: str, n: int = 1) -> None:
         self.counts[outcome] += n
@@ -181,7 +176,7 @@ class AlertmanagerSender:
         while True:
             await asyncio.sleep(self.resend_s)
             for posted in list(self.open.values()):
-                self._put(posted)
+                await self.queue.put(posted)  # a wait here, not a transition dropped
 
     async def _run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)

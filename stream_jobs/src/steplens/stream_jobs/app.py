@@ -218,7 +218,7 @@ class Worker:
 
     async def _wake(self, run: str) -> None:
         """An empty message to ``run``: the detect agent then installs its ended history
-        load and scores the messages it held."""
+        load, checkpoints the run, or retires it when idle (``RunStore.admit``)."""
         await self.by_run.send(key=run.encode(), value=NUDGE)
 
     async def _nudge_quiet_runs(self) -> None:
@@ -226,14 +226,14 @@ class Worker:
         its partition: it is sent an empty by-run message, so the detect agent checkpoints
         it and acknowledges them."""
         for run in self.store.quiet_runs():
-            await self.by_run.send(key=run.encode(), value=NUDGE)
+            await self._wake(run)
         if self.history is not None:
             self.history.sweep()
 
     async def _retire_idle_runs(self) -> None:
         """Each idle run is sent an empty by-run message: the detect agent retires it."""
         for run in self.store.idle_runs():
-            await self.by_run.send(key=run.encode(), value=NUDGE)
+            await self._wake(run)
 
     # ------------------------------------------------------------------ fits
     def _submit_fits(self, run: str, det: RunDetector) -> None:

@@ -104,10 +104,6 @@ class History:
     read: int = 0  # rows read from the stores (before lineage and the cap)
     queries: int = 0
 
-    @property
-    def points(self) -> int:
-        return sum(len(r) for r in self.rows.values())
-
 
 class HistorySource(Protocol):
     """Where history is read from: ``history_source.Source`` (the stores)."""
@@ -246,11 +242,17 @@ def read_history(
 
     own = one(run, until_ns)
     parts: dict[int, list[Rows]] = {rank: [rows] for rank, rows in own.items()}
-    short = not own or any(
-        len(effective(r, cuts.get(k), settings.max_points)) < settings.max_points
-        for k, r in own.items()
-    )
-    if reference and reference != run and short:
+    if (
+        reference
+        and reference != run
+        and (  # the run's own rows leave room for its reference's
+            not own
+            or any(
+                len(effective(r, cuts.get(k), settings.max_points)) < settings.max_points
+                for k, r in own.items()
+            )
+        )
+    ):
         first = min((int(r.time_ns[0]) for r in own.values() if len(r)), default=until_ns)
         ref = one(reference, first)
         if not out.meta.get("lr_schedule"):

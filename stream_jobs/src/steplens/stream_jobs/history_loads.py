@@ -77,7 +77,6 @@ class Load:
     held: list[Any] = field(default_factory=list)  # the run's messages meanwhile, in order
     held_bytes: int = 0
     done: bool = False
-    outcome: str = ""
     result: WarmResult | None = None
     det: RunDetector | None = None  # a start's detector, built off the loop
 
@@ -248,7 +247,7 @@ class HistoryLoads:
     def _end(self, load: Load, outcome: str, result: WarmResult | None) -> None:
         if load.done:
             return
-        load.done, load.outcome, load.result = True, outcome, result
+        load.done, load.result = True, result
         self.metrics.loads.labels(load.why, outcome).inc()
         self.metrics.seconds.observe(time.monotonic() - load.started)
         if result is not None:
@@ -268,7 +267,7 @@ class HistoryLoads:
                 result.replay_s,
                 time.monotonic() - load.started,
             )
-        elif outcome != "warm":
+        else:  # over_budget, timeout, failed
             log.warning("history of run %s (%s): %s; it starts cold", load.run, load.why, outcome)
 
     def waiting(self, run: str) -> Load | None:

@@ -61,8 +61,11 @@ class RunLimits:
 
     @property
     def known(self) -> set[str]:
-        if self._known is None:  # a run's head is under its id; its ranks' keys hold \x1f
-            self._known = {k.decode() for k in self.table_keys() if b"\x1f" not in k}
+        if self._known is None:  # a run's head is under its id, its ranks' keys hold RANK_SEP
+            from steplens.stream_jobs.state import RANK_SEP
+
+            sep = RANK_SEP.encode()
+            self._known = {k.decode() for k in self.table_keys() if sep not in k}
         return self._known
 
     def admits(self, run: str) -> bool:

@@ -78,9 +78,7 @@ class Scorer:
         await self._steps(det, run, steps)
         return True
 
-    async def _steps(
-        self, det: RunDetector, run: str, steps: list[tuple[int, int, str, Record]]
-    ) -> None:
+    async def _steps(self, det: RunDetector, run: str, steps: list[Item]) -> None:
         """Consecutive ``step`` records of one rank, scored as one batch (a record is a batch
         of one row: the same signals and alerts, without a detector call per record and
         metric); one at a time if the batch fails, so only the bad record is dead-lettered."""

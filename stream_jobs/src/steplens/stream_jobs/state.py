@@ -58,9 +58,12 @@ CLASSES: dict[str, type] = {
 }
 
 
+RANK_SEP = "\x1f"  # in a rank's table key only (a run id is printable)
+
+
 def rank_key(run: str, rank: int) -> str:
     """The table key of one rank's series of ``run``."""
-    return f"{run}\x1frank:{rank}"
+    return f"{run}{RANK_SEP}rank:{rank}"
 
 
 def _plain(x: Any) -> Any:

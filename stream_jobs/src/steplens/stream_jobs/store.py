@@ -50,16 +50,13 @@ class RunStore:
         """Whether ``event`` (a by-run message of ``run``) goes on to be scored; False: it is
         acknowledged as it is (a run past ``max_runs``, or the nudge that retires an idle
         run)."""
-        if event.value == NUDGE:  # kept runs only; an idle one is retired
-            kept = run in self.cache or run in self.limits.known
-            if kept and not self.busy(run) and self.limits.idle(run):
-                self._retire(run)
-                return False
-            return kept or self.busy(run)
-        if run in self.cache or self.busy(run):
-            self.limits.seen[run] = self.limits.clock()
-            return True
-        return self.limits.admits(run)
+        if event.value != NUDGE:
+            return self.limits.admits(run)  # a run in memory is one it keeps
+        kept, busy = run in self.limits.known, self.busy(run)
+        if kept and not busy and self.limits.idle(run):  # a nudge retires an idle run
+            self._retire(run)
+            return False
+        return kept or busy
 
     def busy(self, run: str) -> bool:
         """``run`` holds messages for its next checkpoint, or its history is loading."""

@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 
 from steplens.stream_jobs.core import Alert
+from steplens.stream_jobs.notify_queue import first_time, put_dropping_oldest
 
 log = logging.getLogger("steplens.stream_jobs.webhook")
 
@@ -65,17 +66,10 @@ class WebhookNotifier:
         self._task: asyncio.Task[None] | None = None
 
     def notify(self, alert: Alert) -> None:
-        key = identity(alert)
-        if key in self.seen:
+        if not first_time(self.seen, identity(alert), self.remember):
             self.repeated += 1
             return
-        self.seen[key] = None
-        if len(self.seen) > self.remember:
-            self.seen.popitem(last=False)
-        if self.queue.full():
-            self.queue.get_nowait()
-            self.dropped += 1
-        self.queue.put_nowait(alert)
+        self.dropped += put_dropping_oldest(self.queue, alert)
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run())

@@ -17,7 +17,7 @@ import numpy as np
 
 from steplens.stream_jobs.core import WARN_SEV, Column, Signals, scores_of
 from steplens.stream_jobs.signals.kernels import jit
-from steplens.stream_jobs.signals.training import warmup_end
+from steplens.stream_jobs.signals.lr_schedule import warmup_end
 
 NAN = math.nan
 _EMPTY_I = np.empty(0, np.int64)
@@ -58,6 +58,7 @@ def update(state: ClipState, cfg: ClipConfig, metric: str, col: Column) -> Signa
     threshold = float(cfg.threshold)
     scores = np.where(judged, scores_of(rates / threshold), NAN)
     sev = np.where(judged & (rates > threshold), WARN_SEV, 0).astype(np.int8)
+    limit = np.where(judged, threshold, NAN)  # expected and upper bound alike
     return Signals.of(
         "clipping",
         metric,
@@ -66,9 +67,9 @@ def update(state: ClipState, cfg: ClipConfig, metric: str, col: Column) -> Signa
         rates,
         scores,
         sev,
-        np.where(judged, threshold, NAN),
+        limit,
         None,
-        np.where(judged, threshold, NAN),
+        limit,
         col.rank,
     )
 

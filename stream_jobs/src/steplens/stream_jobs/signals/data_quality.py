@@ -112,9 +112,8 @@ def update(
         out += _labels(state, cfg, data["label_counts"], step, rank)
     hashes = data.get("sample_hashes")
     if hashes:
-        ks = np.sort(keys(hashes))
-        first = np.append(True, ks[1:] != ks[:-1])
-        uniq = ks[first]
+        ks = keys(hashes)
+        uniq = np.unique(ks)
         sampled, in_step = _same_step(state, cfg, uniq, len(ks) - len(uniq), step, rank, out)
         _repeats(state, cfg, uniq, len(ks), sampled, in_step, data.get("epoch"), step, rank, out)
     return state, out
@@ -157,13 +156,9 @@ def _same_step(  # noqa: PLR0917
     if state.keep_shift:
         sampled = (uniq >> np.uint64(64 - state.keep_shift)) == 0
     kept = uniq[sampled]
-    mine = step_keys.get(now)
-    in_step = np.zeros(len(kept), np.bool_)
-    if mine is not None and len(mine):  # both sorted
-        at = np.minimum(np.searchsorted(mine, kept), len(mine) - 1)
-        in_step = mine[at] == kept
-        kept = np.concatenate((mine, kept[~in_step]))
-        kept.sort()
+    mine = step_keys.get(now, np.empty(0, np.uint64))  # sorted and distinct, as ``kept``
+    in_step = np.isin(kept, mine, assume_unique=True)
+    kept = np.union1d(mine, kept)
     while len(kept) > cfg.max_step_keys and state.keep_shift < 63:  # half the key space
         state.keep_shift += 1
         top = np.uint64(64 - state.keep_shift)
@@ -173,13 +168,18 @@ def _same_step(  # noqa: PLR0917
     step_keys[now] = kept
     checked = int(sampled.sum())  # all of them unless the step's keys are sampled
     twice = twice * checked // max(len(uniq), 1)  # as many of those as were checked
-    state.recent.append((twice + int(in_step.sum()), checked + twice))
-    if len(state.recent) > cfg.duplicate_window:
-        state.recent.popleft()
-    total = sum(b for _, b in state.recent)
-    rate = sum(a for a, _ in state.recent) / total if total else 0.0
+    rate = _window_rate(state.recent, twice + int(in_step.sum()), checked + twice, cfg)
     out.append(_rate("duplicate_rate", rate, cfg.duplicate_rate, step, rank, True))
     return sampled, in_step
+
+
+def _window_rate(window: deque[tuple[int, int]], hits: int, n: int, cfg: DataConfig) -> float:
+    """``hits`` of ``n`` appended to the last ``duplicate_window`` batches: their hit rate."""
+    window.append((hits, n))
+    if len(window) > cfg.duplicate_window:
+        window.popleft()
+    total = sum(b for _, b in window)
+    return sum(a for a, _ in window) / total if total else 0.0
 
 
 def _repeats(  # noqa: PLR0917
@@ -214,11 +214,7 @@ def _repeats(  # noqa: PLR0917
     again = max(int(seen.sum()) - same, 0)
     state.distinct.add(uniq)
     state.seen += max(len(uniq) - dups, 0)  # what the distinct count counts, less the step's
-    state.repeats.append((again, n))
-    if len(state.repeats) > cfg.duplicate_window:
-        state.repeats.popleft()
-    total = sum(b for _, b in state.repeats)
-    rate = sum(a for a, _ in state.repeats) / total if total else 0.0
+    rate = _window_rate(state.repeats, again, n, cfg)
     distinct = min(state.distinct.count(), float(state.seen))
     share = 1.0 - distinct / state.seen if state.seen else 0.0
     detail = {"epoch": state.epoch if known else None, "samples": state.seen}

@@ -9,12 +9,11 @@ and a counter that goes back (a driver reload, a replaced device) starts a new b
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from steplens.producer.schema import Record
-from steplens.stream_jobs.core import CRITICAL, Run, Signals, one
+from steplens.stream_jobs.core import CRITICAL, Run, Signals, finite, one
 
 HINTS = {
     "hardware:xid_count": "the GPU driver reported an XID error (see xid_last): check the GPU "
@@ -39,9 +38,7 @@ class GpuErrorState:
 
 
 def _count(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-        return None
-    return float(x)
+    return float(x) if finite(x) else None
 
 
 def hw(  # noqa: PLR0917

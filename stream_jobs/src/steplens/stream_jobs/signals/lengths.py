@@ -31,7 +31,6 @@ class LengthState:
     edges: list[int] = field(default_factory=list)
     counts: list[int] = field(default_factory=list)
     records: int = 0  # in the open window
-    samples: int = 0
     over: int = 0  # over-length samples in the open window
     total_len: float = 0.0  # the sum of the records' mean lengths times their samples
     first_step: int | None = None
@@ -57,7 +56,6 @@ def on_record(state: LengthState, cfg: LengthConfig, rec: Record, run: Run) -> l
     state.counts = [a + b for a, b in zip(state.counts, counts, strict=True)]
     n = sum(counts)
     state.records += 1
-    state.samples += n
     over = data.get("over_length")
     state.over += over if type(over) is int else 0
     mean = data.get("length_mean")
@@ -69,7 +67,7 @@ def on_record(state: LengthState, cfg: LengthConfig, rec: Record, run: Run) -> l
 
 
 def _close(state: LengthState, step: int | None) -> Signals:
-    n = state.samples
+    n = sum(state.counts)  # the open window's samples
     detail = {
         "edges": state.edges,
         "counts": state.counts,
@@ -79,6 +77,6 @@ def _close(state: LengthState, step: int | None) -> Signals:
     }
     mean = state.total_len / n if n else math.nan
     sig = one(NAME, "length", step, mean, 0.0, detail=detail)
-    state.records = state.samples = state.over = 0
+    state.records = state.over = 0
     state.total_len = 0.0
     return sig

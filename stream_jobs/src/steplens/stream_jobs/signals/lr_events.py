@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steplens.stream_jobs.core import NO_STEP, Column, Signals
-from steplens.stream_jobs.signals.lr_schedule import expected_lr
+from steplens.stream_jobs.signals.lr_schedule import expected_lr, warmup_end
 
 NAN = math.nan
 RISE, FALL = 1, -1
@@ -54,7 +54,7 @@ def points(schedule: dict[str, Any] | None, tol: float) -> list[tuple[str, int, 
         return []
     peak = float(schedule["peak_lr"])
     floor = float(schedule.get("min_lr") or 0.0)
-    warm = int(schedule.get("warmup_steps") or 0)
+    warm = warmup_end(schedule)
     total = int(schedule.get("total_steps") or 0)
     kind = schedule.get("kind", "constant")
     out: list[tuple[str, int, int, float]] = []

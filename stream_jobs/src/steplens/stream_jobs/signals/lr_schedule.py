@@ -79,6 +79,14 @@ def _count(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
+def warmup_end(schedule: dict[str, Any] | None) -> int:
+    """The step the declared warmup ends at (0: none declared)."""
+    if not schedule:
+        return 0
+    w = schedule.get("warmup_steps")
+    return int(w) if isinstance(w, (int, float)) and not isinstance(w, bool) else 0
+
+
 def expected_lr(schedule: dict[str, Any], step: int) -> float | None:
     """The declared lr at ``step``: linear warmup, then constant / linear / cosine / step decay."""
     peak = schedule.get("peak_lr")

@@ -48,9 +48,7 @@ def keep(state: SamplesState, cfg: SamplesConfig, step: int | None, data: dict[s
     if step is None:
         return
     batches = state.batches
-    last = batches[-1] if batches else None
-    if last is None or last["step"] != step:
-        last = _find(state, step)
+    last = _find(state, step)
     if last is None:
         last = {"step": step, "n_samples": 0, "hashes": [], "ids": []}
         batches.append(last)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from steplens.stream_jobs.core import WARN_SEV, Column, Signals, score_of, scores_of
+from steplens.stream_jobs.signals.lr_schedule import warmup_end
 
 NAN = math.nan
 
@@ -67,23 +68,17 @@ def update(state: TrainingState, cfg: TrainingConfig, metric: str, col: Column) 
     )
 
 
-def warmup_end(schedule: dict[str, Any] | None) -> int:
-    """The step the declared warmup ends at (0: none declared)."""
-    if not schedule:
-        return 0
-    w = schedule.get("warmup_steps")
-    return int(w) if isinstance(w, (int, float)) and not isinstance(w, bool) else 0
-
-
 def _update_share(state: TrainingState, cfg: TrainingConfig, col: Column) -> Signals | None:
     """Each share against the floor, once the declared warmup is over; it warns from the
     ``update_persist``-th value below the floor in a row."""
     floor = cfg.update_share_floor
     warm = warmup_end(state.schedule)
-    keep = col.steps >= warm if warm else None  # a value without a step: not after it
-    if keep is not None and not keep.any():
-        return None
-    xs = col.xs if keep is None else col.xs[keep]
+    if warm:  # a value without a step: not after it
+        keep = col.steps >= warm
+        if not keep.any():
+            return None
+        col = Column(col.xs[keep], col.steps[keep], col.rows[keep], col.rank)
+    xs = col.xs
     sev = np.zeros(len(xs), np.int8)
     below = state.below
     for k, x in enumerate(xs.tolist()):
@@ -96,8 +91,8 @@ def _update_share(state: TrainingState, cfg: TrainingConfig, col: Column) -> Sig
     return Signals.of(
         "training",
         "update_ratio",
-        col.rows if keep is None else col.rows[keep],
-        col.steps if keep is None else col.steps[keep],
+        col.rows,
+        col.steps,
         xs,
         score,
         sev,
