@@ -8,12 +8,12 @@ STEPLENS := $(VENV)/bin/steplens
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: requirements-dev.txt constraints.txt producer/pyproject.toml stream_jobs/pyproject.toml sinks/pyproject.toml stack/pyproject.toml
+$(VENV)/.installed: requirements-dev.txt constraints.txt schema/pyproject.toml producer/pyproject.toml stream_jobs/pyproject.toml sinks/pyproject.toml stack/pyproject.toml
 	bash stack/src/steplens/stack/recipes/system_deps.sh
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -r requirements-dev.txt \
-	  -e producer[gpu,torch,fast,text,exporter] -e stream_jobs -e sinks[report,mlflow] -e stack
+	  -e schema -e producer[gpu,torch,fast,text,exporter] -e stream_jobs[history] -e sinks[report,mlflow] -e stack
 	touch $@
 
 demo: setup
@@ -33,9 +33,9 @@ test-unit: setup
 	$(PY) -m pytest -q tests -m "not stack"
 
 lint: setup
-	$(VENV)/bin/ruff check producer stream_jobs sinks stack tests bench
-	$(VENV)/bin/ruff format --check producer stream_jobs sinks stack tests bench
-	$(VENV)/bin/mypy producer/src/steplens/producer
+	$(VENV)/bin/ruff check schema producer stream_jobs sinks stack tests bench
+	$(VENV)/bin/ruff format --check schema producer stream_jobs sinks stack tests bench
+	$(VENV)/bin/mypy schema/src/steplens/schema producer/src/steplens/producer
 
 clean: stack-down
 	rm -rf $(VENV)

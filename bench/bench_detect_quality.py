@@ -15,7 +15,7 @@ the previous ``--z-window`` values; a row breaches when any metric is ``--z`` de
 alert starts at a breach and ends after 10 rows without one (steplens' own resolve time).
 Event-level precision, recall and F1 without point adjustment, the median delay in rows, alert
 onsets per 10,000 healthy steps, and the threshold-free average precision of the per-row score
-(``steplens.stream_jobs.evaluation``). The bench downloads nothing.
+(``event_scoring``). The bench downloads nothing.
 
     python bench/bench_detect_quality.py                  # every corpus, about a minute
     python bench/bench_detect_quality.py --corpus smd
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from steplens.stream_jobs.evaluation import (
+from event_scoring import (
     NO_QUALITY,
     Quality,
     average_precision,
@@ -153,7 +153,7 @@ def _hold(breach: np.ndarray, rows: int) -> list[bool]:
 
 def steplens(s: Series) -> Verdict:
     """steplens' detectors with default settings, as ``steplens detect`` runs them."""
-    from steplens.stream_jobs.detect_cli import score_rows
+    from steplens.stream_jobs.offline.cli import score_rows
 
     names, rows = s.rows()
     results, _ = score_rows(rows, names, None, io.StringIO())

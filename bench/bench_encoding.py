@@ -3,7 +3,7 @@
 Encodes and decodes the records the producer sends most (a step with scalars and watch() fields,
 a step_window over 12 metrics, a host+GPU hw sample) with each library and prints microseconds
 per record and the ratio to json, measured in the same run. Non-finite floats are replaced by
-their wire strings first, as ``steplens.producer.schema.encode`` does, so every library encodes
+their wire strings first, as ``steplens.schema.encode`` does, so every library encodes
 the same objects. The numbers back the wire choice at the top of ``schema.py``: JSON, with orjson
 when it is installed (same bytes on the wire, the cost paid in the producer's worker thread).
 
@@ -41,7 +41,8 @@ from functools import partial
 from typing import Any
 
 from steplens.producer.monitor import Monitor
-from steplens.producer.schema import (
+from steplens.producer.transport import MemoryTransport
+from steplens.schema import (
     DecodeError,
     Record,
     decode,
@@ -50,7 +51,6 @@ from steplens.producer.schema import (
     unbatch,
     wire_value,
 )
-from steplens.producer.transport import MemoryTransport
 
 STEP_KINDS = ("step", "step_window", "step_batch")
 
@@ -331,7 +331,7 @@ def load_other_decode(checkout: str) -> Callable[[bytes], Any]:
     The module is loaded alone from its file (v1's schema imported nothing of steplens)."""
     import importlib.util
 
-    path = f"{checkout}/producer/src/steplens/producer/schema.py"
+    path = f"{checkout}/schema/src/steplens/schema/tables.py"
     spec = importlib.util.spec_from_file_location("steplens_other_schema", path)
     assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)

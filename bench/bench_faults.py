@@ -39,8 +39,8 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 from influxdb_client import InfluxDBClient
 
-from steplens.producer.schema import Record, decode, encode, make_record
-from steplens.producer.topics import Topics, ensure_topics
+from steplens.schema import Record, decode, encode, make_record
+from steplens.schema.topics import Topics, ensure_topics
 from steplens.sinks.cold import read_parquet, run_prefix
 from steplens.sinks.rollup import flux_string
 from steplens.sinks.s3 import make_s3_client

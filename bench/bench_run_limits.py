@@ -20,10 +20,10 @@ import time
 import tracemalloc
 from types import SimpleNamespace
 
-from steplens.producer.schema import make_record
-from steplens.stream_jobs.config import DetectorConfig
-from steplens.stream_jobs.run_limits import LimitSettings, RunLimits
-from steplens.stream_jobs.store import RunStore
+from steplens.schema import make_record
+from steplens.stream_jobs.engine.config import DetectorConfig
+from steplens.stream_jobs.worker.run_limits import LimitSettings, RunLimits
+from steplens.stream_jobs.worker.store import RunStore
 
 
 def flood(runs: int, max_runs: int) -> tuple[float, int, float]:

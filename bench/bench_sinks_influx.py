@@ -29,15 +29,15 @@ from influxdb_client import WritePrecision
 from influxdb_client.client.write_api import SYNCHRONOUS
 from sinks_helpers import step_batch, step_records
 
-from steplens.producer.schema import Record, encode
-from steplens.producer.topics import Topics, ensure_topics
+from scratch_topics import scratch_topics
+from steplens.schema import Record, encode
+from steplens.schema.topics import Topics, ensure_topics
 from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.kafka_io import DeadLetters, consumer_config, poll_batch
 from steplens.sinks.loop import SinkLoop
 from steplens.sinks.points import record_points
 from steplens.sinks.rollup import flux_string
 from steplens.sinks.settings import InfluxSettings
-from steplens.stack.scratch_topics import scratch_topics
 
 
 def batches_of(recs: list[Record], per: int) -> list[Record]:

@@ -20,7 +20,7 @@ import statistics
 
 from sinks_helpers import step_batch, step_records
 
-from steplens.producer.schema import Record, decode, encode
+from steplens.schema import Record, decode, encode
 from steplens.sinks.chunks import Chunker
 from steplens.sinks.cold import record_row, rows_to_parquet
 from steplens.sinks.kafka_io import Consumed

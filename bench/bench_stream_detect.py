@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from steplens.stream_jobs.detect_cli import main as detect
+from steplens.stream_jobs.offline.cli import main as detect
 
 
 def write_csv(path: Path, rows: int) -> None:
@@ -97,14 +97,18 @@ def _child(root: Path, argv: list[str], tmp: Path) -> float:
     and statsmodels loaded before the clock starts, as the command does)."""
     code = (
         "import sys, time\n"
-        "from steplens.stream_jobs import detect_cli\n"
-        "from steplens.stream_jobs.signals import arima, kernels\n"
+        "try:\n"
+        "    from steplens.stream_jobs.offline import cli as detect_cli\n"
+        "    from steplens.stream_jobs.engine.signals import arima, kernels\n"
+        "except ImportError:\n"  # a checkout from before the layers
+        "    from steplens.stream_jobs import detect_cli\n"
+        "    from steplens.stream_jobs.signals import arima, kernels\n"
         "kernels.warm_up(); arima.warm_up()\n"
         "t = time.process_time()\n"
         "detect_cli.main(sys.argv[1:] + ['--quiet'])\n"
         "print(time.process_time() - t)\n"
     )
-    path = os.pathsep.join(str(root / p / "src") for p in ("producer", "stream_jobs"))
+    path = os.pathsep.join(str(root / p / "src") for p in ("schema", "producer", "stream_jobs"))
     out = subprocess.run(
         [sys.executable, "-c", code, *argv, "--out", str(tmp / "out.csv")],
         env={**os.environ, "PYTHONPATH": path},

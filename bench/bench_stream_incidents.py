@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from steplens.producer.schema import decode, encode, make_record
-from steplens.stream_jobs.config import DetectorConfig
-from steplens.stream_jobs.detector import RunDetector
+from steplens.schema import decode, encode, make_record
+from steplens.stream_jobs.engine.config import DetectorConfig
+from steplens.stream_jobs.engine.detector import RunDetector
 
 FAULTS = (
     "lr_blowup",

@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from steplens.producer.schema import Record, decode, encode, make_record
-from steplens.stream_jobs import rules
-from steplens.stream_jobs.config import DetectorConfig
-from steplens.stream_jobs.detector import RunDetector
-from steplens.stream_jobs.signals import arima
+from steplens.schema import Record, decode, encode, make_record
+from steplens.stream_jobs.engine import rules
+from steplens.stream_jobs.engine.config import DetectorConfig
+from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.engine.signals import arima
 
 
 def step_records(n: int, runs: int, ranks: int, seed: int = 0) -> list[bytes]:
@@ -73,8 +73,8 @@ def step_records(n: int, runs: int, ranks: int, seed: int = 0) -> list[bytes]:
 def _group_runners(cfg: DetectorConfig) -> dict[str, Callable[[Record], Any]]:
     """One function per signal group, each scoring a step record (a column of one value) with
     its own state."""
-    from steplens.stream_jobs.core import Column, Signals
-    from steplens.stream_jobs.signals import lr_schedule, ranks, spike, volatility
+    from steplens.stream_jobs.engine.core import Column, Signals
+    from steplens.stream_jobs.engine.signals import lr_schedule, ranks, spike, volatility
 
     spikes: dict[tuple[str, int, str], spike.SpikeState] = {}
     vols: dict[tuple[str, int], volatility.VolatilityState] = {}

@@ -32,14 +32,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from steplens.producer.schema import Record, decode, encode, make_record
-from steplens.producer.topics import Topics, ensure_topics
-from steplens.stack.scratch_topics import scratch_topics
+from scratch_topics import scratch_topics
+from steplens.schema import Record, decode, encode, make_record
+from steplens.schema.topics import Topics, ensure_topics
 
 try:
-    from steplens.stream_jobs.settings import WorkerSettings
+    from steplens.stream_jobs.worker.settings import WorkerSettings
 except ImportError:  # an earlier release (``--before``-style runs of its code)
-    from steplens.stream_jobs.app import WorkerSettings  # type: ignore[no-redef]
+    from steplens.stream_jobs.worker.app import WorkerSettings  # type: ignore[no-redef]
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_stream_throughput import step_records
@@ -147,7 +147,7 @@ def start_worker(
         "STEPLENS_TOPIC_ALERTS": topics.alerts,
         "STEPLENS_TOPIC_DEADLETTER": topics.dead_letters,
     }
-    cmd = [sys.executable, "-m", "steplens.producer.cli", "worker", "--app-id", f"bench-{tag}"]
+    cmd = [sys.executable, "-m", "steplens.schema.command", "worker", "--app-id", f"bench-{tag}"]
     cmd += ["--state-dir", tempfile.mkdtemp(prefix="bench-worker-"), "--web-port", str(port)]
     cmd += extra
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

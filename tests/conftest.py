@@ -19,7 +19,7 @@ import pytest
 @pytest.fixture(scope="session")
 def stack_env() -> Iterator[dict[str, str]]:
     import steplens.stack
-    from steplens.stack.scratch_topics import scratch_topics
+    from scratch_topics import scratch_topics
 
     raw = os.environ.get("STEPLENS_STACK_SERVICES", "")
     services = [s.strip() for s in raw.split(",") if s.strip()] or None

@@ -148,14 +148,14 @@ def _exposed_metric_families() -> set[str]:
     from prometheus_client import REGISTRY
 
     import steplens.sinks.metrics  # noqa: F401  (module-level metrics)
-    from steplens.stream_jobs.metrics import WorkerMetrics
+    from steplens.stream_jobs.worker.metrics import WorkerMetrics
 
     worker = WorkerMetrics().registry
     return {family.name for reg in (REGISTRY, worker) for family in reg.collect()}
 
 
 def test_pipeline_board_reads_metrics_the_processes_expose():
-    pytest.importorskip("steplens.stream_jobs.metrics")
+    pytest.importorskip("steplens.stream_jobs.worker.metrics")
     board = json.loads(PIPELINE.read_text())
     exposed = _exposed_metric_families()
     used = set()
@@ -264,7 +264,7 @@ def _hardware_records(run_id: str, now_ns: int) -> list[Any]:
     """Three ``hw`` samples of a GPU node, as the producer's samplers make them."""
     from steplens.producer.gpu_stats import GpuSampler
     from steplens.producer.host_stats import DiskCounters, disk_rates, net_rates
-    from steplens.producer.schema import make_record
+    from steplens.schema import make_record
 
     sampler = GpuSampler(StandInNvml())
     assert sampler.start() == "ok"
@@ -294,7 +294,7 @@ def _hardware_records(run_id: str, now_ns: int) -> list[Any]:
 def _health_and_incident_records(run_id: str, now_ns: int) -> list[Any]:
     """A producer that dropped and failed (the demo's never does), and an alert record of the
     shape incidents will have (scope "incident", the member alerts in its evidence)."""
-    from steplens.producer.schema import make_record
+    from steplens.schema import make_record
 
     health = {
         "sent": 1000,
@@ -333,8 +333,8 @@ def _training_records(run_id: str, now_ns: int) -> list[Any]:
     import numpy as np
 
     from steplens.producer.batch_stats import batch_payload
-    from steplens.producer.schema import make_record
     from steplens.producer.stall import thread_stacks
+    from steplens.schema import make_record
 
     ids = np.arange(80).reshape(4, 20) % 50 + 1
     labels = ids.copy()

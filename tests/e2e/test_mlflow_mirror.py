@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("mlflow")
 
-from steplens.producer.schema import encode, make_record
+from steplens.schema import encode, make_record
 from steplens.sinks.mlflow_mirror import RUN_TAG, MlflowMirror, run_mirror
 
 
@@ -89,7 +89,7 @@ def test_a_second_mirror_reuses_the_existing_run(tracking_uri):
 def test_mirror_consumes_evals_and_alerts_from_kafka(stack_env, tracking_uri):
     from confluent_kafka import Producer
 
-    from steplens.producer.topics import Topics, ensure_topics
+    from steplens.schema.topics import Topics, ensure_topics
 
     tag = uuid.uuid4().hex[:8]
     topics = Topics(

@@ -72,8 +72,8 @@ def _producer_records(run_id: str) -> list:
     torch = pytest.importorskip("torch")
     pytest.importorskip("sacrebleu")
     from steplens.producer.monitor import Monitor
-    from steplens.producer.schema import make_record
     from steplens.producer.transport import MemoryTransport
+    from steplens.schema import make_record
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))

@@ -1,9 +1,10 @@
-"""Each deployable part stands alone: the `steplens` command comes with the producer, and a
-part installed without the stack brings its own subcommands (entry-point group
+"""Each deployable part stands alone: the `steplens` command comes with the wire contract
+(steplens-schema), which every part depends on, and a part installed without the stack brings
+its own subcommands (entry-point group
 ``steplens.commands``); a command of a part that is missing names the distribution to install.
 
 The parts are built into wheels once and installed into fresh virtual environments (no system
-site packages): the producer with its two light dependencies, the other parts without theirs,
+site packages): the schema with its one dependency, the other parts without theirs,
 since what is checked is the packaging, the command table and the arguments parsing. That the
 dependencies of each part resolve under the project's constraints is checked by pip's resolver
 (``--dry-run``, reading the registry's metadata, installing nothing). A full install of
@@ -21,12 +22,13 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from steplens.producer.cli import BUILTIN, GROUP
+from steplens.schema.command import BUILTIN, GROUP
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = {
+    "schema": "steplens-schema",
     "producer": "steplens-producer",
     "stream_jobs": "steplens-stream-jobs",
     "sinks": "steplens-sinks",
@@ -57,19 +59,18 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "--no-build-isolation",
         "-w",
         str(out),
-        *(str(ROOT / part) for part in ("producer", "stream_jobs", "sinks")),
+        *(str(ROOT / part) for part in ("schema", "producer", "stream_jobs", "sinks")),
     )
     found = {p.name.split("-")[0]: p for p in out.glob("*.whl")}
     return {part: found[dist.replace("-", "_")] for part, dist in PARTS.items() if part != "stack"}
 
 
 def _venv(tmp: Path, wheels: dict[str, Path], *parts: str) -> Path:
-    """A fresh environment with the producer (and its two light dependencies) and these parts
-    (without theirs)."""
+    """A fresh environment with the schema (and msgspec) and these parts (without theirs)."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp)], check=True)
     python = str(tmp / "bin" / "python")
     constraints = str(ROOT / "constraints.txt")
-    _pip("--python", python, "install", "-q", "-c", constraints, str(wheels["producer"]))
+    _pip("--python", python, "install", "-q", "-c", constraints, str(wheels["schema"]))
     _pip("--python", python, "install", "-q", "--no-deps", *(str(wheels[p]) for p in parts))
     return tmp / "bin" / "steplens"
 
@@ -117,8 +118,8 @@ def test_sinks_alone_give_the_sink_commands(tmp_path: Path, wheels: dict[str, Pa
 def test_a_part_resolves_under_the_constraints(
     tmp_path: Path, wheels: dict[str, Path], part: str
 ) -> None:
-    """What `pip install -c constraints.txt steplens-<part>` installs: no stack, and only
-    versions the constraints pin."""
+    """What `pip install -c constraints.txt steplens-<part>` installs: the schema, neither the
+    producer nor the stack, and only versions the constraints pin."""
     report = tmp_path / "report.json"
     _pip(
         "install",
@@ -129,14 +130,15 @@ def test_a_part_resolves_under_the_constraints(
         str(report),
         "-c",
         str(ROOT / "constraints.txt"),
-        str(wheels["producer"]),
+        str(wheels["schema"]),
         str(wheels[part]),
     )
     installs = {
         i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"]
         for i in json.loads(report.read_text())["install"]
     }
-    assert "steplens-stack" not in installs and {PARTS[part], "steplens-producer"} <= set(installs)
+    assert {PARTS[part], "steplens-schema"} <= set(installs)
+    assert not {"steplens-stack", "steplens-producer"} & set(installs)
     pinned = {}
     for line in (ROOT / "constraints.txt").read_text().splitlines():
         if "==" in line and not line.startswith("#"):
@@ -153,10 +155,10 @@ def test_the_command_table_matches_what_the_parts_register() -> None:
         meta = tomllib.loads((ROOT / part / "pyproject.toml").read_text())["project"]
         for name, target in meta.get("entry-points", {}).get(GROUP, {}).items():
             registered[name] = (dist, target)
-        if part == "producer":
-            assert meta["scripts"] == {"steplens": "steplens.producer.cli:main"}
+        if part == "schema":
+            assert meta["scripts"] == {"steplens": "steplens.schema.command:main"}
         else:
-            assert "scripts" not in meta  # one `steplens` script, the producer's
+            assert "scripts" not in meta  # one `steplens` script, the schema's
     assert registered == {
         name: (dist, f"{module}:main") for name, (dist, module, _) in BUILTIN.items()
     }

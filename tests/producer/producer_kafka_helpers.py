@@ -9,8 +9,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from steplens.producer.schema import Record, decode
-from steplens.producer.topics import Topics, ensure_topics
+from steplens.schema import Record, decode
+from steplens.schema.topics import Topics, ensure_topics
 
 
 def new_raw_topic(bootstrap: str) -> str:

@@ -1,6 +1,6 @@
 """The schema v1 checks as first written, in plain Python: the reference the codec is held to.
 
-Property tests decode the same bytes with ``steplens.producer.codec`` and with this module and
+Property tests decode the same bytes with ``steplens.schema.codec`` and with this module and
 compare the verdicts and the records. Kept as written for v1 (only the fast path around it was
 dropped), plus the two rules added since: metric names (``valid_name``) and steps >= 0. It is
 not used by the product.
@@ -12,7 +12,7 @@ import json
 import math
 from typing import Any
 
-from steplens.producer.schema import (
+from steplens.schema import (
     ALERT_STATES,
     BOOL,
     ENVELOPE,

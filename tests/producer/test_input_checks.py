@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from steplens.producer.schema import DecodeError, Record, decode, encode, make_record
+from steplens.schema import DecodeError, Record, decode, encode, make_record
 
 
 def _step_wire(**changes: Any) -> bytes:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import steplens.producer as sl
-from steplens.producer.schema import Record, decode, record_key
+from steplens.schema import Record, decode, record_key
 
 
 def _wait(cond, timeout_s: float = 10.0) -> bool:  # type: ignore[no-untyped-def]

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import steplens.producer as sl
-from steplens.producer.schema import MAX_RECORD_BYTES, Record, unbatch
 from steplens.producer.step_batch import StepBatch, halves, payload
+from steplens.schema import MAX_RECORD_BYTES, Record, unbatch
 
 
 def _wait(cond: Any, timeout_s: float = 10.0) -> bool:

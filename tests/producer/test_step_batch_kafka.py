@@ -11,7 +11,7 @@ import pytest
 from producer_kafka_helpers import consume_all, new_raw_topic
 
 from steplens.producer.monitor import Monitor
-from steplens.producer.schema import Record, unbatch
+from steplens.schema import Record, unbatch
 
 pytestmark = pytest.mark.stack
 

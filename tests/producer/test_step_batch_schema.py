@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_wire_schema import both_ways, canon, records, step_entries, wire_inputs
 
-from steplens.producer import schema
-from steplens.producer.schema import DecodeError, Record, SchemaError, decode, encode, unbatch
+from steplens import schema
+from steplens.schema import DecodeError, Record, SchemaError, decode, encode, unbatch
 
 ENV: dict[str, Any] = {
     "run_id": "run-b",

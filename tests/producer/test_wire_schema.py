@@ -16,8 +16,8 @@ import reference_schema
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from steplens.producer import schema
-from steplens.producer.schema import DecodeError, Record, SchemaError, decode, encode
+from steplens import schema
+from steplens.schema import DecodeError, Record, SchemaError, decode, encode
 
 names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=20)
 any_float = st.floats(allow_nan=True, allow_infinity=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from steplens.producer.schema import Record, decode, encode
+from steplens.schema import Record, decode, encode
 
 FIXTURES = [
     json.loads(line)

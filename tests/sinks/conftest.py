@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sinks_helpers import unique
 
-from steplens.producer.topics import Topics, ensure_topics
+from steplens.schema.topics import Topics, ensure_topics
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from confluent_kafka import Consumer
 from influxdb_client import InfluxDBClient
 from sinks_helpers import committed, end_offsets, wait_for
 
-from steplens.producer.topics import Topics
+from steplens.schema.topics import Topics
 from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.kafka_io import DeadLetters, consumer_config
 from steplens.sinks.loop import SinkLoop

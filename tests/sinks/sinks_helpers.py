@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from steplens.producer.schema import Record, encode, make_record
-from steplens.producer.topics import Topics
+from steplens.schema import Record, encode, make_record
+from steplens.schema.topics import Topics
 
 
 def unique(name: str) -> str:

@@ -6,7 +6,7 @@ import math
 
 import pyarrow.dataset as ds
 
-from steplens.producer.schema import decode, encode, make_record, unbatch
+from steplens.schema import decode, encode, make_record, unbatch
 from steplens.sinks.cold import (
     GroupKey,
     group_of,

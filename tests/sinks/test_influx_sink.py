@@ -19,8 +19,8 @@ from sinks_helpers import (
     wait_for,
 )
 
-from steplens.producer.schema import decode, make_record
-from steplens.producer.topics import ensure_topics
+from steplens.schema import decode, make_record
+from steplens.schema.topics import ensure_topics
 from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.kafka_io import DeadLetters, consumer_config
 from steplens.sinks.loop import SinkLoop

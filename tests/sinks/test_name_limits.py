@@ -12,7 +12,7 @@ from influxdb_client import InfluxDBClient
 from prometheus_client import REGISTRY
 from sinks_helpers import produce, read_all, unique
 
-from steplens.producer.schema import decode, make_record
+from steplens.schema import decode, make_record
 from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.name_limits import NameBudget, NameLimits
 from steplens.sinks.points import record_builders

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from sinks_helpers import step_batch, step_records
 
-from steplens.producer.schema import make_record
+from steplens.schema import make_record
 from steplens.sinks.points import (
     MAX_STRING_FIELD,
     UnwritableRecord,

@@ -9,7 +9,7 @@ import pytest
 from influx_helpers import settings_from
 from sinks_helpers import read_all, step_records, unique
 
-from steplens.producer.schema import decode, encode, make_record
+from steplens.schema import decode, encode, make_record
 from steplens.sinks import query_cli
 from steplens.sinks.chunks import Chunker
 from steplens.sinks.influx import InfluxSink, make_client

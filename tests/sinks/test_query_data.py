@@ -9,7 +9,7 @@ from influx_helpers import settings_from
 from sinks_helpers import unique
 
 from steplens.producer.batch_stats import batch_payload
-from steplens.producer.schema import encode, make_record
+from steplens.schema import encode, make_record
 from steplens.sinks import query_cli
 from steplens.sinks.chunks import Chunker
 from steplens.sinks.influx import InfluxSink, make_client

@@ -9,7 +9,7 @@ import pytest
 from influx_helpers import rows, settings_from
 from sinks_helpers import unique
 
-from steplens.producer.schema import make_record
+from steplens.schema import make_record
 from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.rollup import TASK_NAME, ensure_buckets, ensure_rollup_task, run_rollup
 

@@ -18,7 +18,7 @@ from sinks_helpers import (
 )
 from test_s3_roller import cold_rows, s3_settings
 
-from steplens.producer.schema import Record, encode, make_record
+from steplens.schema import Record, encode, make_record
 from steplens.sinks.chunks import RecentRecords, identity
 
 pytestmark = pytest.mark.stack

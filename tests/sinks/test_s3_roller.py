@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Consumer
 from sinks_helpers import committed, end_offsets, produce, read_all, step_records, unique, wait_for
 
-from steplens.producer.schema import decode
+from steplens.schema import decode
 from steplens.sinks.chunks import Chunker
 from steplens.sinks.cold import read_parquet
 from steplens.sinks.kafka_io import DeadLetters, consumer_config
@@ -108,7 +108,7 @@ def test_a_retry_after_a_crash_rewrites_the_same_objects(stack_env) -> None:
     """Upload without commit, then a new roller with other roll sizes resumes at the same offset."""
     from sinks_helpers import step_records
 
-    from steplens.producer.schema import encode
+    from steplens.schema import encode
     from steplens.sinks.kafka_io import Consumed
 
     settings = s3_settings(stack_env, unique("crash"))

@@ -19,7 +19,7 @@ from sinks_helpers import (
 )
 from test_s3_roller import cold_rows, s3_settings, start_roller
 
-from steplens.producer.schema import Record, decode, encode, make_record
+from steplens.schema import Record, decode, encode, make_record
 from steplens.sinks.chunks import Chunker
 from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.kafka_io import Consumed

@@ -31,7 +31,7 @@ def test_up_starts_it_only_when_asked(monkeypatch) -> None:
 
 def test_help_names_the_optional_service() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "steplens.producer.cli", "stack", "up", "--help"],
+        [sys.executable, "-m", "steplens.schema.command", "stack", "up", "--help"],
         capture_output=True,
         text=True,
         check=True,

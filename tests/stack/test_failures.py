@@ -34,7 +34,7 @@ def test_taken_port_gives_clear_message(tmp_path, taken_port) -> None:
 def test_taken_port_from_the_command_line(tmp_path, taken_port) -> None:
     env = {**os.environ, "STEPLENS_HOME": str(tmp_path), "STEPLENS_KAFKA_PORT": str(taken_port)}
     result = subprocess.run(
-        [sys.executable, "-m", "steplens.producer.cli", "stack", "up", "kafka"],
+        [sys.executable, "-m", "steplens.schema.command", "stack", "up", "kafka"],
         env=env,
         check=False,
         capture_output=True,

@@ -18,7 +18,7 @@ from steplens.stack import Stack
 
 pytestmark = pytest.mark.stack
 
-STEPLENS = [sys.executable, "-m", "steplens.producer.cli"]
+STEPLENS = [sys.executable, "-m", "steplens.schema.command"]
 
 
 def _running() -> list[str]:
@@ -68,7 +68,7 @@ def test_env_output_points_tools_at_the_stack(stack_env: dict[str, str]) -> None
         ".list_buckets()['Buckets']])"
     )
     script = (
-        f'eval "$({sys.executable} -m steplens.producer.cli stack env)" && '
+        f'eval "$({sys.executable} -m steplens.schema.command stack env)" && '
         f'{sys.executable} -c "{probe}"'
     )
     result = subprocess.run(

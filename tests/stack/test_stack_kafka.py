@@ -8,7 +8,7 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from steplens.producer.topics import Topics, ensure_topics
+from steplens.schema.topics import Topics, ensure_topics
 
 pytestmark = pytest.mark.stack
 
@@ -100,7 +100,7 @@ def test_restart_keeps_messages(private_stack) -> None:
 
 
 def test_scratch_topics_deletes_only_what_the_block_created(stack_env: dict[str, str]) -> None:
-    from steplens.stack.scratch_topics import scratch_topics, topic_names
+    from scratch_topics import scratch_topics, topic_names
 
     boot = stack_env["STEPLENS_KAFKA_BOOTSTRAP"]
     older, newer = _topics(), _topics()

@@ -115,7 +115,7 @@ def test_port_free_sees_a_listener() -> None:
 @pytest.mark.parametrize("argv", [["stack", "--help"], ["topics", "create", "--help"]])
 def test_help(argv) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "steplens.producer.cli", *argv],
+        [sys.executable, "-m", "steplens.schema.command", *argv],
         check=False,
         capture_output=True,
         text=True,

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from steplens.producer.schema import Record, decode, encode
-from steplens.producer.topics import Topics, ensure_topics
+from steplens.schema import Record, decode, encode
+from steplens.schema.topics import Topics, ensure_topics
 
 
 def free_port() -> int:

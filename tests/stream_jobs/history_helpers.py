@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from steplens.producer.schema import Record, make_record
-from steplens.stream_jobs.core import flatten
-from steplens.stream_jobs.detector import RunDetector
+from steplens.schema import Record, make_record
+from steplens.stream_jobs.engine.core import flatten
+from steplens.stream_jobs.engine.detector import RunDetector
 
 T0 = 1_700_000_000_000_000_000
 STEP_NS = 100_000_000  # 10 steps a second
@@ -65,7 +65,7 @@ def steps(
 def rows_of(records: list[Record]) -> dict[int, Any]:
     """What the stores give back of step records: each rank's ``history.Rows`` in time
     order."""
-    from steplens.stream_jobs.history import NO_FIRST, Rows
+    from steplens.stream_jobs.engine.history import NO_FIRST, Rows
 
     out: dict[int, Any] = {}
     for rank in sorted({r.rank for r in records}):

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import copy
 
-from steplens.producer.schema import RUN_RANK
-from steplens.stream_jobs.config import DetectorConfig
-from steplens.stream_jobs.core import Signal, flatten
-from steplens.stream_jobs.detector import RunDetector
+from steplens.schema import RUN_RANK
+from steplens.stream_jobs.engine.config import DetectorConfig
+from steplens.stream_jobs.engine.core import Signal, flatten
+from steplens.stream_jobs.engine.detector import RunDetector
 
 
 def judged(

@@ -1,11 +1,11 @@
-"""The calibration of ``steplens.stream_jobs.calibration`` one value at a time, in plain Python:
-the reference its compiled kernel is held equal to."""
+"""The calibration of ``steplens.stream_jobs.engine.calibration`` one value at a time, in
+plain Python: the reference its compiled kernel is held equal to."""
 
 from __future__ import annotations
 
 import math
 
-from steplens.stream_jobs.calibration import CalibrationConfig
+from steplens.stream_jobs.engine.calibration import CalibrationConfig
 
 
 class Reference:

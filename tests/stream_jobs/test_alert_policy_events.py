@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import random
 
-from steplens.producer.schema import make_record
-from steplens.stream_jobs.detector import RunDetector
-from steplens.stream_jobs.rules import hint_for
+from steplens.schema import make_record
+from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.engine.rules import hint_for
 
 
 def step(i: int, loss: float, grad: float, rank: int = 0):

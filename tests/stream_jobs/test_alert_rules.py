@@ -1,5 +1,5 @@
-from steplens.stream_jobs.core import Signal
-from steplens.stream_jobs.rules import RulesConfig, RulesState, evaluate, fingerprint
+from steplens.stream_jobs.engine.core import Signal
+from steplens.stream_jobs.engine.rules import RulesConfig, RulesState, evaluate, fingerprint
 
 
 def sig(step, severity=None, name="spike", metric="loss", scope="run", rank=0):
@@ -75,7 +75,7 @@ def test_escalation_keeps_one_alert():
 def test_loss_grad_correlation_holds_while_both_move_and_a_long_incident_is_one():
     # a long lr blow-up: the loss keeps breaching on and off, the gradient norm only at the
     # start and again much later; hardware samples (no step) arrive in between
-    from steplens.stream_jobs.incidents import IncidentsConfig, IncidentsState, update
+    from steplens.stream_jobs.engine.incidents import IncidentsConfig, IncidentsState, update
 
     batches = []
     for i in range(60, 320):
@@ -107,7 +107,7 @@ def grid_of(rng, steps, n_ranks, p_breach):
     where ``rng`` puts them, each step's ranks in a shuffled order or not."""
     import numpy as np
 
-    from steplens.stream_jobs.core import Signals
+    from steplens.stream_jobs.engine.core import Signals
 
     ranks = rng.sample(range(100), n_ranks)
     shuffled = rng.random() < 0.5
@@ -143,8 +143,8 @@ def test_the_rules_read_of_many_signals_of_a_row_is_the_read_of_every_one():
     import copy
     import random
 
-    from steplens.stream_jobs.batch_rules import evaluate_batch
-    from steplens.stream_jobs.rules import Firing
+    from steplens.stream_jobs.engine.batch_rules import evaluate_batch
+    from steplens.stream_jobs.engine.rules import Firing
 
     rng = random.Random(7)
     resolved = 0
@@ -177,7 +177,7 @@ def test_a_quiet_record_while_correlating_reads_only_what_fires():
     import copy
     import random
 
-    from steplens.stream_jobs.rules import Firing, quiet_while_correlating
+    from steplens.stream_jobs.engine.rules import Firing, quiet_while_correlating
 
     rng = random.Random(11)
     rules_ = ["spike:loss", "spike:grad_norm", "volatility:loss", "arima:loss", "straggler:x"]

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from steplens.stream_jobs import incidents
-from steplens.stream_jobs.alertmanager import AlertmanagerSender, Posted
-from steplens.stream_jobs.core import Alert
+from steplens.stream_jobs.engine import incidents
+from steplens.stream_jobs.engine.core import Alert
+from steplens.stream_jobs.worker.alertmanager import AlertmanagerSender, Posted
 
 T0 = 1_700_000_000.0
 

@@ -16,11 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import arima_ref, lr_ref, spike_ref, volatility_ref
 
-from steplens.stream_jobs.columns import entry_columns
-from steplens.stream_jobs.config import DetectorConfig
-from steplens.stream_jobs.core import Column, flatten, row_views
-from steplens.stream_jobs.detector import RunDetector
-from steplens.stream_jobs.signals import arima, lr_schedule, spike, volatility
+from steplens.stream_jobs.engine.columns import entry_columns
+from steplens.stream_jobs.engine.config import DetectorConfig
+from steplens.stream_jobs.engine.core import Column, flatten, row_views
+from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.engine.signals import arima, lr_schedule, spike, volatility
 
 
 def col(xs, lo: int, hi: int, rank: int = -1, **kw) -> Column:
@@ -329,7 +329,7 @@ def step_entries(draw: st.DrawFn) -> list[dict]:
 @given(step_entries(), st.data())
 def test_step_batch_entries_equal_step_records(entries, data):
     """A step_batch's entries scored together give each step record's signals and alerts."""
-    from steplens.producer.schema import make_record
+    from steplens.schema import make_record
 
     cfg = DetectorConfig()
     cfg.arima = arima.ArimaConfig(first_fit=24, refit_every=50)
@@ -377,8 +377,8 @@ def loss_spike_entries(rng: random.Random, spikes: set[int], n: int) -> list[dic
 def test_quiet_steps_while_alerts_fire_equal_step_records(seed, data):
     """Quiet steps while alerts fire (a GPU-memory alert from a hardware record, loss spikes
     that resolve after the correlation window): batches give the step records' alerts."""
-    from steplens.producer.schema import make_record
-    from steplens.stream_jobs.rules import RulesConfig
+    from steplens.schema import make_record
+    from steplens.stream_jobs.engine.rules import RulesConfig
 
     rng = random.Random(seed)
     cfg = DetectorConfig()
@@ -486,8 +486,8 @@ def test_alerts_resolved_in_quiet_batches_equal_step_records(seed, resolve_after
     """Loss spikes whose alerts (spike, volatility) resolve in batches without a breach, while
     nothing correlates: each resolves at the same step as from the step records, and the
     rules' state after every batch is the same."""
-    from steplens.producer.schema import make_record
-    from steplens.stream_jobs.rules import RulesConfig
+    from steplens.schema import make_record
+    from steplens.stream_jobs.engine.rules import RulesConfig
 
     rng = random.Random(seed)
     cfg = DetectorConfig()
@@ -535,8 +535,8 @@ def test_stragglers_of_batches_equal_the_reference_and_rules_read_them_in_part(
     import statistics
     from collections import deque
 
-    from steplens.stream_jobs import rules
-    from steplens.stream_jobs.rules import RulesConfig
+    from steplens.stream_jobs.engine import rules
+    from steplens.stream_jobs.engine.rules import RulesConfig
 
     rng = random.Random(seed)
     cfg = DetectorConfig(arima_enabled=False)

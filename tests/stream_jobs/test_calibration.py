@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference_calibration import Reference
 
-from steplens.stream_jobs.calibration import CalibrationConfig, CalibrationState, calibrate
+from steplens.stream_jobs.engine.calibration import CalibrationConfig, CalibrationState, calibrate
 
 raw_scores = st.lists(
     st.one_of(

@@ -2,7 +2,7 @@ import csv
 import math
 import random
 
-from steplens.stream_jobs.detect_cli import main
+from steplens.stream_jobs.offline.cli import main
 
 
 def test_detect_scores_every_row_and_flags_the_spike(tmp_path, capsys):
@@ -38,7 +38,7 @@ def test_detect_reports_a_missing_file(tmp_path, capsys):
 def test_read_rows_pads_short_rows_cuts_long_ones_and_skips_blank_lines():
     import io
 
-    from steplens.stream_jobs.detect_cli import read_rows
+    from steplens.stream_jobs.offline.cli import read_rows
 
     text = "step,loss,x\n0,1.0,2\n\n1,1.1\n2,1.2,3,9\n"
     columns, rows = read_rows(io.StringIO(text))
@@ -53,7 +53,7 @@ def test_write_rows_writes_what_csv_writer_writes():
     """Plain rows are joined by hand; any field csv.writer would quote takes its path."""
     import io
 
-    from steplens.stream_jobs.detect_cli import ABSENT, write_rows
+    from steplens.stream_jobs.offline.cli import ABSENT, write_rows
 
     columns = ["step", "note", "x"]
     rows = [

@@ -1,8 +1,8 @@
 import math
 import random
 
-from steplens.producer.schema import make_record
-from steplens.stream_jobs.detector import RunDetector
+from steplens.schema import make_record
+from steplens.stream_jobs.engine.detector import RunDetector
 
 
 def step(run, rank, i, **data):

@@ -7,7 +7,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from steplens.stream_jobs.evaluation import average_precision, events_of, onsets_of, score
+from event_scoring import average_precision, events_of, onsets_of, score
 
 
 def test_events_and_onsets_of_runs():

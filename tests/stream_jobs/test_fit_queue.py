@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from steplens.stream_jobs.fit_queue import FitQueue
-from steplens.stream_jobs.signals import arima
+from steplens.stream_jobs.engine.signals import arima
+from steplens.stream_jobs.worker.fit_queue import FitQueue
 
 ORDER, METHOD = (1, 1, 1), "hannan_rissanen"
 

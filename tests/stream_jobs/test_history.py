@@ -10,10 +10,10 @@ import numpy as np
 import orjson
 from history_helpers import STEP_NS, T0, firing, rows_of, scored, series_signals, steps
 
-from steplens.producer.schema import encode, make_record
-from steplens.stream_jobs.config import DetectorConfig
-from steplens.stream_jobs.detector import RunDetector
-from steplens.stream_jobs.history import (
+from steplens.schema import encode, make_record
+from steplens.stream_jobs.engine.config import DetectorConfig
+from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.engine.history import (
     DAY_NS,
     NO_FIRST,
     History,
@@ -25,9 +25,9 @@ from steplens.stream_jobs.history import (
     read_run,
     reference_of,
 )
-from steplens.stream_jobs.history_loads import first_sight
-from steplens.stream_jobs.state import dump_state, load_state
-from steplens.stream_jobs.warm import MARK_VALUES, WarmJob, replay, warm_job
+from steplens.stream_jobs.engine.state import dump_state, load_state
+from steplens.stream_jobs.worker.history_loads import first_sight
+from steplens.stream_jobs.worker.warm import MARK_VALUES, WarmJob, replay, warm_job
 
 
 def test_the_surviving_line_of_steps_of_a_run_that_restarted():

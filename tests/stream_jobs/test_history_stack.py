@@ -18,10 +18,10 @@ import pytest
 from history_helpers import STEP_NS, steps
 from test_stream_worker import sample
 
-from steplens.producer.schema import Record, encode, make_record
-from steplens.stream_jobs.config import DetectorConfig
-from steplens.stream_jobs.history import HistorySettings, read_history
-from steplens.stream_jobs.history_source import Source
+from steplens.schema import Record, encode, make_record
+from steplens.stream_jobs.engine.config import DetectorConfig
+from steplens.stream_jobs.engine.history import HistorySettings, read_history
+from steplens.stream_jobs.worker.history_source import Source
 
 pytestmark = pytest.mark.stack
 MIN_NS = 60 * 10**9

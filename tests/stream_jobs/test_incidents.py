@@ -7,10 +7,10 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from steplens.stream_jobs import incidents as inc_mod
-from steplens.stream_jobs.core import Alert
-from steplens.stream_jobs.incidents import IncidentsConfig, IncidentsState, update
-from steplens.stream_jobs.rules import fingerprint, hint_for
+from steplens.stream_jobs.engine import incidents as inc_mod
+from steplens.stream_jobs.engine.core import Alert
+from steplens.stream_jobs.engine.incidents import IncidentsConfig, IncidentsState, update
+from steplens.stream_jobs.engine.rules import fingerprint, hint_for
 
 RULES = [
     "spike:loss",

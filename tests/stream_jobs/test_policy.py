@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from steplens.stream_jobs.policy import (
+from steplens.stream_jobs.engine.policy import (
     CRIT,
     INFO,
     MEASURES,

@@ -1,7 +1,7 @@
 import itertools
 
-from steplens.stream_jobs.core import CRITICAL, Signal
-from steplens.stream_jobs.publish_limit import QuietLimiter
+from steplens.stream_jobs.engine.core import CRITICAL, Signal
+from steplens.stream_jobs.engine.publish_limit import QuietLimiter
 
 
 def quiet(step, rank=0, metric="loss", score=0.1):
@@ -82,7 +82,7 @@ def test_off_and_bounded():
 def test_picked_from_a_run_is_what_wanted_lets_through_one_by_one():
     import random
 
-    from steplens.stream_jobs.core import Signals
+    from steplens.stream_jobs.engine.core import Signals
 
     rng = random.Random(5)
     for every, interval in ((50, 5.0), (10, 0.0), (0, 0.0), (3, 1.0)):
@@ -120,7 +120,7 @@ def test_signals_of_many_ranks_are_picked_as_their_signals_one_by_one():
 
     import numpy as np
 
-    from steplens.stream_jobs.core import Signals
+    from steplens.stream_jobs.engine.core import Signals
 
     rng = random.Random(3)
     loud_seen = quiet_seen = 0

@@ -10,8 +10,8 @@ import io
 import json
 from pathlib import Path
 
-from steplens.stream_jobs.detect_cli import score_rows
-from steplens.stream_jobs.evaluation import onsets_of, score
+from event_scoring import onsets_of, score
+from steplens.stream_jobs.offline.cli import score_rows
 
 DATA = Path(__file__).parents[2] / "bench" / "data" / "quality"
 MANIFEST = json.loads((DATA / "MANIFEST.json").read_text())

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from history_helpers import STEP_NS, T0, firing, rows_of, scored, series_signals, steps
 
-from steplens.producer.schema import make_record
-from steplens.stream_jobs import restarts
-from steplens.stream_jobs.detector import RunDetector
-from steplens.stream_jobs.history import History, effective
-from steplens.stream_jobs.state import pack, unpack
-from steplens.stream_jobs.warm import replay
+from steplens.schema import make_record
+from steplens.stream_jobs.engine import restarts
+from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.engine.history import History, effective
+from steplens.stream_jobs.engine.state import pack, unpack
+from steplens.stream_jobs.worker.warm import replay
 
 CRASH, RESUME, REGRESSION = 1500, 1000, 1300
 LATER = T0 + (CRASH + 60) * STEP_NS  # the job comes back a minute after its crash

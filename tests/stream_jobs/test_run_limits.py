@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections import Counter
 from types import SimpleNamespace
 
-from steplens.producer.schema import RUN_RANK
-from steplens.stream_jobs.config import DetectorConfig
-from steplens.stream_jobs.detector import RunDetector
-from steplens.stream_jobs.run_limits import NUDGE, LimitSettings, RunLimits, rank_admitted
-from steplens.stream_jobs.state import dump_state, rank_key
-from steplens.stream_jobs.store import RunStore
+from steplens.schema import RUN_RANK
+from steplens.stream_jobs.engine.config import DetectorConfig
+from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.engine.state import dump_state, rank_key
+from steplens.stream_jobs.worker.run_limits import NUDGE, LimitSettings, RunLimits, rank_admitted
+from steplens.stream_jobs.worker.store import RunStore
 
 
 class Clock:

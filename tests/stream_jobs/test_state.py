@@ -15,11 +15,11 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from steplens.producer.schema import make_record
-from steplens.stream_jobs.core import flatten
-from steplens.stream_jobs.detector import RunDetector
-from steplens.stream_jobs.signals import data_quality
-from steplens.stream_jobs.state import FORMAT, MAGIC, dump_state, load_state, pack, unpack
+from steplens.schema import make_record
+from steplens.stream_jobs.engine.core import flatten
+from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.engine.signals import data_quality
+from steplens.stream_jobs.engine.state import FORMAT, MAGIC, dump_state, load_state, pack, unpack
 
 BLOB = Path(__file__).parent / "data" / "state_v1.msgpack"
 CUT = 400  # the stored state holds the records before this one

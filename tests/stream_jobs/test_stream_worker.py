@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from steplens.producer.schema import encode, make_record
-from steplens.stream_jobs.fit_queue import FIT_NICENESS
-from steplens.stream_jobs.state import load_state, rank_key
+from steplens.schema import encode, make_record
+from steplens.stream_jobs.engine.state import load_state, rank_key
+from steplens.stream_jobs.worker.fit_queue import FIT_NICENESS
 
 pytestmark = pytest.mark.stack
 

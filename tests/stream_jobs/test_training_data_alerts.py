@@ -9,10 +9,10 @@ import hashlib
 import math
 import random
 
-from steplens.producer.schema import make_record
-from steplens.stream_jobs.core import flatten
-from steplens.stream_jobs.detector import RunDetector
-from steplens.stream_jobs.rules import hint_for
+from steplens.schema import make_record
+from steplens.stream_jobs.engine.core import flatten
+from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.engine.rules import hint_for
 
 
 def t(i: int) -> int:
@@ -154,7 +154,7 @@ def test_a_loss_and_pre_clip_gradient_spike_together_are_the_loss_grad_correlati
 
 
 def test_lr_events_are_published_signals_and_never_alerts():
-    from steplens.stream_jobs.publish_limit import QuietLimiter
+    from steplens.stream_jobs.engine.publish_limit import QuietLimiter
 
     sched = {"kind": "step", "peak_lr": 1e-3, "warmup_steps": 20, "milestones": [200]}
     recs = [make_record("run_meta", {"world_size": 1, "lr_schedule": sched}, run_id="r")]

@@ -2,8 +2,8 @@ import asyncio
 
 from aiohttp import web
 
-from steplens.stream_jobs.core import Alert
-from steplens.stream_jobs.webhook import WebhookNotifier
+from steplens.stream_jobs.engine.core import Alert
+from steplens.stream_jobs.worker.webhook import WebhookNotifier
 
 
 def alert(i):
@@ -102,7 +102,7 @@ def test_an_escalation_pages_and_every_post_names_its_transition():
     restart that forgot what it posted."""
     import dataclasses
 
-    from steplens.stream_jobs.webhook import idempotency_key, payload
+    from steplens.stream_jobs.worker.webhook import idempotency_key, payload
 
     async def main():
         notifier = WebhookNotifier("http://127.0.0.1:9/hook")

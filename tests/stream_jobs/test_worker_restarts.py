@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from steplens.producer.schema import make_record
+from steplens.schema import make_record
 
 pytestmark = pytest.mark.stack
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from steplens.producer.monitor import Monitor
-from steplens.producer.schema import Record, decode, encode, make_record
 from steplens.producer.transport import MemoryTransport
+from steplens.schema import Record, decode, encode, make_record
 
 ENV = {"run_id": "fixture-run", "rank": 3, "local_rank": 1, "host": "node-07", "pid": 4242}
 

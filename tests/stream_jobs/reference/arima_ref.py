@@ -7,8 +7,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from steplens.stream_jobs.core import Signal, score_of
-from steplens.stream_jobs.signals.arima import ArimaConfig, ArimaParams
+from steplens.stream_jobs.engine.core import Signal, score_of
+from steplens.stream_jobs.engine.signals.arima import ArimaConfig, ArimaParams
 
 isfinite, sqrt = math.isfinite, math.sqrt
 _INF = math.inf

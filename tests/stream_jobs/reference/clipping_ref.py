@@ -7,8 +7,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from steplens.stream_jobs.core import WARNING, Signal, score_of
-from steplens.stream_jobs.signals.clipping import ClipConfig
+from steplens.stream_jobs.engine.core import WARNING, Signal, score_of
+from steplens.stream_jobs.engine.signals.clipping import ClipConfig
 
 
 @dataclass

@@ -8,8 +8,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from steplens.stream_jobs.core import WARNING, Signal, score_of
-from steplens.stream_jobs.signals.lr_schedule import LrConfig, expected_lr, expected_range
+from steplens.stream_jobs.engine.core import WARNING, Signal, score_of
+from steplens.stream_jobs.engine.signals.lr_schedule import LrConfig, expected_lr, expected_range
 
 isfinite = math.isfinite
 

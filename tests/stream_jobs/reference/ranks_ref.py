@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from steplens.stream_jobs.core import WARNING, Signal, median, score_of
-from steplens.stream_jobs.signals.ranks import RanksConfig
+from steplens.stream_jobs.engine.core import WARNING, Signal, median, score_of
+from steplens.stream_jobs.engine.signals.ranks import RanksConfig
 
 
 def judge(

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from operator import sub
 
-from steplens.stream_jobs.core import CRITICAL, Signal, score_of
-from steplens.stream_jobs.signals.spike import SpikeConfig
+from steplens.stream_jobs.engine.core import CRITICAL, Signal, score_of
+from steplens.stream_jobs.engine.signals.spike import SpikeConfig
 
 isfinite = math.isfinite
 _INF = math.inf

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from steplens.stream_jobs.core import WARNING, Signal, score_of
-from steplens.stream_jobs.signals.vanishing import TINY, VanishConfig
+from steplens.stream_jobs.engine.core import WARNING, Signal, score_of
+from steplens.stream_jobs.engine.signals.vanishing import TINY, VanishConfig
 
 
 @dataclass

@@ -7,9 +7,9 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from steplens.producer.schema import RUN_RANK
-from steplens.stream_jobs.core import Signal, score_of
-from steplens.stream_jobs.signals.volatility import VolatilityConfig
+from steplens.schema import RUN_RANK
+from steplens.stream_jobs.engine.core import Signal, score_of
+from steplens.stream_jobs.engine.signals.volatility import VolatilityConfig
 
 isfinite, sqrt = math.isfinite, math.sqrt
 _INF = math.inf

@@ -5,8 +5,8 @@ import random
 import numpy as np
 from judged import breaches, judged
 
-from steplens.stream_jobs.core import Column
-from steplens.stream_jobs.signals import arima
+from steplens.stream_jobs.engine.core import Column
+from steplens.stream_jobs.engine.signals import arima
 
 
 def update(st, cfg, metric, x, step):
@@ -104,7 +104,7 @@ def test_a_series_whose_fits_keep_failing_backs_off():
 
 
 def test_fitted_state_keeps_only_what_the_recursion_reads_and_is_stored_as_plain_data():
-    from steplens.stream_jobs.state import pack, unpack
+    from steplens.stream_jobs.engine.state import pack, unpack
 
     cfg = arima.ArimaConfig()
     st, _ = feed([math.sin(i / 5) for i in range(300)], cfg)

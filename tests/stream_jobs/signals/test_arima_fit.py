@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from steplens.stream_jobs.signals import arima_fit as arima
+from steplens.stream_jobs.engine.signals import arima_fit as arima
 
 
 def arma11(n, phi, theta, mu, seed):

@@ -10,9 +10,9 @@ import random
 
 import numpy as np
 
-from steplens.producer.schema import make_record
-from steplens.stream_jobs.core import Run
-from steplens.stream_jobs.signals import (
+from steplens.schema import make_record
+from steplens.stream_jobs.engine.core import Run
+from steplens.stream_jobs.engine.signals import (
     data_quality,
     gpu_errors,
     layers,
@@ -20,7 +20,7 @@ from steplens.stream_jobs.signals import (
     samples,
     stacks,
 )
-from steplens.stream_jobs.signals.sketches import Bloom, Distinct, keys
+from steplens.stream_jobs.engine.signals.sketches import Bloom, Distinct, keys
 
 
 def md5(x: object) -> str:

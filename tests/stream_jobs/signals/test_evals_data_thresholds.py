@@ -2,8 +2,8 @@ import math
 
 import numpy as np
 
-from steplens.stream_jobs.core import Column
-from steplens.stream_jobs.signals import data_quality, evals, thresholds, training
+from steplens.stream_jobs.engine.core import Column
+from steplens.stream_jobs.engine.signals import data_quality, evals, thresholds, training
 
 
 def rows(got):

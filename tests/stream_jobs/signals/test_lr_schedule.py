@@ -3,9 +3,14 @@ import math
 import numpy as np
 import pytest
 
-from steplens.stream_jobs.core import Column
-from steplens.stream_jobs.signals import lr_schedule
-from steplens.stream_jobs.signals.lr_schedule import LrConfig, LrState, check_schedule, expected_lr
+from steplens.stream_jobs.engine.core import Column
+from steplens.stream_jobs.engine.signals import lr_schedule
+from steplens.stream_jobs.engine.signals.lr_schedule import (
+    LrConfig,
+    LrState,
+    check_schedule,
+    expected_lr,
+)
 
 
 def update(st, cfg, lr, step, rank=-1, first_step=None):
@@ -122,9 +127,9 @@ def test_a_readable_schedule_is_kept_with_whole_counts():
 
 
 def test_a_refused_schedule_leaves_the_run_on_the_one_it_had():
-    from steplens.producer.schema import make_record
-    from steplens.stream_jobs.core import flatten
-    from steplens.stream_jobs.detector import RunDetector
+    from steplens.schema import make_record
+    from steplens.stream_jobs.engine.core import flatten
+    from steplens.stream_jobs.engine.detector import RunDetector
 
     det = RunDetector("r")
     det.process(make_record("run_meta", {"world_size": 1, "lr_schedule": COSINE}, run_id="r"))

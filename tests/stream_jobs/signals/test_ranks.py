@@ -2,9 +2,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import ranks_ref
 
-from steplens.stream_jobs.core import Signal
-from steplens.stream_jobs.signals import ranks
-from steplens.stream_jobs.signals.ranks import RanksConfig, RanksState, progress
+from steplens.stream_jobs.engine.core import Signal
+from steplens.stream_jobs.engine.signals import ranks
+from steplens.stream_jobs.engine.signals.ranks import RanksConfig, RanksState, progress
 
 
 def step_time(st, cfg, rank, step, t):
@@ -88,7 +88,7 @@ def test_median_is_statistics_median():
     import random
     import statistics
 
-    from steplens.stream_jobs.core import median
+    from steplens.stream_jobs.engine.core import median
 
     rng = random.Random(3)
     for n in range(1, 12):

@@ -4,9 +4,9 @@ import random
 import numpy as np
 from judged import breaches, judged
 
-from steplens.stream_jobs.core import Column, score_of
-from steplens.stream_jobs.signals import spike
-from steplens.stream_jobs.signals.spike import SpikeConfig, SpikeState
+from steplens.stream_jobs.engine.core import Column, score_of
+from steplens.stream_jobs.engine.signals import spike
+from steplens.stream_jobs.engine.signals.spike import SpikeConfig, SpikeState
 
 
 def update(st, cfg, metric, x, step, rank=-1, peak=None):
@@ -46,8 +46,8 @@ def test_tenfold_jump_is_critical_and_noise_is_quiet():
 
 
 def test_nonfinite_is_critical_at_once_even_in_warmup():
-    from steplens.stream_jobs.core import flatten
-    from steplens.stream_jobs.detector import RunDetector
+    from steplens.stream_jobs.engine.core import flatten
+    from steplens.stream_jobs.engine.detector import RunDetector
 
     det = RunDetector("r")
     got = det.process_columns(0, range(5), [0] * 5, {"loss": [1.0, 1.1, math.nan, 1.0, math.inf]})
@@ -91,8 +91,8 @@ def test_scale_free_and_drift_tolerant_on_a_large_metric():
 
 
 def test_window_peak_is_probed_but_mean_is_learnt():
-    from steplens.stream_jobs.core import flatten
-    from steplens.stream_jobs.detector import RunDetector
+    from steplens.stream_jobs.engine.core import flatten
+    from steplens.stream_jobs.engine.detector import RunDetector
 
     det = RunDetector("r")
     for i in range(40):

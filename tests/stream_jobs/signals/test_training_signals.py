@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import clipping_ref, vanishing_ref
 
-from steplens.stream_jobs.core import Column
-from steplens.stream_jobs.signals import clipping, lr_events, vanishing, volatility
+from steplens.stream_jobs.engine.core import Column
+from steplens.stream_jobs.engine.signals import clipping, lr_events, vanishing, volatility
 
 
 def col(xs, lo: int, hi: int, rank: int = 0, **kw) -> Column:
@@ -194,7 +194,7 @@ def test_declared_warmup_end_and_milestones_are_events_at_the_steps_the_lr_moved
 def test_cosine_decay_end_and_a_resumed_run_past_its_warmup():
     sched = {"kind": "cosine", "peak_lr": 3e-4, "min_lr": 3e-5, "warmup_steps": 50,
              "total_steps": 1000}  # fmt: skip
-    from steplens.stream_jobs.signals.lr_schedule import expected_lr
+    from steplens.stream_jobs.engine.signals.lr_schedule import expected_lr
 
     steps = list(range(0, 1200, 5))
     got = events([expected_lr(sched, s) for s in steps], steps, sched)

@@ -4,9 +4,9 @@ import random
 import numpy as np
 from judged import breaches, judged
 
-from steplens.stream_jobs.core import Column
-from steplens.stream_jobs.signals import volatility
-from steplens.stream_jobs.signals.volatility import VolatilityConfig, VolatilityState
+from steplens.stream_jobs.engine.core import Column
+from steplens.stream_jobs.engine.signals import volatility
+from steplens.stream_jobs.engine.signals.volatility import VolatilityConfig, VolatilityState
 
 
 def run(values, cfg=None):

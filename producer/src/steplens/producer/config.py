@@ -10,15 +10,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from steplens.producer.identity import Identity
-from steplens.producer.schema import MAX_BATCH_ENTRIES
-from steplens.producer.settings import (
+from steplens.schema import MAX_BATCH_ENTRIES
+from steplens.schema.settings import (
     env_value,
     kafka_bootstrap,
     kafka_security_config,
     parse_bool,
     setting,
 )
-from steplens.producer.topics import Topics
+from steplens.schema.topics import Topics
 
 
 def _positive(x: float) -> bool:

@@ -17,17 +17,6 @@ from typing import Any
 from steplens.producer.gpm import GPM, UTIL, GpmReader, not_supported
 
 # the names of the bits of ``throttle_reasons`` (nvmlClocksThrottleReason*), lowest first
-THROTTLE_REASONS = (
-    "idle",
-    "application clocks",
-    "SW power cap",
-    "HW slowdown",
-    "sync boost",
-    "SW thermal",
-    "HW thermal",
-    "HW power brake",
-    "display clocks",
-)
 
 log = logging.getLogger("steplens")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from steplens.producer.schema import MAX_NAME_LEN
+from steplens.schema import MAX_NAME_LEN
 
 MAX_GROUPS = 512
 

@@ -28,10 +28,10 @@ from steplens.producer.items import (
     MetaItem,
     StepItem,
 )
-from steplens.producer.schema import MAX_STR_LEN
 from steplens.producer.sender import Sender
 from steplens.producer.stall import StallWatch, thread_stacks
 from steplens.producer.steps import Counters, StepStage
+from steplens.schema import MAX_STR_LEN
 
 log = logging.getLogger("steplens")
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from steplens.producer.codec import encode
 from steplens.producer.delivery import Delivery
 from steplens.producer.identity import Identity
-from steplens.producer.schema import MAX_RECORD_BYTES, SCHEMA_VERSION, SchemaError, record_key
 from steplens.producer.step_batch import Entry, halves, payload
+from steplens.schema import MAX_RECORD_BYTES, SCHEMA_VERSION, SchemaError, record_key
+from steplens.schema.codec import encode
 
 
 class Sender:

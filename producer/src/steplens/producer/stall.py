@@ -18,7 +18,7 @@ import traceback
 from collections import deque
 from typing import Any
 
-from steplens.producer.schema import MAX_STR_LEN
+from steplens.schema import MAX_STR_LEN
 
 FLOOR_S = 60.0  # the automatic threshold is never below this ...
 FACTOR = 20.0  # ... nor below this many median step intervals

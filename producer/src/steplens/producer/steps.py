@@ -13,10 +13,10 @@ from steplens.producer import values as V
 from steplens.producer.config import ProducerConfig
 from steplens.producer.items import StepItem
 from steplens.producer.layers import LayerPicker
-from steplens.producer.schema import valid_name
 from steplens.producer.sender import Sender
 from steplens.producer.step_batch import StepBatch
 from steplens.producer.window import Guard, Window, is_sampled, sample_period
+from steplens.schema import valid_name
 
 # Step fields a caller may also pass as keyword scalars (a framework callback's pre-clip norm
 # and clipping); the caller's value wins over a measured or watched one.

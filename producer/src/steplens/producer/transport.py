@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from steplens.producer.codec import decode
-from steplens.producer.schema import Record
+from steplens.schema import Record
+from steplens.schema.codec import decode
 
 log = logging.getLogger("steplens")
 

@@ -22,8 +22,8 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
-from steplens.producer import schema
-from steplens.producer.schema import DecodeError, Record
+from steplens import schema
+from steplens.schema import DecodeError, Record
 from steplens.sinks.cold import GroupKey, group_of, record_row
 from steplens.sinks.kafka_io import Consumed
 from steplens.sinks.settings import DEFAULT_DEDUPE_WINDOW

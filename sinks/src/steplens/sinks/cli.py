@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from confluent_kafka import Consumer
 
-from steplens.producer.topics import Topics, ensure_topics
+from steplens.schema.topics import Topics, ensure_topics
 from steplens.sinks import metrics, redact
 from steplens.sinks.kafka_io import DeadLetters, consumer_config
 from steplens.sinks.retry import RetryPolicy

@@ -22,8 +22,8 @@ from urllib.parse import quote, unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from steplens.producer import schema
-from steplens.producer.schema import Record
+from steplens import schema
+from steplens.schema import Record
 
 ENVELOPE_COLUMNS: Final = [
     pa.field("v", pa.int32()),

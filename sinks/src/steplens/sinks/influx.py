@@ -22,8 +22,8 @@ from influxdb_client import InfluxDBClient, WritePrecision
 from influxdb_client.client.write_api import SYNCHRONOUS
 from influxdb_client.rest import ApiException
 
-from steplens.producer import schema
-from steplens.producer.schema import Record
+from steplens import schema
+from steplens.schema import Record
 from steplens.sinks import metrics
 from steplens.sinks.contract import ExportResult, Rejection
 from steplens.sinks.name_limits import NameBudget, NameLimits, refusal_reason

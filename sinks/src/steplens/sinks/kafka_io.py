@@ -10,9 +10,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from steplens.producer.dead_letter import dead_letter_bytes
-from steplens.producer.schema import RUN_RANK, DecodeError, Record, decode
-from steplens.producer.settings import kafka_bootstrap, kafka_security_config
+from steplens.schema import RUN_RANK, DecodeError, Record, decode
+from steplens.schema.dead_letter import dead_letter_bytes
+from steplens.schema.settings import kafka_bootstrap, kafka_security_config
 
 log = logging.getLogger("steplens.sinks")
 

@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 
 from confluent_kafka import Consumer, TopicPartition
 
-from steplens.producer.schema import DecodeError, Record
+from steplens.schema import DecodeError, Record
 from steplens.sinks import metrics
 from steplens.sinks.contract import ExportResult, Sink
 from steplens.sinks.kafka_io import Consumed, DeadLetters, commit, next_offsets, poll_batch

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
-from steplens.producer.schema import Record, decode
+from steplens.schema import Record, decode
 from steplens.sinks.mlflow_summary import RunSummary
 
 log = logging.getLogger("steplens.sinks.mlflow")
@@ -217,7 +217,7 @@ def run_mirror(
     """Consume ``topics`` until ``stop`` is set (or ``max_s`` passed); returns records used."""
     from confluent_kafka import Consumer
 
-    from steplens.producer.settings import kafka_security_config
+    from steplens.schema.settings import kafka_security_config
 
     consumer = Consumer(
         {
@@ -301,8 +301,8 @@ def main(argv: list[str], prog: str = "steplens sink mlflow") -> int:
     if not args.tracking_uri:
         print(f"{prog}: no tracking URI (--tracking-uri or MLFLOW_TRACKING_URI)", file=sys.stderr)
         return 2
-    from steplens.producer.settings import kafka_bootstrap
-    from steplens.producer.topics import Topics
+    from steplens.schema.settings import kafka_bootstrap
+    from steplens.schema.topics import Topics
 
     topics = Topics.from_env()
     stop = threading.Event()

@@ -21,7 +21,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from steplens.producer.schema import Record
+from steplens.schema import Record
 
 # open incidents remembered per run (past it, counted in open_overflow): the state must fit in
 # an MLflow tag (8,000 characters)

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from influxdb_client import Point, WritePrecision
 
-from steplens.producer.schema import Record
+from steplens.schema import Record
 
 MAX_STRING_FIELD: Final = 60_000  # InfluxDB caps string fields at 64 KiB
 

@@ -16,8 +16,8 @@ from typing import Any, Final
 
 from influxdb_client import Point
 
-from steplens.producer import schema
-from steplens.producer.schema import Record
+from steplens import schema
+from steplens.schema import Record
 from steplens.sinks.point_builder import (
     MAX_STRING_FIELD,
     PointBuilder,

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import pandas as pd
 
-from steplens.producer import schema
+from steplens import schema
 from steplens.sinks import query_cold, query_hot
 from steplens.sinks.settings import InfluxSettings, S3Settings
 

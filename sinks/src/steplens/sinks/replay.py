@@ -7,9 +7,9 @@ from collections.abc import Iterable, Iterator
 import pandas as pd
 from confluent_kafka import Producer
 
-from steplens.producer import schema
-from steplens.producer.settings import kafka_bootstrap, kafka_security_config
-from steplens.producer.topics import Topics
+from steplens import schema
+from steplens.schema.settings import kafka_bootstrap, kafka_security_config
+from steplens.schema.topics import Topics
 from steplens.sinks.cold import read_parquet, run_prefix
 from steplens.sinks.query import _ns
 from steplens.sinks.s3 import make_s3_client

@@ -59,10 +59,10 @@ def main(argv: list[str], prog: str = "steplens replay") -> int:
 
 
 def _send_spool(directory: str, topic: str | None, bootstrap: str | None) -> int:
-    from steplens.producer.settings import kafka_bootstrap, kafka_security_config
     from steplens.producer.spool import send_spool
-    from steplens.producer.topics import Topics
     from steplens.producer.transport import KafkaTransport, kafka_conf
+    from steplens.schema.settings import kafka_bootstrap, kafka_security_config
+    from steplens.schema.topics import Topics
 
     topic = topic or Topics.from_env().raw
     conf = kafka_conf(

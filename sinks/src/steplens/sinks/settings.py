@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from steplens.producer.settings import env_value
+from steplens.schema.settings import env_value
 
 DEFAULT_DEDUPE_WINDOW = 50_000  # S3: recent records remembered per partition (about 3 MB)
 

@@ -1,11 +1,11 @@
 """`python -m steplens.stack.cli` as before: the `steplens` command now lives in the producer
-(``steplens.producer.cli``), so every part has it without the stack."""
+(``steplens.schema.command``), so every part has it without the stack."""
 
 from __future__ import annotations
 
 import sys
 
-from steplens.producer.cli import main
+from steplens.schema.command import main
 
 __all__ = ["main"]
 

@@ -6,8 +6,8 @@ import argparse
 import sys
 from dataclasses import replace
 
-from steplens.producer.settings import kafka_bootstrap
-from steplens.producer.topics import Topics, ensure_topics
+from steplens.schema.settings import kafka_bootstrap
+from steplens.schema.topics import Topics, ensure_topics
 
 
 def main(argv: list[str], prog: str = "steplens topics") -> int:

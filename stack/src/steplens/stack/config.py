@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from steplens.producer.settings import env_value
+from steplens.schema.settings import env_value
 
 KAFKA_VERSION = "4.1.1"
 LOG4J_VERSION = "2.24.3"

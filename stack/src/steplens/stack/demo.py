@@ -154,7 +154,7 @@ def parse_args(argv: list[str], prog: str) -> argparse.Namespace:
 def main(argv: list[str], prog: str = "steplens demo") -> int:
     args = parse_args(argv, prog)
     import steplens.stack
-    from steplens.producer.topics import Topics, ensure_topics
+    from steplens.schema.topics import Topics, ensure_topics
 
     say("[demo] starting the local stack (the first start builds it: this can take a while)")
     try:
@@ -259,7 +259,7 @@ def _run(
         [
             sys.executable,
             "-m",
-            "steplens.producer.cli",
+            "steplens.schema.command",
             "report",
             "--run",
             args.run_id,

@@ -43,7 +43,7 @@ class Children:
         log = self.log_dir / f"{name}.log"
         with open_private(log, "ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "steplens.producer.cli", *args],
+                [sys.executable, "-m", "steplens.schema.command", *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

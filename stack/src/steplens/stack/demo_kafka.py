@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from steplens.producer.schema import Record, decode
+from steplens.schema import Record, decode
 
 
 class RunTail:
@@ -17,7 +17,7 @@ class RunTail:
     def __init__(self, bootstrap: str, topics: list[str], run_id: str) -> None:
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-        from steplens.producer.settings import kafka_security_config
+        from steplens.schema.settings import kafka_security_config
 
         self.run_id = run_id
         self.records: list[Record] = []

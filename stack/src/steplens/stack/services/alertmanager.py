@@ -10,7 +10,7 @@ import urllib.request
 from pathlib import Path
 from typing import Final
 
-from steplens.producer.settings import env_value
+from steplens.schema.settings import env_value
 from steplens.stack.config import ALERTMANAGER_VERSION
 from steplens.stack.errors import StackError
 from steplens.stack.install import alertmanager_binary, ensure_alertmanager

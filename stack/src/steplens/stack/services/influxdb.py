@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Final
 
-from steplens.producer.settings import env_value
+from steplens.schema.settings import env_value
 from steplens.stack.config import (
     INFLUX_BUCKET,
     INFLUX_ORG,

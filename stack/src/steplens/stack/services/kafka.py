@@ -137,7 +137,7 @@ class Kafka(Service):
     def configure(self, progress: Progress) -> None:
         from confluent_kafka import KafkaException
 
-        from steplens.producer.topics import Topics, ensure_topics
+        from steplens.schema.topics import Topics, ensure_topics
 
         deadline = time.monotonic() + 60
         while True:

@@ -1,0 +1,331 @@
+"""Incidents: the alerts of one underlying event, reported as one.
+
+The rules raise an alert per rule and scope; one event (a bad batch) often trips several (a loss
+spike, a gradient spike, their correlation, an ARIMA excursion, an over-length share). A firing
+alert joins the run's open incident of the same topic (training dynamics, throughput, memory,
+data, evaluation, hardware) if one of its members started in the last ``join_gap`` steps, or
+any open incident that started within ``join_steps`` steps of it (one event seen by rules of
+several topics); otherwise it opens an incident. An incident:
+
+* has one severity, the highest any member reached (it escalates, and never steps down before
+  it resolves);
+* carries the most specific hint of its members (a correlation explains more than its parts, a
+  named cause more than a spike, a spike more than a forecast excursion) and every member's
+  evidence;
+* inhibits its members: only the incident is reported (opened; again when it escalates, gets a
+  better hint or a member of a rule as specific as its lead; resolved), as Alertmanager's
+  inhibition keeps lower-severity alerts of a firing one quiet;
+* resolves when its last member resolves, and opens again (the same incident) if an alert of
+  its topic starts within ``join_gap`` steps after that.
+
+Its identity (``fingerprint``) derives from the run, the topic and the step it started at, and
+its time from the record it opened on, so a replay after a restart reports the same incident.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from steplens.stream_jobs.engine.core import CRITICAL, INFO, WARNING, Alert
+
+RANK = {INFO: 0, WARNING: 1, CRITICAL: 2}
+
+# rule (or its detector's name) -> topic
+TOPICS: Mapping[str, str] = {
+    "nonfinite": "training",
+    "spike:loss": "training",
+    "spike:grad_norm": "training",
+    "spike:grad_norm_preclip": "training",
+    "volatility": "training",
+    "arima:loss": "training",
+    "arima:grad_norm": "training",
+    "arima:grad_norm_preclip": "training",
+    "lr_schedule": "training",
+    "training": "training",
+    "clipping": "training",
+    "vanishing": "training",
+    "correlation:loss_grad": "training",
+    "arima:step_time_s": "throughput",
+    "arima:tokens_per_s": "throughput",
+    "straggler": "throughput",
+    "hang": "throughput",
+    "threshold:gpu_util": "throughput",
+    "threshold:data_wait_share": "throughput",
+    "threshold:disk_io_latency_ms": "throughput",
+    "threshold:comm_latency_ms": "throughput",
+    "correlation:data_bottleneck": "throughput",
+    "threshold:gpu_mem_pct": "memory",
+    "threshold:gpu_mem_growth": "memory",
+    "threshold:host_mem_available_pct": "memory",
+    "data": "data",
+    "plateau": "evaluation",
+    "perplexity": "evaluation",
+    "generalization_gap": "evaluation",
+    "eval_unstable": "evaluation",
+    "correlation:eval_unstable": "evaluation",
+    "hardware": "hardware",
+}
+
+# how much a rule's hint explains, most first
+SPECIFIC: Mapping[str, int] = {
+    "correlation": 4,
+    "nonfinite": 3,
+    "data": 3,
+    "lr_schedule": 3,
+    "hang": 3,
+    "straggler": 3,
+    "threshold": 3,
+    "hardware": 3,
+    "training": 3,
+    "clipping": 3,
+    "vanishing": 3,
+    "spike": 2,
+    "plateau": 2,
+    "perplexity": 2,
+    "generalization_gap": 2,
+    "eval_unstable": 2,
+}
+
+
+def topic_of(rule: str) -> str:
+    """The topic of ``rule``: from ``TOPICS``; a rule of a metric that has none (a column of an
+    offline CSV) is of its metric's topic, so every detector of one column is one incident."""
+    name, _, metric = rule.partition(":")
+    return TOPICS.get(rule) or TOPICS.get(name) or metric or name
+
+
+def specificity(rule: str) -> int:
+    return SPECIFIC.get(rule.split(":", 1)[0], 1)
+
+
+@dataclass
+class Member:
+    rule: str
+    scope: str
+    severity: str
+    hint: str
+    started_step: int | None
+    step: int | None
+    firing: bool = True
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Incident:
+    fingerprint: str
+    run_id: str
+    topic: str
+    started_step: int | None
+    time_ns: int
+    severity: str = INFO
+    # by the alert's fingerprint and start: an alert that fires again is a member again
+    members: dict[str, Member] = field(default_factory=dict)
+    last_step: int | None = None
+    episode: int = 0  # times it opened again after resolving
+
+    @property
+    def lead(self) -> Member:
+        """The member whose hint the incident carries."""
+        return max(
+            self.members.values(),
+            key=lambda m: (specificity(m.rule), RANK.get(m.severity, 0), -(m.started_step or 0)),
+        )
+
+    def firing(self) -> bool:
+        return any(m.firing for m in self.members.values())
+
+    def last_start(self) -> int | None:
+        """The latest step a member started at (None: no member has a step)."""
+        starts = [m.started_step for m in self.members.values() if m.started_step is not None]
+        return max(starts, default=None)
+
+    def rules(self) -> frozenset[str]:
+        return frozenset(m.rule for m in self.members.values())
+
+
+@dataclass
+class IncidentsConfig:
+    join_steps: int = 2  # an alert starting this close to an open incident's start joins it
+    join_gap: int = 20  # ... one of its topic, if one of its members started this recently
+    max_members: int = 20  # members listed in the evidence (the rest are counted)
+    max_closed: int = 16  # resolved incidents remembered (to open again)
+
+
+@dataclass
+class IncidentsState:
+    open: dict[str, Incident] = field(default_factory=dict)  # by fingerprint
+    # alert fingerprint -> its incident and its member's key there, while it fires
+    of_alert: dict[str, list[str]] = field(default_factory=dict)
+    # resolved in the last ``join_gap`` steps (they may open again), by fingerprint
+    closed: dict[str, Incident] = field(default_factory=dict)
+
+
+def incident_id(run_id: str, topic: str, step: int | None) -> str:
+    return hashlib.sha1(f"{run_id}|incident|{topic}|{step}".encode()).hexdigest()[:16]
+
+
+def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> Incident | None:
+    """The open incident ``a`` (firing) joins, or None: the one it is already a member of
+    (its evidence amended); else the run's latest of its topic, unless no member of that one
+    started in the ``join_gap`` steps before ``a`` (a new event, while the last one's slow
+    members, such as a volatility window, still fire); else one that started within
+    ``join_steps`` of it."""
+    mine = state.of_alert.get(a.fingerprint)
+    if mine is not None and mine[1] == f"{a.fingerprint}@{a.started_step}":
+        inc = state.open.get(mine[0])
+        if inc is not None:
+            return inc
+    topic = topic_of(a.rule)
+    start = a.started_step if a.started_step is not None else a.step
+    same = [i for i in state.open.values() if i.run_id == a.run_id and i.topic == topic]
+    if same:
+        inc = same[-1]
+        last = inc.last_start()
+        if start is None or last is None or start - last <= cfg.join_gap:
+            return inc
+    if start is None:
+        return None
+    # one that resolved in the last ``join_gap`` steps opens again (an event whose alerts
+    # breach on and off)
+    for fp, inc in list(state.closed.items()):
+        if inc.last_step is None or start - inc.last_step > cfg.join_gap:
+            del state.closed[fp]  # too old to open again: forgotten
+        elif inc.run_id == a.run_id and inc.topic == topic:
+            del state.closed[fp]
+            state.open[fp] = inc
+            inc.episode += 1
+            return inc
+    for inc in state.open.values():
+        near = inc.started_step is not None and abs(start - inc.started_step) <= cfg.join_steps
+        if inc.run_id == a.run_id and near:
+            return inc
+    return None
+
+
+def update(
+    state: IncidentsState, cfg: IncidentsConfig, alerts: list[Alert], time_ns: int = 0
+) -> list[Alert]:
+    """Take the rules' alert transitions of one record (or batch row); returns the incidents'
+    transitions, as alerts (rule: the lead member's; scope "incident"; evidence: the members,
+    at most ``max_members``), each incident at most once. The result does not depend on the
+    order of ``alerts``. ``time_ns``: the time of the record these alerts fired on."""
+    before = {fp: (inc.severity, inc.lead.rule, inc.rules()) for fp, inc in state.open.items()}
+    changed: dict[str, Incident] = {}
+    grown: set[str] = set()  # incidents a member of which gained evidence
+    firing = sorted(
+        (a for a in alerts if a.state == "firing"),
+        key=lambda a: (topic_of(a.rule), a.rule, a.scope),
+    )
+    for a in firing:
+        inc, grew = _firing(state, cfg, a, time_ns)
+        changed[inc.fingerprint] = inc
+        if grew:
+            grown.add(inc.fingerprint)
+    step = max((a.step for a in alerts if a.step is not None), default=None)
+    out: list[Alert] = []
+    for inc in sorted(changed.values(), key=lambda i: (i.topic, i.fingerprint)):
+        was = before.get(inc.fingerprint)
+        # new, escalated, a better hint, a new finding, or a member's evidence completed
+        if was is None or _news(inc, *was) or inc.fingerprint in grown:
+            out.append(_report(inc, cfg, "firing", step, time_ns))
+    for a in alerts:
+        if a.state != "firing":
+            out += _resolved(state, cfg, a, time_ns)
+    return out
+
+
+def _firing(
+    state: IncidentsState, cfg: IncidentsConfig, a: Alert, time_ns: int
+) -> tuple[Incident, bool]:
+    """The incident ``a`` joins (or opens), and whether it adds evidence to a member it
+    already is; a member inhibited from now on."""
+    inc = _home(state, cfg, a)
+    member = Member(a.rule, a.scope, a.severity, a.hint, a.started_step, a.step, True, a.evidence)
+    if inc is None:
+        start = a.started_step if a.started_step is not None else a.step
+        fp = incident_id(a.run_id, topic_of(a.rule), start)
+        inc = state.open[fp] = Incident(fp, a.run_id, topic_of(a.rule), start, time_ns, INFO)
+    key = f"{a.fingerprint}@{a.started_step}"
+    again = inc.members.get(key)  # an escalation of a firing member keeps its peak
+    if again is not None and RANK.get(again.severity, 0) > RANK.get(member.severity, 0):
+        member.severity = again.severity
+    grew = again is not None and not again.evidence.keys() >= member.evidence.keys()
+    inc.members[key] = member
+    state.of_alert[a.fingerprint] = [inc.fingerprint, key]
+    if RANK.get(a.severity, 0) > RANK.get(inc.severity, 0):
+        inc.severity = a.severity
+    if a.step is not None and (inc.last_step is None or a.step > inc.last_step):
+        inc.last_step = a.step
+    return inc, grew
+
+
+def _news(inc: Incident, severity: str, lead: str, rules: frozenset[str]) -> bool:
+    """Whether ``inc`` says more than it did (``severity``, ``lead`` rule, ``rules``): it
+    escalated, its hint improved, or a rule as specific as its lead joined (a straggler in a
+    disk-latency incident). A follower of the event (the volatility or forecast excursion a
+    spike leaves behind) joins silently: the next report lists it."""
+    if RANK[inc.severity] > RANK[severity] or inc.lead.rule != lead:
+        return True
+    bar = specificity(inc.lead.rule)
+    return any(specificity(r) >= bar for r in inc.rules() - rules)
+
+
+def _resolved(state: IncidentsState, cfg: IncidentsConfig, a: Alert, time_ns: int) -> list[Alert]:
+    fp, key = state.of_alert.pop(a.fingerprint, (None, None))
+    inc = state.open.get(fp) if fp else None
+    if inc is None:
+        return []
+    member = inc.members.get(key) if key else None
+    if member is not None:
+        member.firing = False
+        member.step = a.step
+    if a.step is not None and (inc.last_step is None or a.step > inc.last_step):
+        inc.last_step = a.step
+    if inc.firing():
+        return []
+    del state.open[inc.fingerprint]
+    state.closed[inc.fingerprint] = inc
+    while len(state.closed) > cfg.max_closed:
+        del state.closed[next(iter(state.closed))]
+    return [_report(inc, cfg, "resolved", a.step, time_ns)]
+
+
+def _report(inc: Incident, cfg: IncidentsConfig, st: str, step: int | None, time_ns: int) -> Alert:
+    lead = inc.lead
+    members = [
+        {
+            "rule": m.rule,
+            "scope": m.scope,
+            "severity": m.severity,
+            "started_step": m.started_step,
+            "step": m.step,
+            "firing": m.firing,
+            **m.evidence,
+        }
+        for m in list(inc.members.values())[: cfg.max_members]
+    ]
+    rules = ", ".join(dict.fromkeys(m.rule for m in inc.members.values()))
+    verb = "resolved" if st == "resolved" else "since"
+    return Alert(
+        lead.rule,
+        inc.severity,
+        st,
+        "incident",
+        lead.hint,
+        inc.fingerprint,
+        inc.run_id,
+        step,
+        inc.started_step,
+        f"{inc.topic} incident {verb} step {inc.started_step if st != 'resolved' else step}: "
+        f"{rules}",
+        {
+            "topic": inc.topic,
+            "members": members,
+            "member_count": len(inc.members),
+            "episode": inc.episode,
+        },
+        time_ns,
+    )

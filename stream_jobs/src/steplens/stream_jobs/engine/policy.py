@@ -1,0 +1,206 @@
+"""The alert policy: which signals are breaches, and how severe, from rarity, magnitude and
+persistence.
+
+A detector writes a continuous signal: the value it judged, what it expected, and a raw score
+that ``calibration`` turns into the rarity of that score on the series (the anomaly score). A
+signal is a breach only when it is both rare and large enough to matter, or lasts:
+
+* ``rarity``: the anomaly score at or above which a value is rare (0.9999 by default: about once
+  in 10,000 values of that series); ``None``: rarity is not asked (an anchor alone decides, as
+  for a non-finite value or GPU memory over 90 %);
+* ``magnitude``: how far the value is from what was expected, in the rule's own unit, with the
+  design's anchors: ``warning`` at or above one (with rarity), ``critical`` at or above the
+  other, whatever the rarity (a gradient norm 10x its robust baseline is critical even on a
+  series where that happened before; loss volatility over 10 % warns; ...);
+* ``persist``: rare and large for this many values in a row before it warns (a forecast that
+  is missed once is a blip, three times a change of regime); ``critical_persist``: before a
+  warning becomes critical (0: never by persistence alone).
+
+A small deviation that neither persists nor is large stays a signal: it is stored and plotted,
+it never alerts on its own. Before a series has values enough to know its noise (its
+calibration's warm-up) only the cold anchors apply: a loss 15 % above its median so far, a
+gradient norm 5x. One that is fairly rare (``note_rarity``) and of some size
+(``note``) is a *note* (severity info): it feeds the correlations (a loss jump with a gradient
+jump in the same steps) and never alerts alone; so is every breach of a policy that does not
+alert (``alerts`` False: an ARIMA excursion of the loss is evidence, not an alert).
+
+``judge_signals`` applies a policy to a detector's signals of one series: their raw scores
+become calibrated anomaly scores (``calibration``), then severities. Until a series has values
+enough for its calibration, its signals keep the detector's own score (0.5 at the detector's
+threshold).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+
+from steplens.stream_jobs.engine.calibration import CalibrationConfig, CalibrationState, calibrate
+from steplens.stream_jobs.engine.core import Signals
+
+_jit = numba.njit(cache=True, error_model="numpy")
+
+# severity codes (as ``core.SEVERITIES``)
+NONE, INFO, WARN, CRIT = 0, 1, 2, 3
+
+# how the magnitude of a value is measured against what was expected
+RATIO, RISE, DEVIATION, VALUE = 0, 1, 2, 3
+MEASURES = {"ratio": RATIO, "rise": RISE, "deviation": DEVIATION, "value": VALUE}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """When a rule's signals breach (see the module)."""
+
+    rarity: float | None = 0.9999
+    # "ratio": value / expected; "rise": (value - expected) / |expected|; "deviation":
+    # |value - expected| / |expected|; "value": the value itself
+    measure: str = "value"
+    warning: float = -math.inf  # magnitude at or above which a rare value warns
+    critical: float = math.inf  # ... is critical
+    persist: int = 1
+    critical_persist: int = 0
+    alerts: bool = True  # False: its breaches are notes (they feed the correlations)
+    note: float | None = None  # magnitude of a note (None: no notes)
+    note_rarity: float = 0.999
+    # while the series' calibration warms up (its first values: its own noise is not known
+    # yet) only magnitudes this large warn, and this large are critical
+    cold_warning: float = math.inf
+    cold_critical: float = math.inf
+
+
+@dataclass
+class JudgeState:
+    """One series' calibration and how many of its values in a row were rare and large."""
+
+    cal: CalibrationState = field(default_factory=CalibrationState)
+    run: int = 0
+
+
+def judge_signals(state: JudgeState, cal: CalibrationConfig, policy: Policy, sigs: Signals) -> None:
+    """Calibrate ``sigs``' scores on their series and set their severities (in place)."""
+    s = sigs.score
+    with np.errstate(divide="ignore"):
+        raw = np.where(s >= 1.0, np.inf, s / (1.0 - s))  # back to the measure (NaN: none)
+    anomaly = calibrate(state.cal, cal, raw)
+    # no anomaly score yet (the series' first values): the detector's own score stands
+    cold = np.isnan(anomaly)
+    sigs.score = np.where(cold, s, anomaly)
+    sigs.severity = judge(policy, state, sigs.value, sigs.expected, sigs.score, cold=cold)
+
+
+def judge(
+    policy: Policy,
+    state: JudgeState,
+    value: np.ndarray,
+    expected: np.ndarray,
+    anomaly: np.ndarray,
+    *,
+    cold: np.ndarray | None = None,
+) -> np.ndarray:
+    """Severity codes of one series' consecutive signals (``state.run`` is updated); those
+    ``cold`` (before the series' calibration is warm) are judged by the cold anchors."""
+    sev, state.run = _judge(
+        np.asarray(value, dtype=float),
+        np.asarray(expected, dtype=float),
+        np.asarray(anomaly, dtype=float),
+        -1.0 if policy.rarity is None else float(policy.rarity),
+        MEASURES[policy.measure],
+        float(policy.warning),
+        float(policy.critical),
+        int(policy.persist),
+        int(policy.critical_persist),
+        bool(policy.alerts),
+        math.inf if policy.note is None else float(policy.note),
+        float(policy.note_rarity),
+        float(policy.cold_warning),
+        float(policy.cold_critical),
+        np.zeros(len(value), np.bool_) if cold is None else cold,
+        int(state.run),
+    )
+    return sev
+
+
+@_jit
+def magnitude(measure: int, value: float, expected: float) -> float:
+    """``value`` against ``expected`` in the measure's unit; NaN (never large) where the
+    measure means nothing: no expected value, a ratio or a rise over a level at or below 0, a
+    deviation relative to an expected 0."""
+    if measure == VALUE:
+        return value
+    if not math.isfinite(expected):
+        return math.nan
+    if measure == RATIO:
+        return value / expected if expected > 0.0 else math.nan
+    if measure == RISE:
+        return (value - expected) / expected if expected > 0.0 else math.nan
+    scale = abs(expected)
+    return abs(value - expected) / scale if scale > 0.0 else math.nan
+
+
+@_jit
+def _judge(  # noqa: PLR0917
+    value: np.ndarray,
+    expected: np.ndarray,
+    anomaly: np.ndarray,
+    rarity: float,
+    measure: int,
+    warning: float,
+    critical: float,
+    persist: int,
+    critical_persist: int,
+    alerts: bool,
+    note: float,
+    note_rarity: float,
+    cold_warning: float,
+    cold_critical: float,
+    cold: np.ndarray,
+    run: int,
+) -> tuple[np.ndarray, int]:
+    n = len(value)
+    sev = np.zeros(n, np.int8)
+    for i in range(n):
+        m = magnitude(measure, value[i], expected[i])
+        a = anomaly[i]
+        if m >= critical and critical < math.inf:  # an anchor, however common such values are
+            run += 1
+            sev[i] = CRIT if alerts else INFO
+            continue
+        if cold[i] and rarity >= 0.0:  # rarity is asked, and not known yet
+            if m >= cold_critical:
+                sev[i] = CRIT
+            elif m >= cold_warning:
+                sev[i] = WARN
+            if not alerts and sev[i] > INFO:
+                sev[i] = INFO
+            continue
+        if not ((rarity < 0.0 or a >= rarity) and m >= warning):  # NaN is never large
+            run = 0
+            if m >= note and a >= note_rarity:
+                sev[i] = INFO
+            continue
+        run += 1
+        if m >= critical or (critical_persist > 0 and run >= critical_persist):
+            sev[i] = CRIT
+        elif run >= persist:
+            sev[i] = WARN
+        elif m >= note and a >= note_rarity:
+            sev[i] = INFO
+        if not alerts and sev[i] > INFO:
+            sev[i] = INFO
+    return sev, run
+
+
+def warm_up() -> None:
+    """Compile the kernels, or load them from the cache."""
+    one = np.ones(2)
+    judge(Policy(), JudgeState(), one, one, one)
+    judge_signals(
+        JudgeState(),
+        CalibrationConfig(warmup=1),
+        Policy(),
+        Signals.of("w", "m", [0, 1], None, one, 0.5),
+    )

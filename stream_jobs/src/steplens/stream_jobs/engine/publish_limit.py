@@ -1,0 +1,115 @@
+"""Which quiet signals the worker publishes: breaches and events always, the rest thinned out.
+
+A quiet signal (no severity, score below the alert threshold) carries the detector's score for
+dashboards; publishing every one would cost more than detecting it. One goes out per run, rank
+and rule when both ``every`` steps and ``interval_s`` seconds have passed since the last one, so
+a series sent as 100-step windows is not published at every window either. A series' first wait
+is a fixed fraction of both, from a hash of its key: the series of a run start together (every
+rank at once) and would otherwise come due in the same second each interval, thousands of sends
+at once that stall the worker's producer.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from steplens.stream_jobs.engine.core import NO_STEP, Signal, Signals
+from steplens.stream_jobs.engine.signals.registry import EVENTS
+
+
+@dataclass
+class QuietLimiter:
+    every: int = 50  # steps; <= 0: quiet signals are never published
+    interval_s: float = 5.0
+    max_keys: int = 100_000  # bounded memory: forget everything past this many series
+    # series -> (step of its last quiet signal, steps to wait after it, time it may go again)
+    last: dict[tuple[str, int, str, str], tuple[int, int, float]] = field(default_factory=dict)
+
+    def _after(
+        self, key: tuple[str, int, str, str], step: int, now: float, first: bool
+    ) -> tuple[int, int, float]:
+        """Record a quiet signal of ``key`` published at ``step``; returns what it records."""
+        if len(self.last) >= self.max_keys:
+            self.last.clear()
+        f = _phase(key) if first else 1.0
+        got = self.last[key] = (step, max(1, math.ceil(self.every * f)), now + self.interval_s * f)
+        return got
+
+    def wanted(self, run: str, sig: Signal, now: float) -> bool:
+        if sig.severity is not None or sig.score >= 0.5 or sig.name in EVENTS:
+            return True
+        if self.every <= 0 or sig.step is None:
+            return False
+        key = (run, sig.rank, sig.name, sig.metric)
+        prev = self.last.get(key)
+        if prev is not None:
+            too_soon = now < prev[2]
+            too_close = prev[0] <= sig.step < prev[0] + prev[1]  # a step back: publish
+            if too_soon or too_close:
+                return False
+        self._after(key, sig.step, now, prev is None)
+        return True
+
+    def picked(self, run: str, sigs: Signals, now: float) -> list[int]:
+        """Which of ``sigs`` (one detector's, in order; one clock reading) ``wanted`` would let
+        through, asked one after the other: every breach, and the quiet ones the limits allow,
+        each rank's series on its own. A rank with nothing loud whose time limit has not passed
+        is skipped whole, without reading its signals."""
+        if sigs.name in EVENTS:  # an event (an lr decay): every one
+            return list(range(len(sigs)))
+        loud = sigs.loud()
+        any_loud = bool(loud.any())
+        out: list[int] = np.flatnonzero(loud).tolist() if any_loud else []
+        if self.every <= 0 or len(out) == len(sigs):
+            return out
+        if isinstance(sigs.rank, int):
+            groups: list[tuple[int, np.ndarray | None]] = [(sigs.rank, None)]
+        else:
+            groups = [(int(r), np.flatnonzero(sigs.rank == r)) for r in np.unique(sigs.rank)]
+        steps = sigs.step
+        for rank, at in groups:
+            key = (run, rank, sigs.name, sigs.metric)
+            prev = self.last.get(key)
+            if prev is not None and now < prev[2]:
+                continue  # the common case: the clock does not move within a batch
+            if at is None:
+                quiet = self._quiet(key, steps.tolist(), loud.tolist() if any_loud else None, now)
+            else:
+                got = self._quiet(key, steps[at].tolist(), loud[at].tolist(), now)
+                quiet = at[got].tolist() if got else []
+            out += quiet
+        return sorted(out)
+
+    def _quiet(
+        self,
+        key: tuple[str, int, str, str],
+        steps: Sequence[int],
+        loud: Sequence[bool] | None,
+        now: float,
+    ) -> list[int]:
+        """The quiet signals (not ``loud``; None: none is) of one series over consecutive
+        steps that the limits let through, recorded as published."""
+        prev = self.last.get(key)
+        out: list[int] = []
+        for k, step in enumerate(steps):
+            if step == NO_STEP or (loud is not None and loud[k]):
+                continue
+            if prev is not None:
+                if now < prev[2]:
+                    break  # the clock does not move within the run: no later one either
+                if prev[0] <= step < prev[0] + prev[1]:
+                    continue
+            prev = self._after(key, step, now, prev is None)
+            out.append(k)
+        return out
+
+
+def _phase(key: tuple[str, int, str, str]) -> float:
+    """A series' fixed fraction in (0, 1]: the same on every worker and after a restart."""
+    run, rank, name, metric = key
+    return (zlib.crc32(f"{run}|{rank}|{name}|{metric}".encode()) % 1024 + 1) / 1024

@@ -1,0 +1,387 @@
+"""Signals to alerts: one alert per run, rule and scope while it lasts (firing once, resolved
+once), a diagnosis hint per rule, and correlation rules that combine what is firing."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from steplens.stream_jobs.engine.core import CRITICAL, INFO, WARNING, Alert, Signal
+from steplens.stream_jobs.engine.signals import registry
+
+# the hints of the signals the detector and the rules make themselves; the others' come
+# with their registry entries
+OWN_HINTS: dict[str, str] = {
+    "nonfinite": "a non-finite value: check the last batch, the loss scaling and the lr; "
+    "resume from the last good checkpoint",
+    "correlation:loss_grad": "loss rising while the gradient norm is abnormal: check the data "
+    "pipeline first, then the optimizer state, then lower the learning rate",
+    "correlation:data_bottleneck": "low GPU util with high data-loading time or I/O latency: "
+    "data loading is the bottleneck",
+    "correlation:eval_unstable": "unstable validation metrics: check for leakage and the "
+    "evaluation script",
+}
+HINTS: dict[str, str] = {**registry.HINTS, **OWN_HINTS}
+
+SEVERITY_ORDER = {INFO: 0, WARNING: 1, CRITICAL: 2}
+
+
+def hint_for(rule: str) -> str:
+    return HINTS.get(rule) or HINTS.get(rule.split(":", 1)[0]) or "see the evidence"
+
+
+def fingerprint(run_id: str, rule: str, scope: str) -> str:
+    return hashlib.sha1(f"{run_id}|{rule}|{scope}".encode()).hexdigest()[:16]
+
+
+@dataclass
+class RulesConfig:
+    resolve_after: int = 10  # steps without a breach (or clean samples, for step-less signals)
+    correlation_steps: int = 20  # how recent a breach must be to correlate
+    note_steps: int = 2  # how recent a note must be (a loss jump with a gradient jump)
+    # breaches that only feed correlations, never alert on their own
+    silent: frozenset[str] = frozenset({"threshold:data_wait_share"})
+    # detectors whose info-level breaches are notes of the alert policy: they feed the
+    # correlations, never alert on their own
+    notes: frozenset[str] = frozenset({"spike", "arima", "volatility"})
+
+
+@dataclass
+class Firing:
+    severity: str
+    started_step: int | None
+    last_step: int | None
+    clean: int = 0
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RulesState:
+    firing: dict[tuple[str, str], Firing] = field(default_factory=dict)
+    recent: dict[str, int] = field(default_factory=dict)  # rule -> last breach step
+    noted: dict[str, int] = field(default_factory=dict)  # rule -> last note step
+    swept_step: int = -1
+    latest_step: int = -1
+    correlating: bool = False  # a correlation is firing or a breach is recent
+
+
+def _evidence(sig: Signal) -> dict[str, Any]:
+    ev: dict[str, Any] = {"metric": sig.metric, "value": sig.value}
+    if sig.score == sig.score:  # not NaN (no score yet)
+        ev["score"] = round(sig.score, 4)
+    if sig.rank >= 0:
+        ev["rank"] = sig.rank
+    if sig.expected is not None:
+        ev["expected"] = sig.expected
+    if sig.upper is not None:
+        ev["upper"] = sig.upper
+    if sig.lower is not None:
+        ev["lower"] = sig.lower
+    if sig.detail:
+        ev.update(sig.detail)
+    return ev
+
+
+def _summary(rule: str, sig: Signal) -> str:
+    where = f" on rank {sig.rank}" if sig.rank >= 0 else ""
+    return f"{rule}{where} at step {sig.step}: {sig.metric}={sig.value:.6g}"
+
+
+def evaluate(
+    state: RulesState, cfg: RulesConfig, run_id: str, signals: list[Signal]
+) -> tuple[RulesState, list[Alert]]:
+    """Feed this record's signals; returns the alert transitions they cause."""
+    alerts: list[Alert] = []
+    firing = state.firing
+    if not firing and not state.correlating:
+        # the common case: nothing firing, nothing to correlate; only a breach changes that
+        for sig in signals:
+            if sig.severity is not None:
+                break
+        else:
+            quiet(state, signals[-1].step if signals else None)
+            return state, alerts
+    breached = False
+    for sig in signals:
+        rule = f"{sig.name}:{sig.metric}"
+        key = (rule, sig.scope)
+        cur = firing.get(key)
+        if sig.severity is None:
+            if cur is not None and _resolves(cfg, cur, sig):
+                del firing[key]
+                alerts.append(_resolved(run_id, key, cur, sig.step))
+            continue
+        breached = True
+        note = sig.severity == INFO and sig.name in cfg.notes
+        if sig.step is not None:
+            (state.noted if note else state.recent)[rule] = sig.step
+        if note or rule in cfg.silent:
+            continue
+        if cur is None:
+            ev = _evidence(sig)
+            started = sig.detail.get("since_step", sig.step) if sig.detail else sig.step
+            firing[key] = Firing(sig.severity, started, sig.step, 0, ev)
+            alerts.append(
+                _alert(
+                    run_id,
+                    rule,
+                    sig.severity,
+                    "firing",
+                    sig.scope,
+                    sig.step,
+                    started,
+                    ev,
+                    _summary(rule, sig),
+                )
+            )
+        else:
+            cur.clean = 0
+            cur.last_step = sig.step
+            if SEVERITY_ORDER[sig.severity] > SEVERITY_ORDER[cur.severity]:
+                cur.severity = sig.severity  # escalation keeps the same alert
+    last = signals[-1].step if signals else None
+    if last is not None and last > state.latest_step:
+        state.latest_step = last
+    if signals and (breached or state.correlating):
+        state, more = _correlate(state, cfg, run_id, signals)
+        alerts += more
+        step = signals[-1].step
+        if step is not None and step > state.latest_step:
+            state.latest_step = step
+        if firing and step is not None and step > state.swept_step:
+            state.swept_step = step
+            alerts += _sweep(state, cfg, run_id, step)
+    return state, alerts
+
+
+def quiet_while_firing(
+    state: RulesState, cfg: RulesConfig, run_id: str, signals: list[Signal], last: int | None
+) -> list[Alert]:
+    """What ``evaluate`` does with signals none of which breaches while something fires and
+    nothing correlates: ``signals`` are those of the firing rules and scopes (in order; the
+    others change nothing), ``last`` the step of the record's last signal."""
+    alerts: list[Alert] = []
+    firing = state.firing
+    for sig in signals:
+        key = (sig.rule, sig.scope)
+        cur = firing.get(key)
+        if cur is not None and _resolves(cfg, cur, sig):
+            del firing[key]
+            alerts.append(_resolved(run_id, key, cur, sig.step))
+    quiet(state, last)
+    return alerts
+
+
+def _resolves(cfg: RulesConfig, cur: Firing, sig: Signal) -> bool:
+    """A quiet signal of what fires: whether it resolves now (``resolve_after`` steps after
+    the last breach, or that many clean samples for signals without a step)."""
+    if sig.step is not None and cur.last_step is not None:
+        return sig.step - cur.last_step >= cfg.resolve_after
+    cur.clean += 1
+    return cur.clean >= cfg.resolve_after
+
+
+def quiet_while_correlating(  # noqa: PLR0917
+    state: RulesState,
+    cfg: RulesConfig,
+    run_id: str,
+    signals: list[Signal],
+    last: int | None,
+    top: int | None,
+) -> list[Alert]:
+    """What ``evaluate`` does with signals none of which breaches while a correlation is open
+    or a breach is recent: ``signals`` are those of the firing rules and scopes (in order; the
+    others change nothing), ``last`` the step of the record's last signal and ``top`` the
+    largest step of its signals (None when none has one)."""
+    alerts = quiet_while_firing(state, cfg, run_id, signals, last)
+    state, more = _correlate_at(state, cfg, run_id, top if top is not None else state.latest_step)
+    alerts += more
+    if state.firing and last is not None and last > state.swept_step:
+        state.swept_step = last
+        alerts += _sweep(state, cfg, run_id, last)
+    return alerts
+
+
+def quiet(state: RulesState, step: int | None) -> None:
+    """What ``evaluate`` does with signals none of which breaches while nothing fires or
+    correlates: the latest step (of the last signal) moves on."""
+    if step is not None and step > state.latest_step:
+        state.latest_step = step
+
+
+def _resolved(run_id: str, key: tuple[str, str], cur: Firing, step: int | None) -> Alert:
+    return _alert(
+        run_id,
+        key[0],
+        cur.severity,
+        "resolved",
+        key[1],
+        step,
+        cur.started_step,
+        cur.evidence,
+        f"{key[0]} resolved at step {step}",
+    )
+
+
+def _sweep(state: RulesState, cfg: RulesConfig, run_id: str, step: int) -> list[Alert]:
+    """Resolve step-based alerts whose signal stopped coming (e.g. a non-finite value)."""
+    out = []
+    for key, cur in list(state.firing.items()):
+        if key[0].startswith("correlation:") or cur.last_step is None:
+            continue
+        if step - cur.last_step >= cfg.resolve_after + 1:
+            del state.firing[key]
+            out.append(_resolved(run_id, key, cur, step))
+    return out
+
+
+def _recent(state: RulesState, rule: str, step: int | None, window: int) -> bool:
+    seen = state.recent.get(rule)
+    return seen is not None and (step is None or step - seen <= window)
+
+
+def _correlate(
+    state: RulesState, cfg: RulesConfig, run_id: str, signals: list[Signal]
+) -> tuple[RulesState, list[Alert]]:
+    """Fire a correlation when all its parts are recent; keep it while all still are, and
+    ``resolve_after`` steps more (a long event whose parts breach on and off is one incident:
+    the incident stays open while its members fire). Records without a step (hardware
+    samples) are judged at the latest step seen; before any step is known nothing is judged,
+    so every correlation alert carries its steps.
+    """
+    steps = [s.step for s in signals if s.step is not None]
+    return _correlate_at(state, cfg, run_id, max(steps) if steps else state.latest_step)
+
+
+def _correlate_at(
+    state: RulesState, cfg: RulesConfig, run_id: str, step: int
+) -> tuple[RulesState, list[Alert]]:
+    """``_correlate`` at ``step``, the largest step of the record's signals."""
+    if step < 0:
+        return state, []
+    w = cfg.correlation_steps
+    groups = _correlation_parts(state, step, w, cfg.note_steps)
+    out: list[Alert] = []
+    for rule, parts in groups.items():
+        key = (rule, "run")
+        cur = state.firing.get(key)
+        live = [p for p in parts if p]
+        if cur is None:
+            if not _fires(state, rule, parts, step, w, cfg.note_steps):
+                continue
+            because = [r for p in parts for r in p]
+            seen = {**state.noted, **state.recent}
+            started = min((seen[r] for r in because if r in seen), default=step)
+            ev = {"because": because}
+            state.firing[key] = Firing(WARNING, started, step, 0, ev)
+            out.append(
+                _alert(
+                    run_id,
+                    rule,
+                    WARNING,
+                    "firing",
+                    "run",
+                    step,
+                    started,
+                    ev,
+                    f"{rule} at step {step}: {', '.join(because)}",
+                )
+            )
+        elif len(live) == len(parts):  # every part still moves: the correlation holds
+            cur.last_step = max(step, cur.last_step if cur.last_step is not None else step)
+        elif cur.last_step is None or step - cur.last_step >= cfg.resolve_after:
+            del state.firing[key]
+            out.append(_resolved(run_id, key, cur, step))
+    state.correlating = (
+        any(_recent(state, r, step, w) for r in state.recent)
+        or any(_noted(state, r, step, cfg.note_steps) for r in state.noted)
+        or any(k[0].startswith("correlation:") for k in state.firing)
+    )
+    return state, out
+
+
+def _noted(state: RulesState, rule: str, step: int | None, window: int) -> bool:
+    seen = state.noted.get(rule)
+    return seen is not None and (step is None or step - seen <= window)
+
+
+def _fires(  # noqa: PLR0917
+    state: RulesState, rule: str, parts: list[list[str]], step: int, w: int, note_w: int
+) -> bool:
+    """Whether a correlation that does not fire yet fires: each part breached in the last
+    ``w`` steps; for the loss and the gradient also each part moved (a breach or a note) in
+    the last ``note_w`` steps, one event seen in both (a note pairs with nothing older)."""
+    if not all(parts):
+        return False
+    if rule != "correlation:loss_grad":
+        return True
+
+    def any_of(p: list[str], note: bool) -> bool:
+        near = note_w if note else w
+        return any(
+            _recent(state, r, step, near) or (note and _noted(state, r, step, near)) for r in p
+        )
+
+    return all(any_of(p, False) for p in parts) or all(any_of(p, True) for p in parts)
+
+
+LOSS_PARTS = ("spike:loss", "volatility:loss", "arima:loss")
+GRAD_PARTS = tuple(
+    f"{name}:{metric}"
+    for metric in ("grad_norm", "grad_norm_preclip")
+    for name in ("spike", "arima", "nonfinite")
+)
+
+
+def _correlation_parts(
+    state: RulesState, step: int, w: int, note_w: int
+) -> dict[str, list[list[str]]]:
+    """Per correlation rule, its parts: the rules now breaching (recent or firing) for each;
+    the loss and gradient parts also count the notes of the last ``note_w`` steps (``_fires``
+    says when they are enough)."""
+
+    def bad(*rules: str) -> list[str]:
+        return [
+            r for r in rules if _recent(state, r, step, w) or any(k[0] == r for k in state.firing)
+        ]
+
+    def moved(rules: tuple[str, ...]) -> list[str]:
+        return [r for r in rules if _recent(state, r, step, w) or _noted(state, r, step, note_w)]
+
+    return {
+        "correlation:loss_grad": [moved(LOSS_PARTS), moved(GRAD_PARTS)],
+        "correlation:data_bottleneck": [
+            bad("threshold:gpu_util"),
+            bad("threshold:data_wait_share", "threshold:disk_io_latency_ms"),
+        ],
+        "correlation:eval_unstable": [
+            [k[0] for k in state.firing if k[0].startswith("eval_unstable")]
+        ],
+    }
+
+
+def _alert(  # noqa: PLR0917
+    run_id: str,
+    rule: str,
+    severity: str,
+    st: str,
+    scope: str,
+    step: int | None,
+    started: int | None,
+    evidence: dict[str, Any],
+    summary: str,
+) -> Alert:
+    return Alert(
+        rule,
+        severity,
+        st,
+        scope,
+        hint_for(rule),
+        fingerprint(run_id, rule, scope),
+        run_id,
+        step,
+        started,
+        summary,
+        dict(evidence),
+    )

@@ -1,0 +1,292 @@
+"""Across ranks: stragglers (step time above k x the median of all ranks for the same steps)
+and hangs (no step progress for ``hang_after_s`` while the run still sends hardware samples).
+
+``tick`` runs on hardware/health records. A hang is confirmed by two checks at least
+``check_every_s`` apart, so a pause of the whole process (which delays every record alike) is
+not mistaken for a stuck rank."""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from steplens.schema import Record
+from steplens.stream_jobs.engine.core import CRIT_SEV, WARN_SEV, Run, Signals, score_of
+from steplens.stream_jobs.engine.signals.kernels import _insert, _median_sorted, jit, score
+
+# the most a batch span may hold a step back (bounded memory with a rank that never reports)
+MAX_BATCH_SPAN = 4096
+NAN = math.nan
+
+
+@dataclass
+class RanksConfig:
+    straggler_factor: float = 1.5
+    straggler_steps: int = 5  # the median ratio of this many recent steps must exceed the factor
+    pending_steps: int = 8  # a step is judged once this many newer steps arrived, if incomplete
+    hang_after_s: float = 60.0
+    check_every_s: float = 1.0
+
+
+@dataclass
+class RanksState:
+    world_size: int = 0
+    pending: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> rank -> time
+    ratios: dict[int, list[float]] = field(default_factory=dict)  # rank -> recent ratios
+    last_step: dict[int, int] = field(default_factory=dict)
+    progress_ns: dict[int, int] = field(default_factory=dict)
+    clock_ns: int = 0
+    checked_ns: int = 0
+    hung: set[int] = field(default_factory=set)
+    suspects: set[int] = field(default_factory=set)
+    # steps spanned by the widest step batch of the run (capped): how far behind another rank's
+    # batch of the same steps may still be; when to judge, not a judgement (not compared)
+    batch_span: int = field(default=0, compare=False)
+
+
+@functools.lru_cache(maxsize=4096)
+def _scope(rank: int) -> str:
+    return f"rank:{rank}"
+
+
+def step_times(  # noqa: PLR0917
+    state: RanksState,
+    cfg: RanksConfig,
+    rank: int,
+    times: list[tuple[int, float]],
+    behind: int,
+    row: int,
+) -> Signals | None:
+    """Collect one rank's step times (a record's one, or a batch's), then judge, oldest first,
+    the pending steps that are complete or old enough: their signals, all on batch row ``row``.
+    A step waits ``pending_steps`` newer steps of this rank, plus ``behind`` (the batch's span)
+    or the span of the widest batch seen when that is more (up to ``MAX_BATCH_SPAN``): the other
+    ranks' batches of the same steps may come after this one, and a rank whose batch was cut
+    short (flushed at a spike) is ahead of ranks that still fill a whole one."""
+    state.batch_span = behind = max(min(behind, MAX_BATCH_SPAN), state.batch_span)
+    pending = state.pending
+    last: int | None = None
+    for step, seconds in times:
+        if math.isnan(seconds):
+            continue
+        got = pending.get(step)
+        if got is None:
+            got = pending[step] = {}
+        got[rank] = seconds
+        if last is None or step > last:
+            last = step
+    if last is None:
+        return None
+    ready = _ready(state, cfg, last, behind)
+    return _judge(state, cfg, ready, row) if ready else None
+
+
+def _ready(state: RanksState, cfg: RanksConfig, step: int, behind: int) -> list[int]:
+    """The pending steps, oldest first, that are complete or ``pending_steps`` + ``behind``
+    older than ``step``, up to the first that is neither."""
+    pending = state.pending
+    ranks_known = max(state.world_size, len(state.last_step))
+    old = step - cfg.pending_steps - behind
+    first = min(pending)
+    if first > old and len(pending[first]) < ranks_known:
+        return []  # the oldest step waits, and every later one with it
+    ready: list[int] = []
+    for s in sorted(pending):
+        if len(pending[s]) >= ranks_known or s <= old:
+            ready.append(s)
+        else:
+            break
+    return ready
+
+
+def _judge(state: RanksState, cfg: RanksConfig, ready: list[int], row: int) -> Signals | None:
+    """Each of the ``ready`` steps (taken from pending) with two ranks or more: each rank's
+    time against the step's median, and its typical ratio (the median of its latest
+    ``straggler_steps``: one slow step, a GC or a checkpoint, is not a straggler)."""
+    steps: list[int] = []
+    ranks: list[int] = []
+    times: list[float] = []
+    starts = [0]
+    for s in ready:
+        got = state.pending.pop(s)
+        if len(got) < 2:
+            continue
+        steps += [s] * len(got)
+        ranks += got.keys()
+        times += got.values()
+        starts.append(len(times))
+    if not times:
+        return None
+    keep = cfg.straggler_steps
+    index: dict[int, int] = {}
+    for r in ranks:
+        index.setdefault(r, len(index))
+    table = np.zeros((len(index), keep))
+    counts = np.zeros(len(index), np.int64)
+    ratios = state.ratios
+    for r, k in index.items():
+        recent = ratios.get(r)
+        if recent:
+            recent = recent[-keep:]
+            table[k, : len(recent)] = recent
+            counts[k] = len(recent)
+    med, typical, scores, full = _stragglers(
+        np.array(times),
+        np.array(starts, dtype=np.int64),
+        np.array([index[r] for r in ranks], dtype=np.int64),
+        table,
+        counts,
+        float(cfg.straggler_factor),
+    )
+    for r, k in index.items():
+        ratios[r] = table[k, : counts[k]].tolist()
+    factor = cfg.straggler_factor
+    sev = np.where(full & (typical > factor), WARN_SEV, 0).astype(np.int8)
+    return Signals(
+        "straggler",
+        "step_time_s",
+        np.full(len(times), row, dtype=np.int64),
+        np.array(steps, dtype=np.int64),
+        typical,
+        scores,
+        sev,
+        med,
+        np.full(len(times), NAN),
+        factor * med,
+        np.array(ranks, dtype=np.int64),
+        [_scope(r) for r in ranks],
+    )
+
+
+@jit
+def _stragglers(  # noqa: PLR0917
+    times: np.ndarray,
+    starts: np.ndarray,
+    who: np.ndarray,
+    recents: np.ndarray,
+    counts: np.ndarray,
+    factor: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each step's ranks against the median of the step: step ``j``'s times are
+    ``times[starts[j]:starts[j + 1]]``, of the ranks ``who`` (rows of ``recents``: each rank's
+    latest ratios, oldest first, ``counts`` of them; both updated in place, a full row drops
+    its oldest). Returns each time's step median, its rank's typical ratio (the median of its
+    latest), its score and whether the rank's window is full. Medians as ``core.median``."""
+    keep = recents.shape[1]
+    n = len(times)
+    med = np.empty(n)
+    typical = np.empty(n)
+    scores = np.empty(n)
+    full = np.zeros(n, np.bool_)
+    row = np.empty(n + 1)
+    w = np.empty(keep + 1)
+    for j in range(len(starts) - 1):
+        a, b = starts[j], starts[j + 1]
+        k = 0
+        for t in range(a, b):
+            _insert(row, k, times[t])
+            k += 1
+        m = _median_sorted(row, k)
+        for t in range(a, b):
+            med[t] = m
+            ratio = times[t] / m if m > 0 else 1.0
+            r = who[t]
+            c = counts[r]
+            if c == keep:
+                for u in range(keep - 1):
+                    recents[r, u] = recents[r, u + 1]
+                recents[r, keep - 1] = ratio
+            else:
+                recents[r, c] = ratio
+                c += 1
+                counts[r] = c
+            for u in range(c):
+                _insert(w, u, recents[r, u])
+            ty = _median_sorted(w, c)
+            typical[t] = ty
+            scores[t] = score(ty / factor)
+            full[t] = c == keep
+    return med, typical, scores, full
+
+
+def progress(state: RanksState, rank: int, step: int, time_ns: int) -> RanksState:
+    if step > state.last_step.get(rank, -1):
+        state.last_step[rank] = step
+        state.progress_ns[rank] = time_ns
+    return state
+
+
+def tick(state: RanksState, cfg: RanksConfig, time_ns: int, row: int = 0) -> Signals | None:
+    """Advance the run's clock (any record) and report ranks without progress."""
+    state.clock_ns = max(state.clock_ns, time_ns)
+    if state.clock_ns - state.checked_ns < cfg.check_every_s * 1e9 or not state.progress_ns:
+        return None
+    state.checked_ns = state.clock_ns
+    cols: list[list[Any]] = [[], [], [], [], [], []]  # rank, scope, value, score, sev, detail
+    stalled_all = True
+    for rank, seen in state.progress_ns.items():
+        stalled = (state.clock_ns - seen) / 1e9
+        late = stalled > cfg.hang_after_s
+        hung = late and rank in state.suspects
+        if late:
+            state.suspects.add(rank)
+        else:
+            state.suspects.discard(rank)
+        stalled_all = stalled_all and hung
+        if hung or rank in state.hung:
+            got: tuple[Any, ...] = (
+                rank,
+                f"rank:{rank}",
+                stalled,
+                score_of(stalled / cfg.hang_after_s),
+                CRIT_SEV if hung else 0,
+                {"last_step": state.last_step.get(rank)},
+            )
+            for c, v in zip(cols, got, strict=True):
+                c.append(v)
+        if hung:
+            state.hung.add(rank)
+        else:
+            state.hung.discard(rank)
+    expected = [cfg.hang_after_s] * len(cols[0])
+    if len(state.progress_ns) > 1 or stalled_all:
+        got = (-1, "run", 0.0, 1.0 if stalled_all else 0.0, CRIT_SEV if stalled_all else 0, None)
+        for c, v in zip(cols, got, strict=True):
+            c.append(v)
+        expected.append(NAN)
+    if not cols[0]:
+        return None
+    rank_, scope, value, score_, sev, detail = cols
+    return Signals.of(
+        "hang",
+        "progress",
+        np.full(len(rank_), row),
+        None,
+        value,
+        score_,
+        np.array(sev, dtype=np.int8),
+        expected,
+        None,
+        None,
+        np.array(rank_, dtype=np.int64),
+        [str(s) for s in scope],
+        list(detail),
+    )
+
+
+def on_record(state: RanksState, cfg: RanksConfig, rec: Record, run: Run) -> list[Signals]:
+    """A ``hw`` or ``health`` record: the run is alive; is every rank moving?"""
+    if not rec.time_ns:
+        return []
+    got = tick(state, cfg, rec.time_ns)
+    return [got] if got is not None else []
+
+
+def warm_up_kernel() -> None:
+    st = RanksState(world_size=2)
+    step_times(st, RanksConfig(), 0, [(0, 1.0)], 0, 0)
+    step_times(st, RanksConfig(), 1, [(0, 1.0)], 0, 0)

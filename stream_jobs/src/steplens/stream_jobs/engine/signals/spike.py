@@ -1,0 +1,220 @@
+"""Spikes against a robust recent baseline.
+
+The baseline is the median of the last ``window`` finite values; the noise scale is the MAD of
+their first differences (insensitive to a trend, so drifting series do not look like spikes),
+floored relative to the baseline and absolutely so constant series stay quiet. The score rises
+with the robust z-score ``(x - median) / scale`` (0.5 at ``z``, the band ``median +- z
+scale``); with ``direction`` "up" only rises score. Whether a spike alerts, and how severely, is
+the alert policy's call (``policy``): the score's rarity on its series, and the rise (or ratio)
+over the median, where the design's anchors live (a gradient norm 10x its baseline).
+
+Non-finite values never get here: the detector turns them into ``nonfinite`` signals.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from steplens.stream_jobs.engine.core import Column, Signals
+from steplens.stream_jobs.engine.policy import Policy
+from steplens.stream_jobs.engine.signals.kernels import (
+    _insert,
+    _mad_sorted,
+    _median_sorted,
+    _remove,
+    jit,
+    score,
+)
+
+NAN = math.nan
+_EMPTY = np.empty(0)
+
+
+@dataclass
+class SpikeConfig:
+    window: int = 64
+    warmup: int = 16
+    z: float = 7.0  # the band's half-width in noise scales (llm.c skips a step at z > 7)
+    direction: str = "up"  # "up" (loss, grad norm) or "both"
+    rel_floor: float = 1e-3  # scale >= rel_floor * |median|
+    abs_floor: float = 1e-12
+    rescale_every: int = 16
+    trend_tolerant: bool = True  # noise from differences only (series that drift, like loss)
+    # a loss spike: rarer than 1 in 1,000 values of its series and 8 % above the baseline
+    # warns, 50 % is critical; a rare rise of 2 % is a note (it may correlate with a gradient
+    # jump); before the series knows its noise, 15 % warns
+    policy: Policy = field(
+        default_factory=lambda: Policy(
+            rarity=0.999,
+            measure="rise",
+            warning=0.08,
+            critical=0.5,
+            note=0.02,
+            cold_warning=0.15,
+            cold_critical=0.5,
+        )
+    )
+
+
+@dataclass
+class SpikeState:
+    values: np.ndarray = field(default_factory=lambda: _EMPTY)  # the window, oldest first
+    diffs: np.ndarray = field(default_factory=lambda: _EMPTY)  # its differences
+    ordered: np.ndarray = field(default_factory=lambda: _EMPTY)  # the window sorted
+    scale: float = 0.0
+    since_rescale: int = 0
+
+
+def update(state: SpikeState, cfg: SpikeConfig, metric: str, col: Column) -> Signals:
+    """Score each value (or its probe, a window's peak) against the baseline, then learn it."""
+    out, values, diffs, ordered, scale, since = _spike(
+        col.xs if col.probes is None else col.probes,
+        col.xs,
+        state.values,
+        state.diffs,
+        state.ordered,
+        float(state.scale),
+        int(state.since_rescale),
+        int(cfg.window),
+        int(cfg.warmup),
+        int(cfg.rescale_every),
+        cfg.trend_tolerant is not False,
+        cfg.direction == "up",
+        float(cfg.z),
+        float(cfg.rel_floor),
+        float(cfg.abs_floor),
+    )
+    state.values, state.diffs, state.ordered = values, diffs, ordered
+    state.scale, state.since_rescale = scale, since
+    return Signals(
+        "spike",
+        metric,
+        col.rows,
+        col.steps,
+        col.xs if col.probes is None else col.probes,
+        out[0],
+        np.zeros(len(col.xs), np.int8),
+        out[1],
+        out[2],
+        out[3],
+        col.rank,
+    )
+
+
+@jit
+def _spike(  # noqa: PLR0917
+    probes: np.ndarray,
+    xs: np.ndarray,
+    values: np.ndarray,
+    diffs: np.ndarray,
+    ordered: np.ndarray,
+    scale: float,
+    since: int,
+    window: int,
+    warmup: int,
+    every: int,
+    trend_tolerant: bool,
+    up: bool,
+    z_cfg: float,
+    rel_floor: float,
+    abs_floor: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, int]:
+    """Score each of ``probes`` against the robust baseline, then learn the ``xs`` at the
+    same place (a window's mean is learnt, its peak probed). ``values``: the window (oldest
+    first, at most ``window``), ``ordered``: it sorted, ``diffs``: its differences.
+
+    Returns (rows of scores, medians, lower and upper; the window, its
+    differences and the window sorted after the batch; scale, since). Below ``warmup`` values
+    a probe has no score (NaN) and its expected value is the median so far (NaN before any
+    value)."""
+    m = len(xs)
+    nv = len(values)
+    nd = len(diffs)
+    fl = np.empty(nv + m)
+    fl[:nv] = values
+    fl[nv:] = xs
+    dl = np.empty(nd + m)
+    dl[:nd] = diffs
+    dhead = 0
+    dcount = nd
+    vhead = 0
+    buf = np.empty(window + 2)
+    buf[:nv] = ordered
+    sd = np.empty(window + 2)
+    sd[:nd] = np.sort(diffs)
+    out = np.empty((4, m))  # scores, medians, lower, upper
+    out[:] = NAN  # no score before the baseline is warm
+    root2 = math.sqrt(2.0)
+    for i in range(m):
+        x = probes[i]
+        if 0 < nv < warmup:  # the median so far, no noise scale yet: no score
+            out[1, i] = _median_sorted(buf, nv)
+        elif nv >= warmup:
+            med = _median_sorted(buf, nv)
+            amed = abs(med)
+            sc = scale
+            floor = rel_floor * amed
+            sc = max(sc, floor)
+            sc = max(sc, abs_floor)
+            dev = x - med
+            if not up:
+                dev = abs(dev)
+            band = z_cfg * sc
+            out[0, i] = score(dev / band)
+            out[1, i] = med
+            out[2, i] = med - band
+            out[3, i] = med + band
+        # learn x
+        x = xs[i]
+        at = vhead + nv  # fl index of x
+        if at > 0:
+            d = x - fl[at - 1]
+            dl[dcount] = d
+            dcount += 1
+            _insert(sd, nd, d)
+            nd += 1
+            if nd > window:
+                _remove(sd, nd, dl[dhead])
+                dhead += 1
+                nd -= 1
+        _insert(buf, nv, x)
+        nv += 1
+        if nv > window:
+            _remove(buf, nv, fl[vhead])
+            vhead += 1
+            nv -= 1
+        since += 1
+        if since >= every or scale == 0.0:
+            if nd < 4:
+                scale = 0.0
+            else:
+                mid = _median_sorted(sd, nd)
+                scale = _mad_sorted(sd[:nd], mid) / root2
+                if not trend_tolerant:
+                    # the smaller is the noise when the series trends, the larger when it is
+                    # heavy-tailed around a level
+                    mad_level = _mad_sorted(buf[:nv], buf[nv // 2])
+                    scale = max(scale, mad_level)
+                scale *= 1.4826
+                since = 0
+    return (
+        out,
+        fl[vhead : vhead + nv].copy(),
+        dl[dhead:dcount].copy(),
+        buf[:nv].copy(),
+        scale,
+        since,
+    )
+
+
+def warm_up_kernel() -> None:
+    one = np.ones(8)
+    update(
+        SpikeState(),
+        SpikeConfig(window=4, warmup=2),
+        "m",
+        Column(one, np.zeros(8, np.int64), np.zeros(8, np.int64)),
+    )

@@ -1,0 +1,60 @@
+"""What a rank's steps give besides their metrics' signals: the data waits, the rank's progress
+and its step times judged against the other ranks'."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from steplens.stream_jobs.engine.columns import Columns, floats_of
+from steplens.stream_jobs.engine.config import DetectorConfig
+from steplens.stream_jobs.engine.core import NO_STEP, Run, Signals
+from steplens.stream_jobs.engine.signals import ranks, thresholds
+
+
+def tail(  # noqa: PLR0917
+    state: ranks.RanksState,
+    cfg: DetectorConfig,
+    run: Run,
+    rank: int,
+    steps: np.ndarray,
+    times_ns: Sequence[int],
+    columns: Columns,
+    data_times: Sequence[float | None] | None,
+    behind: int,
+) -> list[Signals]:
+    """After the metrics of a rank's steps: the data waits (per row); the rank's progress; its
+    step times judged against the other ranks', once, after the last row (their signals carry
+    their own steps)."""
+    out: list[Signals] = []
+    has = steps != NO_STEP
+    if not has.any():
+        return out
+    n = len(steps)
+    rows = np.arange(n, dtype=np.int64)
+    cells = columns.get("step_time_s")
+    step_times = floats_of(cells)[0] if cells is not None else None
+    if step_times is not None and data_times is not None and any(w is not None for w in data_times):
+        waits, _ = floats_of(data_times)
+        got = thresholds.data_wait(cfg.thresholds, waits, step_times, steps, rows, rank)
+        if got is not None:
+            out.append(got)
+    at = np.flatnonzero(has)
+    top = int(at[np.argmax(steps[at])])  # the first row of the largest step
+    ranks.progress(state, rank, int(steps[top]), times_ns[top])
+    if times_ns:
+        run.last_step_ns = max(run.last_step_ns, *times_ns)
+    timed: list[tuple[int, float]] = []
+    if cells is not None and step_times is not None:
+        timed = [
+            (st, x)
+            for st, x, c, h in zip(
+                steps.tolist(), step_times.tolist(), cells, has.tolist(), strict=True
+            )
+            if c is not None and h
+        ]
+    judged = ranks.step_times(state, cfg.ranks, rank, timed, behind, n - 1)
+    if judged is not None:
+        out.append(judged)
+    return out

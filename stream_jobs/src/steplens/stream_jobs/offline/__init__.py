@@ -1,0 +1,1 @@
+"""`steplens detect`: the engine over a CSV, offline."""

@@ -1,0 +1,250 @@
+"""The Faust wiring (the only module that imports faust).
+
+raw topic (key run_id:rank, 8 partitions)
+  -> ``route``: batches of raw messages (``take_events`` with ``within``), grouped by run id from
+     the key and forwarded to the internal ``<app id>-by-run`` topic, a run's share of a batch
+     cut into messages of about ``BY_RUN_MESSAGE_BYTES``; undecodable keys or non-UTF-8
+     payloads become dead letters here. The hop puts every rank of a run on one partition: the
+     producers key raw by run and rank, and a run's detectors judge its ranks together.
+  -> ``detect``: one ``RunDetector`` per run (``RunStore``: the ``runs`` table, checkpoints,
+     acknowledgements; a run the table does not have, or a rank whose steps go back, is warmed
+     from its history first: ``HistoryLoads``); ``Scorer`` scores its messages, ``Publisher``
+     sends its signals, alerts and dead letters.
+ARIMA fits run in a process pool, many to a job (``FitQueue``); their parameters are applied
+when they come back.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import multiprocessing
+import os
+import time
+from typing import Any, cast
+
+import faust
+
+from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.engine.publish_limit import QuietLimiter
+from steplens.stream_jobs.engine.signals import arima, kernels
+from steplens.stream_jobs.worker import compat, history_loads
+from steplens.stream_jobs.worker.alertmanager import AlertmanagerSender
+from steplens.stream_jobs.worker.fit_queue import FitQueue, pool_initializer
+from steplens.stream_jobs.worker.metrics import WorkerMetrics
+from steplens.stream_jobs.worker.publisher import Publisher
+from steplens.stream_jobs.worker.router import Router
+from steplens.stream_jobs.worker.run_limits import NUDGE, RunLimits
+from steplens.stream_jobs.worker.scoring import Scorer
+from steplens.stream_jobs.worker.settings import (
+    BY_RUN_MAX_BYTES,
+    PRODUCER_BATCH_BYTES,
+    PRODUCER_BUFFER_MESSAGES,
+    WorkerSettings,
+)
+from steplens.stream_jobs.worker.store import RunStore
+from steplens.stream_jobs.worker.webhook import WebhookNotifier
+
+log = logging.getLogger("steplens.stream_jobs")
+
+
+class Worker:
+    """The Faust app, its topics, table, agents and timers, and the fit pool."""
+
+    def __init__(self, s: WorkerSettings, metrics: WorkerMetrics) -> None:
+        compat.check()
+        t = time.perf_counter()
+        kernels.warm_up()  # not at the first batch: compiled once per machine, then cached
+        log.info("compiled detector loops ready in %.1f s", time.perf_counter() - t)
+        self.s = s
+        self.metrics = metrics
+        self.fits = FitQueue(
+            None,
+            s.detector.arima.order,
+            s.detector.arima.method,
+            self._fitted,
+            jobs=s.fit_workers,
+            max_batch=s.fit_batch,
+            max_pending=s.max_pending_fits,
+            on_job=lambda n: self.metrics.fit_jobs.inc(),
+        )
+        self.pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self.notifiers: list[Any] = []
+        if s.webhook_url:
+            self.notifiers.append(WebhookNotifier(s.webhook_url))
+        if s.alertmanager_url:
+            self.notifiers.append(AlertmanagerSender(s.alertmanager_url, metrics=metrics))
+        self.app = app = faust.App(
+            s.app_id,
+            broker=f"kafka://{s.bootstrap}",
+            store="memory://",
+            datadir=s.state_dir,
+            web_enabled=s.faust_web_port > 0,
+            web_bind="127.0.0.1",
+            web_host="127.0.0.1",
+            web_port=s.faust_web_port or 6066,
+            topic_partitions=s.by_run_partitions,
+            consumer_auto_offset_reset="earliest",
+            broker_session_timeout=s.session_timeout_s,
+            broker_heartbeat_interval=max(0.5, s.session_timeout_s / 4),
+            producer_linger_ms=5,
+            producer_max_request_size=BY_RUN_MAX_BYTES,
+            # a batch per partition per produce request (aiokafka sends one request per broker
+            # at a time): at Faust's 16 KiB each rank's checkpoint value went alone in a batch
+            producer_max_batch_size=PRODUCER_BATCH_BYTES,
+            table_cleanup_interval=60.0,
+            # by-run messages stay unacknowledged until their run's next checkpoint: a
+            # rebalance must not wait for them (they are scored again by the new owner)
+            stream_wait_empty=False,
+        )
+        self.raw = app.topic(s.topics.raw, key_serializer="raw", value_serializer="raw")
+        self.by_run = app.topic(
+            f"{s.app_id}-by-run",
+            key_serializer="raw",
+            value_serializer="raw",
+            partitions=s.by_run_partitions,
+            internal=True,
+        )
+        # raw bytes (``state``'s values) under the run's keys as bytes: Faust's table
+        # serialises bytes keys and values as they are
+        table: Any = app.Table(
+            "runs", default=None, partitions=s.by_run_partitions, key_type=bytes, value_type=bytes
+        )
+        self.history = history_loads.for_worker(s.history, s.detector, metrics, self._wake)
+        limits = RunLimits(s.limits, table.keys, metrics.count_limited)
+        self.store = RunStore(table, s.detector, s.checkpoint_s, self.history, limits)
+        self.out = Publisher(
+            self._send,
+            s.topics,
+            metrics,
+            QuietLimiter(s.signal_every, s.signal_interval_s),
+            self.notifiers,
+            s.app_id,
+        )
+        self.scorer = Scorer(self.store, self.out, metrics)
+        self.router = Router(s, self.by_run, self.out, lambda: app.consumer)
+        app.agent(self.raw, name="route")(self.router.route)
+        app.agent(self.by_run, name="detect")(self._detect)
+        app.timer(2.0)(self._report)
+        app.timer(max(1.0, s.checkpoint_s))(self._nudge_quiet_runs)
+        app.timer(min(600.0, max(1.0, s.limits.idle_s / 4)))(self._retire_idle_runs)
+        app.on_partitions_revoked.connect(cast(Any, self._revoked))
+        app.on_partitions_assigned.connect(cast(Any, self._assigned))
+        app.task(self._startup)
+        self._rate_mark = (time.monotonic(), 0)
+
+    def _send(self, topic: str, key: bytes | None, value: bytes) -> Any:
+        # the producer itself: a Faust topic's send (its message futures, callbacks and
+        # sensors) cost more than encoding the signal, for hundreds of signals a second
+        return self.app.producer.send(topic, key, value, None, None, None)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def _startup(self) -> None:
+        # Table writes wait in Faust's producer buffer, and past ``max_messages`` (100) Faust
+        # holds every fetched message back until it is under that again: a checkpoint writes
+        # a value per rank at once, so each one stopped consumption (and warned) for wide runs
+        self.app.producer.buffer.max_messages = PRODUCER_BUFFER_MESSAGES
+        compat.quiet_root_logger(self.s.log_level)
+        if self.s.detector.arima_enabled and self.s.fit_workers > 0:
+            ctx = multiprocessing.get_context("spawn")
+            self.pool = concurrent.futures.ProcessPoolExecutor(
+                self.s.fit_workers,
+                mp_context=ctx,
+                initializer=pool_initializer,
+                initargs=(os.getpid(),),
+            )
+            # each pool process loads statsmodels (seconds) now, not at the first run's first fit
+            for _ in range(self.s.fit_workers):
+                self.pool.submit(arima.warm_up)
+            self.fits.pool = self.pool
+        if self.history is not None:
+            self.history.start()
+        for notifier in self.notifiers:
+            await notifier.start()
+
+    async def _revoked(self, app: faust.App, revoked: Any, **kw: Any) -> None:
+        self.store.revoked()
+
+    async def _assigned(self, app: faust.App, assigned: Any, **kw: Any) -> None:
+        raw = sum(1 for tp in assigned if tp.topic == self.s.topics.raw)
+        self.metrics.assigned.set(raw)
+        ms = compat.set_fetch_wait(self.app.consumer, self.s.fetch_wait_ms)
+        if ms is None:
+            log.warning("the consumer's fetch wait could not be set; it stays Faust's 1.5 s")
+            return
+        self.metrics.fetch_wait.set(ms / 1000)
+
+    async def _report(self) -> None:
+        now = time.monotonic()
+        t0, n0 = self._rate_mark
+        self.metrics.rate.set((self.scorer.consumed - n0) / max(now - t0, 1e-6))
+        self._rate_mark = (now, self.scorer.consumed)
+        consumer = self.app.consumer
+        lag = 0
+        try:
+            for tp in consumer.assignment():
+                if tp.topic != self.s.topics.raw:
+                    continue
+                high = consumer.highwater(tp)
+                seen = await consumer.position(tp)
+                if high is not None and seen is not None:
+                    lag += max(0, high - seen)
+        except Exception:  # lag is best effort; never take the worker down for it
+            log.debug("consumer lag unavailable", exc_info=True)
+        self.metrics.lag.set(lag)
+
+    # ------------------------------------------------------------------ detect
+    async def _detect(self, stream: Any) -> None:
+        """Score each by-run message into its run's detector; acknowledge it once a
+        checkpoint of its run holds it (``RunStore``). A run warming from its history holds
+        its messages until it is warm."""
+        stream = stream.noack()
+        async for event in stream.events():
+            run = event.key.decode() if isinstance(event.key, bytes) else str(event.key)
+            if not self.store.admit(run, event):
+                await stream.ack(event)
+                continue
+            todo = self.store.ready(run, event)
+            for i, ev in enumerate(todo):
+                det = self.store.cache[run]
+                if not await self.scorer.score(det, run, ev):
+                    self.store.wait(run, todo[i:])  # a restart's re-seed holds the run
+                    break
+                self._submit_fits(run, det)
+                for due, events in self.store.hold(ev.message.partition, run, ev):
+                    self.store.checkpoint(due)
+                    for held in events:
+                        await stream.ack(held)
+
+    async def _wake(self, run: str) -> None:
+        """An empty message to ``run``: the detect agent then installs its ended history
+        load, checkpoints the run, or retires it when idle (``RunStore.admit``)."""
+        await self.by_run.send(key=run.encode(), value=NUDGE)
+
+    async def _nudge_quiet_runs(self) -> None:
+        """A quiet run's held messages wait for its next checkpoint, which needs a message of
+        its partition: it is sent an empty by-run message, so the detect agent checkpoints
+        it and acknowledges them."""
+        for run in self.store.quiet_runs():
+            await self._wake(run)
+        if self.history is not None:
+            self.history.sweep()
+
+    async def _retire_idle_runs(self) -> None:
+        """Each idle run is sent an empty by-run message: the detect agent retires it."""
+        for run in self.store.idle_runs():
+            await self._wake(run)
+
+    # ------------------------------------------------------------------ fits
+    def _submit_fits(self, run: str, det: RunDetector) -> None:
+        if not det.fits_wanted:
+            return
+        for key, values in det.pending_fits():
+            if not self.fits.want((run, key), values):
+                det.apply_fit(key, None)  # skipped; asked again at its next scheduled refit
+                self.metrics.fits.labels("skipped").inc()
+
+    def _fitted(self, key: Any, params: arima.ArimaParams | None) -> None:
+        run, fit_key = key
+        self.metrics.fits.labels("ok" if params is not None else "failed").inc()
+        self.store.fitted(run, fit_key, params)

@@ -1,0 +1,91 @@
+"""What the worker sends: signals (thinned out by the quiet limiter), alert transitions (and
+the notifiers: the webhook, Alertmanager), dead letters; with the worker's metrics of each."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+from steplens.schema.dead_letter import dead_letter_bytes
+from steplens.schema.topics import Topics
+from steplens.stream_jobs.engine.core import Alert, Signals
+from steplens.stream_jobs.engine.outputs import alert_bytes, signal_bytes
+from steplens.stream_jobs.engine.publish_limit import QuietLimiter
+from steplens.stream_jobs.worker.metrics import WorkerMetrics, reason_class
+
+# (topic, key, value) -> the send's delivery
+Send = Callable[[str, bytes | None, bytes], Awaitable[Any]]
+
+
+class Notifier(Protocol):
+    def notify(self, alert: Alert) -> None:
+        """Queue an alert transition for delivery; never waits."""
+
+
+class Publisher:
+    def __init__(  # noqa: PLR0917
+        self,
+        send: Send,
+        topics: Topics,
+        metrics: WorkerMetrics,
+        quiet: QuietLimiter,
+        notifiers: Sequence[Notifier],
+        consumer_name: str,
+    ) -> None:
+        self.send = send
+        self.topics = topics
+        self.metrics = metrics
+        self.quiet = quiet
+        self.notifiers = notifiers
+        self.consumer_name = consumer_name
+
+    async def publish(
+        self, run: str, batch: list[Signals], alerts: list[Alert], times_ns: Sequence[int]
+    ) -> None:
+        """A record's signals (breaches, and the quiet ones the limiter lets through, built as
+        rows only then), each at the time of its row's record (``times_ns``, one per row), so
+        a replay writes the same points; and its alert transitions. The signal latency is
+        measured from the last row's time."""
+        key = run.encode()
+        send, topic = self.send, self.topics.signals
+        now = time.monotonic()
+        n = 0
+        for sigs in batch:
+            rows = sigs.row
+            for k in self.quiet.picked(run, sigs, now):
+                body = signal_bytes(run, sigs.view(k), time_ns=times_ns[rows[k]])
+                await send(topic, key, body)
+                n += 1
+        if n:
+            self.metrics.signals.inc(n)
+        for a in alerts:
+            await send(self.topics.alerts, key, alert_bytes(a))
+            self.metrics.alerts.labels(a.state, a.severity).inc()
+            for notifier in self.notifiers:
+                notifier.notify(a)
+        last = max(times_ns, default=0)
+        if (n or alerts) and last:
+            self.metrics.latency.observe(max(0.0, time.time() - last / 1e9))
+
+    async def dead(  # noqa: PLR0917
+        self,
+        reason: str,
+        payload: bytes | None,
+        run: str | None,
+        key: Any,
+        partition: int,
+        offset: int,
+    ) -> None:
+        """A record that cannot be scored, with the reason, to the dead-letter topic."""
+        self.metrics.dead_letters.labels(reason_class(reason)).inc()
+        body = dead_letter_bytes(
+            reason,
+            payload,
+            source_topic=self.topics.raw,
+            partition=partition,
+            offset=offset,
+            consumer=self.consumer_name,
+            run_id=run,
+        )
+        await self.send(self.topics.dead_letters, key if isinstance(key, bytes) else None, body)

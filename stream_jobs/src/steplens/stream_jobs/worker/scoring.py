@@ -1,0 +1,123 @@
+"""By-run messages scored into their runs' detectors; the outputs go to the ``Publisher``.
+
+A message is a list of ``[raw partition, offset, record text]``: records its run's state
+already applied (by offset) are skipped, consecutive ``step`` records of one rank are scored as
+one batch, and a record the detectors refuse or fail on becomes a dead letter. With history
+(``RunStore.history``), a rank whose steps go back is re-seeded from it first (``restarts``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+
+from steplens.schema import DecodeError, Record, decode
+from steplens.stream_jobs.engine import restarts
+from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.worker.metrics import WorkerMetrics
+from steplens.stream_jobs.worker.publisher import Publisher
+from steplens.stream_jobs.worker.run_limits import rank_admitted
+from steplens.stream_jobs.worker.store import RunStore
+
+log = logging.getLogger("steplens.stream_jobs")
+
+Item = tuple[int, int, str, Record]  # raw partition, offset, text, record
+
+
+class Scorer:
+    def __init__(self, store: RunStore, out: Publisher, metrics: WorkerMetrics) -> None:
+        self.store = store
+        self.out = out
+        self.metrics = metrics
+        self.consumed = 0  # records scored
+
+    async def score(self, det: RunDetector, run: str, event: Any) -> bool:
+        """One by-run message's records into ``det``; False when a rank's steps went back
+        and its re-seed from history began (the message is scored again once it is done,
+        the records before the restart skipped by their offsets)."""
+        seen = det.offsets
+        max_ranks = self.store.limits.s.max_ranks
+        check = self.store.history is not None  # else the detector restarts the rank itself
+        steps: list[Item] = []  # consecutive steps of one rank
+        for partition, offset, text in orjson.loads(event.value):
+            if offset <= seen.get(partition, -1):
+                continue  # replayed after a restart: already in this state
+            rec = decode(text)
+            if check and not isinstance(rec, DecodeError):
+                last = steps[-1][3] if steps else None
+                after = last.step if last is not None and last.rank == rec.rank else None
+                back = restarts.resume_step(det, rec, after)
+                if back is not None:
+                    await self._steps(det, run, steps)
+                    steps = []
+                    if not self.store.restart(det, rec.rank, back, rec.time_ns):
+                        return False
+            seen[partition] = offset
+            if isinstance(rec, DecodeError):
+                await self.out.dead(str(rec), text.encode(), run, None, partition, offset)
+                continue
+            pending = steps[-1][3].rank if steps else None
+            if not rank_admitted(det.series, rec.rank, max_ranks, pending):
+                await self._steps(det, run, steps)
+                steps = []
+                self.store.limits.count("refused_records", 1)
+                reason = f"rank {rec.rank}: run {run} has its {max_ranks} ranks (--max-ranks)"
+                await self.out.dead(reason, text.encode(), run, None, partition, offset)
+                continue
+            if rec.kind == "step" and (not steps or steps[-1][3].rank == rec.rank):
+                steps.append((partition, offset, text, rec))
+                continue
+            await self._steps(det, run, steps)
+            steps = []
+            if rec.kind == "step":
+                steps.append((partition, offset, text, rec))
+            else:
+                await self._one(det, run, partition, offset, text, rec)
+        await self._steps(det, run, steps)
+        return True
+
+    async def _steps(self, det: RunDetector, run: str, steps: list[Item]) -> None:
+        """Consecutive ``step`` records of one rank, scored as one batch (a record is a batch
+        of one row: the same signals and alerts, without a detector call per record and
+        metric); one at a time if the batch fails, so only the bad record is dead-lettered."""
+        if len(steps) == 1:
+            await self._one(det, run, *steps[0])
+        if len(steps) <= 1:
+            return
+        recs = [rec for _, _, _, rec in steps]
+        try:
+            batch, alerts = det.process_steps(recs)
+        except Exception:  # find the record that fails, as one by one
+            log.debug("a batch of step records failed; scoring them one by one", exc_info=True)
+            for item in steps:
+                await self._one(det, run, *item)
+            return
+        self.consumed += len(recs)
+        self.metrics.records.labels("step").inc(len(recs))
+        await self.out.publish(run, batch, alerts, [rec.time_ns for rec in recs])
+
+    async def _one(  # noqa: PLR0917
+        self, det: RunDetector, run: str, partition: int, offset: int, text: str, rec: Record
+    ) -> None:
+        """One record; one that the detectors refuse or fail on becomes a dead letter."""
+        try:
+            n = len(rec.data["records"]) if rec.kind == "step_batch" else 1
+            batch, alerts = det.process(rec)
+        except ValueError as exc:  # a record the detectors refuse, with the reason
+            await self.out.dead(str(exc), text.encode(), run, None, partition, offset)
+            return
+        except Exception as exc:  # one record must not stop every run's detection
+            log.exception("record not processed (run %s, offset %s)", run, offset)
+            reason = f"processing: {type(exc).__name__}: {exc}"
+            await self.out.dead(reason, text.encode(), run, None, partition, offset)
+            return
+        self.consumed += n
+        self.metrics.records.labels("step" if rec.kind == "step_batch" else rec.kind).inc(n)
+        times = (
+            [e["time_ns"] for e in rec.data["records"]]
+            if rec.kind == "step_batch"
+            else [rec.time_ns]
+        )
+        await self.out.publish(run, batch, alerts, times)

@@ -1,0 +1,187 @@
+"""The worker's runs: loaded from the table (or warmed from their history when the table has
+none), checkpointed to it, their messages acknowledged.
+
+A by-run message is acknowledged only once a checkpoint of its run holds it, so a worker killed
+between checkpoints leaves those messages to be scored again, not lost (a run's ``offsets``
+skip what its stored state already applied). Checkpoints go to the table (changelog-backed: a
+restarted or newly joined worker resumes the run); a run's head and each changed rank's series
+are values of their own (``state``). A run the table does not have is warmed from its history
+when the worker has the stores (``history_loads``); its messages wait for that, in order.
+How many runs it keeps, and when an idle one is retired: ``run_limits``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import MutableMapping
+from typing import Any
+
+from steplens.stream_jobs.engine.config import DetectorConfig
+from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.engine.signals.arima_fit import ArimaParams
+from steplens.stream_jobs.engine.state import dump_state, load_state, rank_key, unpack
+from steplens.stream_jobs.worker.history_loads import HistoryLoads
+from steplens.stream_jobs.worker.run_limits import NUDGE, LimitSettings, RunLimits
+
+log = logging.getLogger("steplens.stream_jobs")
+
+
+class RunStore:
+    def __init__(
+        self,
+        table: MutableMapping[bytes, Any],
+        cfg: DetectorConfig,
+        checkpoint_s: float,
+        history: HistoryLoads | None = None,
+        limits: RunLimits | None = None,
+    ) -> None:
+        self.table = table
+        self.cfg = cfg
+        self.checkpoint_s = checkpoint_s
+        self.history = history  # None: runs the table does not have start cold
+        self.cache: dict[str, RunDetector] = {}
+        self.saved_at: dict[str, float] = {}
+        # by-run partition -> run -> its messages scored since its last checkpoint
+        self.held: dict[int, dict[str, list[Any]]] = {}
+        self.limits = limits or RunLimits(LimitSettings(), table.keys)
+
+    def admit(self, run: str, event: Any) -> bool:
+        """Whether ``event`` (a by-run message of ``run``) goes on to be scored; False: it is
+        acknowledged as it is (a run past ``max_runs``, or the nudge that retires an idle
+        run)."""
+        if event.value != NUDGE:
+            return self.limits.admits(run)  # a run in memory is one it keeps
+        kept, busy = run in self.limits.known, self.busy(run)
+        if kept and not busy and self.limits.idle(run):  # a nudge retires an idle run
+            self._retire(run)
+            return False
+        return kept or busy
+
+    def busy(self, run: str) -> bool:
+        """``run`` holds messages for its next checkpoint, or its history is loading."""
+        h = self.history
+        return any(run in held for held in self.held.values()) or (
+            h is not None and h.waiting(run) is not None
+        )
+
+    def _retire(self, run: str) -> None:
+        det = self.cache.pop(run, None)
+        head = self.table.get(run.encode())
+        ranks = list(det.series) if det is not None else _ranks_of(head)
+        for key in [*(rank_key(run, r) for r in ranks), run]:
+            if key.encode() in self.table:
+                del self.table[key.encode()]
+        self.saved_at.pop(run, None)
+        self.limits.retired(run)
+
+    def idle_runs(self) -> list[str]:
+        """Runs to send a retirement nudge (``run_limits``)."""
+        return self.limits.idle_runs(self.busy)
+
+    def ready(self, run: str, event: Any) -> list[Any]:
+        """``run``'s messages to score now, in order, with ``event`` last (its detector is
+        ``cache[run]``); none while a history load holds the run (``event`` waits with it)."""
+        h = self.history
+        if run in self.cache and (h is None or not h.loads):  # the common case
+            return [event]
+        tail = [event]
+        load = h.waiting(run) if h is not None else None
+        if load is None and run not in self.cache:
+            det = self._restored(run)
+            if det is None and h is not None:
+                load = h.begin(run, event)
+                tail = [] if load is not None else tail
+            if load is None:
+                self.cache[run] = det or RunDetector(run, self.cfg, fit_inline=False)
+        elif load is not None and not load.done:
+            h.hold(load, event)  # type: ignore[union-attr]
+            tail = []
+        if load is None:
+            return tail
+        if not load.done:
+            return []
+        self.cache[run], held = h.finish(run, self.cache.get(run))  # type: ignore[union-attr]
+        return [*held, *tail]
+
+    def _restored(self, run: str) -> RunDetector | None:
+        blob = self.table.get(run.encode())
+        if not blob:
+            return None
+        det = load_state(blob, lambda r: self.table.get(rank_key(run, r).encode()), self.cfg)
+        if det is not None:
+            det.touched.update(det.series)
+            det.resume_fits()
+        return det
+
+    def restart(self, det: RunDetector, rank: int, step: int, until_ns: int) -> bool:
+        """A rank of ``det`` resumes at ``step`` (its steps went back): True when it is
+        re-seeded now (or the detector starts it afresh itself: no history); False when a
+        history load begins, for which the run's messages from this one on must wait
+        (``wait``)."""
+        if self.history is None:
+            return True
+        return self.history.reseed(det, rank, step, until_ns)
+
+    def wait(self, run: str, events: list[Any]) -> None:
+        """``events`` (the run's, in order) wait for its history load before anything held."""
+        h = self.history
+        load = h.waiting(run) if h is not None else None
+        assert h is not None and load is not None
+        for event in events:
+            h.hold(load, event)
+
+    def hold(self, partition: int, run: str, event: Any) -> list[tuple[str, list[Any]]]:
+        """Hold ``event`` (a message of ``run`` on by-run ``partition``) until a checkpoint;
+        returns the runs of that partition that are due one, each with its held messages (to
+        be checkpointed now: table writes go to the changelog partition of the message being
+        processed, theirs too)."""
+        held = self.held.setdefault(partition, {})
+        held.setdefault(run, []).append(event)
+        now = time.monotonic()
+        due = [r for r in held if now - self.saved_at.get(r, 0.0) >= self.checkpoint_s]
+        return [(r, held.pop(r)) for r in due]
+
+    def checkpoint(self, run: str) -> None:
+        """Write ``run``'s changed state to the table (each changed rank before the head that
+        lists it)."""
+        det = self.cache[run]
+        head, ranks = dump_state(det, det.take_touched())
+        for rank, blob in ranks.items():
+            self.table[rank_key(run, rank).encode()] = blob
+        self.table[run.encode()] = head
+        self.saved_at[run] = time.monotonic()
+
+    def quiet_runs(self) -> list[str]:
+        """Runs holding messages past ``checkpoint_s`` (a run that went quiet: its next
+        checkpoint needs a message of its partition)."""
+        now = time.monotonic()
+        return [
+            run
+            for held in self.held.values()
+            for run in held
+            if now - self.saved_at.get(run, 0.0) >= self.checkpoint_s
+        ]
+
+    def revoked(self) -> None:
+        """Another worker may own these runs now: reload them from the table when they come
+        back; the held messages are not acknowledged (their new owner scores them again)."""
+        self.cache.clear()
+        self.saved_at.clear()
+        self.held.clear()
+        self.limits.forget()
+        if self.history is not None:
+            self.history.revoked()
+
+    def fitted(self, run: str, key: tuple[int, str], params: ArimaParams | None) -> None:
+        det = self.cache.get(run)
+        if det is not None:
+            det.apply_fit(key, params)
+
+
+def _ranks_of(head: bytes | None) -> list[int]:
+    """The ranks a stored head lists (none for a head this release cannot read)."""
+    try:
+        return list(unpack(head)["ranks"]) if head else []
+    except (ValueError, KeyError, TypeError):
+        return []
