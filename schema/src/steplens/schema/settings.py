@@ -276,11 +276,13 @@ def add_options(
     for s in specs(cls):
         if s.flag is None or s.name in skip:
             continue
-        help_text = f"{s.help} (default: {_shown_default(s)}"
-        help_text += f"; env {s.env})" if s.env else ")"
-        help_text = help_text.replace("%", "%%")
         flags = [s.flag, *s.aliases]
-        if _base(s.hint) is bool:
+        is_switch = _base(s.hint) is bool
+        notes = [] if is_switch else [f"default: {_shown_default(s).replace('`', '')}"]
+        notes += [f"env {s.env}"] if s.env else []
+        help_text = f"{s.help} ({'; '.join(notes)})" if notes else s.help
+        help_text = help_text.replace("%", "%%")
+        if is_switch:
             const = not s.default_value()
             parser.add_argument(
                 *flags,
@@ -309,8 +311,6 @@ def given(cls: type, args: argparse.Namespace) -> dict[str, Any]:
 
 def _argument_type(s: Spec) -> Callable[[str], Any]:
     def convert(raw: str) -> Any:
-        if raw == "" and type(None) in typing.get_args(_strip(s.hint)):
-            return None
         try:
             return s.parse(raw)
         except (TypeError, ValueError) as exc:
@@ -327,12 +327,7 @@ def _strip(hint: Any) -> Any:
 
 
 def _metavar(s: Spec) -> str:
-    base = _base(s.hint)
-    if base is int:
-        return "N"
-    if base is float:
-        return "S" if s.name.endswith("_s") else "X"
-    return s.name.rsplit("_", 1)[-1].upper()
+    return "S" if s.name.endswith("_s") else s.name.rsplit("_", 1)[-1].upper()
 
 
 # --- the docs --------------------------------------------------------------------------------
