@@ -1,75 +1,35 @@
-"""Producer configuration: keyword first, then ``STEPLENS_<NAME>`` environment, then default."""
+"""Producer configuration, declared once: each setting's type, constraint, default and help.
+
+Resolution (``steplens.schema.settings``): keyword first, then ``STEPLENS_<NAME>``, then the
+default; a bad keyword raises ``ValueError`` at ``init``, a bad variable logs a warning and
+the default is used. Settings are resolved once, at ``init``; the hot path reads plain
+attributes of the frozen result.
+"""
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from msgspec import Meta
 
 from steplens.producer.identity import Identity
 from steplens.schema import MAX_BATCH_ENTRIES
 from steplens.schema.settings import (
-    env_value,
-    kafka_bootstrap,
+    DEFAULT_KAFKA_BOOTSTRAP,
+    NonEmptyStr,
+    NonNegativeFloat,
+    NonNegativeInt,
+    Port,
+    PositiveFloat,
+    PositiveInt,
+    about,
     kafka_security_config,
-    parse_bool,
-    setting,
+    resolve,
 )
 from steplens.schema.topics import Topics
-
-
-def _positive(x: float) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
-
-
-def _non_negative(x: float) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
-
-
-def _rate(x: float) -> bool:
-    return _non_negative(x) and x <= 1.0
-
-
-def _positive_int(x: int) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x > 0
-
-
-def _port_or_off(x: int) -> bool:
-    return _non_negative_int(x) and x <= 65535
-
-
-def _batch_size(x: int) -> bool:
-    return _positive_int(x) and x <= MAX_BATCH_ENTRIES
-
-
-def _is_bool(x: bool) -> bool:
-    return isinstance(x, bool)
-
-
-def _optional_positive(x: float | None) -> bool:
-    return x is None or _positive(x)
-
-
-def _optional_non_negative(x: float | None) -> bool:
-    return x is None or _non_negative(x)
-
-
-def _non_negative_int(x: int) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
-
-
-def _dict_or_none(x: Any) -> bool:
-    return x is None or isinstance(x, dict)
-
-
-def _parse_json_dict(raw: str) -> dict[str, Any]:
-    value = json.loads(raw)
-    if not isinstance(value, dict):
-        raise ValueError("expected a JSON object")  # noqa: TRY004
-    return value
 
 
 def _default_spool_dir() -> str:
@@ -79,109 +39,174 @@ def _default_spool_dir() -> str:
     return os.path.join(base, "steplens", "spool")
 
 
+def _default_topic() -> str:
+    return Topics.from_env().raw
+
+
+Share = Annotated[float, Meta(ge=0, le=1)]
+BatchSize = Annotated[int, Meta(ge=1, le=MAX_BATCH_ENTRIES)]
+JsonObject = dict[str, Any]
+
+
 @dataclass(frozen=True)
 class ProducerConfig:
     """Every producer setting, resolved. Build with ``ProducerConfig.resolve(**keywords)``."""
 
-    kafka_bootstrap: str
-    topic: str
-    sample_rate: float = 0.01  # share of steps sent raw (rounded to one step in N)
-    window_steps: int = 100  # a step_window record every N steps ...
-    window_s: float = 10.0  # ... or every T seconds, whichever comes first
-    # Every step sent, in step_batch records (no step_window, no sampling): a batch leaves at
-    # batch_steps steps, batch_s seconds after its first step, or right after a guarded step.
-    full_resolution: bool = False
-    batch_steps: int = 100  # at most MAX_BATCH_ENTRIES
-    batch_s: float = 1.0
-    hw_interval_s: float = 1.0  # hardware sampler period; 0 disables it
-    hw_slow_every: int = 10  # PCIe throughput and energy: every N samples
-    # the node exporter (Prometheus, ``exporter.py``) on local rank 0: 0 is off
-    exporter_port: int = 0
-    exporter_host: str = "127.0.0.1"
-    health_interval_s: float = 5.0
-    spool_dir: str = ""
-    spool_max_bytes: int = 256 << 20
-    queue_max: int = 65536  # caller-side queue bound (drop-oldest)
-    flush_interval_s: float = 0.05  # worker wake-up period
-    delivery_timeout_s: float = 10.0  # a record not acknowledged by then goes to the spool
-    shutdown_timeout_s: float = 5.0
-    guard_sigma: float = 6.0  # raw record when |x - mean| > guard_sigma * std ...
-    guard_warmup: int = 20  # ... after this many values of the metric
-    # distinct metric names a rank sends (per-layer norms of a 100-layer model fit), and names
-    # in one step record; the rest are dropped and counted in health (name_cap, scalars_cap)
-    max_metric_names: int = 4096
-    max_scalars: int = 1024
-    flops_per_token: float | None = None
-    peak_flops: float | None = None
-    # watch(): an element counts as updated when |change| > update_threshold * |value| (a
-    # relative change: Adam moves every weight by about lr, so an absolute 0 says nothing)
-    update_threshold: float = 1e-3
-    update_sample: int = 4096  # watch(): elements sampled for the update ratio
-    # watch(): per-layer norms of at most max_layers groups per record (the most changed);
-    # a layer is the parameters' name up to its block index, or its first layer_depth parts
-    max_layers: int = 32
-    layer_depth: int = 0  # 0: up to the block index (model.layers.7), else the owning module
-    # seconds without log_step before the stacks of every thread are sent once; None: the
-    # larger of 60 s and 20 median step intervals; 0: never
-    hang_dump_after_s: float | None = None
-    lr_schedule: dict[str, Any] | None = None
-    model_info: dict[str, Any] | None = None
-    kafka_config: dict[str, Any] = field(default_factory=dict, repr=False)
+    kafka_bootstrap: Annotated[NonEmptyStr, about("Kafka bootstrap servers")] = (
+        DEFAULT_KAFKA_BOOTSTRAP
+    )
+    topic: Annotated[
+        NonEmptyStr,
+        about(
+            "topic of every record",
+            env_doc="`STEPLENS_TOPIC`, then `STEPLENS_TOPIC_RAW`",
+            default_doc="`steplens.raw`",
+        ),
+    ] = field(default_factory=_default_topic)
+    sample_rate: Annotated[
+        Share,
+        about("share of steps sent raw (one step in N, the same steps on every rank)"),
+    ] = 0.01
+    window_steps: Annotated[PositiveInt, about("a `step_window` aggregate every N steps ...")] = 100
+    window_s: Annotated[PositiveFloat, about("... or every T seconds, whichever comes first")] = (
+        10.0
+    )
+    full_resolution: Annotated[
+        bool,
+        about(
+            "send every step instead (windows and raw samples off): a `step_batch` record "
+            "per rank ..."
+        ),
+    ] = False
+    batch_steps: Annotated[BatchSize, about("... every N steps ...")] = 100
+    batch_s: Annotated[
+        PositiveFloat,
+        about("... or every T seconds, and at once after a guard-flagged step"),
+    ] = 1.0
+    guard_sigma: Annotated[
+        PositiveFloat,
+        about("a value this many deviations from its running mean is sent raw"),
+    ] = 6.0
+    guard_warmup: Annotated[PositiveInt, about("values of a metric before the guard judges it")] = (
+        20
+    )
+    max_metric_names: Annotated[
+        PositiveInt,
+        about(
+            "distinct metric names a rank sends per run; further names are dropped and "
+            "counted (`health.dropped.name_cap`)"
+        ),
+    ] = 4096
+    max_scalars: Annotated[
+        PositiveInt,
+        about(
+            "metric names in one step record; the rest are dropped and counted "
+            "(`health.dropped.scalars_cap`)"
+        ),
+    ] = 1024
+    hw_interval_s: Annotated[
+        NonNegativeFloat,
+        about("hardware sampler period (local rank 0 only); 0 turns it off"),
+    ] = 1.0
+    hw_slow_every: Annotated[
+        PositiveInt,
+        about("PCIe throughput and energy every N samples (slow NVML calls)"),
+    ] = 10
+    exporter_port: Annotated[
+        Port,
+        about(
+            "the node exporter's port on local rank 0 (we use 9467): the newest hardware "
+            "sample for Prometheus; 0: off"
+        ),
+    ] = 0
+    exporter_host: Annotated[
+        NonEmptyStr,
+        about("the address it binds: `0.0.0.0` where Prometheus scrapes the nodes from elsewhere"),
+    ] = "127.0.0.1"
+    health_interval_s: Annotated[
+        PositiveFloat, about("period of the producer's own `health` record")
+    ] = 5.0
+    spool_dir: Annotated[
+        NonEmptyStr,
+        about(
+            "disk spool while Kafka is unreachable",
+            default_doc="`$XDG_CACHE_HOME/steplens/spool` (`~/.cache/...`)",
+        ),
+    ] = field(default_factory=_default_spool_dir)
+    spool_max_bytes: Annotated[
+        PositiveInt,
+        about("spool bound; the oldest segment is dropped and counted beyond it"),
+    ] = 256 << 20
+    queue_max: Annotated[PositiveInt, about("in-memory queue bound (drop-oldest, counted)")] = 65536
+    flush_interval_s: Annotated[PositiveFloat, about("worker wake-up period")] = 0.05
+    delivery_timeout_s: Annotated[
+        PositiveFloat, about("a record not acknowledged by then goes to the spool")
+    ] = 10.0
+    shutdown_timeout_s: Annotated[
+        NonNegativeFloat, about("deadline of `shutdown()` and of the exit hook")
+    ] = 5.0
+    flops_per_token: Annotated[
+        PositiveFloat | None, about("with `peak_flops` and `tokens`: MFU")
+    ] = None
+    peak_flops: Annotated[PositiveFloat | None, about("per device")] = None
+    # An element counts as updated when |change| > update_threshold * |value|: a relative
+    # change, since Adam moves every weight by about lr and an absolute 0 says nothing.
+    update_threshold: Annotated[
+        NonNegativeFloat,
+        about(
+            "`watch`: an element counts as updated when its change exceeds this share of its "
+            "magnitude (with Adam the ratio is a few % at lr 1e-5 and 0 at lr 0)"
+        ),
+    ] = 1e-3
+    update_sample: Annotated[
+        PositiveInt,
+        about("`watch`: parameter elements sampled for the update ratio"),
+    ] = 4096
+    max_layers: Annotated[
+        PositiveInt,
+        about(
+            "`watch`: layers whose norms one record carries (the most changed when a model "
+            "has more)"
+        ),
+    ] = 32
+    layer_depth: Annotated[
+        NonNegativeInt,
+        about(
+            "`watch`: 0 groups parameters up to their block index, N by the first N parts "
+            "of their module's name"
+        ),
+    ] = 0
+    hang_dump_after_s: Annotated[
+        NonNegativeFloat | None,
+        about(
+            "seconds without `log_step` before the stacks of every thread are sent; none: "
+            "the larger of 60 s and 20 median step intervals; 0: never"
+        ),
+    ] = None
+    lr_schedule: Annotated[
+        JsonObject | None, about("declared schedule, sent in `run_meta` (env: JSON)")
+    ] = None
+    model_info: Annotated[
+        JsonObject | None, about("model facts, sent in `run_meta` (env: JSON)")
+    ] = None
+    kafka_config: Annotated[
+        JsonObject,
+        about(
+            "librdkafka settings (SASL/SSL pass through; the keyword wins)",
+            env="",
+            env_doc="`STEPLENS_KAFKA_SECURITY_PROTOCOL`, `STEPLENS_KAFKA_SASL_*`, "
+            "`STEPLENS_KAFKA_SSL_*`",
+            default_doc="none",
+        ),
+    ] = field(default_factory=dict, repr=False)
 
     @classmethod
     def resolve(cls, **kw: Any) -> ProducerConfig:
         """Resolve keywords (``None`` = not given). Unknown or invalid keywords raise ValueError."""
-        known = set(cls.__dataclass_fields__)
-        unknown = set(kw) - known
-        if unknown:
-            raise ValueError(f"steplens: unknown setting(s) {sorted(unknown)}")
-        d = cls.__dataclass_fields__
-
-        def s(name: str, parse: Any, check: Any) -> Any:
-            return setting(name, kw.get(name), parse, d[name].default, check)
-
-        kafka_conf = {**kafka_security_config(), **(kw.get("kafka_config") or {})}
-        if not isinstance(kw.get("kafka_config") or {}, dict):
+        extra = kw.get("kafka_config") or {}
+        if not isinstance(extra, dict):
             raise ValueError("steplens: kafka_config must be a dict")  # noqa: TRY004
-        topic = kw.get("topic")
-        if topic is not None and (not isinstance(topic, str) or not topic):
-            raise ValueError(f"steplens: invalid topic={topic!r}")
-        topic = topic or env_value("STEPLENS_TOPIC", str, "")
-        return cls(
-            kafka_bootstrap=kafka_bootstrap(kw.get("kafka_bootstrap")),
-            topic=topic or Topics.from_env().raw,
-            sample_rate=s("sample_rate", float, _rate),
-            window_steps=s("window_steps", int, _positive_int),
-            window_s=s("window_s", float, _positive),
-            full_resolution=s("full_resolution", parse_bool, _is_bool),
-            batch_steps=s("batch_steps", int, _batch_size),
-            batch_s=s("batch_s", float, _positive),
-            hw_interval_s=s("hw_interval_s", float, _non_negative),
-            hw_slow_every=s("hw_slow_every", int, _positive_int),
-            exporter_port=s("exporter_port", int, _port_or_off),
-            exporter_host=s("exporter_host", str, bool),
-            health_interval_s=s("health_interval_s", float, _positive),
-            spool_dir=setting("spool_dir", kw.get("spool_dir"), str, _default_spool_dir(), bool),
-            spool_max_bytes=s("spool_max_bytes", int, _positive_int),
-            queue_max=s("queue_max", int, _positive_int),
-            flush_interval_s=s("flush_interval_s", float, _positive),
-            delivery_timeout_s=s("delivery_timeout_s", float, _positive),
-            shutdown_timeout_s=s("shutdown_timeout_s", float, _non_negative),
-            guard_sigma=s("guard_sigma", float, _positive),
-            guard_warmup=s("guard_warmup", int, _positive_int),
-            max_metric_names=s("max_metric_names", int, _positive_int),
-            max_scalars=s("max_scalars", int, _positive_int),
-            flops_per_token=s("flops_per_token", float, _optional_positive),
-            peak_flops=s("peak_flops", float, _optional_positive),
-            update_threshold=s("update_threshold", float, _non_negative),
-            update_sample=s("update_sample", int, _positive_int),
-            max_layers=s("max_layers", int, _positive_int),
-            layer_depth=s("layer_depth", int, _non_negative_int),
-            hang_dump_after_s=s("hang_dump_after_s", float, _optional_non_negative),
-            lr_schedule=s("lr_schedule", _parse_json_dict, _dict_or_none),
-            model_info=s("model_info", _parse_json_dict, _dict_or_none),
-            kafka_config=kafka_conf,
-        )
+        return resolve(cls, {**kw, "kafka_config": {**kafka_security_config(), **extra}})
 
     def public(self) -> dict[str, Any]:
         """Settings safe to publish in run_meta (no Kafka security settings)."""
@@ -210,13 +235,4 @@ class ProducerConfig:
         return data
 
 
-def run_id_from_env() -> str | None:
-    """STEPLENS_RUN_ID, else torchrun's TORCHELASTIC_RUN_ID (shared by all ranks)."""
-    value = env_value("STEPLENS_RUN_ID", str, "")
-    if value:
-        return value
-    elastic = os.environ.get("TORCHELASTIC_RUN_ID", "")
-    return elastic if elastic and elastic != "none" else None
-
-
-__all__ = ["ProducerConfig", "parse_bool", "run_id_from_env"]
+__all__ = ["ProducerConfig"]

@@ -52,12 +52,19 @@ def new_run_id() -> str:
     return time.strftime("run-%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
 
 
+def run_id_from_env() -> str | None:
+    """STEPLENS_RUN_ID, else torchrun's TORCHELASTIC_RUN_ID (shared by all ranks)."""
+    value = os.environ.get("STEPLENS_RUN_ID", "")
+    if value:
+        return value
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    return elastic if elastic and elastic != "none" else None
+
+
 def resolve_identity(
     run_id: str | None, rank: int | None, local_rank: int | None, world_size: int | None
 ) -> Identity:
     """This process's identity: what is given, else what torchrun and the host say."""
-    from steplens.producer.config import run_id_from_env
-
     ident = detect(run_id or run_id_from_env())
     out = Identity(
         ident.run_id,

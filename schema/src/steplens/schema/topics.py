@@ -3,31 +3,40 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated, ClassVar
 
-from steplens.schema.settings import env_value, kafka_bootstrap, kafka_security_config
+from steplens.schema.settings import (
+    NonEmptyStr,
+    PositiveInt,
+    about,
+    kafka_bootstrap,
+    kafka_security_config,
+    resolve,
+)
 
 
 @dataclass(frozen=True)
 class Topics:
-    raw: str = "steplens.raw"  # every producer record, key run_id:rank
-    signals: str = "steplens.signals"
-    alerts: str = "steplens.alerts"
-    dead_letters: str = "steplens.deadletter"
-    raw_partitions: int = 8
-    other_partitions: int = 3
+    ENV_PREFIX: ClassVar[str] = "STEPLENS_TOPIC_"
+
+    raw: Annotated[NonEmptyStr, about("every producer record, key run_id:rank")] = "steplens.raw"
+    signals: Annotated[NonEmptyStr, about("the worker's signals")] = "steplens.signals"
+    alerts: Annotated[NonEmptyStr, about("the worker's incidents")] = "steplens.alerts"
+    dead_letters: Annotated[
+        NonEmptyStr, about("records no part could use", env="STEPLENS_TOPIC_DEADLETTER")
+    ] = "steplens.deadletter"
+    raw_partitions: Annotated[
+        PositiveInt, about("partitions of a raw topic it creates", env="STEPLENS_RAW_PARTITIONS")
+    ] = 8
+    other_partitions: Annotated[
+        PositiveInt,
+        about("partitions of the other topics it creates", env="STEPLENS_OTHER_PARTITIONS"),
+    ] = 3
 
     @classmethod
     def from_env(cls) -> Topics:
         """STEPLENS_TOPIC_RAW, _SIGNALS, _ALERTS, _DEADLETTER, STEPLENS_RAW_PARTITIONS."""
-        d = cls()
-        return cls(
-            raw=env_value("STEPLENS_TOPIC_RAW", str, d.raw),
-            signals=env_value("STEPLENS_TOPIC_SIGNALS", str, d.signals),
-            alerts=env_value("STEPLENS_TOPIC_ALERTS", str, d.alerts),
-            dead_letters=env_value("STEPLENS_TOPIC_DEADLETTER", str, d.dead_letters),
-            raw_partitions=env_value("STEPLENS_RAW_PARTITIONS", int, d.raw_partitions),
-            other_partitions=env_value("STEPLENS_OTHER_PARTITIONS", int, d.other_partitions),
-        )
+        return resolve(cls)
 
     def all(self) -> dict[str, int]:
         return {

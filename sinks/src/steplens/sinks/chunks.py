@@ -26,7 +26,7 @@ from steplens import schema
 from steplens.schema import DecodeError, Record
 from steplens.sinks.cold import GroupKey, group_of, record_row
 from steplens.sinks.kafka_io import Consumed
-from steplens.sinks.settings import DEFAULT_DEDUPE_WINDOW
+from steplens.sinks.settings import RollSettings
 
 TopicPart = tuple[str, int]
 Marker = Callable[[TopicPart], "tuple[int, int] | None"]
@@ -99,9 +99,9 @@ class Chunker:
         self,
         marker: Marker,
         *,
-        max_bytes: int = 64 << 20,
-        max_age_s: float = 60.0,
-        dedupe_window: int = DEFAULT_DEDUPE_WINDOW,
+        max_bytes: int = RollSettings.max_bytes,
+        max_age_s: float = RollSettings.max_age_s,
+        dedupe_window: int = RollSettings.dedupe_window,
     ) -> None:
         self.marker = marker
         self.max_bytes = max_bytes

@@ -1,4 +1,8 @@
-"""`steplens sink influx|s3`: run a sink until SIGINT/SIGTERM."""
+"""`steplens sink influx|s3`: run a sink until SIGINT/SIGTERM.
+
+Its options are generated from the declarations in ``steplens.sinks.settings`` (the sink's
+own, and InfluxDB's or S3's): a flag given wins over the variable, which wins over the default.
+"""
 
 from __future__ import annotations
 
@@ -6,58 +10,21 @@ import argparse
 import logging
 import signal
 import threading
-from dataclasses import replace
 
 from confluent_kafka import Consumer
 
+from steplens.schema.settings import add_options, given, resolve
 from steplens.schema.topics import Topics, ensure_topics
 from steplens.sinks import metrics, redact
 from steplens.sinks.kafka_io import DeadLetters, consumer_config
 from steplens.sinks.retry import RetryPolicy
-from steplens.sinks.settings import DEFAULT_DEDUPE_WINDOW
-
-DEFAULT_PORTS = {"influx": 9465, "s3": 9466}
+from steplens.sinks.settings import InfluxSettings, RollSettings, S3Settings, SinkSettings
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Run a steplens sink.")
-    p.add_argument("which", choices=["influx", "s3"], help="influx: hot store; s3: cold Parquet")
-    p.add_argument("--bootstrap", help="Kafka bootstrap (default: STEPLENS_KAFKA_BOOTSTRAP)")
-    p.add_argument("--group", help="consumer group (default: steplens-sink-<which>)")
-    p.add_argument(
-        "--topics",
-        help="comma-separated topics (default: raw,signals,alerts from STEPLENS_TOPIC_*)",
-    )
-    p.add_argument("--dead-letter-topic", help="default: STEPLENS_TOPIC_DEADLETTER")
-    p.add_argument("--batch-size", type=int, default=5000)
-    p.add_argument("--metrics-port", type=int, help="Prometheus port on 127.0.0.1 (0: off)")
-    p.add_argument("--bucket", help="InfluxDB hot bucket or S3 bucket")
-    p.add_argument("--prefix", help="S3 key prefix (default: STEPLENS_S3_PREFIX or 'cold')")
-    p.add_argument("--max-bytes", type=int, default=64 << 20, help="S3: roll at this size")
-    p.add_argument("--max-age-s", type=float, default=60.0, help="S3: roll at this age")
-    p.add_argument(
-        "--dedupe-window",
-        type=int,
-        default=DEFAULT_DEDUPE_WINDOW,
-        help="S3: a record sent twice is stored once when its copies are at most this many "
-        "records apart in a partition (memory: about 60 bytes a record; 0: off)",
-    )
-    p.add_argument("--hot-retention-s", type=int, help="InfluxDB: hot window (default 3600)")
-    p.add_argument(
-        "--max-names-per-run",
-        type=int,
-        help="InfluxDB: distinct metric names a run may use per measurement (default 1000, "
-        "STEPLENS_INFLUX_MAX_NAMES_PER_RUN)",
-    )
-    p.add_argument(
-        "--max-names-per-measurement",
-        type=int,
-        help="InfluxDB: distinct metric names per measurement in the hot bucket (default "
-        "5000, STEPLENS_INFLUX_MAX_NAMES_PER_MEASUREMENT)",
-    )
-    p.add_argument("--no-setup", action="store_true", help="do not create buckets or tasks")
-    p.add_argument("--deadline-s", type=float, default=30.0, help="retry deadline per write")
-    p.add_argument(
+    common = argparse.ArgumentParser(add_help=False)
+    add_options(common, SinkSettings)
+    common.add_argument(
         "-X",
         dest="kafka_options",
         action="append",
@@ -65,32 +32,38 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="extra librdkafka consumer setting (repeatable), e.g. -X session.timeout.ms=6000",
     )
-    p.add_argument("--log-level", default="INFO")
+    p = argparse.ArgumentParser(prog=prog, description="Run a steplens sink.")
+    sub = p.add_subparsers(dest="which", required=True, metavar="{influx,s3}")
+    influx = sub.add_parser("influx", parents=[common], help="hot store (InfluxDB)")
+    add_options(influx, InfluxSettings)
+    s3 = sub.add_parser("s3", parents=[common], help="cold store (Parquet on S3)")
+    add_options(s3, S3Settings)
+    add_options(s3, RollSettings)
     return p
 
 
 def main(argv: list[str], prog: str = "steplens sink") -> int:
     args = _parser(prog).parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
+    s = resolve(SinkSettings, given(SinkSettings, args))
+    logging.basicConfig(level=s.log_level, format="%(asctime)s %(name)s %(message)s")
     redactor = redact.install()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     topics = Topics.from_env()
-    names = args.topics.split(",") if args.topics else [topics.raw, topics.signals, topics.alerts]
-    dl_topic = args.dead_letter_topic or topics.dead_letters
-    ensure_topics(args.bootstrap, topics)
-    policy = RetryPolicy(deadline_s=args.deadline_s)
-    group = args.group or f"steplens-sink-{args.which}"
+    names = s.topics.split(",") if s.topics else [topics.raw, topics.signals, topics.alerts]
+    dl_topic = s.dead_letter_topic or topics.dead_letters
+    ensure_topics(s.bootstrap, topics)
+    policy = RetryPolicy(deadline_s=s.deadline_s)
+    group = s.group or f"steplens-sink-{args.which}"
     extra = dict(opt.split("=", 1) for opt in args.kafka_options)
-    consumer = Consumer(consumer_config(group, args.bootstrap, **extra))
-    dead = DeadLetters(dl_topic, group, args.bootstrap)
-    port = DEFAULT_PORTS[args.which] if args.metrics_port is None else args.metrics_port
-    metrics.serve(port)
+    consumer = Consumer(consumer_config(group, s.bootstrap, **extra))
+    dead = DeadLetters(dl_topic, group, s.bootstrap)
+    metrics.serve(s.port(args.which))
     try:
         if args.which == "influx":
-            return _run_influx(args, names, consumer, dead, stop=stop, policy=policy)
-        return _run_s3(args, names, consumer, dead, stop=stop, policy=policy, redactor=redactor)
+            return _run_influx(args, s, names, consumer, dead, stop=stop, policy=policy)
+        return _run_s3(args, s, names, consumer, dead, stop=stop, policy=policy, redactor=redactor)
     finally:
         consumer.close()
         dead.flush(5)
@@ -98,6 +71,7 @@ def main(argv: list[str], prog: str = "steplens sink") -> int:
 
 def _run_influx(
     args: argparse.Namespace,
+    s: SinkSettings,
     names: list[str],
     consumer: Consumer,
     dead: DeadLetters,
@@ -108,25 +82,16 @@ def _run_influx(
     from steplens.sinks.influx import InfluxSink, make_client
     from steplens.sinks.loop import SinkLoop
     from steplens.sinks.rollup import ensure_buckets, ensure_rollup_task
-    from steplens.sinks.settings import InfluxSettings
 
-    settings = InfluxSettings.from_env()
-    if args.bucket:
-        settings = replace(settings, bucket=args.bucket)
-    if args.hot_retention_s is not None:
-        settings = replace(settings, hot_retention_s=args.hot_retention_s)
-    if args.max_names_per_run is not None:
-        settings = replace(settings, max_names_per_run=args.max_names_per_run)
-    if args.max_names_per_measurement is not None:
-        settings = replace(settings, max_names_per_measurement=args.max_names_per_measurement)
+    settings = resolve(InfluxSettings, given(InfluxSettings, args))
     client = make_client(settings)
-    if not args.no_setup:
+    if s.setup:
         ensure_buckets(client, settings)
         ensure_rollup_task(client, settings)
     sink = InfluxSink(client, settings, policy=policy, stop=stop)
     consumer.subscribe(names)
     try:
-        SinkLoop(consumer, sink, dead, stop=stop, batch_size=args.batch_size).run()
+        SinkLoop(consumer, sink, dead, stop=stop, batch_size=s.batch_size).run()
     finally:
         sink.shutdown()
         client.close()
@@ -135,6 +100,7 @@ def _run_influx(
 
 def _run_s3(
     args: argparse.Namespace,
+    s: SinkSettings,
     names: list[str],
     consumer: Consumer,
     dead: DeadLetters,
@@ -146,27 +112,21 @@ def _run_s3(
     from steplens.sinks.chunks import Chunker
     from steplens.sinks.roller_loop import RollerLoop
     from steplens.sinks.s3 import S3Roller, credential_values, ensure_bucket, make_s3_client
-    from steplens.sinks.settings import S3Settings
 
-    settings = S3Settings.from_env()
-    if args.bucket:
-        settings = replace(settings, bucket=args.bucket)
-    if args.prefix is not None:
-        settings = replace(settings, prefix=args.prefix)
+    settings = resolve(S3Settings, given(S3Settings, args))
+    roll = resolve(RollSettings, given(RollSettings, args))
     redactor.add(credential_values(settings))  # from a profile, say: not in the environment
     client = make_s3_client(settings)
-    if not args.no_setup:
+    if s.setup:
         ensure_bucket(client, settings.bucket)
     roller = S3Roller(client, settings, policy=policy, stop=stop)
     chunker = Chunker(
         roller.marker,
-        max_bytes=args.max_bytes,
-        max_age_s=args.max_age_s,
-        dedupe_window=args.dedupe_window,
+        max_bytes=roll.max_bytes,
+        max_age_s=roll.max_age_s,
+        dedupe_window=roll.dedupe_window,
     )
-    loop = RollerLoop(
-        consumer, roller, dead, chunker=chunker, stop=stop, batch_size=args.batch_size
-    )
+    loop = RollerLoop(consumer, roller, dead, chunker=chunker, stop=stop, batch_size=s.batch_size)
     consumer.subscribe(names, on_revoke=loop.on_revoke)
     loop.run()
     loop.drain()

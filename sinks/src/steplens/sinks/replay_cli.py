@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from steplens.schema.settings import add_options, given, resolve
 from steplens.sinks.replay import REPLAYED_KINDS, replay
 from steplens.sinks.settings import S3Settings
 
@@ -33,18 +34,14 @@ def main(argv: list[str], prog: str = "steplens replay") -> int:
     p.add_argument("--since")
     p.add_argument("--until")
     p.add_argument("--bootstrap")
-    p.add_argument("--prefix", help="S3 key prefix (default: STEPLENS_S3_PREFIX or 'cold')")
+    add_options(p, S3Settings)
     args = p.parse_args(argv)
     if args.spool is not None:
         return _send_spool(args.spool, args.topic, args.bootstrap)
     if args.run is None:
         p.error("--run or --spool is required")
     args.topic = args.topic or DEFAULT_TOPIC
-    s = S3Settings.from_env()
-    if args.prefix is not None:
-        from dataclasses import replace
-
-        s = replace(s, prefix=args.prefix)
+    s = resolve(S3Settings, given(S3Settings, args))
     n = replay(
         s,
         args.run,

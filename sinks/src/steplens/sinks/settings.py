@@ -1,68 +1,134 @@
-"""Where the sinks write: InfluxDB and S3 settings from keywords, ``STEPLENS_*`` or defaults."""
+"""The sinks' settings, declared once (``steplens.schema.settings``): where they write
+(InfluxDB, S3), how the S3 roller cuts objects, and the sink process itself.
+
+``steplens sink``'s options, the ``STEPLENS_*`` variables and the settings tables of
+docs/architecture.md come from these declarations: a flag (or keyword) given wins over the
+variable, which wins over the default.
+"""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+from typing import Annotated, ClassVar
 
-from steplens.schema.settings import env_value
-
-DEFAULT_DEDUPE_WINDOW = 50_000  # S3: recent records remembered per partition (about 3 MB)
-
-
-def _positive(raw: str) -> int:
-    value = int(raw)
-    if value < 1:
-        raise ValueError("must be at least 1")
-    return value
+from steplens.schema.settings import (
+    DEFAULT_KAFKA_BOOTSTRAP,
+    NonEmptyStr,
+    NonNegativeInt,
+    Port,
+    PositiveFloat,
+    PositiveInt,
+    about,
+    resolve,
+)
 
 
 @dataclass(frozen=True)
 class InfluxSettings:
-    url: str
-    org: str
-    token: str
-    bucket: str
-    rollup_bucket: str
-    hot_retention_s: int = 3600
-    timeout_ms: int = 10_000
-    max_names_per_run: int = 1000  # distinct field names of a run in one measurement
-    max_names_per_measurement: int = 5000  # distinct field names of a measurement
+    ENV_PREFIX: ClassVar[str] = "STEPLENS_INFLUX_"
+
+    url: Annotated[NonEmptyStr, about("InfluxDB URL")] = "http://127.0.0.1:18086"
+    org: Annotated[NonEmptyStr, about("InfluxDB organisation")] = "steplens"
+    # a secret: from the environment only, never a flag (a process's arguments are public)
+    token: Annotated[str, about("InfluxDB API token", flag="")] = ""
+    bucket: Annotated[NonEmptyStr, about("InfluxDB hot bucket")] = "steplens"
+    rollup_bucket: Annotated[NonEmptyStr, about("bucket of the 1-minute rollups")] = (
+        "steplens_rollup"
+    )
+    hot_retention_s: Annotated[PositiveInt, about("InfluxDB: the hot bucket's retention")] = 3600
+    timeout_ms: Annotated[PositiveInt, about("InfluxDB: timeout of one request")] = 10_000
+    max_names_per_run: Annotated[
+        PositiveInt,
+        about("InfluxDB: distinct metric names a run may use per measurement"),
+    ] = 1000
+    max_names_per_measurement: Annotated[
+        PositiveInt,
+        about("InfluxDB: distinct metric names per measurement in the hot bucket"),
+    ] = 5000
 
     @classmethod
     def from_env(cls) -> InfluxSettings:
-        return cls(
-            url=env_value("STEPLENS_INFLUX_URL", str, "http://127.0.0.1:18086"),
-            org=env_value("STEPLENS_INFLUX_ORG", str, "steplens"),
-            token=os.environ.get("STEPLENS_INFLUX_TOKEN", ""),
-            bucket=env_value("STEPLENS_INFLUX_BUCKET", str, "steplens"),
-            rollup_bucket=env_value("STEPLENS_INFLUX_ROLLUP_BUCKET", str, "steplens_rollup"),
-            hot_retention_s=env_value("STEPLENS_INFLUX_HOT_RETENTION_S", int, 3600),
-            max_names_per_run=env_value("STEPLENS_INFLUX_MAX_NAMES_PER_RUN", _positive, 1000),
-            max_names_per_measurement=env_value(
-                "STEPLENS_INFLUX_MAX_NAMES_PER_MEASUREMENT", _positive, 5000
-            ),
-        )
+        return resolve(cls)
 
 
 @dataclass(frozen=True)
 class S3Settings:
     """Endpoint and credentials fall back to boto3's own chain (env, profile, instance)."""
 
-    bucket: str
-    prefix: str = "cold"
-    endpoint_url: str | None = None
-    profile: str | None = None
-    region: str | None = None
+    ENV_PREFIX: ClassVar[str] = "STEPLENS_S3_"
+
+    bucket: Annotated[NonEmptyStr, about("S3 bucket")] = "steplens"
+    prefix: Annotated[str, about("S3 key prefix")] = "cold"
+    endpoint_url: Annotated[
+        str | None,
+        about("S3 endpoint (none: AWS)", env="STEPLENS_S3_ENDPOINT"),
+    ] = None
+    profile: Annotated[str | None, about("AWS profile of the credentials")] = None
+    region: Annotated[str | None, about("S3 region", env="AWS_DEFAULT_REGION")] = None
     access_key_id: str | None = None
     secret_access_key: str | None = None
 
     @classmethod
     def from_env(cls) -> S3Settings:
-        return cls(
-            bucket=env_value("STEPLENS_S3_BUCKET", str, "steplens"),
-            prefix=env_value("STEPLENS_S3_PREFIX", str, "cold"),
-            endpoint_url=os.environ.get("STEPLENS_S3_ENDPOINT") or None,
-            profile=os.environ.get("STEPLENS_S3_PROFILE") or None,
-            region=os.environ.get("AWS_DEFAULT_REGION") or None,
-        )
+        return resolve(cls)
+
+
+@dataclass(frozen=True)
+class RollSettings:
+    """When the S3 roller closes an object, and how it drops records sent twice."""
+
+    ENV_PREFIX: ClassVar[str] = "STEPLENS_S3_"
+
+    max_bytes: Annotated[PositiveInt, about("S3: roll an object at this size")] = 64 << 20
+    max_age_s: Annotated[PositiveFloat, about("S3: roll an object at this age")] = 60.0
+    dedupe_window: Annotated[
+        NonNegativeInt,
+        about(
+            "S3: a record sent twice is stored once when its copies are at most this many "
+            "records apart in a partition (memory: about 60 bytes a record; 0: off)"
+        ),
+    ] = 50_000
+
+
+DEFAULT_METRICS_PORTS = {"influx": 9465, "s3": 9466}
+
+
+@dataclass(frozen=True)
+class SinkSettings:
+    """``steplens sink influx|s3``: what it reads, how it batches and retries."""
+
+    ENV_PREFIX: ClassVar[str] = "STEPLENS_SINK_"
+
+    bootstrap: Annotated[
+        NonEmptyStr, about("Kafka bootstrap servers", env="STEPLENS_KAFKA_BOOTSTRAP")
+    ] = DEFAULT_KAFKA_BOOTSTRAP
+    group: Annotated[str | None, about("consumer group", default_doc="`steplens-sink-<which>`")] = (
+        None
+    )
+    topics: Annotated[
+        str | None,
+        about(
+            "comma-separated topics",
+            default_doc="raw, signals, alerts (from `STEPLENS_TOPIC_*`)",
+        ),
+    ] = None
+    dead_letter_topic: Annotated[
+        str | None,
+        about("dead-letter topic", default_doc="from `STEPLENS_TOPIC_DEADLETTER`"),
+    ] = None
+    batch_size: Annotated[PositiveInt, about("records per batch at most")] = 5000
+    metrics_port: Annotated[
+        Port | None,
+        about(
+            "Prometheus port on 127.0.0.1 (0: off)",
+            default_doc=", ".join(f"`{p}` ({w})" for w, p in DEFAULT_METRICS_PORTS.items()),
+        ),
+    ] = None
+    setup: Annotated[
+        bool, about("create the buckets and tasks (--no-setup: do not)", flag="--no-setup")
+    ] = True
+    deadline_s: Annotated[PositiveFloat, about("retry deadline per write")] = 30.0
+    log_level: Annotated[NonEmptyStr, about("log level")] = "INFO"
+
+    def port(self, which: str) -> int:
+        return DEFAULT_METRICS_PORTS[which] if self.metrics_port is None else self.metrics_port

@@ -31,10 +31,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import numpy as np
 
+from steplens.schema.settings import NonNegativeFloat, PositiveFloat, PositiveInt, about
 from steplens.stream_jobs.engine.config import DetectorConfig
 from steplens.stream_jobs.engine.signals.registry import SERIES
 
@@ -48,11 +49,33 @@ NO_FIRST = -1  # ``Rows.first`` of a step row (not a window)
 class HistorySettings:
     """Warm starts from history (``steplens worker --history-*``)."""
 
-    enabled: bool = True
-    days: float = 7.0  # how far back
-    max_points: int = 4096  # rows kept per rank (the newest); the detectors' windows are shorter
-    timeout_s: float = 30.0  # past it the run starts cold
-    hold_bytes: int = 64 << 20  # messages held for runs being loaded, all runs together
+    enabled: Annotated[
+        bool,
+        about(
+            "start a run the worker has no state of from its stored history (--no-history: cold)",
+            flag="--no-history",
+        ),
+    ] = True
+    days: Annotated[
+        PositiveFloat,
+        about("how far back a run's history (and its baseline run's) is read for a warm start"),
+    ] = 7.0
+    # the detectors' windows are shorter than the rows kept
+    max_points: Annotated[
+        PositiveInt,
+        about("history rows per rank replayed into the detectors at most (the newest)"),
+    ] = 4096
+    timeout_s: Annotated[
+        NonNegativeFloat,
+        about(
+            "seconds a run waits for its history before it starts cold",
+            aliases=["--history-timeout"],
+        ),
+    ] = 30.0
+    hold_bytes: Annotated[
+        PositiveInt,
+        about("bytes of messages held for runs being loaded, all runs together"),
+    ] = 64 << 20
 
 
 @dataclass

@@ -19,9 +19,10 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
 from steplens.schema import RUN_RANK
+from steplens.schema.settings import PositiveFloat, PositiveInt, about
 
 log = logging.getLogger("steplens.stream_jobs")
 
@@ -32,11 +33,24 @@ SWEEP_MAX = 1000  # retirement nudges sent by one sweep at most
 
 @dataclass(frozen=True)
 class LimitSettings:
-    """``steplens worker --max-runs --max-ranks --run-idle-hours``."""
+    """``steplens worker --max-runs --max-ranks --run-idle-s``."""
 
-    max_runs: int = 5000
-    max_ranks: int = 4096  # ranks of one run scored
-    idle_s: float = 72 * 3600.0  # a run with nothing scored this long is retired
+    max_runs: Annotated[
+        PositiveInt,
+        about("runs this worker keeps at most; a further run is not scored (counted)"),
+    ] = 5000
+    max_ranks: Annotated[
+        PositiveInt,
+        about("ranks of one run scored at most; a further rank's records are dead letters"),
+    ] = 4096
+    idle_s: Annotated[
+        PositiveFloat,
+        about(
+            "a run with nothing scored this long leaves the worker's state (it warms from its "
+            "history if it comes back)",
+            name="run_idle_s",
+        ),
+    ] = 72 * 3600.0
 
 
 class RunLimits:

@@ -1,48 +1,139 @@
-"""The worker's settings, its topics and the by-run messages between its two agents."""
+"""The worker's settings, its topics and the by-run messages between its two agents.
+
+``WorkerSettings`` and ``DetectorOptions`` are declared once (``steplens.schema.settings``):
+``steplens worker``'s options, the ``STEPLENS_WORKER_*`` variables and the settings table of
+docs/architecture.md all come from them. A flag given wins over the variable, which wins over
+the default.
+"""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
+from steplens.schema.settings import (
+    DEFAULT_KAFKA_BOOTSTRAP,
+    NonEmptyStr,
+    NonNegativeFloat,
+    NonNegativeInt,
+    Port,
+    PositiveFloat,
+    PositiveInt,
+    about,
+    nested,
+)
 from steplens.schema.topics import Topics
 from steplens.stream_jobs.engine.config import DetectorConfig
 from steplens.stream_jobs.engine.history import HistorySettings
+from steplens.stream_jobs.engine.signals.ranks import RanksConfig
 from steplens.stream_jobs.worker.run_limits import LimitSettings
 
-# Longest a fetch waits at the broker for new records. Faust builds its consumer with 1,500 ms,
-# and aiokafka keeps one fetch in flight per broker, for the partitions that hold no fetched
-# records yet: a fetch for by-run partitions alone (the raw ones still held records when it
-# went) then held back every raw partition, and with them the by-run records they route to,
-# until it timed out. At full resolution the worker fell seconds behind with its loop idle.
+# Faust builds its consumer with 1,500 ms; aiokafka keeps one fetch in flight per broker for
+# the partitions that hold no fetched records, so a long wait on the by-run partitions alone
+# holds back every raw partition (and the by-run records they route to) until it times out.
 FETCH_WAIT_MS = 100
+
+
+def default_state_dir() -> str:
+    home = os.environ.get("STEPLENS_HOME") or os.path.join(tempfile.gettempdir(), "steplens")
+    return os.path.join(home, "worker-state")
 
 
 @dataclass
 class WorkerSettings:
-    bootstrap: str
-    topics: Topics
-    app_id: str = "steplens-worker"
-    state_dir: str = "tmp/state"
-    faust_web_port: int = 0  # 0: Faust's web server off
-    batch: int = 1000
-    within_s: float = 0.2
-    fetch_wait_ms: int = FETCH_WAIT_MS
-    by_run_partitions: int = 8
-    signal_every: int = 50  # publish a non-breaching signal per rank and rule every N steps
-    signal_interval_s: float = 15.0  # ... and at most once in this many seconds (a scrape)
-    # a run's state goes to the table at most this often; its messages are acknowledged then
-    checkpoint_s: float = 5.0
-    fit_workers: int = 1
-    max_pending_fits: int = 4096  # queued or running; past it a fit is skipped (asked again)
-    fit_batch: int = 64  # fits per pool job at most
+    ENV_PREFIX: ClassVar[str] = "STEPLENS_WORKER_"
+
+    bootstrap: Annotated[
+        NonEmptyStr, about("Kafka bootstrap servers", env="STEPLENS_KAFKA_BOOTSTRAP")
+    ] = DEFAULT_KAFKA_BOOTSTRAP
+    topics: Topics = field(default_factory=Topics.from_env)
+    app_id: Annotated[NonEmptyStr, about("consumer group and table prefix")] = "steplens-worker"
+    state_dir: Annotated[
+        NonEmptyStr,
+        about("Faust data directory", default_doc="`$STEPLENS_HOME/worker-state`"),
+    ] = field(default_factory=default_state_dir)
+    web_port: Annotated[Port, about("Prometheus metrics port on 127.0.0.1 (0: off)")] = 9464
+    faust_web_port: Annotated[Port, about("Faust's own web server port on 127.0.0.1 (0: off)")] = 0
+    batch: Annotated[PositiveInt, about("raw records per routing batch")] = 1000
+    within_s: Annotated[
+        NonNegativeFloat,
+        about(
+            "seconds to wait for a routing batch (fewer, larger by-run messages: less "
+            "per-message work for the worker, this much more latency)",
+            aliases=["--within"],
+        ),
+    ] = 0.2
+    fetch_wait_ms: Annotated[
+        NonNegativeInt,
+        about("longest a fetch waits at the broker for new records (Faust's consumer: 1,500)"),
+    ] = FETCH_WAIT_MS
+    by_run_partitions: Annotated[
+        PositiveInt, about("partitions of the internal by-run topic (when it is created)")
+    ] = 8
+    signal_every: Annotated[
+        NonNegativeInt,
+        about("publish a quiet signal per rank and rule every N steps (0: breaches only)"),
+    ] = 50
+    signal_interval_s: Annotated[
+        NonNegativeFloat,
+        about(
+            "... and at most once in this many seconds (0: no time limit)",
+            aliases=["--signal-interval"],
+        ),
+    ] = 15.0
+    checkpoint_s: Annotated[
+        NonNegativeFloat,
+        about(
+            "write a run's state to the table at most this often; a run's messages since then "
+            "are acknowledged only by its next checkpoint (after a crash they are scored again)"
+        ),
+    ] = 5.0
+    fit_workers: Annotated[NonNegativeInt, about("processes for ARIMA fits")] = 1
+    max_pending_fits: Annotated[
+        PositiveInt,
+        about("ARIMA fits queued or running at most; past it a fit is skipped (asked again)"),
+    ] = 4096
+    fit_batch: Annotated[PositiveInt, about("ARIMA fits per pool job at most")] = 64
     detector: DetectorConfig = field(default_factory=DetectorConfig)
-    webhook_url: str | None = None
-    alertmanager_url: str | None = None  # incidents posted to its /api/v2/alerts
-    history: HistorySettings = field(default_factory=HistorySettings)  # warm starts
-    limits: LimitSettings = field(default_factory=LimitSettings)  # runs and ranks kept
-    session_timeout_s: float = 10.0  # a SIGKILLed worker's partitions move after this
-    log_level: str = "warning"
+    webhook_url: Annotated[str | None, about("POST every alert transition here")] = None
+    alertmanager_url: Annotated[
+        str | None,
+        about(
+            "post incidents to this Alertmanager's /api/v2/alerts, e.g. http://127.0.0.1:19094 "
+            "(`steplens stack env` sets the variable while the stack's Alertmanager runs; '' "
+            "for none)",
+            env="STEPLENS_ALERTMANAGER_URL",
+        ),
+    ] = None
+    history: Annotated[HistorySettings, nested()] = field(default_factory=HistorySettings)
+    limits: Annotated[LimitSettings, nested("")] = field(default_factory=LimitSettings)
+    session_timeout_s: Annotated[
+        PositiveFloat,
+        about("seconds after which a SIGKILLed worker's partitions move to the others"),
+    ] = 10.0
+    log_level: Annotated[NonEmptyStr, about("log level of the worker")] = "warning"
+
+
+@dataclass(frozen=True)
+class DetectorOptions:
+    """The detector settings ``steplens worker`` takes; the rest keep the engine's defaults."""
+
+    ENV_PREFIX: ClassVar[str] = "STEPLENS_WORKER_"
+
+    arima_enabled: Annotated[
+        bool, about("the ARIMA baselines (--no-arima: off)", flag="--no-arima")
+    ] = True
+    hang_after_s: Annotated[
+        PositiveFloat,
+        about("seconds without progress before a hang alert", aliases=["--hang-after"]),
+    ] = RanksConfig.hang_after_s
+
+    def config(self) -> DetectorConfig:
+        return DetectorConfig(
+            arima_enabled=self.arima_enabled, ranks=RanksConfig(hang_after_s=self.hang_after_s)
+        )
 
 
 def ensure_worker_topics(s: WorkerSettings, timeout_s: float = 30.0) -> None:
