@@ -326,17 +326,28 @@ def per_record_us(fn: Callable[[], Any], n: int) -> float:
 
 
 def load_other_decode(checkout: str) -> Callable[[bytes], Any]:
-    """``decode`` of another checkout's schema module, loaded beside this one.
+    """``decode`` of another checkout's ``steplens.schema``, loaded beside this one.
 
-    The module is loaded alone from its file (v1's schema imported nothing of steplens)."""
+    Its package is imported under the same name with this one's modules set aside, then this
+    one's are put back; the other's functions keep the modules they were defined in."""
     import importlib.util
 
-    path = f"{checkout}/schema/src/steplens/schema/tables.py"
-    spec = importlib.util.spec_from_file_location("steplens_other_schema", path)
-    assert spec is not None and spec.loader is not None, path
+    ours = {n: m for n, m in sys.modules.items() if n.split(".")[:2] == ["steplens", "schema"]}
+    for name in ours:
+        del sys.modules[name]
+    where = f"{checkout}/schema/src/steplens/schema"
+    spec = importlib.util.spec_from_file_location(
+        "steplens.schema", f"{where}/__init__.py", submodule_search_locations=[where]
+    )
+    assert spec is not None and spec.loader is not None, where
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
+    sys.modules["steplens.schema"] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        for name in [n for n in sys.modules if n.split(".")[:2] == ["steplens", "schema"]]:
+            del sys.modules[name]
+        sys.modules.update(ours)
     return module.decode  # type: ignore[no-any-return]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from steplens.schema.tables import THROTTLE_REASONS
+from steplens.schema import THROTTLE_REASONS
 
 from .flux import Read, hot_only, latest, names, per_interval
 from .layout import board, panel, threshold_line

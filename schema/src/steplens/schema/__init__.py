@@ -1,10 +1,14 @@
-"""The wire contract of steplens, version 1: the record tables and their one codec.
+"""The wire contract of steplens, version 1: the declared record kinds and their one codec.
 
-``tables`` declares every record kind; ``codec`` encodes, decodes and validates them; ``topics``,
+``kinds`` declares every record kind as a msgspec Struct (the envelope, each kind's payload, a
+step_batch entry) and the tagged union on ``kind`` the codec decodes; ``codec`` encodes, decodes
+and validates records; ``record`` is what consumers receive (``Record``, ``DecodeError``);
+``fields`` answers what the declared types say about each payload field. ``topics``,
 ``settings`` and ``dead_letter`` are what every part shares about the wire. This face
-re-exports the tables and the codec: ``from steplens import schema; schema.decode(raw)``.
+re-exports what callers use: ``from steplens import schema; schema.decode(raw)``.
 """
 
+from steplens.schema import kinds
 from steplens.schema.codec import (
     decode,
     encode,
@@ -15,14 +19,9 @@ from steplens.schema.codec import (
     validate,
     wire_value,
 )
-from steplens.schema.tables import (
+from steplens.schema.fields import FieldShape, payload_fields
+from steplens.schema.kinds import (
     ALERT_STATES,
-    BOOL,
-    ENVELOPE,
-    FNUM,
-    INT,
-    INT_LIST,
-    INT_MAP,
     KINDS,
     MAX_BATCH_ENTRIES,
     MAX_LIST_LEN,
@@ -30,34 +29,19 @@ from steplens.schema.tables import (
     MAX_RECORD_BYTES,
     MAX_STR_LEN,
     NAME_PATTERN,
-    NUM,
-    NUM_LIST,
-    NUM_MAP,
-    OBJ,
-    OBJ_LIST,
     RUN_RANK,
     SCHEMA_VERSION,
     SEVERITIES,
-    STEP_ENTRIES,
-    STEP_ENTRY,
-    STR,
-    STR_LIST,
-    DecodeError,
-    Field,
-    Record,
-    SchemaError,
-    record_key,
-    valid_name,
+    THROTTLE_REASONS,
+    WireRecord,
 )
+from steplens.schema.metric_names import valid_name
+from steplens.schema.record import DecodeError, Record, SchemaError, record_key
+
+STEP_ENTRY = kinds.StepEntry  # one entry of a step_batch (a Struct)
 
 __all__ = [
     "ALERT_STATES",
-    "BOOL",
-    "ENVELOPE",
-    "FNUM",
-    "INT",
-    "INT_LIST",
-    "INT_MAP",
     "KINDS",
     "MAX_BATCH_ENTRIES",
     "MAX_LIST_LEN",
@@ -65,25 +49,20 @@ __all__ = [
     "MAX_RECORD_BYTES",
     "MAX_STR_LEN",
     "NAME_PATTERN",
-    "NUM",
-    "NUM_LIST",
-    "NUM_MAP",
-    "OBJ",
-    "OBJ_LIST",
     "RUN_RANK",
     "SCHEMA_VERSION",
     "SEVERITIES",
-    "STEP_ENTRIES",
     "STEP_ENTRY",
-    "STR",
-    "STR_LIST",
+    "THROTTLE_REASONS",
     "DecodeError",
-    "Field",
+    "FieldShape",
     "Record",
     "SchemaError",
+    "WireRecord",
     "decode",
     "encode",
     "make_record",
+    "payload_fields",
     "record_key",
     "restore",
     "restore_fields",

@@ -1,152 +1,55 @@
-"""The codec of wire schema v1: msgspec types built once from the tables in ``schema``.
+"""The codec of wire schema v1: one msgspec decoder of the declared record types (``kinds``).
 
-``decode`` parses and validates in one pass in C (msgspec): unknown fields, types, integer
-ranges, lengths and the allowed values of ``v``, ``kind``, an alert's severity and state are all
-checked there, and an error names the field path and the reason. It never raises. ``encode``
-writes the same bytes as the producers of v1 did (orjson's layout: compact, UTF-8 unescaped,
-non-finite floats as their names, Python's float spelling); ``validate`` checks a record given
-as a dict (``make_record``). ``wire_value`` and ``restore`` map non-finite floats to their
-names and back, for any consumer that writes or reads wire values itself.
+``decode`` parses and validates in one pass in C (msgspec) against ``kinds.WireRecord``, the
+tagged union on ``kind``: unknown fields, types, integer ranges, lengths and the allowed values
+of ``v``, ``kind``, an alert's severity and state are all checked there, and an error names the
+field path and the rule (``codec_errors``). It never raises. ``encode`` writes the same bytes as
+the producers of v1 did (orjson's layout: compact, UTF-8 unescaped, non-finite floats as their
+names, Python's float spelling); ``validate`` checks a record given as a dict (``make_record``).
+``wire_value`` and ``restore`` map non-finite floats to their names and back, for any consumer
+that writes or reads wire values itself.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any, Final, Literal, Union
+from typing import Any, Final
 
 import msgspec
-from msgspec import Meta
 
-from steplens.schema.metric_names import check_names
-from steplens.schema.tables import (
-    ALERT_STATES,
-    BOOL,
-    ENVELOPE,
-    FNUM,
-    INT,
-    INT_LIST,
-    INT_MAP,
+from steplens.schema.codec_errors import explain
+from steplens.schema.fields import payload_fields, struct_fields
+from steplens.schema.kinds import (
+    ENVELOPES,
     KINDS,
-    MAX_BATCH_ENTRIES,
-    MAX_LIST_LEN,
     MAX_RECORD_BYTES,
-    MAX_STR_LEN,
-    NUM,
-    NUM_LIST,
-    NUM_MAP,
-    OBJ,
-    OBJ_LIST,
+    NAN_NAMES,
     SCHEMA_VERSION,
-    SEVERITIES,
-    STEP_ENTRIES,
-    STEP_ENTRY,
-    STR,
-    STR_LIST,
-    DecodeError,
-    Field,
-    Record,
-    SchemaError,
+    WireRecord,
 )
+from steplens.schema.metric_names import check_names
+from steplens.schema.record import DecodeError, Record, SchemaError
 
-NAN_NAMES: Final = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-_I64_MAX: Final = (1 << 63) - 1
-_F64_MAX: Final = 1.7976931348623157e308
-
-# ----------------------------------------------------------------------------- msgspec types
-_Int = Annotated[int, Meta(ge=-_I64_MAX, le=_I64_MAX)]
-_Str = Annotated[str, Meta(max_length=MAX_STR_LEN)]
-_Num = float | Literal["NaN", "Infinity", "-Infinity"]
-_FNum = Annotated[float, Meta(ge=-_F64_MAX, le=_F64_MAX)]  # NaN fails both bounds
-
-
-def _list(item: Any) -> Any:
-    return Annotated[list[item], Meta(max_length=MAX_LIST_LEN)]
-
-
-_SCALAR_TYPES: Final[dict[str, Any]] = {
-    NUM: _Num,
-    FNUM: _FNum,
-    INT: _Int,
-    STR: _Str,
-    BOOL: bool,
-    NUM_MAP: dict[_Str, _Num],
-    INT_MAP: dict[_Str, _Int],
-    STR_LIST: _list(_Str),
-    NUM_LIST: _list(_Num),
-    INT_LIST: _list(_Int),
-    OBJ_LIST: _list(dict[str, str | int | float | bool | None]),
-    OBJ: dict[str, Any],
-}
-
-
-def _type_of(spec: Field) -> Any:
-    if spec.type == STEP_ENTRIES:
-        entries = list[_ENTRY]  # type: ignore[valid-type]
-        return Annotated[entries, Meta(min_length=1, max_length=MAX_BATCH_ENTRIES)]
-    if spec.low is None:
-        return _SCALAR_TYPES[spec.type]
-    if spec.type == STR:
-        return Annotated[str, Meta(min_length=spec.low, max_length=MAX_STR_LEN)]
-    return Annotated[int, Meta(ge=spec.low, le=_I64_MAX)]
-
-
-def _struct(name: str, fields: dict[str, Field], exact: dict[str, Any] | None = None) -> Any:
-    """A Struct of a table: required fields, and optional ones where null means absent.
-    ``exact``: types that replace the table's (an enumeration of allowed values)."""
-    exact = exact or {}
-    members: list[Any] = [
-        (n, exact.get(n, _type_of(s))) if s.required else (n, _type_of(s) | None, None)
-        for n, s in fields.items()
-    ]
-    return msgspec.defstruct(
-        name, members, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
-    )
-
-
-_ENTRY = _struct("StepEntry", STEP_ENTRY)
-# the few required fields whose values are an enumeration
-_EXACT: Final[dict[str, dict[str, Any]]] = {
-    "alert": {"severity": Literal[SEVERITIES], "state": Literal[ALERT_STATES]}
-}
-
-
-def _envelope(kind: str) -> Any:
-    env = {n: s for n, s in ENVELOPE.items() if n not in ("v", "kind", "data")}
-    members: list[Any] = [
-        ("v", Literal[SCHEMA_VERSION]),
-        *[(n, _type_of(s)) for n, s in env.items() if s.required],
-        ("data", _struct(f"{kind}_data", KINDS[kind], _EXACT.get(kind))),
-        *[(n, _type_of(s) | None, None) for n, s in env.items() if not s.required],
-    ]
-    return msgspec.defstruct(
-        f"{kind}_record",
-        members,
-        kw_only=True,
-        forbid_unknown_fields=True,
-        tag_field="kind",
-        tag=kind,
-    )
-
-
-_RECORD_TYPES: Final = {kind: _envelope(kind) for kind in KINDS}
-_KIND_OF: Final = {t: kind for kind, t in _RECORD_TYPES.items()}
-_ANY_RECORD: Final = Union[tuple(_RECORD_TYPES.values())]  # noqa: UP007 - built at run time
-_DECODER: Final = msgspec.json.Decoder(_ANY_RECORD)
+_NONFINITE: Final = dict(zip(NAN_NAMES, (math.nan, math.inf, -math.inf), strict=True))
+_DECODER: Final = msgspec.json.Decoder(WireRecord)
 _PARSER: Final = msgspec.json.Decoder()  # untyped: only to explain an error
 _ENCODER: Final = msgspec.json.Encoder()
 _to_builtins = msgspec.to_builtins
 _asdict = msgspec.structs.asdict
+_KIND_OF: Final = {t: kind for kind, t in ENVELOPES.items()}
+# kinds holding metric names (a step_batch in its entries' maps)
+_NAMED_KINDS: Final = frozenset(
+    kind
+    for kind in KINDS
+    if any(f.metric_names or f.entries for f in payload_fields(kind).values())
+)
 # Kinds of few fields holding large free-form values: their data is taken from the Struct as it
 # is (msgspec.to_builtins would copy every container again); the others omit absent fields in C.
-# kinds holding metric names (a step_batch in its entries' scalars)
-_NAMED_KINDS: Final = frozenset(
-    k for k, f in KINDS.items() if k == "step_batch" or any(s.names for s in f.values())
-)
 _SHALLOW_KINDS: Final = frozenset(
     kind
-    for kind, fields in KINDS.items()
-    if any(f.type in (OBJ, OBJ_LIST) for f in fields.values()) and len(fields) <= 10
+    for kind in KINDS
+    if any(f.free_form for f in payload_fields(kind).values()) and len(payload_fields(kind)) <= 10
 )
 _new = object.__new__
 _setattr = object.__setattr__
@@ -190,8 +93,6 @@ def decode(raw: bytes | bytearray | memoryview | str | None) -> Record | DecodeE
         try:
             env = _DECODER.decode(raw)
         except msgspec.ValidationError as exc:
-            from steplens.schema.codec_errors import explain
-
             return explain(_PARSER.decode(raw), str(exc), raw[:64])
         except (msgspec.DecodeError, RecursionError) as exc:
             if not raw.strip():
@@ -218,10 +119,8 @@ def validate(obj: Any) -> Record | DecodeError:
     """Validate an already-parsed envelope dict (wire form, or Python floats). Never raises."""
     try:
         try:
-            env = msgspec.convert(obj, _ANY_RECORD)
+            env = msgspec.convert(obj, WireRecord)
         except msgspec.ValidationError as exc:
-            from steplens.schema.codec_errors import explain
-
             return explain(obj, str(exc), b"")
         kind = _KIND_OF[type(env)]
         data = restore_fields(_to_builtins(env.data), KINDS[kind])
@@ -280,7 +179,7 @@ def unbatch(rec: Record) -> list[Record]:
 def restore(value: Any) -> Any:
     """The non-finite names turned back into floats, recursively (free-form values)."""
     if isinstance(value, str):
-        return NAN_NAMES.get(value, value)
+        return _NONFINITE.get(value, value)
     if isinstance(value, dict):
         return {k: restore(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -294,31 +193,28 @@ def _restore_in_place(value: Any) -> None:
     for k, x in items:
         t = type(x)
         if t is str:
-            f = NAN_NAMES.get(x)
+            f = _NONFINITE.get(x)
             if f is not None:
                 value[k] = f  # an existing key or index: the container keeps its size
         elif t is dict or t is list:
             _restore_in_place(x)
 
 
-def restore_fields(data: dict[str, Any], fields: dict[str, Field]) -> dict[str, Any]:
-    """``data`` (fresh from the codec, checked against ``fields``) with the names in its number
-    and free-form fields turned back into floats, in place; "str" fields keep their strings."""
+def restore_fields(data: dict[str, Any], payload: type[msgspec.Struct]) -> dict[str, Any]:
+    """``data`` (fresh from the codec, checked against the Struct ``payload``) with the names in
+    its number and free-form fields turned back into floats, in place; strings stay strings."""
+    shapes = struct_fields(payload)
     for name, value in data.items():
-        typ = fields[name].type
-        if typ == NUM:
+        shape = shapes[name]
+        if shape.python is float:
             if type(value) is str:
-                data[name] = NAN_NAMES[value]
-        elif typ in _FREE_FORM:
+                data[name] = _NONFINITE[value]
+        elif shape.free_form:
             _restore_in_place(value)
-        elif typ == STEP_ENTRIES:
+        elif shape.entries is not None:
             for entry in value:
-                restore_fields(entry, STEP_ENTRY)
+                restore_fields(entry, shape.entries)
     return data
-
-
-# types whose strings may be names (lists and maps of numbers: only names are strings there)
-_FREE_FORM: Final = frozenset((NUM_MAP, NUM_LIST, OBJ, OBJ_LIST))
 
 
 def wire_value(value: Any) -> Any:

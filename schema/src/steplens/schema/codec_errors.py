@@ -1,82 +1,84 @@
-"""Words for a record the codec refused: the field path and a reason a person can act on.
+"""Words for a record the codec refused: msgspec's reason, at the path in the record's own terms.
 
-msgspec names the rule that failed and where (``$.data.records[3].loss``, ``[...]`` for a map
-value, ``key`` for a map key). This module turns that into the path in the record's own terms
-(``data.scalars.my_metric``) and a reason phrased from the schema's tables and the offending
-value. It runs only for refused records, so it may take its time.
+msgspec names the rule that failed and where (``$.data.records[3].loss``; ``[...]`` for a
+map's value, ``key`` for a map's key). This module turns the place into a path
+(``data.scalars.my_metric``: the offending key found by converting the map's items with their
+declared type) and keeps
+msgspec's wording except where the declared type says more than msgspec can: the schema version
+and the known kinds, a number that may be spelled "NaN", "Infinity" or "-Infinity", a finite
+number, a value out of an enumeration, a bad metric name. It runs only for refused records.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Any, Final
+import types
+from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 
-from steplens.schema.tables import (
-    ALERT_STATES,
-    BOOL,
-    ENVELOPE,
-    FNUM,
-    INT,
-    INT_LIST,
-    INT_MAP,
-    KINDS,
-    MAX_BATCH_ENTRIES,
-    MAX_LIST_LEN,
+import msgspec
+
+from steplens.schema.kinds import (
+    ENVELOPES,
     MAX_NAME_LEN,
-    MAX_STR_LEN,
-    NUM,
-    NUM_LIST,
-    NUM_MAP,
-    OBJ,
-    OBJ_LIST,
+    NAN_NAMES,
     SCHEMA_VERSION,
-    SEVERITIES,
-    STEP_ENTRIES,
-    STEP_ENTRY,
-    STR,
-    STR_LIST,
-    DecodeError,
-    Field,
-    valid_name,
+    FNum,
+    MetricName,
+    Num,
+    WireRecord,
 )
+from steplens.schema.record import DecodeError
 
 _SEGMENT: Final = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
-_ENTRY_TABLE: Final = "a step_batch entry"
-_I64_MAX: Final = (1 << 63) - 1
-_NAMES: Final = ("NaN", "Infinity", "-Infinity")
-_MAP_VALUE: Final = {NUM_MAP: NUM, INT_MAP: INT}
-_OBJECT: Final = "object"  # an item that must be an object
-_ITEM: Final = {
-    STR_LIST: STR,
-    NUM_LIST: NUM,
-    INT_LIST: INT,
-    OBJ_LIST: _OBJECT,
-    STEP_ENTRIES: _OBJECT,
-}
-
-
-def _type_name(value: Any) -> str:
-    return type(value).__name__
+_FIELD: Final = re.compile(r"^Object (missing required|contains unknown) field `([^`]*)`")
+_UNIONS: Final = (Union, types.UnionType)
+_JSON_TYPE: Final = {
+    bool: "bool",
+    int: "int",
+    float: "float",
+    str: "str",
+    list: "array",
+}  # msgspec's
 
 
 class _Place:
-    """Where the walk along a path is: the value, its field spec, the table it belongs to."""
+    """Where the walk along msgspec's path is: the value there and its declared type."""
 
-    def __init__(self, value: Any, spec: Field | None, table: dict[str, Field], what: str):
-        self.value, self.spec, self.table, self.what = value, spec, table, what
-        self.path = ""
+    def __init__(self, value: Any) -> None:
+        self.value, self.path = value, ""
+        self.type: Any = WireRecord
 
-    def enter(self, name: str, value: Any, spec: Field | None) -> None:
+    def enter(self, name: str) -> None:
         self.path = f"{self.path}.{name}" if self.path else name
-        self.value, self.spec = value, spec
+        if self.type is WireRecord and isinstance(self.value, dict):  # the kind picks the type
+            kind = self.value.get("kind")
+            self.type = ENVELOPES.get(kind) if isinstance(kind, str) else None
+        struct = _bare(self.type)
+        declared = {}
+        if isinstance(struct, type) and issubclass(struct, msgspec.Struct):
+            declared = {f.name: f.type for f in msgspec.structs.fields(struct)}
+        self.value = self.value.get(name) if isinstance(self.value, dict) else None
+        self.type = declared.get(name)
 
     def index(self, i: int) -> None:
         self.path = f"{self.path}[{i}]"
-        self.value = self.value[i] if isinstance(self.value, list) else None
-        typ = self.spec.type if self.spec is not None else None
-        if typ == STEP_ENTRIES:
-            self.table, self.what = STEP_ENTRY, _ENTRY_TABLE
-        self.spec = Field(_ITEM[typ]) if typ in _ITEM else None
+        ok = isinstance(self.value, list) and i < len(self.value)
+        self.value = self.value[i] if ok else None
+        self.type = _args(self.type, list)[0]
+
+    def bad_item(self, key_error: bool) -> None:
+        """Resolve ``[...]``: the first key (or value) of this map its declared type refuses."""
+        key_type, value_type = _args(self.type, dict)
+        for k, v in self.value.items() if isinstance(self.value, dict) else ():
+            if key_error and not _fits(k, key_type):
+                self.type, self.value = key_type, k  # the path stays the map's
+                return
+            if not key_error and not _fits(v, value_type):
+                self.path = f"{self.path}.{k}"
+                self.type, self.value = value_type, v
+                return
+        self.type = key_type if key_error else value_type
 
 
 def explain(obj: Any, message: str, raw_prefix: bytes) -> DecodeError:
@@ -86,139 +88,77 @@ def explain(obj: Any, message: str, raw_prefix: bytes) -> DecodeError:
     key_error = where.startswith("key` in `")
     if key_error:
         where = where[len("key` in `") :]
-    if not isinstance(obj, dict):
-        return DecodeError(f"expected a JSON object, got {_type_name(obj)}", "", raw_prefix)
-    place = _Place(obj, None, ENVELOPE, "envelope")
+    place = _Place(obj)
     for m in _SEGMENT.finditer(where):
         name, index = m.groups()
         if name is not None:
-            if name == "data" and place.table is ENVELOPE:
-                kind = obj.get("kind")
-                place.enter("data", obj.get("data"), ENVELOPE["data"])
-                place.table = KINDS.get(kind, {}) if isinstance(kind, str) else {}
-                place.what = f"kind {kind!r}"
-            else:
-                place.enter(name, place.value.get(name), place.table.get(name))
+            place.enter(name)
         elif index != "...":
             place.index(int(index))
         else:
-            _find_bad_item(place, key_error)
+            place.bad_item(key_error=False)
     if key_error:
-        return DecodeError(_key_reason(text, place), place.path, raw_prefix)
-    field_m = re.search(r"(missing required|contains unknown) field `([^`]*)`", text)
-    if field_m is not None:
-        missing = field_m.group(1) == "missing required"
-        name = field_m.group(2)
-        place.enter(name, None, place.table.get(name))
-        return DecodeError(_field_reason(missing, place, name), place.path, raw_prefix)
-    return DecodeError(_value_reason(text, place), place.path, raw_prefix)
-
-
-def _find_bad_item(place: _Place, key_error: bool) -> None:
-    """Resolve ``[...]`` (a map's value or key) to the first item that breaks the rule."""
-    items = place.value.items() if isinstance(place.value, dict) else ()
-    spec = place.spec
-    inner = _MAP_VALUE.get(spec.type) if spec is not None else None
-    for k, v in items:
-        if key_error:
-            bad = not (valid_name(k) if spec is not None and spec.names else len(k) <= MAX_STR_LEN)
-        elif inner is not None:
-            bad = _check_scalar(v, inner) is not None
-        else:  # an object in a list[obj]: its values must be scalars
-            bad = isinstance(v, (dict, list))
-        if bad:
-            if key_error:
-                place.value = k  # the offending name, for the reason; the path is the map's
-                return
-            place.enter(k, v, Field(inner) if inner else Field("flat-value"))
-            return
-
-
-def _key_reason(text: str, place: _Place) -> str:
-    if place.spec is not None and place.spec.names:
-        return (
-            f"bad metric name {str(place.value)[:40]!r}: must be 1 to {MAX_NAME_LEN} characters, "
-            "no control characters"
+        place.bad_item(key_error=True)
+    field = _FIELD.match(text)
+    if field is not None:
+        place.enter(field.group(2))
+        missing = field.group(1) == "missing required"
+        return DecodeError(
+            f"{'missing required' if missing else 'unknown'} field", place.path, raw_prefix
         )
-    if "length <=" in text:
-        return "key too long"
-    return text[0].lower() + text[1:]
+    return DecodeError(_reason(text, place), place.path, raw_prefix)
 
 
-def _field_reason(missing: bool, place: _Place, name: str) -> str:
-    if place.table is ENVELOPE:
-        if missing and name == "v":
-            return f"unsupported schema version None (this decoder reads {SCHEMA_VERSION})"
-        return "missing required field" if missing else f"unknown envelope field(s) [{name!r}]"
-    return f"{'missing required' if missing else 'unknown'} field for {place.what}"
-
-
-def _check_scalar(value: Any, typ: str) -> str | None:
-    """The reason a value does not fit a scalar type (or None when it does)."""
-    if typ in (NUM, FNUM):
-        if isinstance(value, bool):
-            return "expected a number, got a boolean"
-        if isinstance(value, str) and value in _NAMES:
-            return "non-finite value not allowed here" if typ == FNUM else None
-        if not isinstance(value, (int, float)):
-            return f"expected a number, got {_type_name(value)}"
-        if typ == FNUM and value - value != 0:  # NaN or an infinity
-            return "non-finite value not allowed here"
-        return None
-    if typ == INT:
-        if isinstance(value, bool) or not isinstance(value, int):
-            return f"expected an integer, got {_type_name(value)}"
-        if abs(value) > _I64_MAX:
-            return "integer out of range (64-bit signed)"
-        return None
-    if typ == STR:
-        if not isinstance(value, str):
-            return f"expected a string, got {_type_name(value)}"
-        return f"string longer than {MAX_STR_LEN} characters" if len(value) > MAX_STR_LEN else None
-    if typ == BOOL:
-        return None if isinstance(value, bool) else f"expected a boolean, got {_type_name(value)}"
-    return None
-
-
-def _value_reason(text: str, place: _Place) -> str:
-    value, spec, path = place.value, place.spec, place.path
+def _reason(text: str, place: _Place) -> str:
+    value, typ, path = place.value, place.type, place.path
     if path == "v":
         return f"unsupported schema version {value!r} (this decoder reads {SCHEMA_VERSION})"
-    if path == "kind" and isinstance(value, str):
-        return f"unknown kind {value!r} (known: {', '.join(KINDS)})"
-    if path == "data.severity":
-        return f"severity must be one of {SEVERITIES}"
-    if path == "data.state":
-        return f"state must be one of {ALERT_STATES}"
-    if spec is None:
-        if path == "" and "got" in text:
-            return f"expected a JSON object, got {text.rsplit('`', 2)[-2]}"
-        return text[0].lower() + text[1:]
-    if value is None and spec.required:
-        return f"missing required field for {place.what}"
-    typ = spec.type
-    reason = _check_scalar(value, typ)
-    if reason is not None:
-        return reason
-    if typ in (INT, STR) and spec.low is not None:
-        if typ == STR:
-            return "must not be empty"
-        if path == "rank":
-            return f"must be >= {spec.low} ({spec.low}: the whole run)"
-        return f"must be >= {spec.low}"
-    if typ == STEP_ENTRIES:
-        if not isinstance(value, list):
-            return f"expected a list, got {_type_name(value)}"
-        return f"expected 1 to {MAX_BATCH_ENTRIES} entries, got {len(value)}"
-    if typ == "flat-value":
-        return "nested values not allowed here"
-    if typ in (OBJ, NUM_MAP, INT_MAP, _OBJECT, "payload") and not isinstance(value, dict):
-        return f"expected an object, got {_type_name(value)}"
-    if typ.startswith("list"):
-        if not isinstance(value, list):
-            return f"expected a list, got {_type_name(value)}"
-        if len(value) > MAX_LIST_LEN:
-            return f"list longer than {MAX_LIST_LEN}"
-    if "out of range" in text:
-        return "number out of range"
+    if path == "kind":  # the tag: msgspec's JSON decoder names no type it got
+        if isinstance(value, str):
+            return f"unknown kind {value!r} (known: {', '.join(ENVELOPES)})"
+        return f"expected `str`, got `{_json_type(value)}`"
+    if typ is not None and _bare(typ) == MetricName:
+        return (
+            f"bad metric name {str(value)[:40]!r}: must be 1 to {MAX_NAME_LEN} characters, "
+            "no control characters"
+        )
+    if typ is not None and _bare(typ) == Num:
+        return f'expected a number, "NaN", "Infinity" or "-Infinity", got `{_json_type(value)}`'
+    nonfinite = value in NAN_NAMES or (isinstance(value, float) and not math.isfinite(value))
+    if typ is not None and _bare(typ) == _bare(FNum) and nonfinite:
+        return "non-finite value not allowed here"
+    if typ is not None and get_origin(_bare(typ)) is Literal and text.startswith("Invalid"):
+        return f"expected one of {get_args(_bare(typ))}, got {value!r}"
     return text[0].lower() + text[1:]
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    return _JSON_TYPE.get(type(value), "object")
+
+
+def _fits(value: Any, typ: Any) -> bool:
+    try:
+        msgspec.convert(value, typ)
+    except msgspec.ValidationError:
+        return False
+    return True
+
+
+def _bare(t: Any) -> Any:
+    """``t`` without ``None`` (null reads as absent) and, unless it is a leaf, its constraints."""
+    if get_origin(t) in _UNIONS and type(None) in get_args(t):
+        rest = tuple(a for a in get_args(t) if a is not type(None))
+        t = rest[0] if len(rest) == 1 else Union[rest]  # noqa: UP007 - built at run time
+    if get_origin(t) is Annotated and get_origin(get_args(t)[0]) in (list, dict):
+        t = get_args(t)[0]
+    return t
+
+
+def _args(t: Any, container: type) -> tuple[Any, ...]:
+    """The item types of ``t`` when it is a ``container`` (list or dict), else Nones."""
+    t = _bare(t)
+    if get_origin(t) is container:
+        return get_args(t)
+    return (None, None)

@@ -12,7 +12,7 @@ import socket
 import time
 
 from steplens.schema.codec import encode, make_record
-from steplens.schema.tables import MAX_STR_LEN, RUN_RANK
+from steplens.schema.kinds import MAX_STR_LEN, RUN_RANK
 
 PAYLOAD_LIMIT = MAX_STR_LEN
 REASON_LIMIT = MAX_STR_LEN

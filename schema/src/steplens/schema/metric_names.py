@@ -1,23 +1,39 @@
-"""The metric-name rule on decoded records (``schema.valid_name``), checked after msgspec.
+"""The metric-name rule (``valid_name``), checked on decoded records after msgspec.
 
-A regex per key inside msgspec cost a step_batch entry 2.5x its decode; here names seen valid
-are remembered, so a producer's usual names cost one C-level set test per map.
+msgspec checks a name's length (``kinds.MetricName``); the rule on its characters is a regex, and
+a regex per key inside msgspec costs a step_batch entry several times its decode. Here names seen
+valid are remembered, so a producer's usual names cost one C-level set test per map.
 """
 
 from __future__ import annotations
 
 import itertools
 import operator
+import re
 from typing import Any, Final
 
-from steplens.schema.tables import KINDS, MAX_NAME_LEN, STEP_ENTRY, DecodeError, valid_name
+from steplens.schema.fields import payload_fields, struct_fields
+from steplens.schema.kinds import KINDS, MAX_NAME_LEN, NAME_PATTERN, StepEntry
+from steplens.schema.record import DecodeError
+
+_NAME_RE: Final = re.compile(NAME_PATTERN)
+
+
+def valid_name(name: object) -> bool:
+    """Whether ``name`` may name a metric (the rule every decoder applies)."""
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= MAX_NAME_LEN
+        and _NAME_RE.search(name) is not None
+    )
+
 
 _VALID_NAMES: set[str] = set()
 _VALID_NAMES_MAX: Final = 1 << 16
 _NAME_FIELDS: Final = {
-    kind: tuple(n for n, f in fields.items() if f.names) for kind, fields in KINDS.items()
+    kind: tuple(n for n, f in payload_fields(kind).items() if f.metric_names) for kind in KINDS
 }
-_ENTRY_NAME_FIELDS: Final = tuple(n for n, f in STEP_ENTRY.items() if f.names)
+_ENTRY_NAME_FIELDS: Final = tuple(n for n, f in struct_fields(StepEntry).items() if f.metric_names)
 
 
 def _bad_name(keys: Any) -> str | None:

@@ -44,14 +44,8 @@ SOURCE_COLUMNS: Final = [
     pa.field("kafka_offset", pa.int64()),
     pa.field("payload", pa.binary()),
 ]
-_ARROW_TYPE: Final = {
-    schema.NUM: pa.float64(),
-    schema.FNUM: pa.float64(),
-    schema.INT: pa.int64(),
-    schema.STR: pa.string(),
-    schema.BOOL: pa.bool_(),
-}
-_MAPS: Final = {schema.NUM_MAP: pa.float64(), schema.INT_MAP: pa.int64()}
+# a payload field's column by the type of its decoded value; a map of numbers is flattened
+_ARROW_TYPE: Final = {float: pa.float64(), int: pa.int64(), str: pa.string(), bool: pa.bool_()}
 
 
 @dataclass(frozen=True)
@@ -114,12 +108,12 @@ def record_row(rec: Record, topic: str, partition: int, offset: int, payload: by
         "kafka_offset": offset,
         "payload": payload,
     }
-    spec = schema.KINDS[rec.kind]
+    shapes = schema.payload_fields(rec.kind)
     for name, value in rec.data.items():
-        typ = spec[name].type
-        if typ in _ARROW_TYPE:
+        shape = shapes[name]
+        if shape.python in _ARROW_TYPE:
             row[name] = value
-        elif typ in _MAPS:
+        elif shape.numbers is not None:
             for key, item in value.items():
                 row[f"{name}.{key}"] = item
         else:
@@ -131,11 +125,11 @@ def arrow_schema(kind: str, rows: Iterable[dict]) -> pa.Schema:
     """Fixed columns for the kind, then the flattened map columns seen in ``rows``."""
     fields = list(ENVELOPE_COLUMNS)
     maps: dict[str, pa.DataType] = {}
-    for name, spec in schema.KINDS[kind].items():
-        if spec.type in _MAPS:
-            maps[name] = _MAPS[spec.type]
+    for name, shape in schema.payload_fields(kind).items():
+        if shape.numbers is not None:
+            maps[name] = _ARROW_TYPE[shape.numbers]
         else:
-            fields.append(pa.field(name, _ARROW_TYPE.get(spec.type, pa.string())))
+            fields.append(pa.field(name, _ARROW_TYPE.get(shape.python, pa.string())))
     fixed = {f.name for f in fields} | {f.name for f in SOURCE_COLUMNS}
     dynamic: dict[str, pa.DataType] = {}
     for row in rows:

@@ -129,7 +129,7 @@ def _both(
 
 def _metric_names(kind: str, metric: str) -> tuple[str, str]:
     """(InfluxDB field, Parquet column) of a metric of ``kind``."""
-    fixed = schema.KINDS[kind]
+    fixed = schema.payload_fields(kind)
     if metric in fixed or kind not in MAP_FIELDS:
         return metric, metric
     map_field, prefix = MAP_FIELDS[kind]
@@ -245,13 +245,15 @@ def query_records(
         )
 
     frame = stitch(*_both(stores, kind, hot, cold), [*IDENTITY[kind], "seq"])
-    for name, spec in schema.KINDS[kind].items():
-        if spec.type in JSON_TYPES and name in frame:
+    for name, shape in schema.payload_fields(kind).items():
+        if _is_json(shape) and name in frame:
             frame[name] = frame[name].map(_from_json)
     return frame
 
 
-JSON_TYPES: Final = {schema.STR_LIST, schema.NUM_LIST, schema.INT_LIST, schema.OBJ_LIST, schema.OBJ}
+def _is_json(shape: schema.FieldShape) -> bool:
+    """Lists and free-form objects are stored as JSON text; maps of numbers are flattened."""
+    return shape.python in (list, dict) and shape.numbers is None
 
 
 def _from_json(value: Any) -> Any:
@@ -274,7 +276,15 @@ def _influx_to_cold_names(kind: str, columns: list[str]) -> dict[str, str]:
     if kind not in MAP_FIELDS:
         return {}
     map_field, prefix = MAP_FIELDS[kind]
-    known = {"time_ns", "run_id", "seq", "step", "host", *IDENTITY[kind], *schema.KINDS[kind]}
+    known = {
+        "time_ns",
+        "run_id",
+        "seq",
+        "step",
+        "host",
+        *IDENTITY[kind],
+        *schema.payload_fields(kind),
+    }
     if kind == "batch":
         return {c: f"{map_field}.{c[len(prefix) :]}" for c in columns if c.startswith(prefix)}
     out = {}

@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from steplens.schema.tables import THROTTLE_REASONS
+from steplens.schema import THROTTLE_REASONS
 from steplens.sinks.report_data import RunData
 from steplens.sinks.report_plot import nothing
 
