@@ -17,8 +17,8 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from close_data import assert_close
 
+from close_data import assert_close
 from steplens.schema import make_record
 from steplens.stream_jobs.engine.core import flatten
 from steplens.stream_jobs.engine.detector import RunDetector
