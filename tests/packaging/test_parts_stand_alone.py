@@ -7,8 +7,8 @@ The parts are built into wheels once and installed into fresh virtual environmen
 site packages): the schema with its one dependency, the other parts without theirs,
 since what is checked is the packaging, the command table and the arguments parsing. That the
 dependencies of each part resolve under the project's constraints is checked by pip's resolver
-(``--dry-run``, reading the registry's metadata, installing nothing). A full install of
-producer + stream_jobs with their dependencies takes about 2 minutes here, mostly downloads.
+(``--dry-run``, reading the registry's metadata, installing nothing), which costs no
+downloads of the dependencies themselves.
 """
 
 from __future__ import annotations
