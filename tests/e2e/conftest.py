@@ -34,7 +34,7 @@ def quick_demo(stack_env: dict[str, str], tmp_path_factory: pytest.TempPathFacto
         [
             sys.executable,
             "-m",
-            "steplens.stack.cli",
+            "steplens.schema.command",
             "demo",
             "--quick",
             "--isolated",

@@ -17,6 +17,7 @@ import pytest
 from producer_kafka_helpers import by_rank, consume_all, new_raw_topic
 
 from steplens.producer.monitor import Monitor
+from waiting import wait_until
 
 pytestmark = pytest.mark.stack
 HERE = Path(__file__).parent
@@ -93,11 +94,12 @@ def test_kafka_outage_spools_and_recovers(private_stack: Any, tmp_path: Path) ->
     phase = {"name": "before"}
 
     def outage() -> None:
-        time.sleep(2.0)
+        wait_until(lambda: m.delivery.sent > 0, 60)  # delivering live first
         phase["name"] = "stopping"
         stack.stop("kafka")
         phase["name"] = "down"
-        time.sleep(4.0)
+        # down until the records that could not be delivered in time are in the spool
+        wait_until(lambda: m.delivery.spooled > 0, 60)
         phase["name"] = "starting"
         stack.start("kafka")
         phase["name"] = "up"

@@ -9,15 +9,7 @@ import time
 import pytest
 
 from steplens.producer.stall import FLOOR_S, StallWatch
-
-
-def _wait(cond, timeout_s: float = 20.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
+from waiting import wait_until
 
 
 def wait_for_a_peer_that_never_comes(released: threading.Event) -> None:
@@ -31,8 +23,8 @@ def test_a_blocked_loop_sends_its_stacks_once_per_stall(memory_monitor) -> None:
     stacks = lambda: tx.records("stacks")  # noqa: E731
 
     def release_after(n: int, hold_s: float) -> None:
-        _wait(lambda: len(stacks()) >= n)
-        time.sleep(hold_s)  # the stall goes on well past the threshold
+        wait_until(lambda: len(stacks()) >= n)
+        time.sleep(hold_s)  # the behaviour under test: the stall goes on past the threshold
         released.set()
 
     step = 0
@@ -61,10 +53,12 @@ def test_a_blocked_loop_sends_its_stacks_once_per_stall(memory_monitor) -> None:
 
 
 def test_no_stacks_before_the_first_step_or_when_off(memory_monitor) -> None:  # type: ignore[no-untyped-def]
-    m, tx = memory_monitor(hang_dump_after_s=0.05)
-    off, tx_off = memory_monitor(hang_dump_after_s=0)
+    m, tx = memory_monitor(hang_dump_after_s=0.05, health_interval_s=0.05)
+    off, tx_off = memory_monitor(hang_dump_after_s=0, health_interval_s=0.05)
     off.log_step(0, loss=1.0)
-    time.sleep(0.5)  # several worker ticks past the threshold
+    # a worker's third health record comes from a tick at least 0.15 s after it started, past
+    # the threshold; a dump due then would have been sent before it
+    assert wait_until(lambda: min(len(t.records("health")) for t in (tx, tx_off)) >= 3)
     m.shutdown()
     off.shutdown()
     assert tx.records("stacks") == [] and tx_off.records("stacks") == []

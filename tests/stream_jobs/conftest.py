@@ -106,7 +106,7 @@ class WorkerProc:
         self.args = [
             sys.executable,
             "-m",
-            "steplens.stack.cli",
+            "steplens.schema.command",
             "worker",
             "--app-id",
             app_id,

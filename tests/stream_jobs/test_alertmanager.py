@@ -170,6 +170,9 @@ def test_firing_incidents_are_posted_again_until_they_resolve() -> None:
         bodies.append(await request.json())
         return web.Response(status=200)
 
+    def critical_posts() -> int:
+        return sum(a["labels"]["severity"] == "critical" for body in bodies for a in body)
+
     async def main() -> None:
         runner, port = await _serve(handler, "/api/v2/alerts")
         sender = AlertmanagerSender(f"http://127.0.0.1:{port}", resend_s=0.2)
@@ -177,10 +180,15 @@ def test_firing_incidents_are_posted_again_until_they_resolve() -> None:
         opened, escalated, resolved = incident_story("run-c")
         sender.notify(opened)
         sender.notify(escalated)
-        await asyncio.sleep(0.7)
+
+        async def reposted() -> None:  # posted, then posted again twice while it fires
+            while critical_posts() < 3:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(reposted(), 20)
         sender.notify(resolved)
-        await asyncio.sleep(0.5)
-        await sender.stop()
+        assert not sender.open  # nothing left to post again
+        await sender.stop()  # once the queue, the resolved post last, is sent
         await runner.cleanup()
 
     asyncio.run(main())

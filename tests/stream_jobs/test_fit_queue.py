@@ -2,7 +2,6 @@ import asyncio
 import concurrent.futures
 import multiprocessing
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -89,27 +88,34 @@ def test_no_pool_refuses_and_a_failing_pool_gives_every_fit_none(monkeypatch):
     assert got[0] == [None] and all(got[i][0] is not None for i in range(1, 5))
 
 
+class CountingPool(concurrent.futures.ThreadPoolExecutor):
+    """A thread pool that counts the jobs it holds (submitted, not finished) and the most at
+    once: what the queue put in it, whatever its threads' timing."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers)
+        self.lock = threading.Lock()
+        self.now = self.most = 0
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def, override]
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        fut = super().submit(fn, *args, **kwargs)
+        fut.add_done_callback(self._finished)  # before the event loop's, so it counts first
+        return fut
+
+    def _finished(self, _fut: concurrent.futures.Future) -> None:
+        with self.lock:
+            self.now -= 1
+
+
 @pytest.mark.parametrize("jobs", [1, 3])
-def test_jobs_in_flight_are_bounded(jobs, monkeypatch):
+def test_jobs_in_flight_are_bounded(jobs):
     values = series(40, seed=4)
-    lock, now, most = threading.Lock(), [0], [0]
-    fit_many = arima.fit_many
-
-    def counted(vs, order, method):
-        with lock:
-            now[0] += 1
-            most[0] = max(most[0], now[0])
-        time.sleep(0.02)  # long enough for the other jobs to start if they were let
-        try:
-            return fit_many(vs, order, method)
-        finally:
-            with lock:
-                now[0] -= 1
-
-    monkeypatch.setattr(arima, "fit_many", counted)
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    with CountingPool(4) as pool:
         got, q, _ = asyncio.run(run_queue(pool, values, jobs=jobs, max_batch=8))
     assert sorted(got) == list(range(40))
-    assert most[0] == jobs  # the pool has 4 threads: only the queue holds it to ``jobs``
+    assert pool.most == jobs  # the pool has 4 threads: only the queue holds it to ``jobs``
     # ``jobs`` lone fits go at once, then the other fits 8 at a time as jobs finish
     assert q.submitted == jobs + -(-(40 - jobs) // 8)

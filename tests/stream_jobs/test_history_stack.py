@@ -193,7 +193,7 @@ class Sinks:
         self.procs = []
         for which, extra in (("influx", []), ("s3", ["--max-age-s", "2"])):
             log = (tmp / f"sink-{which}.log").open("ab")
-            args = [sys.executable, "-m", "steplens.stack.cli", "sink", which]
+            args = [sys.executable, "-m", "steplens.schema.command", "sink", which]
             args += ["--group", f"{group}-{which}", "--topics", t.raw, "--metrics-port", "0"]
             self.procs.append(
                 subprocess.Popen(

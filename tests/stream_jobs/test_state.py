@@ -2,10 +2,13 @@
 unpickled; a state of another format is refused and the run starts afresh.
 
 ``data/state_v1.msgpack`` was written by ``python tests/stream_jobs/test_state.py`` with format
-1: a later release must still restore it (keep the file; add one per new format)."""
+1: a later release must still restore it (keep the file; add one per new format). Its ARIMA fits
+were computed on another CPU, whose BLAS kernels may round differently: what it scores compares
+with the never-stopped detector's within a float tolerance (``close_data``)."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import pickle
@@ -15,6 +18,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from close_data import assert_close
 from steplens.schema import make_record
 from steplens.stream_jobs.engine.core import flatten
 from steplens.stream_jobs.engine.detector import RunDetector
@@ -61,10 +65,12 @@ def records() -> list:
 
 
 def replay(det: RunDetector, recs: list, skip: frozenset[str] = frozenset()) -> list:
+    """Each record's signals (but those of the detectors in ``skip``) and alert transitions,
+    copied as they were when it was processed."""
     got = []
     for rec in recs:
         sigs, alerts = det.process(rec)
-        got.append((repr([s for s in flatten(sigs) if s.name not in skip]), repr(alerts)))
+        got.append(copy.deepcopy(([s for s in flatten(sigs) if s.name not in skip], alerts)))
     return got
 
 
@@ -92,8 +98,8 @@ def test_a_state_of_format_1_restores_and_scores_as_a_never_stopped_detector():
     det = restore(BLOB.read_bytes())
     assert det is not None and det.records == never_stopped.records - (len(recs) - CUT)
     got = replay(det, recs[CUT:], NEW_SINCE_V1)
-    assert got == want
-    assert any("spike:loss" in alerts for _, alerts in got)  # the baselines were restored
+    assert_close(got, want)
+    assert any(a.rule == "spike:loss" for _, alerts in got for a in alerts)  # baselines restored
 
 
 def test_format_1_states_of_changed_detectors_restore_to_working_ones():
@@ -121,7 +127,7 @@ def test_dump_and_load_round_trip_every_detector_state():
     back = load_state(head, ranks.get)
     assert back is not None
     back.fit_inline = True
-    assert replay(back, recs[CUT:]) == replay(det, recs[CUT:])
+    assert_close(replay(back, recs[CUT:]), replay(det, recs[CUT:]), rel=0, abs_=0)  # one CPU
     assert set(back.run_states) == set(det.run_states)
 
 

@@ -179,7 +179,7 @@ def test_lr_events_are_published_signals_and_never_alerts():
 
 def test_a_window_std_feeds_volatility_as_the_noise_of_its_steps():
     """Windows of 100 steps whose steps are 20 % noisy around a flat mean: their means barely
-    move (the old reading saw no noise), their own std says 20 %."""
+    move, so only their own std (20 %) shows the noise."""
     rng = random.Random(7)
     recs = []
     for w in range(20):

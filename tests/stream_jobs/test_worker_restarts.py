@@ -1,7 +1,7 @@
-"""A worker killed with SIGKILL: what it leaves behind (issue 22). Against the real Kafka.
+"""A worker killed with SIGKILL: what it leaves behind. Against the real Kafka.
 
-This module imports nothing of the worker itself, so it runs against an earlier release as
-well (``PYTHONPATH`` of that checkout): both tests fail there."""
+This module imports nothing of the worker itself, so it also runs against another checkout
+(its ``PYTHONPATH``), to compare."""
 
 from __future__ import annotations
 

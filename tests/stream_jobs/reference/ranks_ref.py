@@ -1,13 +1,22 @@
-"""The per-step reference of the package's compiled straggler judgement (its code before the
-columnar rewrite): the property tests hold the package equal to it."""
+"""The per-step reference of the package's compiled straggler judgement, in plain Python (its
+medians ``statistics.median``'s, its score written out): the property tests hold the package
+equal to it."""
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from statistics import median
 
-from steplens.stream_jobs.engine.core import WARNING, Signal, median, score_of
+from steplens.stream_jobs.engine.core import WARNING, Signal
 from steplens.stream_jobs.engine.signals.ranks import RanksConfig
+
+
+def score(ratio: float) -> float:
+    """``ratio`` (a measure over its threshold) as a score: 0.5 at 1, towards 1 above it."""
+    if ratio == math.inf:
+        return 1.0
+    return ratio / (ratio + 1.0) if ratio > 0.0 else 0.0
 
 
 def judge(
@@ -36,7 +45,7 @@ def judge(
                 "step_time_s",
                 step,
                 typical,
-                r / (r + 1.0) if 0.0 < r < math.inf else score_of(r),
+                score(r),
                 rank,
                 f"rank:{rank}",
                 WARNING if slow else None,

@@ -84,19 +84,6 @@ def test_a_pause_of_the_whole_process_is_not_a_hang():
     assert not [s for s in sigs + sigs2 if s.severity]
 
 
-def test_median_is_statistics_median():
-    import random
-    import statistics
-
-    from steplens.stream_jobs.engine.core import median
-
-    rng = random.Random(3)
-    for n in range(1, 12):
-        xs = [rng.choice([rng.gauss(0, 1), 1, 2.5, float("inf")]) for _ in range(n)]
-        assert median(xs) == statistics.median(xs)
-        assert median(iter(xs)) == statistics.median(xs)
-
-
 @settings(max_examples=150, deadline=None)
 @given(
     n_ranks=st.integers(2, 7),

@@ -1,105 +1,50 @@
-"""The `steplens` command: subcommands registered by each installed part, imported only when
-one runs.
+"""The `steplens` command: the subcommands the installed parts register in the entry-point
+group ``steplens.commands``, each imported only when it runs.
 
-It lives in the producer, which every other part depends on, so `pip install
+It comes with the wire contract (steplens-schema), which every part depends on, so `pip install
 steplens-stream-jobs` alone gives `steplens worker` and `pip install steplens-sinks` the sink
-commands. A part registers its subcommands in the entry-point group ``steplens.commands``
-(``worker = "steplens.stream_jobs.worker.cli:main"``); each ``main(argv: list[str], prog: str) ->
-int`` parses its own arguments, so `steplens CMD --help` works for each. A command of a part
-that is not installed says which distribution to install.
+commands. A part registers each command as ``name = "package.module:main"``; that
+``main(argv: list[str], prog: str) -> int`` parses its own arguments, so `steplens CMD --help`
+works for each. Commands are found through the entry points only; ``KNOWN`` names the
+distribution and a line of help of steplens's own commands (never their modules), so that the
+listing describes them and a command of a part that is not installed says what to install.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import sys
-from collections.abc import Callable
-from importlib.metadata import entry_points
-from typing import Any
+from importlib.metadata import EntryPoint, entry_points
 
 GROUP = "steplens.commands"
 
-# name -> (distribution, module, one-line help) of the commands steplens's own parts provide:
-# the help lists them, and a missing one names its distribution. The module is used only
-# where the part's metadata lacks the entry point (a source tree put on PYTHONPATH, an
-# editable install made before the group existed); tests hold it equal to the entry points.
-BUILTIN: dict[str, tuple[str, str, str]] = {
-    "stack": (
-        "steplens-stack",
-        "steplens.stack.commands",
-        "start, stop and inspect the local stack",
-    ),
-    "topics": ("steplens-stack", "steplens.stack.commands_topics", "create the Kafka topics"),
-    "worker": (
-        "steplens-stream-jobs",
-        "steplens.stream_jobs.worker.cli",
-        "run a Faust worker: signals and alerts",
-    ),
-    "detect": (
-        "steplens-stream-jobs",
-        "steplens.stream_jobs.offline.cli",
-        "score a CSV offline with the same detectors",
-    ),
-    "sink": ("steplens-sinks", "steplens.sinks.cli", "run a sink: influx (hot) or s3 (cold)"),
-    "query": ("steplens-sinks", "steplens.sinks.query_cli", "one series across InfluxDB and S3"),
-    "replay": ("steplens-sinks", "steplens.sinks.replay_cli", "re-stream cold records into Kafka"),
-    "report": ("steplens-sinks", "steplens.sinks.report", "PNG figures and an HTML page for a run"),
-    "mlflow": (
-        "steplens-sinks",
-        "steplens.sinks.mlflow_mirror",
-        "mirror evaluations, incidents and a run summary into MLflow",
-    ),
-    "demo": (
-        "steplens-stack",
-        "steplens.stack.demo",
-        "the end-to-end demo: stack, workers, sinks, training",
-    ),
+# name -> (distribution that registers it, one-line help): the listing's order
+KNOWN: dict[str, tuple[str, str]] = {
+    "stack": ("steplens-stack", "start, stop and inspect the local stack"),
+    "topics": ("steplens-stack", "create the Kafka topics"),
+    "worker": ("steplens-stream-jobs", "run a Faust worker: signals and alerts"),
+    "detect": ("steplens-stream-jobs", "score a CSV offline with the same detectors"),
+    "sink": ("steplens-sinks", "run a sink: influx (hot) or s3 (cold)"),
+    "query": ("steplens-sinks", "one series across InfluxDB and S3"),
+    "replay": ("steplens-sinks", "re-stream cold records into Kafka"),
+    "report": ("steplens-sinks", "PNG figures and an HTML page for a run"),
+    "mlflow": ("steplens-sinks", "mirror evaluations, incidents and a run summary into MLflow"),
+    "demo": ("steplens-stack", "the end-to-end demo: stack, workers, sinks, training"),
 }
 
-Main = Callable[..., Any]
 
-
-def registered() -> dict[str, Any]:
+def registered() -> dict[str, EntryPoint]:
     """The installed parts' commands: name -> entry point."""
     return {ep.name: ep for ep in entry_points(group=GROUP)}
 
 
-def _usage(installed: dict[str, Any]) -> str:
+def _usage(installed: dict[str, EntryPoint]) -> str:
     lines = ["usage: steplens COMMAND [ARGS...]", "", "commands:"]
-    for name in [*BUILTIN, *sorted(set(installed) - set(BUILTIN))]:
-        dist, _, help_ = BUILTIN.get(name, ("", "", ""))
-        if name in installed or _importable(name):
-            lines.append(f"  {name:<8} {help_}")
-        else:
-            lines.append(f"  {name:<8} (pip install {dist})")
+    for name in [*KNOWN, *sorted(set(installed) - set(KNOWN))]:
+        dist, help_ = KNOWN.get(name, ("", ""))
+        described = help_ if name in installed else f"(pip install {dist})"
+        lines.append(f"  {name:<8} {described}".rstrip())
     lines += ["", "`steplens COMMAND --help` describes each command."]
     return "\n".join(lines)
-
-
-def _importable(name: str) -> bool:
-    """A built-in command whose part is importable without metadata (see ``BUILTIN``)."""
-    if name not in BUILTIN:
-        return False
-    package = BUILTIN[name][1].rsplit(".", 1)[0]
-    try:
-        return importlib.util.find_spec(package) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-def _load(name: str, installed: dict[str, Any]) -> Main | None:
-    """The command's ``main``; None when its part is not installed."""
-    if name in installed:
-        return installed[name].load()
-    module_name = BUILTIN[name][1]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            return None
-        raise
-    return module.main
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,18 +54,18 @@ def main(argv: list[str] | None = None) -> int:
         print(_usage(installed))
         return 0 if args else 2
     name, rest = args[0], args[1:]
-    if name not in installed and name not in BUILTIN:
-        print(f"steplens: unknown command {name!r}\n\n{_usage(installed)}", file=sys.stderr)
-        return 2
-    command = _load(name, installed)
-    if command is None:
-        dist = BUILTIN[name][0]
+    if name not in installed:
+        if name not in KNOWN:
+            print(f"steplens: unknown command {name!r}\n\n{_usage(installed)}", file=sys.stderr)
+            return 2
+        dist = KNOWN[name][0]
         print(
             f"steplens {name}: this command comes with {dist}; install it "
             f"(pip install {dist}, or `pip install -e .` in its folder)",
             file=sys.stderr,
         )
         return 3
+    command = installed[name].load()
     try:
         return int(command(rest, prog=f"steplens {name}") or 0)
     except KeyboardInterrupt:

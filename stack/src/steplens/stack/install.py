@@ -175,7 +175,7 @@ def ensure_influxd(cfg: StackConfig, progress: Progress) -> Path:
         ):
             require_tool(tool, hint)
         progress(
-            f"[influxdb] building influxd {INFLUXDB_VERSION} (first time 20-30 min on 2 cores)"
+            f"[influxdb] building influxd {INFLUXDB_VERSION} (first time only: several minutes)"
         )
         _run_recipe(
             "influxdb",

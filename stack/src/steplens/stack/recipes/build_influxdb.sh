@@ -30,7 +30,7 @@ rm -rf "$src"; cp -r "$dir" "$src"; chmod -R u+w "$src"
 export RUSTUP_TOOLCHAIN="${RUSTUP_TOOLCHAIN:-$(rustup show active-toolchain 2>/dev/null | cut -d' ' -f1 || echo stable)}"
 export RUSTFLAGS="${RUSTFLAGS:-} --cap-lints=warn"
 export PKG_CONFIG="$CACHE/bin/pkg-config"
-echo "[influxdb] building influxd (first time: libflux with cargo, then go; 20-30 min on 2 cores)"
+echo "[influxdb] building influxd: libflux with cargo, then go"
 cd "$src"
 go build -tags sqlite_foreign_keys,sqlite_json -o "$OUT/influxd.tmp" ./cmd/influxd
 mv "$OUT/influxd.tmp" "$OUT/influxd"

@@ -381,13 +381,5 @@ def scores_of(ratios: np.ndarray) -> np.ndarray:
         return np.where(inside, ratios / (ratios + 1.0), np.where(ratios == math.inf, 1.0, 0.0))
 
 
-def median(values: Iterable[float]) -> float:
-    """``statistics.median`` of a non-empty series, the same arithmetic without its overhead."""
-    data = sorted(values)
-    n = len(data)
-    i = n // 2
-    return data[i] if n % 2 else (data[i - 1] + data[i]) / 2
-
-
 def finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

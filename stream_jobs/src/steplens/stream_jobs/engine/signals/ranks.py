@@ -175,7 +175,7 @@ def _stragglers(  # noqa: PLR0917
     ``times[starts[j]:starts[j + 1]]``, of the ranks ``who`` (rows of ``recents``: each rank's
     latest ratios, oldest first, ``counts`` of them; both updated in place, a full row drops
     its oldest). Returns each time's step median, its rank's typical ratio (the median of its
-    latest), its score and whether the rank's window is full. Medians as ``core.median``."""
+    latest), its score and whether the rank's window is full. Medians as ``statistics.median``."""
     keep = recents.shape[1]
     n = len(times)
     med = np.empty(n)
