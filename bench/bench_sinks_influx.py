@@ -33,7 +33,8 @@ from scratch_topics import scratch_topics
 from steplens.schema import Record, encode
 from steplens.schema.topics import Topics, ensure_topics
 from steplens.sinks.influx import InfluxSink, make_client
-from steplens.sinks.kafka_io import DeadLetters, consumer_config, poll_batch
+from steplens.schema.kafka_config import consumer_config
+from steplens.sinks.kafka_io import DeadLetters, poll_batch
 from steplens.sinks.loop import SinkLoop
 from steplens.sinks.points import record_points
 from steplens.sinks.rollup import flux_string
@@ -107,7 +108,7 @@ def latency(s: InfluxSettings, bootstrap: str, samples: int) -> list[float]:
     ensure_topics(bootstrap, topics)
     stop = threading.Event()
     group = f"bench-{uuid.uuid4().hex[:8]}"
-    consumer = Consumer(consumer_config(group, bootstrap, **{"fetch.wait.max.ms": 10}))
+    consumer = Consumer(consumer_config(group, bootstrap, extra={"fetch.wait.max.ms": 10}))
     assigned = threading.Event()
     consumer.subscribe([topics.raw], on_assign=lambda _c, _p: assigned.set())
     out = []

@@ -26,7 +26,8 @@ from test_s3_roller import cold_rows, s3_settings, start_roller
 
 from steplens.sinks.chunks import Chunker
 from steplens.sinks.influx import InfluxSink, make_client
-from steplens.sinks.kafka_io import DeadLetters, consumer_config
+from steplens.schema.kafka_config import consumer_config
+from steplens.sinks.kafka_io import DeadLetters
 from steplens.sinks.loop import SinkLoop
 from steplens.sinks.retry import RetryPolicy
 from steplens.sinks.roller_loop import RollerLoop

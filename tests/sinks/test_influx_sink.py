@@ -22,7 +22,8 @@ from sinks_helpers import (
 from steplens.schema import decode, make_record
 from steplens.schema.topics import ensure_topics
 from steplens.sinks.influx import InfluxSink, make_client
-from steplens.sinks.kafka_io import DeadLetters, consumer_config
+from steplens.schema.kafka_config import consumer_config
+from steplens.sinks.kafka_io import DeadLetters
 from steplens.sinks.loop import SinkLoop
 from steplens.sinks.retry import RetryPolicy
 

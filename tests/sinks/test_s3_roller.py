@@ -12,7 +12,8 @@ from sinks_helpers import committed, end_offsets, produce, read_all, step_record
 from steplens.schema import decode
 from steplens.sinks.chunks import Chunker
 from steplens.sinks.cold import read_parquet
-from steplens.sinks.kafka_io import DeadLetters, consumer_config
+from steplens.schema.kafka_config import consumer_config
+from steplens.sinks.kafka_io import DeadLetters
 from steplens.sinks.retry import RetryPolicy
 from steplens.sinks.roller_loop import RollerLoop
 from steplens.sinks.s3 import S3Roller, ensure_bucket, make_s3_client

@@ -12,7 +12,8 @@ from confluent_kafka import Consumer
 
 from steplens.schema.topics import Topics, ensure_topics
 from steplens.sinks import metrics, redact
-from steplens.sinks.kafka_io import DeadLetters, consumer_config
+from steplens.schema.kafka_config import consumer_config
+from steplens.sinks.kafka_io import DeadLetters
 from steplens.sinks.retry import RetryPolicy
 from steplens.sinks.settings import DEFAULT_DEDUPE_WINDOW
 
@@ -83,7 +84,7 @@ def main(argv: list[str], prog: str = "steplens sink") -> int:
     policy = RetryPolicy(deadline_s=args.deadline_s)
     group = args.group or f"steplens-sink-{args.which}"
     extra = dict(opt.split("=", 1) for opt in args.kafka_options)
-    consumer = Consumer(consumer_config(group, args.bootstrap, **extra))
+    consumer = Consumer(consumer_config(group, args.bootstrap, extra=extra))
     dead = DeadLetters(dl_topic, group, args.bootstrap)
     port = DEFAULT_PORTS[args.which] if args.metrics_port is None else args.metrics_port
     metrics.serve(port)
