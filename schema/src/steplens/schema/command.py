@@ -44,6 +44,7 @@ BUILTIN: dict[str, tuple[str, str, str]] = {
     "sink": ("steplens-sinks", "steplens.sinks.cli", "run a sink: influx (hot) or s3 (cold)"),
     "query": ("steplens-sinks", "steplens.sinks.query_cli", "one series across InfluxDB and S3"),
     "replay": ("steplens-sinks", "steplens.sinks.replay_cli", "re-stream cold records into Kafka"),
+    "spool": ("steplens-producer", "steplens.producer.spool_cli", "send a producer's disk spool"),
     "report": ("steplens-sinks", "steplens.sinks.report", "PNG figures and an HTML page for a run"),
     "mlflow": (
         "steplens-sinks",
