@@ -31,9 +31,9 @@ from sinks_helpers import step_batch, step_records
 
 from scratch_topics import scratch_topics
 from steplens.schema import Record, encode
+from steplens.schema.kafka_config import consumer_config
 from steplens.schema.topics import Topics, ensure_topics
 from steplens.sinks.influx import InfluxSink, make_client
-from steplens.schema.kafka_config import consumer_config
 from steplens.sinks.kafka_io import DeadLetters, poll_batch
 from steplens.sinks.loop import SinkLoop
 from steplens.sinks.points import record_points
@@ -79,7 +79,7 @@ def through_sink(
     consumer = Consumer(consumer_config(group, bootstrap))
     consumer.subscribe([topics.raw])
     with make_client(s) as client:
-        sink = InfluxSink(client, s, stop=stop)
+        sink = InfluxSink(client, s)
         loop = SinkLoop(
             consumer,
             sink,
@@ -113,7 +113,7 @@ def latency(s: InfluxSettings, bootstrap: str, samples: int) -> list[float]:
     consumer.subscribe([topics.raw], on_assign=lambda _c, _p: assigned.set())
     out = []
     with make_client(s) as client:
-        sink = InfluxSink(client, s, stop=stop)
+        sink = InfluxSink(client, s)
         loop = SinkLoop(
             consumer,
             sink,

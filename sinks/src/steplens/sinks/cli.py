@@ -1,33 +1,43 @@
-"""`steplens sink influx|s3`: run a sink until SIGINT/SIGTERM."""
+"""`steplens sink influx|s3|webhook|alertmanager`: run an output until SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
+import sys
 import threading
 from dataclasses import replace
 
 from confluent_kafka import Consumer
 
+from steplens.schema.kafka_config import consumer_config
 from steplens.schema.topics import Topics, ensure_topics
 from steplens.sinks import metrics, redact
-from steplens.schema.kafka_config import consumer_config
 from steplens.sinks.kafka_io import DeadLetters
-from steplens.sinks.retry import RetryPolicy
 from steplens.sinks.settings import DEFAULT_DEDUPE_WINDOW
 
-DEFAULT_PORTS = {"influx": 9465, "s3": 9466}
+DEFAULT_PORTS = {"influx": 9465, "s3": 9466, "webhook": 9467, "alertmanager": 9468}
+OUTPUTS = {
+    "influx": "hot store",
+    "s3": "cold Parquet",
+    "webhook": "POST each alert transition to --url",
+    "alertmanager": "incidents into Alertmanager at --url",
+}
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Run a steplens sink.")
-    p.add_argument("which", choices=["influx", "s3"], help="influx: hot store; s3: cold Parquet")
+    p = argparse.ArgumentParser(prog=prog, description="Run a steplens output.")
+    p.add_argument(
+        "which", choices=list(OUTPUTS), help="; ".join(f"{k}: {v}" for k, v in OUTPUTS.items())
+    )
     p.add_argument("--bootstrap", help="Kafka bootstrap (default: STEPLENS_KAFKA_BOOTSTRAP)")
     p.add_argument("--group", help="consumer group (default: steplens-sink-<which>)")
     p.add_argument(
         "--topics",
-        help="comma-separated topics (default: raw,signals,alerts from STEPLENS_TOPIC_*)",
+        help="comma-separated topics (default: raw,signals,alerts from STEPLENS_TOPIC_*; the "
+        "alerts topic for webhook and alertmanager)",
     )
     p.add_argument("--dead-letter-topic", help="default: STEPLENS_TOPIC_DEADLETTER")
     p.add_argument("--batch-size", type=int, default=5000)
@@ -57,7 +67,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "5000, STEPLENS_INFLUX_MAX_NAMES_PER_MEASUREMENT)",
     )
     p.add_argument("--no-setup", action="store_true", help="do not create buckets or tasks")
-    p.add_argument("--deadline-s", type=float, default=30.0, help="retry deadline per write")
+    p.add_argument(
+        "--url",
+        help="webhook: where to POST; alertmanager: its base URL, e.g. http://127.0.0.1:19094 "
+        "(default: STEPLENS_ALERTMANAGER_URL, which `steplens stack env` sets while the "
+        "stack's Alertmanager runs)",
+    )
     p.add_argument(
         "-X",
         dest="kafka_options",
@@ -78,10 +93,18 @@ def main(argv: list[str], prog: str = "steplens sink") -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     topics = Topics.from_env()
-    names = args.topics.split(",") if args.topics else [topics.raw, topics.signals, topics.alerts]
+    default = [topics.raw, topics.signals, topics.alerts]
+    if args.which in ("webhook", "alertmanager"):
+        default = [topics.alerts]
+        args.url = args.url or (
+            os.environ.get("STEPLENS_ALERTMANAGER_URL") if args.which == "alertmanager" else None
+        )
+        if not args.url:
+            print(f"{prog} {args.which}: no --url", file=sys.stderr)
+            return 2
+    names = args.topics.split(",") if args.topics else default
     dl_topic = args.dead_letter_topic or topics.dead_letters
     ensure_topics(args.bootstrap, topics)
-    policy = RetryPolicy(deadline_s=args.deadline_s)
     group = args.group or f"steplens-sink-{args.which}"
     extra = dict(opt.split("=", 1) for opt in args.kafka_options)
     consumer = Consumer(consumer_config(group, args.bootstrap, extra=extra))
@@ -90,8 +113,10 @@ def main(argv: list[str], prog: str = "steplens sink") -> int:
     metrics.serve(port)
     try:
         if args.which == "influx":
-            return _run_influx(args, names, consumer, dead, stop=stop, policy=policy)
-        return _run_s3(args, names, consumer, dead, stop=stop, policy=policy, redactor=redactor)
+            return _run_influx(args, names, consumer, dead, stop=stop)
+        if args.which == "s3":
+            return _run_s3(args, names, consumer, dead, stop=stop, redactor=redactor)
+        return _run_notifier(args, names, consumer, dead, stop=stop)
     finally:
         consumer.close()
         dead.flush(5)
@@ -104,7 +129,6 @@ def _run_influx(
     dead: DeadLetters,
     *,
     stop: threading.Event,
-    policy: RetryPolicy,
 ) -> int:
     from steplens.sinks.influx import InfluxSink, make_client
     from steplens.sinks.loop import SinkLoop
@@ -124,7 +148,7 @@ def _run_influx(
     if not args.no_setup:
         ensure_buckets(client, settings)
         ensure_rollup_task(client, settings)
-    sink = InfluxSink(client, settings, policy=policy, stop=stop)
+    sink = InfluxSink(client, settings)
     consumer.subscribe(names)
     try:
         SinkLoop(consumer, sink, dead, stop=stop, batch_size=args.batch_size).run()
@@ -141,7 +165,6 @@ def _run_s3(
     dead: DeadLetters,
     *,
     stop: threading.Event,
-    policy: RetryPolicy,
     redactor: redact.Redactor,
 ) -> int:
     from steplens.sinks.chunks import Chunker
@@ -158,7 +181,7 @@ def _run_s3(
     client = make_s3_client(settings)
     if not args.no_setup:
         ensure_bucket(client, settings.bucket)
-    roller = S3Roller(client, settings, policy=policy, stop=stop)
+    roller = S3Roller(client, settings)
     chunker = Chunker(
         roller.marker,
         max_bytes=args.max_bytes,
@@ -171,4 +194,27 @@ def _run_s3(
     consumer.subscribe(names, on_revoke=loop.on_revoke)
     loop.run()
     loop.drain()
+    return 0
+
+
+def _run_notifier(
+    args: argparse.Namespace,
+    names: list[str],
+    consumer: Consumer,
+    dead: DeadLetters,
+    *,
+    stop: threading.Event,
+) -> int:
+    from steplens.sinks.alertmanager import AlertmanagerOutput
+    from steplens.sinks.loop import SinkLoop
+    from steplens.sinks.webhook import WebhookOutput
+
+    output: WebhookOutput | AlertmanagerOutput = (
+        WebhookOutput(args.url) if args.which == "webhook" else AlertmanagerOutput(args.url)
+    )
+    consumer.subscribe(names)
+    try:
+        SinkLoop(consumer, output, dead, stop=stop, batch_size=args.batch_size).run()
+    finally:
+        output.shutdown()
     return 0

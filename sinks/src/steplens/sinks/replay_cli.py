@@ -45,4 +45,3 @@ def main(argv: list[str], prog: str = "steplens replay") -> int:
     )
     print(f"replayed {n} records of run {args.run!r} into {args.topic}", file=sys.stderr)
     return 0
-

@@ -80,14 +80,6 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
         default=60.0,
         help="seconds without progress before a hang alert",
     )
-    ap.add_argument("--webhook-url", default=None, help="POST every alert transition here")
-    ap.add_argument(
-        "--alertmanager-url",
-        default=os.environ.get("STEPLENS_ALERTMANAGER_URL") or None,
-        help="post incidents to this Alertmanager, e.g. http://127.0.0.1:19094 (default: "
-        "STEPLENS_ALERTMANAGER_URL, which `steplens stack env` sets while the stack's "
-        "Alertmanager runs; '' for none)",
-    )
     ap.add_argument(
         "--no-history",
         action="store_true",
@@ -159,8 +151,6 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
         checkpoint_s=args.checkpoint_s,
         fit_workers=args.fit_workers,
         detector=det,
-        webhook_url=args.webhook_url,
-        alertmanager_url=args.alertmanager_url or None,
         history=HistorySettings(
             enabled=not args.no_history,
             days=args.history_days,

@@ -37,8 +37,6 @@ class WorkerSettings:
     max_pending_fits: int = 4096  # queued or running; past it a fit is skipped (asked again)
     fit_batch: int = 64  # fits per pool job at most
     detector: DetectorConfig = field(default_factory=DetectorConfig)
-    webhook_url: str | None = None
-    alertmanager_url: str | None = None  # incidents posted to its /api/v2/alerts
     history: HistorySettings = field(default_factory=HistorySettings)  # warm starts
     limits: LimitSettings = field(default_factory=LimitSettings)  # runs and ranks kept
     session_timeout_s: float = 10.0  # a SIGKILLed worker's partitions move after this
