@@ -18,7 +18,7 @@ from steplens.sinks import metrics, redact
 from steplens.sinks.kafka_io import DeadLetters
 from steplens.sinks.settings import DEFAULT_DEDUPE_WINDOW
 
-DEFAULT_PORTS = {"influx": 9465, "s3": 9466, "webhook": 9467, "alertmanager": 9468}
+DEFAULT_PORTS = {"influx": 9465, "s3": 9466, "webhook": 9468, "alertmanager": 9469}
 OUTPUTS = {
     "influx": "hot store",
     "s3": "cold Parquet",
