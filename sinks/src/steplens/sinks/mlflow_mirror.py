@@ -37,12 +37,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from steplens.schema import Record
 from steplens.sinks.contract import ExportResult, Rejection
-from steplens.sinks.kafka_io import Consumed
 from steplens.sinks.mlflow_summary import RunSummary
+
+if TYPE_CHECKING:  # the Kafka client is imported only when the mirror consumes
+    from steplens.sinks.kafka_io import Consumed
 
 log = logging.getLogger("steplens.sinks.mlflow")
 
