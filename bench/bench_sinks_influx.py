@@ -31,9 +31,10 @@ from sinks_helpers import step_batch, step_records
 
 from scratch_topics import scratch_topics
 from steplens.schema import Record, encode
+from steplens.schema.kafka_config import consumer_config
 from steplens.schema.topics import Topics, ensure_topics
 from steplens.sinks.influx import InfluxSink, make_client
-from steplens.sinks.kafka_io import DeadLetters, consumer_config, poll_batch
+from steplens.sinks.kafka_io import DeadLetters, poll_batch
 from steplens.sinks.loop import SinkLoop
 from steplens.sinks.points import record_points
 from steplens.sinks.rollup import flux_string
@@ -78,7 +79,7 @@ def through_sink(
     consumer = Consumer(consumer_config(group, bootstrap))
     consumer.subscribe([topics.raw])
     with make_client(s) as client:
-        sink = InfluxSink(client, s, stop=stop)
+        sink = InfluxSink(client, s)
         loop = SinkLoop(
             consumer,
             sink,
@@ -107,12 +108,12 @@ def latency(s: InfluxSettings, bootstrap: str, samples: int) -> list[float]:
     ensure_topics(bootstrap, topics)
     stop = threading.Event()
     group = f"bench-{uuid.uuid4().hex[:8]}"
-    consumer = Consumer(consumer_config(group, bootstrap, **{"fetch.wait.max.ms": 10}))
+    consumer = Consumer(consumer_config(group, bootstrap, extra={"fetch.wait.max.ms": 10}))
     assigned = threading.Event()
     consumer.subscribe([topics.raw], on_assign=lambda _c, _p: assigned.set())
     out = []
     with make_client(s) as client:
-        sink = InfluxSink(client, s, stop=stop)
+        sink = InfluxSink(client, s)
         loop = SinkLoop(
             consumer,
             sink,

@@ -319,3 +319,20 @@ def test_a_restarted_mirror_goes_on_and_counts_nothing_twice(tracking_uri):
     again.flush_summaries(force=True)  # the mirror's stop
     metrics, _ = _summary_of(again, run)
     assert metrics["summary/clip_rate"] == pytest.approx(0.5)
+
+
+def test_a_record_mlflow_refuses_is_rejected_alone(tracking_uri):
+    """A request MLflow refuses is halved until the refused record is found: it goes to the
+    dead-letter topic with MLflow's reason, the others are mirrored; other runs are skipped."""
+    from steplens.sinks.kafka_io import Consumed
+
+    records = [_eval("refuse", i, 2.0, 0.5, seq=i) for i in range(4)]
+    records[2] = make_record("eval", {"split": "val#bad", "loss": 1.0}, run_id="refuse", step=2)
+    records.append(_eval("other", 9, 2.0, 0.5))
+    batch = [Consumed("raw", 0, i, b"k", b"v", rec) for i, rec in enumerate(records)]
+    mirror = MlflowMirror(tracking_uri, "t", only_run="refuse")
+    result = mirror.export(batch)
+    assert [r.index for r in result.rejected] == [2] and "val#bad" in result.rejected[0].reason
+    assert (result.accepted, result.skipped, result.retryable) == (3, 1, False)
+    history = mirror.client.get_metric_history(mirror.mlflow_run("refuse"), "val/loss")
+    assert sorted(m.step for m in history) == [0, 1, 3]

@@ -1,5 +1,5 @@
 """Records spooled by a process that ended during a Kafka outage reach the topic later: sent by
-the next producer with the same spool folder, or by ``steplens replay --spool``."""
+the next producer with the same spool folder, or by ``steplens spool send``."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _outage_run(run_id: str, topic: str, spool: Path, first: int, last: int) -> 
         timeout=120,
         check=True,
     )
-    assert "steplens replay --spool" in out.stderr  # the exit message says how to send them
+    assert "steplens spool send" in out.stderr  # the exit message says how to send them
     return int(out.stdout.split()[-1])
 
 
@@ -66,14 +66,14 @@ def test_the_next_process_sends_what_an_outage_left(
     assert not list(tmp_path.rglob("*.seg"))
 
 
-def test_replay_spool_sends_a_spool_by_hand(stack_env: dict[str, str], tmp_path: Path) -> None:
-    from steplens.sinks.replay_cli import main
+def test_spool_send_sends_a_spool_by_hand(stack_env: dict[str, str], tmp_path: Path) -> None:
+    from steplens.producer.spool_cli import main
 
     bootstrap = stack_env["STEPLENS_KAFKA_BOOTSTRAP"]
     topic = new_raw_topic(bootstrap)
     run_id = f"by-hand-{uuid.uuid4().hex[:8]}"
     assert _outage_run(run_id, topic, tmp_path, 0, 300) >= 300
-    assert main(["--spool", str(tmp_path), "--topic", topic, "--bootstrap", bootstrap]) == 0
+    assert main(["send", str(tmp_path), "--topic", topic, "--bootstrap", bootstrap]) == 0
     records = consume_all(bootstrap, topic, lambda rs: _steps(rs) >= set(range(300)))
     assert _steps(records) == set(range(300))
     assert not list(tmp_path.rglob("*.seg"))

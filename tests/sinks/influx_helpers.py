@@ -8,9 +8,10 @@ from confluent_kafka import Consumer
 from influxdb_client import InfluxDBClient
 from sinks_helpers import committed, end_offsets, wait_for
 
+from steplens.schema.kafka_config import consumer_config
 from steplens.schema.topics import Topics
 from steplens.sinks.influx import InfluxSink, make_client
-from steplens.sinks.kafka_io import DeadLetters, consumer_config
+from steplens.sinks.kafka_io import DeadLetters
 from steplens.sinks.loop import SinkLoop
 from steplens.sinks.query_hot import csv_text
 from steplens.sinks.retry import RetryPolicy
@@ -69,7 +70,7 @@ def run_influx_loop(
     dead = DeadLetters(topics.dead_letters, group, bootstrap)
     with make_client(s) as client:
         chunk = {} if write_chunk is None else {"write_chunk": write_chunk}
-        sink = InfluxSink(client, s, stop=stop, **chunk)
+        sink = InfluxSink(client, s, **chunk)
         loop = SinkLoop(
             consumer,
             sink,

@@ -1,37 +1,63 @@
-"""Which failures are retried and which are refusals of the data: pure, no server."""
+"""Which failures are refusals of the data (dead letters) and which make a batch retryable:
+pure, no server."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import botocore.exceptions
 import pytest
 import urllib3
 from influxdb_client.rest import ApiException
 
-from steplens.sinks import influx, s3
+from steplens.sinks import influx
+from steplens.sinks.chunks import Chunk
+from steplens.sinks.s3 import S3Roller
+from steplens.sinks.settings import S3Settings
 
 
 @pytest.mark.parametrize(
-    ("exc", "retry"),
+    ("exc", "refused"),
     [
-        (ApiException(status=429), True),
-        (ApiException(status=500), True),
-        (ApiException(status=503), True),
-        (ApiException(status=401), True),  # configuration: wait for the operator, drop nothing
-        (ApiException(status=404), True),
-        (ApiException(status=400), False),
-        (ApiException(status=413), False),
-        (ApiException(status=422), False),
-        (ConnectionRefusedError(), True),
-        (urllib3.exceptions.ReadTimeoutError(None, "/", "timed out"), True),
+        (ApiException(status=429), False),
+        (ApiException(status=500), False),
+        (ApiException(status=503), False),
+        (ApiException(status=401), False),  # configuration: wait for the operator, drop nothing
+        (ApiException(status=404), False),
+        (ApiException(status=400), True),
+        (ApiException(status=413), True),
+        (ApiException(status=422), True),
+        (ConnectionRefusedError(), False),
+        (urllib3.exceptions.ReadTimeoutError(None, "/", "timed out"), False),
         (ValueError("bug"), False),
     ],
 )
-def test_influx_transient(exc: BaseException, retry: bool) -> None:
-    assert influx.transient(exc) is retry
+def test_influx_refusals(exc: BaseException, refused: bool) -> None:
+    assert influx.refused(exc) is refused
 
 
-def test_s3_errors_are_all_retried() -> None:
-    err = botocore.exceptions.ClientError({"Error": {"Code": "SlowDown"}}, "PutObject")
-    assert s3.transient(err)
-    assert s3.transient(botocore.exceptions.EndpointConnectionError(endpoint_url="http://x"))
-    assert not s3.transient(ValueError("bug"))
+class FailingS3:
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+        self.calls = 0
+
+    def put_object(self, **_: Any) -> None:
+        self.calls += 1
+        raise self.exc
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        botocore.exceptions.ClientError({"Error": {"Code": "SlowDown"}}, "PutObject"),
+        botocore.exceptions.EndpointConnectionError(endpoint_url="http://x"),
+        ValueError("bug"),
+    ],
+)
+def test_every_s3_failure_makes_the_chunk_retryable_after_one_attempt(exc: Exception) -> None:
+    client = FailingS3(exc)
+    chunk = Chunk("raw", 0, 10)
+    chunk.groups[("step", "run", "2024-01-01T00")] = []  # type: ignore[index]
+    chunk.records = 1
+    result = S3Roller(client, S3Settings(bucket="b")).export(chunk)
+    assert result.retryable and client.calls == 1 and type(exc).__name__ in result.error

@@ -24,9 +24,10 @@ from sinks_helpers import (
 )
 from test_s3_roller import cold_rows, s3_settings, start_roller
 
+from steplens.schema.kafka_config import consumer_config
 from steplens.sinks.chunks import Chunker
 from steplens.sinks.influx import InfluxSink, make_client
-from steplens.sinks.kafka_io import DeadLetters, consumer_config
+from steplens.sinks.kafka_io import DeadLetters
 from steplens.sinks.loop import SinkLoop
 from steplens.sinks.retry import RetryPolicy
 from steplens.sinks.roller_loop import RollerLoop
@@ -36,11 +37,10 @@ from steplens.sinks.settings import S3Settings
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
 OUTAGE_S = float(os.environ.get("STEPLENS_SINKS_OUTAGE_S", "15"))
-FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff_s=0.1, max_backoff_s=0.5, deadline_s=2)
 
 
 def retries(sink: str) -> float:
-    """Writes or uploads retried so far by ``sink`` in this process."""
+    """Exports ``sink``'s loop made again after a retryable result, in this process."""
     return REGISTRY.get_sample_value("steplens_sink_retries_total", {"sink": sink}) or 0.0
 
 
@@ -73,7 +73,7 @@ def test_influxdb_outage_under_load_loses_and_duplicates_nothing(
     consumer.subscribe([topics.raw])
     with make_client(s) as client:
         ensure_buckets(client, s)
-        sink = InfluxSink(client, s, policy=FAST_RETRY, stop=stop)
+        sink = InfluxSink(client, s)
         loop = SinkLoop(
             consumer,
             sink,
@@ -125,7 +125,7 @@ def test_s3_outage_retries_and_leaves_no_partial_objects(stack_env, topics, priv
     run_id = unique("run")
     records = step_records(run_id, 3000, ranks=4)
     group = unique("group")
-    r = start_roller(stack_env, topics, group, settings, max_age_s=0.3, policy=FAST_RETRY)
+    r = start_roller(stack_env, topics, group, settings, max_age_s=0.3)
     try:
         produce(bootstrap, topics.raw, records[:1000])
         wait_for(lambda: r.loop.stats.accepted >= 500, 60, "first uploads")
@@ -160,7 +160,7 @@ def test_shutdown_in_an_s3_outage_commits_nothing_past_an_unwritten_chunk(
     stack.stop("s3")
     group, stop = unique("group"), threading.Event()
     consumer = Consumer(consumer_config(group, bootstrap))
-    roller = S3Roller(make_s3_client(settings), settings, stop=stop, policy=FAST_RETRY)
+    roller = S3Roller(make_s3_client(settings), settings)
     loop = RollerLoop(
         consumer,
         roller,

@@ -20,9 +20,10 @@ from sinks_helpers import (
 )
 
 from steplens.schema import decode, make_record
+from steplens.schema.kafka_config import consumer_config
 from steplens.schema.topics import ensure_topics
 from steplens.sinks.influx import InfluxSink, make_client
-from steplens.sinks.kafka_io import DeadLetters, consumer_config
+from steplens.sinks.kafka_io import DeadLetters
 from steplens.sinks.loop import SinkLoop
 from steplens.sinks.retry import RetryPolicy
 
@@ -197,7 +198,7 @@ def test_a_dead_letter_whose_delivery_failed_is_sent_again_before_the_commit(
     consumer.subscribe([topics.raw])
     dead = DeadLetters(later.dead_letters, group, bootstrap, **{"message.timeout.ms": 1500})
     with make_client(s) as client:
-        sink = InfluxSink(client, s, stop=stop)
+        sink = InfluxSink(client, s)
         loop = SinkLoop(consumer, sink, dead, stop=stop, backoff=RetryPolicy(initial_backoff_s=0.5))
         thread = threading.Thread(target=loop.run, daemon=True)
         thread.start()

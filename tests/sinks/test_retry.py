@@ -1,4 +1,4 @@
-"""The retry policy: attempts, deadline, permanent errors, shutdown."""
+"""The one retry policy: again until done, backoff with jitter up to its cap, shutdown."""
 
 from __future__ import annotations
 
@@ -7,85 +7,63 @@ import time
 
 import pytest
 
-from steplens.sinks.retry import RetryPolicy, backoff_delays, call_with_retry
+from steplens.sinks.retry import RetryPolicy, until_done
+
+FAST = RetryPolicy(initial_backoff_s=0.001, max_backoff_s=0.01, jitter_s=0.001)
 
 
-class Flaky:
-    def __init__(self, failures: int, exc: type[Exception] = ConnectionError) -> None:
-        self.failures, self.calls, self.exc = failures, 0, exc
+class Attempts:
+    """Fails ``failures`` times (returns False), then succeeds (True); keeps call times."""
 
-    def __call__(self) -> str:
-        self.calls += 1
-        if self.calls <= self.failures:
-            raise self.exc("boom")
-        return "ok"
+    def __init__(self, failures: int) -> None:
+        self.failures, self.times = failures, []
 
-
-FAST = RetryPolicy(
-    max_attempts=5, initial_backoff_s=0.001, max_backoff_s=0.01, jitter_s=0.001, deadline_s=5
-)
+    def __call__(self) -> bool:
+        self.times.append(time.monotonic())
+        return len(self.times) > self.failures
 
 
-def test_retries_transient_errors_until_success() -> None:
-    f = Flaky(3)
-    seen: list[BaseException] = []
-    assert (
-        call_with_retry(
-            f, policy=FAST, retryable=lambda e: True, stop=threading.Event(), on_retry=seen.append
-        )
-        == "ok"
+def test_attempts_again_until_done_and_reports_each_retry() -> None:
+    attempt = Attempts(3)
+    seen: list[tuple[int, bool]] = []
+    done = until_done(
+        attempt,
+        bool,
+        policy=FAST,
+        stop=threading.Event(),
+        on_retry=lambda n, r: seen.append((n, r)),
     )
-    assert f.calls == 4 and len(seen) == 3
+    assert done is True and len(attempt.times) == 4
+    assert seen == [(1, False), (2, False), (3, False)]
 
 
-def test_gives_up_after_max_attempts_with_the_last_error() -> None:
-    f = Flaky(100)
-    with pytest.raises(ConnectionError):
-        call_with_retry(f, policy=FAST, retryable=lambda e: True, stop=threading.Event())
-    assert f.calls == FAST.max_attempts
-
-
-def test_permanent_errors_are_not_retried() -> None:
-    f = Flaky(100, ValueError)
-    with pytest.raises(ValueError):
-        call_with_retry(
-            f,
-            policy=FAST,
-            retryable=lambda e: isinstance(e, ConnectionError),
-            stop=threading.Event(),
-        )
-    assert f.calls == 1
-
-
-def test_deadline_bounds_the_total_time() -> None:
-    policy = RetryPolicy(
-        max_attempts=1000, initial_backoff_s=0.05, max_backoff_s=0.05, jitter_s=0, deadline_s=0.3
-    )
-    t0 = time.monotonic()
-    with pytest.raises(ConnectionError):
-        call_with_retry(
-            Flaky(10**6), policy=policy, retryable=lambda e: True, stop=threading.Event()
-        )
-    assert time.monotonic() - t0 < 1.0
-
-
-def test_shutdown_interrupts_a_backoff() -> None:
+def test_shutdown_interrupts_a_backoff_and_no_attempt_follows() -> None:
     stop = threading.Event()
-    policy = RetryPolicy(max_attempts=10, initial_backoff_s=30, max_backoff_s=30, deadline_s=300)
+    attempt = Attempts(10**6)
     threading.Timer(0.2, stop.set).start()
     t0 = time.monotonic()
-    with pytest.raises(ConnectionError):
-        call_with_retry(Flaky(10**6), policy=policy, retryable=lambda e: True, stop=stop)
-    assert time.monotonic() - t0 < 5
+    policy = RetryPolicy(initial_backoff_s=30, max_backoff_s=30)
+    assert until_done(attempt, bool, policy=policy, stop=stop) is False  # the last result
+    assert time.monotonic() - t0 < 5 and len(attempt.times) == 1
+
+
+def test_the_first_attempt_is_made_even_after_shutdown() -> None:
+    stop = threading.Event()
+    stop.set()
+    attempt = Attempts(10**6)
+    assert until_done(attempt, bool, policy=FAST, stop=stop) is False
+    assert len(attempt.times) == 1
 
 
 def test_backoff_grows_exponentially_up_to_the_cap_with_jitter() -> None:
-    delay = backoff_delays(RetryPolicy(initial_backoff_s=0.1, max_backoff_s=1.0, jitter_s=0.05))
-    d = [delay(n) for n in range(1, 8)]
-    assert 0.1 <= d[0] <= 0.15 and 0.2 <= d[1] <= 0.25 and 0.4 <= d[2] <= 0.45
-    assert all(x <= 1.0 for x in d)
+    attempt = Attempts(6)
+    policy = RetryPolicy(initial_backoff_s=0.02, max_backoff_s=0.1, jitter_s=0.01)
+    until_done(attempt, bool, policy=policy, stop=threading.Event())
+    gaps = [b - a for a, b in zip(attempt.times, attempt.times[1:], strict=False)]
+    assert gaps[0] >= 0.02 and gaps[1] >= 0.04 and gaps[2] >= 0.08  # doubling
+    assert all(0.1 <= g < 0.5 for g in gaps[3:])  # at the cap (plus jitter, a busy machine)
 
 
 def test_invalid_policy_is_refused() -> None:
     with pytest.raises(ValueError):
-        RetryPolicy(max_attempts=0)
+        RetryPolicy(initial_backoff_s=2, max_backoff_s=1)

@@ -10,9 +10,10 @@ from confluent_kafka import Consumer
 from sinks_helpers import committed, end_offsets, produce, read_all, step_records, unique, wait_for
 
 from steplens.schema import decode
+from steplens.schema.kafka_config import consumer_config
 from steplens.sinks.chunks import Chunker
 from steplens.sinks.cold import read_parquet
-from steplens.sinks.kafka_io import DeadLetters, consumer_config
+from steplens.sinks.kafka_io import DeadLetters
 from steplens.sinks.retry import RetryPolicy
 from steplens.sinks.roller_loop import RollerLoop
 from steplens.sinks.s3 import S3Roller, ensure_bucket, make_s3_client
@@ -40,12 +41,12 @@ def s3_settings(env: dict[str, str], prefix: str) -> S3Settings:
     )
 
 
-def start_roller(env, topics, group, settings, max_age_s=0.5, policy=None) -> Running:
+def start_roller(env, topics, group, settings, max_age_s=0.5) -> Running:
     stop = threading.Event()
     consumer = Consumer(consumer_config(group, env["STEPLENS_KAFKA_BOOTSTRAP"]))
     client = make_s3_client(settings)
     ensure_bucket(client, settings.bucket)
-    roller = S3Roller(client, settings, stop=stop, policy=policy)
+    roller = S3Roller(client, settings)
     dead = DeadLetters(topics.dead_letters, group, env["STEPLENS_KAFKA_BOOTSTRAP"])
     loop = RollerLoop(
         consumer,

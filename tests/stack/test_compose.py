@@ -115,16 +115,19 @@ def test_optional_services_and_the_node_exporters() -> None:
     result = _config(SECRETS)
     assert result.returncode == 0, result.stderr
     services = yaml.safe_load(result.stdout)["services"]
+    optional = ("alertmanager", "sink-alertmanager", "trainer")
     assert services["alertmanager"]["profiles"] == ["alertmanager"]
+    assert services["sink-alertmanager"]["profiles"] == ["alertmanager"]
     assert services["trainer"]["profiles"] == ["trainer"]
-    assert not [
-        n for n, s in services.items() if n not in ("alertmanager", "trainer") and s.get("profiles")
-    ]
+    assert not [n for n, s in services.items() if n not in optional and s.get("profiles")]
     assert [str(p).split(":")[0] for p in services["alertmanager"]["ports"]] == ["127.0.0.1"]
     assert "--cluster.listen-address=" in services["alertmanager"]["command"]
     routing = (ROOT / "deploy/alertmanager/alertmanager.yml").read_text()
     assert yaml.safe_load(routing) == yaml.safe_load(CONFIG)
-    assert services["worker"]["environment"]["STEPLENS_ALERTMANAGER_URL"] == ""
+    assert services["sink-alertmanager"]["command"] == [
+        "steplens", "sink", "alertmanager", "--url", "http://alertmanager:9093"
+    ]  # fmt: skip
+    assert "STEPLENS_ALERTMANAGER_URL" not in services["worker"]["environment"]
     trainer = services["trainer"]
     assert trainer["environment"]["STEPLENS_EXPORTER_PORT"] == "9467"
     assert trainer["environment"]["STEPLENS_EXPORTER_HOST"] == "0.0.0.0"

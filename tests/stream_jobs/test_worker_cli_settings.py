@@ -16,12 +16,11 @@ def settings(*argv: str):
 
 def test_defaults_are_the_declared_ones(monkeypatch) -> None:
     monkeypatch.setenv("STEPLENS_HOME", "/tmp/home-x")
-    monkeypatch.delenv("STEPLENS_ALERTMANAGER_URL", raising=False)
     s = settings()
     assert s.limits == LimitSettings()
     assert s.detector.arima_enabled
     assert s.detector.ranks.hang_after_s == RanksConfig.hang_after_s
-    assert (s.state_dir, s.web_port, s.alertmanager_url) == ("/tmp/home-x/worker-state", 9464, None)
+    assert (s.state_dir, s.web_port) == ("/tmp/home-x/worker-state", 9464)
 
 
 def test_older_flag_names_still_work() -> None:
@@ -38,10 +37,10 @@ def test_older_flag_names_still_work() -> None:
 def test_a_flag_wins_over_the_variable(monkeypatch) -> None:
     monkeypatch.setenv("STEPLENS_WORKER_MAX_RUNS", "10")
     monkeypatch.setenv("STEPLENS_WORKER_CHECKPOINT_S", "2")
-    monkeypatch.setenv("STEPLENS_ALERTMANAGER_URL", "http://am:9093")
+    monkeypatch.setenv("STEPLENS_WORKER_APP_ID", "from-env")
     s = settings("--max-runs", "20")
-    assert (s.limits.max_runs, s.checkpoint_s, s.alertmanager_url) == (20, 2.0, "http://am:9093")
-    assert not settings("--alertmanager-url", "").alertmanager_url
+    assert (s.limits.max_runs, s.checkpoint_s, s.app_id) == (20, 2.0, "from-env")
+    assert settings("--app-id", "from-flag").app_id == "from-flag"
 
 
 def test_a_bad_flag_is_a_usage_error_and_help_shows_defaults(capsys) -> None:

@@ -98,7 +98,7 @@ class Pipeline:
             if left:
                 log.warning(
                     "steplens: %d records not delivered at shutdown, kept in %s; a later "
-                    "producer with the same spool_dir sends them, or: steplens replay --spool %s",
+                    "producer with the same spool_dir sends them, or: steplens spool send %s",
                     left,
                     self.delivery.spool.directory,
                     self.delivery.spool.directory,

@@ -10,7 +10,7 @@ Each process spools into its own folder ``<root>/<run>/rank<r>-pid<pid>`` and ho
 exclusive lock on its ``.lock`` file while it uses it. A folder whose lock is free belongs to a
 process that ended with records left (a Kafka outage at exit): the next producer with the same
 root adopts its segments on start (``Spool.open``) and sends them first; ``send_spool`` sends a
-spool by hand (``steplens replay --spool DIR``). The lock makes sure two live processes never
+spool by hand (``steplens spool send DIR``). The lock makes sure two live processes never
 send the same segment. Folders are created 0700 and files 0600: records are training data.
 """
 

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from steplens.schema import Record
 from steplens.schema.codec import decode
+from steplens.schema.kafka_config import producer_config
 
 log = logging.getLogger("steplens")
 
@@ -125,23 +126,22 @@ class MemoryTransport:
 def kafka_conf(
     bootstrap: str, client_id: str, delivery_timeout_s: float, extra: dict[str, Any]
 ) -> dict[str, Any]:
-    """The producer settings: idempotent, acks=all, lz4, 20 ms linger; ``extra`` wins."""
-    conf: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "client.id": client_id,
-        "enable.idempotence": True,
-        "acks": "all",
-        "compression.type": "lz4",
-        "linger.ms": 20,
-        "message.timeout.ms": int(delivery_timeout_s * 1000),
-        "queue.buffering.max.messages": 200_000,
-        "queue.buffering.max.kbytes": 256 << 10,
-        "reconnect.backoff.max.ms": 1000,
-        "logger": _KAFKA_LOG,  # not raw lines on stderr
-        "log.connection.close": False,
-    }
-    conf.update(extra)
-    return conf
+    """A training process's producer: the shared producer settings, a queue deep enough for
+    an outage's first seconds, reconnects at least every second, librdkafka's log lines on the
+    "steplens.kafka" logger; ``extra`` wins."""
+    return producer_config(
+        bootstrap,
+        client_id=client_id,
+        delivery_timeout_s=delivery_timeout_s,
+        extra={
+            "queue.buffering.max.messages": 200_000,
+            "queue.buffering.max.kbytes": 256 << 10,
+            "reconnect.backoff.max.ms": 1000,
+            "logger": _KAFKA_LOG,  # not raw lines on stderr
+            "log.connection.close": False,
+            **extra,
+        },
+    )
 
 
 class KafkaTransport:

@@ -119,8 +119,8 @@ class Chunker:
             ready.append(self.chunks.pop(tp))
             chunk = None
         if chunk is None:
+            marker = self.marker(tp)  # may raise: then nothing has changed, add again
             chunk = self.chunks[tp] = Chunk(item.topic, item.partition, item.offset)
-            marker = self.marker(tp)
             if marker is not None and marker[0] == item.offset:
                 chunk.forced_last = marker[1]
         chunk.last = item.offset

@@ -1,7 +1,9 @@
-"""`steplens sink influx|s3`: run a sink until SIGINT/SIGTERM.
+"""`steplens sink influx|s3|webhook|alertmanager`: run an output until SIGINT/SIGTERM.
 
-Its options are generated from the declarations in ``steplens.sinks.settings`` (the sink's
-own, and InfluxDB's or S3's): a flag given wins over the variable, which wins over the default.
+Every output runs behind the one consumer loop (``loop.py``), which retries and commits
+offsets only after a durable export. Its options are generated from the declarations in
+``steplens.sinks.settings`` (the process's own, and the output's): a flag given wins over the
+variable, which wins over the default.
 """
 
 from __future__ import annotations
@@ -9,16 +11,26 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
 
 from confluent_kafka import Consumer
 
+from steplens.schema.kafka_config import consumer_config
 from steplens.schema.settings import add_options, given, resolve
 from steplens.schema.topics import Topics, ensure_topics
 from steplens.sinks import metrics, redact
-from steplens.sinks.kafka_io import DeadLetters, consumer_config
-from steplens.sinks.retry import RetryPolicy
-from steplens.sinks.settings import InfluxSettings, RollSettings, S3Settings, SinkSettings
+from steplens.sinks.kafka_io import DeadLetters
+from steplens.sinks.settings import (
+    AlertmanagerSettings,
+    InfluxSettings,
+    RollSettings,
+    S3Settings,
+    SinkSettings,
+    WebhookSettings,
+)
+
+NOTIFIERS = {"webhook": WebhookSettings, "alertmanager": AlertmanagerSettings}
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -32,13 +44,17 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="extra librdkafka consumer setting (repeatable), e.g. -X session.timeout.ms=6000",
     )
-    p = argparse.ArgumentParser(prog=prog, description="Run a steplens sink.")
-    sub = p.add_subparsers(dest="which", required=True, metavar="{influx,s3}")
+    p = argparse.ArgumentParser(prog=prog, description="Run a steplens output.")
+    sub = p.add_subparsers(dest="which", required=True, metavar="{influx,s3,webhook,alertmanager}")
     influx = sub.add_parser("influx", parents=[common], help="hot store (InfluxDB)")
     add_options(influx, InfluxSettings)
     s3 = sub.add_parser("s3", parents=[common], help="cold store (Parquet on S3)")
     add_options(s3, S3Settings)
     add_options(s3, RollSettings)
+    hook = sub.add_parser("webhook", parents=[common], help="POST each alert transition")
+    add_options(hook, WebhookSettings)
+    am = sub.add_parser("alertmanager", parents=[common], help="incidents into Alertmanager")
+    add_options(am, AlertmanagerSettings)
     return p
 
 
@@ -46,24 +62,34 @@ def main(argv: list[str], prog: str = "steplens sink") -> int:
     args = _parser(prog).parse_args(argv)
     s = resolve(SinkSettings, given(SinkSettings, args))
     logging.basicConfig(level=s.log_level, format="%(asctime)s %(name)s %(message)s")
+    url = None
+    if args.which in NOTIFIERS:
+        cls = NOTIFIERS[args.which]
+        url = resolve(cls, given(cls, args)).url
+        if not url:
+            print(f"{prog} {args.which}: no --url", file=sys.stderr)
+            return 2
     redactor = redact.install()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     topics = Topics.from_env()
-    names = s.topics.split(",") if s.topics else [topics.raw, topics.signals, topics.alerts]
+    default = [topics.alerts] if url else [topics.raw, topics.signals, topics.alerts]
+    names = s.topics.split(",") if s.topics else default
     dl_topic = s.dead_letter_topic or topics.dead_letters
     ensure_topics(s.bootstrap, topics)
-    policy = RetryPolicy(deadline_s=s.deadline_s)
     group = s.group or f"steplens-sink-{args.which}"
     extra = dict(opt.split("=", 1) for opt in args.kafka_options)
-    consumer = Consumer(consumer_config(group, s.bootstrap, **extra))
+    consumer = Consumer(consumer_config(group, s.bootstrap, extra=extra))
     dead = DeadLetters(dl_topic, group, s.bootstrap)
     metrics.serve(s.port(args.which))
     try:
         if args.which == "influx":
-            return _run_influx(args, s, names, consumer, dead, stop=stop, policy=policy)
-        return _run_s3(args, s, names, consumer, dead, stop=stop, policy=policy, redactor=redactor)
+            return _run_influx(args, s, names, consumer, dead, stop=stop)
+        if args.which == "s3":
+            return _run_s3(args, s, names, consumer, dead, stop=stop, redactor=redactor)
+        assert url is not None
+        return _run_notifier(args.which, s, names, consumer, dead, url=url, stop=stop)
     finally:
         consumer.close()
         dead.flush(5)
@@ -77,7 +103,6 @@ def _run_influx(
     dead: DeadLetters,
     *,
     stop: threading.Event,
-    policy: RetryPolicy,
 ) -> int:
     from steplens.sinks.influx import InfluxSink, make_client
     from steplens.sinks.loop import SinkLoop
@@ -88,7 +113,7 @@ def _run_influx(
     if s.setup:
         ensure_buckets(client, settings)
         ensure_rollup_task(client, settings)
-    sink = InfluxSink(client, settings, policy=policy, stop=stop)
+    sink = InfluxSink(client, settings)
     consumer.subscribe(names)
     try:
         SinkLoop(consumer, sink, dead, stop=stop, batch_size=s.batch_size).run()
@@ -106,7 +131,6 @@ def _run_s3(
     dead: DeadLetters,
     *,
     stop: threading.Event,
-    policy: RetryPolicy,
     redactor: redact.Redactor,
 ) -> int:
     from steplens.sinks.chunks import Chunker
@@ -119,7 +143,7 @@ def _run_s3(
     client = make_s3_client(settings)
     if s.setup:
         ensure_bucket(client, settings.bucket)
-    roller = S3Roller(client, settings, policy=policy, stop=stop)
+    roller = S3Roller(client, settings)
     chunker = Chunker(
         roller.marker,
         max_bytes=roll.max_bytes,
@@ -130,4 +154,29 @@ def _run_s3(
     consumer.subscribe(names, on_revoke=loop.on_revoke)
     loop.run()
     loop.drain()
+    return 0
+
+
+def _run_notifier(
+    which: str,
+    s: SinkSettings,
+    names: list[str],
+    consumer: Consumer,
+    dead: DeadLetters,
+    *,
+    url: str,
+    stop: threading.Event,
+) -> int:
+    from steplens.sinks.alertmanager import AlertmanagerOutput
+    from steplens.sinks.loop import SinkLoop
+    from steplens.sinks.webhook import WebhookOutput
+
+    output: WebhookOutput | AlertmanagerOutput = (
+        WebhookOutput(url) if which == "webhook" else AlertmanagerOutput(url)
+    )
+    consumer.subscribe(names)
+    try:
+        SinkLoop(consumer, output, dead, stop=stop, batch_size=s.batch_size).run()
+    finally:
+        output.shutdown()
     return 0

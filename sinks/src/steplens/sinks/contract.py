@@ -1,9 +1,10 @@
-"""The sink contract: ``export(batch) -> ExportResult`` never raises, ``shutdown()`` stops it.
+"""The output contract: ``export(batch) -> ExportResult`` never raises, ``shutdown()`` stops it.
 
-Both sinks follow it: the InfluxDB sink exports a list of decoded records, the S3 roller a
-rolled chunk. ``steplens.sinks.loop.ConsumerLoop`` drives either one: it exports a batch until
-it is durable (pausing the consumer and backing off meanwhile), dead-letters what the result
-refuses, and only then commits.
+Every output follows it: the InfluxDB sink, the webhook and Alertmanager notifiers export
+lists of decoded records, the MLflow mirror decoded messages (with their offsets), the S3
+roller a rolled chunk. An export makes one attempt; ``steplens.sinks.loop.ConsumerLoop`` drives
+every output: it exports a batch again (pausing the consumer and backing off) while the result
+is retryable, dead-letters what the result refuses, and only then commits.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class ExportResult:
 B_contra = TypeVar("B_contra", contravariant=True)
 
 
-class Sink(Protocol[B_contra]):
+class Output(Protocol[B_contra]):
     name: str
 
     def export(self, batch: B_contra) -> ExportResult: ...

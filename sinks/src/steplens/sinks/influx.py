@@ -1,23 +1,22 @@
 """InfluxDB hot sink: records to points, synchronous writes (so durability is known).
 
-A write either succeeds (the batch is durable), fails transiently (connection errors, 429,
-5xx: retried under the policy, then the batch is reported retryable), or is refused for good
-(400/413/422): the batch is then split in halves until the refused records are isolated, so one
-bad record cannot hold back the rest. Rewriting a record rewrites the same point (time and tags
-come from the record), so every retry is safe. Points are built in chunks and each chunk is
-written on one writer thread while the next is built; an export returns after all its writes.
+A write either succeeds (the batch is durable), fails (connection errors, 429, 5xx, anything
+but a refusal: the batch is reported retryable, and the loop exports it again), or is refused
+for good (400/413/422): the batch is then split in halves until the refused records are
+isolated, so one bad record cannot hold back the rest. Rewriting a record rewrites the same
+point (time and tags come from the record), so every retry is safe. Points are built in chunks
+and each chunk is written on one writer thread while the next is built; an export returns
+after all its writes.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Final
 
-import urllib3
 from influxdb_client import InfluxDBClient, WritePrecision
 from influxdb_client.client.write_api import SYNCHRONOUS
 from influxdb_client.rest import ApiException
@@ -28,7 +27,6 @@ from steplens.sinks import metrics
 from steplens.sinks.contract import ExportResult, Rejection
 from steplens.sinks.name_limits import NameBudget, NameLimits, refusal_reason
 from steplens.sinks.points import UnwritableRecord, record_builders
-from steplens.sinks.retry import RetryPolicy, Stopped, call_with_retry
 from steplens.sinks.rollup import flux_string
 from steplens.sinks.settings import InfluxSettings
 
@@ -42,11 +40,9 @@ def make_client(s: InfluxSettings) -> InfluxDBClient:
     return InfluxDBClient(url=s.url, token=s.token, org=s.org, timeout=s.timeout_ms)
 
 
-def transient(exc: BaseException) -> bool:
-    """Worth retrying: anything but a refusal of the data itself."""
-    if isinstance(exc, ApiException):
-        return exc.status not in PERMANENT_STATUS
-    return isinstance(exc, (OSError, urllib3.exceptions.HTTPError))
+def refused(exc: BaseException) -> bool:
+    """A refusal of the data itself; any other failure makes the batch retryable."""
+    return isinstance(exc, ApiException) and exc.status in PERMANENT_STATUS
 
 
 def _reason(exc: ApiException) -> str:
@@ -71,14 +67,10 @@ class InfluxSink:
         client: InfluxDBClient,
         settings: InfluxSettings,
         *,
-        policy: RetryPolicy | None = None,
-        stop: threading.Event | None = None,
         write_chunk: int = 1000,
         limits: NameLimits | None = None,
     ) -> None:
         self.settings = settings
-        self.policy = policy or RetryPolicy()
-        self.stop = stop or threading.Event()
         self.limits = limits or NameLimits(
             per_run=settings.max_names_per_run, per_measurement=settings.max_names_per_measurement
         )
@@ -132,8 +124,6 @@ class InfluxSink:
         wait(pending)
         for fut in pending:
             failure = fut.exception()
-            if isinstance(failure, Stopped):
-                return ExportResult.retry("shutting down")
             if failure is not None:
                 return ExportResult.retry(f"{type(failure).__name__}: {failure}")
             for refused in fut.result():
@@ -189,20 +179,14 @@ class InfluxSink:
         if not body:
             return
         try:
-            call_with_retry(
-                lambda: self._write_api.write(
-                    bucket=self.settings.bucket,
-                    org=self.settings.org,
-                    record=body,
-                    write_precision=WritePrecision.NS,  # type: ignore[arg-type]
-                ),
-                policy=self.policy,
-                retryable=transient,
-                stop=self.stop,
-                on_retry=lambda _e: metrics.RETRIES.labels(self.name).inc(),
+            self._write_api.write(
+                bucket=self.settings.bucket,
+                org=self.settings.org,
+                record=body,
+                write_precision=WritePrecision.NS,  # type: ignore[arg-type]
             )
         except ApiException as exc:
-            if exc.status in PERMANENT_STATUS:
+            if refused(exc):
                 raise _Refused(_reason(exc)) from exc
             raise
 
@@ -222,6 +206,5 @@ class InfluxSink:
         return self._write_isolating(lines[:mid]) + self._write_isolating(lines[mid:])
 
     def shutdown(self) -> None:
-        self.stop.set()
         self._writer.shutdown(wait=True)
         self._write_api.close()

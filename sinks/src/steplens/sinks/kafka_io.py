@@ -1,4 +1,4 @@
-"""Kafka plumbing shared by the sinks: consumer settings, decoding, dead letters, commits."""
+"""Kafka plumbing shared by the outputs: decoding, dead letters, commits."""
 
 from __future__ import annotations
 
@@ -12,26 +12,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from steplens.schema import RUN_RANK, DecodeError, Record, decode
 from steplens.schema.dead_letter import dead_letter_bytes
-from steplens.schema.settings import kafka_bootstrap, kafka_security_config
+from steplens.schema.kafka_config import producer_config
 
 log = logging.getLogger("steplens.sinks")
-
-
-def consumer_config(group_id: str, bootstrap: str | None = None, **extra: Any) -> dict[str, Any]:
-    """Manual commits only: offsets move after the durable write, never before."""
-    conf: dict[str, Any] = {
-        "bootstrap.servers": kafka_bootstrap(bootstrap),
-        "group.id": group_id,
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": "earliest",
-        "max.poll.interval.ms": 1_800_000,  # a long outage pauses us, it must not evict us
-        "session.timeout.ms": 10_000,  # a crashed sink's partitions move on within 10 s
-        **kafka_security_config(),
-    }
-    conf.update(extra)
-    conf["enable.partition.eof"] = False  # an end of partition is not news: every error is
-    return conf
 
 
 @dataclass(frozen=True)
@@ -99,15 +82,7 @@ class DeadLetters:
     ) -> None:
         self.topic = topic
         self.consumer_name = consumer_name
-        self._producer = Producer(
-            {
-                "bootstrap.servers": kafka_bootstrap(bootstrap),
-                "enable.idempotence": True,
-                "acks": "all",
-                **kafka_security_config(),
-                **config,
-            }
-        )
+        self._producer = Producer(producer_config(bootstrap, extra=config))
         self._seq = itertools.count()
         self._host = socket.gethostname()
         self._failed = 0

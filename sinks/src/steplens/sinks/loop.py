@@ -1,11 +1,13 @@
-"""The consume → export → dead-letter → commit loop, written once for both sinks.
+"""The consume → export → dead-letter → commit loop, written once for every output.
 
 Offsets are committed only once a batch is durable and its dead letters acknowledged. While a
-batch keeps failing the consumer is paused (and still polled, so it stays in its group) and the
-same batch is exported again after a backoff, until it succeeds or shutdown is requested.
-``SinkLoop`` exports each polled batch as it comes (InfluxDB); ``RollerLoop``
-(``roller_loop.py``) buffers per partition and exports rolled chunks (S3). Both only say how
-polled messages become batches; making a batch durable is ``ConsumerLoop.deliver``.
+batch keeps coming back retryable the consumer is paused (and still polled, so it stays in its
+group) and the same batch is exported again after a backoff (``retry.until_done``, the only
+place an output's work is retried), until it is durable or shutdown is requested.
+``SinkLoop`` exports each polled batch as it comes, as decoded records (InfluxDB, the
+notifiers); ``MessageLoop`` as decoded messages with their offsets (the MLflow mirror);
+``RollerLoop`` (``roller_loop.py``) buffers per partition and exports rolled chunks (S3). They
+only say how polled messages become batches; making a batch durable is ``ConsumerLoop.deliver``.
 """
 
 from __future__ import annotations
@@ -13,21 +15,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from confluent_kafka import Consumer, TopicPartition
 
 from steplens.schema import DecodeError, Record
 from steplens.sinks import metrics
-from steplens.sinks.contract import ExportResult, Sink
+from steplens.sinks.contract import ExportResult, Output
 from steplens.sinks.kafka_io import Consumed, DeadLetters, commit, next_offsets, poll_batch
-from steplens.sinks.retry import RetryPolicy, backoff_delays
+from steplens.sinks.retry import RetryPolicy, until_done
 
 log = logging.getLogger("steplens.sinks")
 
 B = TypeVar("B")
+T = TypeVar("T")
 Bad = list[tuple[Consumed, str]]  # messages to dead-letter, with the reason
 
 
@@ -41,12 +44,12 @@ class LoopStats:
 
 
 class ConsumerLoop(Generic[B]):
-    """The consumer, the sink, dead letters, the shutdown event and the backoff."""
+    """The consumer, the output, dead letters, the shutdown event and the retry policy."""
 
     def __init__(
         self,
         consumer: Consumer,
-        sink: Sink[B],
+        output: Output[B],
         dead_letters: DeadLetters,
         *,
         stop: threading.Event,
@@ -55,13 +58,13 @@ class ConsumerLoop(Generic[B]):
         backoff: RetryPolicy | None = None,
     ) -> None:
         self.consumer = consumer
-        self.sink = sink
+        self.output = output
         self.dead_letters = dead_letters
         self.stop = stop
         self.batch_size = batch_size
         self.poll_timeout_s = poll_timeout_s
         self.stats = LoopStats()
-        self._delay = backoff_delays(backoff or RetryPolicy(initial_backoff_s=0.5, max_backoff_s=5))
+        self.policy = backoff or RetryPolicy()
 
     def run(self, max_seconds: float | None = None) -> LoopStats:
         """Run until ``stop`` is set (or ``max_seconds`` passed)."""
@@ -89,7 +92,7 @@ class ConsumerLoop(Generic[B]):
         result = self._export_until_durable(batch, size)
         if result is None:
             return False
-        name = self.sink.name
+        name = self.output.name
         refused = [(origin[r.index], f"rejected by {name}: {r.reason}") for r in result.rejected]
         trimmed = [
             (origin[r.index], f"stored in part by {name}: {r.reason}") for r in result.trimmed
@@ -112,36 +115,44 @@ class ConsumerLoop(Generic[B]):
             metrics.LAST_COMMIT.labels(name).set_to_current_time()
         return True
 
-    def _export_until_durable(self, batch: B, size: int) -> ExportResult | None:
-        """Export until the result is not retryable; None when shutdown came first. Meanwhile
-        the consumer is paused and kept in its group."""
-        if size == 0:
-            return ExportResult()
-        attempt = 0
+    def until_done(self, attempt: Callable[[], T], done: Callable[[T], bool], what: str) -> T:
+        """``attempt`` again after a backoff until ``done``, or shutdown; meanwhile the consumer
+        is paused and kept in its group. Returns the last result."""
         paused: list[TopicPartition] = []
+
+        def on_retry(attempts: int, result: Any) -> None:
+            metrics.RETRIES.labels(self.output.name).inc()
+            log.warning(
+                "steplens %s: %s not done yet (attempt %d): %s",
+                self.output.name,
+                what,
+                attempts,
+                getattr(result, "error", result),
+            )
+            if not paused:
+                paused.extend(self.consumer.assignment())
+                self.consumer.pause(paused)
+            self._keep_alive()
+
         try:
-            while True:
-                with metrics.EXPORT_SECONDS.labels(self.sink.name).time():
-                    result = self.sink.export(batch)
-                if not result.retryable:
-                    return result
-                attempt += 1
-                log.warning(
-                    "steplens sink %s: batch of %d not durable yet (attempt %d): %s",
-                    self.sink.name,
-                    size,
-                    attempt,
-                    result.error,
-                )
-                if not paused:
-                    paused = self.consumer.assignment()
-                    self.consumer.pause(paused)
-                if self.stop.wait(self._delay(attempt)):
-                    return None
-                self._keep_alive()
+            return until_done(attempt, done, policy=self.policy, stop=self.stop, on_retry=on_retry)
         finally:
             if paused:
                 self.consumer.resume(paused)
+
+    def _export_until_durable(self, batch: B, size: int) -> ExportResult | None:
+        """Export until the result is not retryable; None when shutdown came first."""
+        if size == 0:
+            return ExportResult()
+
+        def export() -> ExportResult:
+            with metrics.EXPORT_SECONDS.labels(self.output.name).time():
+                return self.output.export(batch)
+
+        result = self.until_done(
+            export, lambda r: not r.retryable, f"a batch of {size} made durable"
+        )
+        return None if result.retryable else result
 
     def _keep_alive(self) -> None:
         """Poll while paused so the group keeps us; rewind anything a rebalance delivered."""
@@ -152,34 +163,53 @@ class ConsumerLoop(Generic[B]):
             )
 
     def _send_dead_letters(self, letters: Bad) -> bool:
-        """Send until all are acknowledged, again after a failure (with backoff): a letter whose
-        delivery failed must not be committed past. False on shutdown."""
-        attempt = 0
-        while True:
+        """Send until all are acknowledged, again after a failure: a letter whose delivery
+        failed must not be committed past (a retried letter may come twice). False on
+        shutdown."""
+
+        def send() -> bool:
             for item, reason in letters:
                 self.dead_letters.send(item, reason)
-            if self.dead_letters.flush():
-                return True
-            attempt += 1
-            if self.stop.wait(self._delay(attempt)):
-                return False
+            return self.dead_letters.flush()
+
+        return self.until_done(send, bool, f"{len(letters)} dead letters acknowledged")
 
 
-class SinkLoop(ConsumerLoop[list[Record]]):
-    """Each polled batch is exported as it comes: the InfluxDB sink's loop."""
+def decoded(polled: list[Consumed]) -> tuple[list[Consumed], Bad]:
+    """The decodable messages, and the undecodable ones with the reason."""
+    good: list[Consumed] = []
+    bad: Bad = []
+    for item in polled:
+        if isinstance(item.decoded, DecodeError):
+            bad.append((item, f"undecodable: {item.decoded}"))
+        else:
+            good.append(item)
+    return good, bad
+
+
+class SinkLoop(ConsumerLoop[Any]):
+    """Each polled batch is exported as it comes, as its decoded records."""
 
     def handle(self, polled: list[Consumed]) -> bool:
         if not polled:
             return True
-        records: list[Record] = []
-        origin: list[Consumed] = []
-        bad: Bad = []
-        for item in polled:
-            if isinstance(item.decoded, DecodeError):
-                bad.append((item, f"undecodable: {item.decoded}"))
-            else:
-                records.append(item.decoded)
-                origin.append(item)
+        origin, bad = decoded(polled)
         return self.deliver(
-            records, size=len(records), origin=origin, bad=bad, offsets=next_offsets(polled)
+            self.batch_of(origin),
+            size=len(origin),
+            origin=origin,
+            bad=bad,
+            offsets=next_offsets(polled),
         )
+
+    def batch_of(self, origin: list[Consumed]) -> Any:
+        records: list[Record] = [item.decoded for item in origin]  # type: ignore[misc]
+        return records
+
+
+class MessageLoop(SinkLoop):
+    """Each polled batch is exported as its decoded messages: for an output that keeps the
+    offsets of what it wrote."""
+
+    def batch_of(self, origin: list[Consumed]) -> Any:
+        return origin

@@ -6,11 +6,16 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 RECORDS = Counter(
     "steplens_sink_records",
-    "Records handled by a sink, by outcome: accepted, skipped (past the hot window), "
+    "Records handled by an output, by outcome: accepted, skipped (accepted, deliberately not "
+    "written: past the hot window, not an output's kind, a notification posted already), "
     "dead_letter (not stored), trimmed (stored without some fields, dead-lettered too)",
     ["sink", "outcome"],
 )
-RETRIES = Counter("steplens_sink_retries", "Retried writes or uploads", ["sink"])
+RETRIES = Counter(
+    "steplens_sink_retries",
+    "Attempts again after a retryable result: a batch exported, dead letters sent",
+    ["sink"],
+)
 COMMITS = Counter("steplens_sink_commits", "Offset commits, by result", ["sink", "result"])
 EXPORT_SECONDS = Histogram(
     "steplens_sink_export_seconds", "Time to make one batch durable", ["sink"]
@@ -22,6 +27,13 @@ S3_OBJECTS = Counter("steplens_s3_objects", "Parquet objects uploaded")
 S3_BYTES = Counter("steplens_s3_bytes", "Parquet bytes uploaded")
 S3_DUPLICATES = Counter(
     "steplens_s3_duplicate_rows", "Rows left out of S3: the same record was already rolled"
+)
+NOTIFICATIONS = Counter(
+    "steplens_sink_notifications",
+    "Alert posts of a notifier, by outcome: sent, refused (dead-lettered), repeated (a "
+    "transition posted already), superseded (a later state of the same alert in the batch), "
+    "evicted (firing alerts past the ones kept for resends), resent, resend_failed",
+    ["sink", "outcome"],
 )
 FIELDS_DROPPED = Counter(
     "steplens_sink_fields_dropped",

@@ -19,8 +19,11 @@ steps), the signals topic and the alerts topic, and writes to one MLflow run per
   restarted mirror goes on from it and counts no record twice.
 
 Needs ``mlflow`` (or ``mlflow-skinny``) and a tracking URI (``--tracking-uri`` or
-``MLFLOW_TRACKING_URI``). Delivery is at least once: offsets are committed after MLflow
-accepted a batch; a replayed batch logs the same metric points again.
+``MLFLOW_TRACKING_URI``). The mirror is an output behind the consumer loop (``loop.py``):
+delivery is at least once, offsets are committed after MLflow accepted a batch (a replayed
+batch logs the same metric points again); a batch MLflow could not take now (unreachable,
+5xx) is exported again; a request MLflow refuses (4xx) is split until the refused records are
+found, and those go to the dead-letter topic, as undecodable records do.
 """
 
 from __future__ import annotations
@@ -33,12 +36,15 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
-from functools import partial
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-from steplens.schema import Record, decode
+from steplens.schema import Record
+from steplens.sinks.contract import ExportResult, Rejection
 from steplens.sinks.mlflow_summary import RunSummary
+
+if TYPE_CHECKING:  # the Kafka client is imported only when the mirror consumes
+    from steplens.sinks.kafka_io import Consumed
 
 log = logging.getLogger("steplens.sinks.mlflow")
 
@@ -64,11 +70,27 @@ def mlflow_available() -> bool:
     return True
 
 
+def refused(exc: BaseException) -> bool:
+    """MLflow refused the request itself (a 4xx but 429): sending it again cannot help."""
+    from mlflow.exceptions import MlflowException
+
+    if not isinstance(exc, MlflowException):
+        return False
+    status = exc.get_http_status_code()
+    return 400 <= status < 500 and status != 429
+
+
 class MlflowMirror:
-    """Writes steplens records into MLflow runs of one experiment."""
+    """Writes steplens records into MLflow runs of one experiment (of ``only_run``, if set)."""
+
+    name = "mlflow"
 
     def __init__(
-        self, tracking_uri: str, experiment: str = "steplens", summary_interval_s: float = 30.0
+        self,
+        tracking_uri: str,
+        experiment: str = "steplens",
+        summary_interval_s: float = 30.0,
+        only_run: str | None = None,
     ) -> None:
         from mlflow import MlflowClient
 
@@ -83,6 +105,57 @@ class MlflowMirror:
         self._changed: set[str] = set()  # runs whose summary metrics are behind their state
         self._unsaved: set[str] = set()  # runs whose state tag is behind their state
         self._written: dict[str, float] = {}  # run -> when its summary metrics were written
+        self.only_run = only_run
+        self.mirrored = 0  # evaluations and alerts mirrored by ``export``
+        self._lock = threading.Lock()  # ``export`` and the summary timer, one at a time
+
+    # ------------------------------------------------------------------ the output
+    def export(self, batch: list[Consumed]) -> ExportResult:
+        """Mirror the decoded messages of ``batch`` (the kinds it reads, of ``only_run``)."""
+        part: list[tuple[int, Record, Position]] = []
+        for i, item in enumerate(batch):
+            rec = item.decoded
+            wanted = isinstance(rec, Record) and rec.kind in KINDS
+            if wanted and (self.only_run is None or rec.run_id == self.only_run):
+                part.append((i, rec, (item.topic, item.partition, item.offset)))
+        try:
+            with self._lock:
+                rejected = self._mirror(part)
+                self.flush_summaries()
+        except Exception as exc:  # the contract: export never raises
+            return ExportResult.retry(f"{type(exc).__name__}: {exc}")
+        return ExportResult(
+            accepted=len(part) - len(rejected), rejected=rejected, skipped=len(batch) - len(part)
+        )
+
+    def _mirror(self, part: list[tuple[int, Record, Position]]) -> list[Rejection]:
+        """Write ``part``; on a refusal, halve until the refused records are found. Raises
+        when MLflow could not take it now."""
+        if not part:
+            return []
+        try:
+            self.mirrored += self.handle([r for _, r, _ in part], [p for _, _, p in part])
+            return []
+        except Exception as exc:
+            if not refused(exc):
+                raise
+            if len(part) == 1:
+                return [Rejection(part[0][0], f"refused by MLflow: {exc}"[:1000])]
+        mid = len(part) // 2
+        return self._mirror(part[:mid]) + self._mirror(part[mid:])
+
+    def flush_due(self) -> None:
+        """The summary metrics that are due (the timer's call, between batches)."""
+        with self._lock:
+            self.flush_summaries()
+
+    def shutdown(self) -> None:
+        """Write every changed summary now: one attempt (the state tag keeps the counts)."""
+        try:
+            with self._lock:
+                self.flush_summaries(force=True)
+        except Exception as exc:
+            log.warning("mlflow: summaries not written at shutdown: %s", exc)
 
     def mlflow_run(self, run_id: str) -> str:
         """The MLflow run of a steplens run: found by tag, else created."""
@@ -211,67 +284,32 @@ def run_mirror(
     *,
     group: str,
     stop: threading.Event,
-    only_run: str | None = None,
+    dead_letter_topic: str | None = None,
     max_s: float | None = None,
 ) -> int:
-    """Consume ``topics`` until ``stop`` is set (or ``max_s`` passed); returns records used."""
+    """Mirror ``topics`` until ``stop`` is set (or ``max_s`` passed), behind the consumer
+    loop; the summary metrics that are due are written every second between batches, all of
+    them at the end. Returns the evaluations and alerts mirrored."""
     from confluent_kafka import Consumer
 
-    from steplens.schema.settings import kafka_security_config
+    from steplens.schema.kafka_config import consumer_config
+    from steplens.schema.topics import Topics
+    from steplens.sinks.kafka_io import DeadLetters
+    from steplens.sinks.loop import MessageLoop
+    from steplens.sinks.periodic import Every
 
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": group,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            **kafka_security_config(),
-        }
-    )
+    consumer = Consumer(consumer_config(group, bootstrap))
+    dead = DeadLetters(dead_letter_topic or Topics.from_env().dead_letters, group, bootstrap)
     consumer.subscribe(topics)
-    deadline = time.monotonic() + max_s if max_s is not None else math.inf
-    used = 0
+    summaries = Every(1.0, mirror.flush_due, "mlflow-summaries")
     try:
-        while not stop.is_set() and time.monotonic() < deadline:
-            msgs = consumer.consume(1000, timeout=0.5)
-            if msgs:
-                records: list[Record] = []
-                positions: list[Position | None] = []
-                for msg in msgs:
-                    if msg.error():
-                        continue
-                    rec = decode(msg.value())
-                    if not isinstance(rec, Record) or rec.kind not in KINDS:
-                        continue
-                    if only_run is None or rec.run_id == only_run:
-                        records.append(rec)
-                        positions.append(
-                            (str(msg.topic()), msg.partition() or 0, msg.offset() or 0)
-                        )
-                if records:
-                    used += _with_retry(partial(mirror.handle, records, positions), stop)
-                consumer.commit(asynchronous=False)
-            _with_retry(mirror.flush_summaries, stop)
-        _with_retry(partial(mirror.flush_summaries, force=True), stop)
+        MessageLoop(consumer, mirror, dead, stop=stop, batch_size=1000).run(max_s)
     finally:
+        summaries.stop()
+        mirror.shutdown()
         consumer.close()
-    return used
-
-
-def _with_retry(write: Callable[[], int | None], stop: threading.Event) -> int:
-    """MLflow (a tracking server) may be briefly away: bounded retries with backoff."""
-    delay = 0.5
-    for attempt in range(6):
-        try:
-            return write() or 0
-        except Exception as exc:
-            if attempt == 5:
-                raise
-            log.warning("mlflow write failed (%s); retrying in %.1f s", exc, delay)
-            if stop.wait(delay):
-                raise
-            delay = min(delay * 2, 10.0)
-    return 0  # pragma: no cover - the loop returns or raises
+        dead.flush(5)
+    return mirror.mirrored
 
 
 def main(argv: list[str], prog: str = "steplens sink mlflow") -> int:
@@ -307,7 +345,7 @@ def main(argv: list[str], prog: str = "steplens sink mlflow") -> int:
     topics = Topics.from_env()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    mirror = MlflowMirror(args.tracking_uri, args.experiment, args.summary_interval)
+    mirror = MlflowMirror(args.tracking_uri, args.experiment, args.summary_interval, args.run)
     try:
         used = run_mirror(
             mirror,
@@ -315,7 +353,7 @@ def main(argv: list[str], prog: str = "steplens sink mlflow") -> int:
             [topics.raw, topics.signals, topics.alerts],
             group=args.group,
             stop=stop,
-            only_run=args.run,
+            dead_letter_topic=topics.dead_letters,
             max_s=args.max_s,
         )
     except KeyboardInterrupt:

@@ -8,6 +8,7 @@ import pandas as pd
 from confluent_kafka import Producer
 
 from steplens import schema
+from steplens.schema.kafka_config import producer_config
 from steplens.schema.settings import kafka_bootstrap, kafka_security_config
 from steplens.schema.topics import Topics
 from steplens.sinks.cold import read_parquet, run_prefix
@@ -83,14 +84,7 @@ def replay(
     """Produce the run's cold records to ``topic`` (created when missing, with as many
     partitions as the raw topic); returns how many were acknowledged."""
     _ensure_topic(topic, bootstrap)
-    producer = Producer(
-        {
-            "bootstrap.servers": kafka_bootstrap(bootstrap),
-            "enable.idempotence": True,
-            "linger.ms": 20,
-            **kafka_security_config(),
-        }
-    )
+    producer = Producer(producer_config(bootstrap))
     failed: list[str] = []
 
     def on_delivery(err: object, _msg: object) -> None:

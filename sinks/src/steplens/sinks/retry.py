@@ -1,6 +1,10 @@
-"""Retry, written once: bounded attempts, exponential backoff with jitter, a deadline.
+"""The one retry policy of the outputs (tenacity): exponential backoff with jitter, sleeping on
+the shutdown event, until the work is done or shutdown is requested.
 
-Sleeps happen on the shutdown event, so ``stop.set()`` interrupts a backoff at once.
+Only the consumer loop (``loop.py``) retries: an output makes one attempt per ``export`` and
+says in its result whether the batch is worth another one; the loop exports it again after a
+backoff, however long the outage lasts, so nothing is committed past an undelivered record.
+``stop.set()`` interrupts a backoff at once.
 """
 
 from __future__ import annotations
@@ -17,70 +21,47 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    max_attempts: int = 6
-    initial_backoff_s: float = 0.1
+    initial_backoff_s: float = 0.5
     max_backoff_s: float = 5.0
     jitter_s: float = 0.1
-    deadline_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1 or self.deadline_s <= 0 or self.initial_backoff_s < 0:
+        if self.initial_backoff_s < 0 or self.max_backoff_s < self.initial_backoff_s:
             raise ValueError(f"invalid retry policy {self}")
 
 
-class Stopped(Exception):
-    """The shutdown event was set while an operation was being retried."""
-
-
-def call_with_retry(
-    fn: Callable[[], T],
+def until_done(
+    attempt: Callable[[], T],
+    done: Callable[[T], bool],
     *,
     policy: RetryPolicy,
-    retryable: Callable[[BaseException], bool],
     stop: threading.Event,
-    on_retry: Callable[[BaseException], None] | None = None,
+    on_retry: Callable[[int, T], None] | None = None,
 ) -> T:
-    """Call ``fn`` until it succeeds, a permanent error, the attempts or the deadline run out.
+    """Call ``attempt`` until ``done`` says its result is final, or ``stop`` is set; returns
+    the last result. The first attempt is always made; none is made once ``stop`` is set
+    after it. ``on_retry(attempts so far, result)`` runs before each backoff."""
 
-    Re-raises the last exception (or ``Stopped`` when ``stop`` ended the wait).
-    """
+    last: list[T] = []
+
+    def once() -> T:
+        if last and stop.is_set():
+            return last[0]  # shutdown came during the backoff: no new attempt
+        last[:] = [attempt()]
+        return last[0]
 
     def before_sleep(state: tenacity.RetryCallState) -> None:
         if on_retry is not None and state.outcome is not None:
-            exc = state.outcome.exception()
-            if exc is not None:
-                on_retry(exc)
+            on_retry(state.attempt_number, state.outcome.result())
 
     retrying = tenacity.Retrying(
-        stop=(
-            tenacity.stop_after_attempt(policy.max_attempts)
-            | tenacity.stop_after_delay(policy.deadline_s)
-            | tenacity.stop_when_event_set(stop)
-        ),
+        stop=tenacity.stop_when_event_set(stop),
         wait=tenacity.wait_exponential_jitter(
             multiplier=policy.initial_backoff_s, max=policy.max_backoff_s, jitter=policy.jitter_s
         ),
-        retry=tenacity.retry_if_exception(retryable),
-        sleep=lambda seconds: _wait(stop, seconds),
+        retry=tenacity.retry_if_result(lambda result: not done(result)),
+        sleep=stop.wait,
         before_sleep=before_sleep,
-        reraise=True,
+        retry_error_callback=lambda state: last[0],
     )
-    return retrying(fn)
-
-
-def _wait(stop: threading.Event, seconds: float) -> None:
-    stop.wait(seconds)
-
-
-def backoff_delays(policy: RetryPolicy) -> Callable[[int], float]:
-    """Delay before attempt ``n`` (1-based) for loops that retry a whole batch themselves."""
-    wait = tenacity.wait_exponential_jitter(
-        multiplier=policy.initial_backoff_s, max=policy.max_backoff_s, jitter=policy.jitter_s
-    )
-
-    def delay(attempt: int) -> float:
-        state = tenacity.RetryCallState(tenacity.Retrying(), None, (), {})
-        state.attempt_number = max(1, attempt)
-        return float(wait(state))
-
-    return delay
+    return retrying(once)

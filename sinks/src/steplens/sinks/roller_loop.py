@@ -1,7 +1,12 @@
-"""The S3 roller's loop: buffer per partition, export rolled chunks until durable, commit."""
+"""The S3 roller's loop: buffer per partition, export rolled chunks until durable, commit.
+
+A chunk starts only once the partition's state marker is known (``S3Roller.marker``); while S3
+cannot say, the loop asks again under its retry policy, as for an upload.
+"""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
@@ -35,9 +40,21 @@ class RollerLoop(ConsumerLoop[Chunk]):
     def handle(self, polled: list[Consumed]) -> bool:
         ready: list[Chunk] = []
         for item in polled:
-            ready += self.chunker.add(item)
+            added = self.until_done(partial(self._add, item), _known, "a state marker read")
+            if not isinstance(added, list):  # shutdown: nothing from here on is committed
+                self.chunker.drop({(c.topic, c.partition) for c in ready})
+                return False
+            ready += added
         ready += self.chunker.due()
         return self._flush_all(ready)
+
+    def _add(self, item: Consumed) -> list[Chunk] | str:
+        """The chunks ``item`` completes, or why its partition's state marker is unknown
+        (nothing was buffered then)."""
+        try:
+            return self.chunker.add(item)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
 
     def drain(self) -> None:
         """At shutdown: one attempt to upload and commit what is buffered (else it is re-read)."""
@@ -61,3 +78,7 @@ class RollerLoop(ConsumerLoop[Chunk]):
             bad=chunk.dead,
             offsets=[TopicPartition(chunk.topic, chunk.partition, chunk.last + 1)],
         )
+
+
+def _known(added: list[Chunk] | str) -> bool:
+    return isinstance(added, list)

@@ -5,14 +5,13 @@ and the chunk's offset range. Each object is a single PUT, so a reader sees all 
 nothing. Before the objects go up, the chunk's range is written to
 ``<prefix>/_state/<topic>-p<P>.json``; a restarted roller that resumes at that range's first
 offset ends its first chunk at the same last offset, so a retry after a crash writes the same
-keys again (overwrites) instead of overlapping ones.
+keys again (overwrites) instead of overlapping ones. An upload makes one attempt: a failed
+one makes the chunk retryable, and the loop exports it again (S3 writes are overwrites).
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -25,10 +24,7 @@ from steplens.sinks import metrics
 from steplens.sinks.chunks import Chunk
 from steplens.sinks.cold import object_key, rows_to_parquet
 from steplens.sinks.contract import ExportResult
-from steplens.sinks.retry import RetryPolicy, call_with_retry
 from steplens.sinks.settings import S3Settings
-
-log = logging.getLogger("steplens.sinks")
 
 
 def make_s3_client(s: S3Settings) -> Any:
@@ -36,7 +32,7 @@ def make_s3_client(s: S3Settings) -> Any:
     session = boto3.Session(profile_name=s.profile) if s.profile else boto3.Session()
     config = Config(
         s3={"addressing_style": "path"},
-        retries={"max_attempts": 1, "mode": "standard"},  # our own policy retries
+        retries={"max_attempts": 1, "mode": "standard"},  # the consumer loop retries
         connect_timeout=5,
         read_timeout=30,
         request_checksum_calculation="when_required",
@@ -70,13 +66,6 @@ def ensure_bucket(client: Any, bucket: str) -> None:
         client.create_bucket(Bucket=bucket)
 
 
-def transient(exc: BaseException) -> bool:
-    """Everything S3 says is worth another try: data is never dropped for an S3 error."""
-    return isinstance(
-        exc, (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError, OSError)
-    )
-
-
 @dataclass
 class UploadStats:
     objects: int = 0
@@ -87,22 +76,13 @@ class UploadStats:
 class S3Roller:
     """The cold sink: ``export(chunk)`` uploads a chunk's objects (``chunks.Chunker`` makes
     the chunks). Every decoded record becomes a row, so nothing is ever refused: a chunk is
-    either durable or retryable."""
+    either durable or retryable (whatever S3 said: data is never dropped for an S3 error)."""
 
     name = "s3"
 
-    def __init__(
-        self,
-        client: Any,
-        settings: S3Settings,
-        *,
-        policy: RetryPolicy | None = None,
-        stop: threading.Event | None = None,
-    ) -> None:
+    def __init__(self, client: Any, settings: S3Settings) -> None:
         self.client = client
         self.settings = settings
-        self.policy = policy or RetryPolicy()
-        self.stop = stop or threading.Event()
         self.stats = UploadStats()
         self._markers: dict[tuple[str, int], tuple[int, int] | None] = {}
 
@@ -118,7 +98,7 @@ class S3Roller:
         return ExportResult(accepted=chunk.records)
 
     def shutdown(self) -> None:
-        self.stop.set()
+        return None
 
     def forget(self, partitions: Iterable[tuple[str, int]]) -> None:
         """Forget the state markers of revoked partitions (their new owner reads them)."""
@@ -131,16 +111,11 @@ class S3Roller:
         return f"{head}_state/{topic}-p{partition}.json"
 
     def marker(self, tp: tuple[str, int]) -> tuple[int, int] | None:
-        """The range a previous roller was uploading for this partition, if any."""
+        """The range a previous roller was uploading for this partition, if any; raises when
+        S3 could not say (the caller tries again: a chunk must not start without it)."""
         if tp not in self._markers:
-            try:
-                body = self._retry(
-                    lambda: self._get_or_none(self._state_key(*tp)), "read state marker"
-                )
-                self._markers[tp] = None if body is None else (body["first"], body["last"])
-            except Exception as exc:
-                log.warning("steplens s3 roller: no state marker for %s: %s", tp, exc)
-                return None
+            body = self._get_or_none(self._state_key(*tp))
+            self._markers[tp] = None if body is None else (body["first"], body["last"])
         return self._markers[tp]
 
     def _get_or_none(self, key: str) -> dict | None:
@@ -153,23 +128,11 @@ class S3Roller:
         data: dict = json.loads(obj["Body"].read())
         return data
 
-    def _retry(self, fn: Any, what: str) -> Any:
-        def on_retry(exc: BaseException) -> None:
-            metrics.RETRIES.labels(self.name).inc()
-            log.warning("steplens s3 roller: %s failed, retrying: %s", what, exc)
-
-        return call_with_retry(
-            fn, policy=self.policy, retryable=transient, stop=self.stop, on_retry=on_retry
-        )
-
     def put(self, key: str, body: bytes) -> None:
-        self._retry(
-            lambda: self.client.put_object(Bucket=self.settings.bucket, Key=key, Body=body),
-            f"upload {key}",
-        )
+        self.client.put_object(Bucket=self.settings.bucket, Key=key, Body=body)
 
     def write(self, chunk: Chunk) -> list[str]:
-        """Upload a chunk's objects (raises when retries ran out); returns the keys."""
+        """Upload a chunk's objects (raises when one failed); returns the keys."""
         tp = (chunk.topic, chunk.partition)
         marker = {"first": chunk.first, "last": chunk.last}
         if chunk.groups and self._markers.get(tp) != (chunk.first, chunk.last):

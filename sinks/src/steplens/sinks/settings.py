@@ -90,12 +90,36 @@ class RollSettings:
     ] = 50_000
 
 
-DEFAULT_METRICS_PORTS = {"influx": 9465, "s3": 9466}
+@dataclass(frozen=True)
+class WebhookSettings:
+    """Where ``steplens sink webhook`` posts each alert transition."""
+
+    ENV_PREFIX: ClassVar[str] = "STEPLENS_WEBHOOK_"
+
+    url: Annotated[str | None, about("webhook: the URL each alert transition is POSTed to")] = None
+
+
+@dataclass(frozen=True)
+class AlertmanagerSettings:
+    """The Alertmanager ``steplens sink alertmanager`` posts incidents to."""
+
+    ENV_PREFIX: ClassVar[str] = "STEPLENS_ALERTMANAGER_"
+
+    url: Annotated[
+        str | None,
+        about(
+            "Alertmanager's base URL, e.g. http://127.0.0.1:19094 (`steplens stack env` sets "
+            "it while the stack's Alertmanager runs)"
+        ),
+    ] = None
+
+
+DEFAULT_METRICS_PORTS = {"influx": 9465, "s3": 9466, "webhook": 9468, "alertmanager": 9469}
 
 
 @dataclass(frozen=True)
 class SinkSettings:
-    """``steplens sink influx|s3``: what it reads, how it batches and retries."""
+    """``steplens sink influx|s3|webhook|alertmanager``: what it reads and how it batches."""
 
     ENV_PREFIX: ClassVar[str] = "STEPLENS_SINK_"
 
@@ -109,7 +133,8 @@ class SinkSettings:
         str | None,
         about(
             "comma-separated topics",
-            default_doc="raw, signals, alerts (from `STEPLENS_TOPIC_*`)",
+            default_doc="raw, signals, alerts (from `STEPLENS_TOPIC_*`); the alerts topic for "
+            "webhook and alertmanager",
         ),
     ] = None
     dead_letter_topic: Annotated[
@@ -127,7 +152,6 @@ class SinkSettings:
     setup: Annotated[
         bool, about("create the buckets and tasks (--no-setup: do not)", flag="--no-setup")
     ] = True
-    deadline_s: Annotated[PositiveFloat, about("retry deadline per write")] = 30.0
     log_level: Annotated[NonEmptyStr, about("log level")] = "INFO"
 
     def port(self, which: str) -> int:

@@ -1,9 +1,10 @@
 """`steplens demo`: the whole product on one machine, with incidents to catch.
 
-Starts the local stack, a stream worker and both sinks as subprocesses, trains a small
-transformer LM as 2 CPU ranks under torchrun (``demo_train``) with scripted incidents, waits
-for the stream jobs to catch up, prints what steplens caught next to what was injected, and
-writes the report (``steplens report``). The stack stays up; `steplens stack down` stops it.
+Starts the local stack, a stream worker and both sinks as subprocesses (and the Alertmanager
+output while the stack's Alertmanager runs), trains a small transformer LM as 2 CPU ranks
+under torchrun (``demo_train``) with scripted incidents, waits for the stream jobs to catch
+up, prints what steplens caught next to what was injected, and writes the report (``steplens
+report``). The stack stays up; `steplens stack down` stops it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ QUICK_STEPS = 240
 HANG_AFTER_S = 60.0  # the stream jobs' default: a stall must last longer to be a hang
 QUICK_HANG_AFTER_S = 20.0
 # Prometheus ports of the worker and the sinks (docs/architecture.md); taken ones are replaced
-DEFAULT_PORTS = {"worker": 9464, "sink-influx": 9465, "sink-s3": 9466}
+DEFAULT_PORTS = {"worker": 9464, "sink-influx": 9465, "sink-s3": 9466, "sink-alertmanager": 9469}
 
 
 def say(line: str) -> None:
@@ -215,6 +216,8 @@ def _run(
         ("sink-influx", ["sink", "influx"]),
         ("sink-s3", ["sink", "s3"]),
     ]
+    if env.get("STEPLENS_ALERTMANAGER_URL"):  # the stack's Alertmanager runs: notify it
+        commands.append(("sink-alertmanager", ["sink", "alertmanager"]))
     commands += [
         (f"worker-{i}", ["worker", *hang, "--state-dir", str(run_dir / f"worker-{i}")])
         for i in range(1, args.workers)

@@ -17,18 +17,11 @@ class RunTail:
     def __init__(self, bootstrap: str, topics: list[str], run_id: str) -> None:
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-        from steplens.schema.settings import kafka_security_config
+        from steplens.schema.kafka_config import consumer_config
 
         self.run_id = run_id
         self.records: list[Record] = []
-        self._consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"steplens-demo-tail-{run_id}",
-                "enable.auto.commit": False,
-                **kafka_security_config(),
-            }
-        )
+        self._consumer = Consumer(consumer_config(f"steplens-demo-tail-{run_id}", bootstrap))
         parts = []
         for topic in topics:
             meta = self._consumer.list_topics(topic, timeout=15).topics[topic]

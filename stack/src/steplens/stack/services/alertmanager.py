@@ -1,5 +1,5 @@
-"""Alertmanager (optional; built once from the Go module proxy): where `steplens worker
---alertmanager-url` posts incidents, so routing, grouping and silences come from it."""
+"""Alertmanager (optional; built once from the Go module proxy): where `steplens sink
+alertmanager` posts incidents, so routing, grouping and silences come from it."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""The Faust worker: the engine wired to Kafka, its stores, warm starts and notifiers."""
+"""The Faust worker: the engine wired to Kafka, its stores and warm starts."""

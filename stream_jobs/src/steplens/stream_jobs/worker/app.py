@@ -29,7 +29,6 @@ from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.publish_limit import QuietLimiter
 from steplens.stream_jobs.engine.signals import arima, kernels
 from steplens.stream_jobs.worker import compat, history_loads
-from steplens.stream_jobs.worker.alertmanager import AlertmanagerSender
 from steplens.stream_jobs.worker.fit_queue import FitQueue, pool_initializer
 from steplens.stream_jobs.worker.metrics import WorkerMetrics
 from steplens.stream_jobs.worker.publisher import Publisher
@@ -43,7 +42,6 @@ from steplens.stream_jobs.worker.settings import (
     WorkerSettings,
 )
 from steplens.stream_jobs.worker.store import RunStore
-from steplens.stream_jobs.worker.webhook import WebhookNotifier
 
 log = logging.getLogger("steplens.stream_jobs")
 
@@ -69,11 +67,6 @@ class Worker:
             on_job=lambda n: self.metrics.fit_jobs.inc(),
         )
         self.pool: concurrent.futures.ProcessPoolExecutor | None = None
-        self.notifiers: list[Any] = []
-        if s.webhook_url:
-            self.notifiers.append(WebhookNotifier(s.webhook_url))
-        if s.alertmanager_url:
-            self.notifiers.append(AlertmanagerSender(s.alertmanager_url, metrics=metrics))
         self.app = app = faust.App(
             s.app_id,
             broker=f"kafka://{s.bootstrap}",
@@ -118,7 +111,6 @@ class Worker:
             s.topics,
             metrics,
             QuietLimiter(s.signal_every, s.signal_interval_s),
-            self.notifiers,
             s.app_id,
         )
         self.scorer = Scorer(self.store, self.out, metrics)
@@ -159,8 +151,6 @@ class Worker:
             self.fits.pool = self.pool
         if self.history is not None:
             self.history.start()
-        for notifier in self.notifiers:
-            await notifier.start()
 
     async def _revoked(self, app: faust.App, revoked: Any, **kw: Any) -> None:
         self.store.revoked()

@@ -54,14 +54,6 @@ class WorkerMetrics:
         self.fit_jobs = Counter(
             "steplens_worker_arima_fit_jobs", "pool jobs the ARIMA fits went in", registry=r
         )
-        self.alertmanager = Counter(
-            "steplens_worker_alertmanager_alerts",
-            "incident alerts for Alertmanager, by outcome (sent, failed, dropped from the full "
-            "queue, repeated transitions not posted again, evicted from the open ones kept, "
-            "superseded by a later state of the same alert in one batch)",
-            ["outcome"],
-            registry=r,
-        )
         self.fetch_wait = Gauge(
             "steplens_worker_fetch_wait_seconds",
             "longest the consumer's fetch waits at the broker for new records (as in use)",

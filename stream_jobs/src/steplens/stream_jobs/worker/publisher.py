@@ -1,11 +1,12 @@
-"""What the worker sends: signals (thinned out by the quiet limiter), alert transitions (and
-the notifiers: the webhook, Alertmanager), dead letters; with the worker's metrics of each."""
+"""What the worker sends: signals (thinned out by the quiet limiter), alert transitions (to the
+alert topic, which the notifier outputs read), dead letters; with the worker's metrics of
+each."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from steplens.schema.dead_letter import dead_letter_bytes
 from steplens.schema.topics import Topics
@@ -18,26 +19,19 @@ from steplens.stream_jobs.worker.metrics import WorkerMetrics, reason_class
 Send = Callable[[str, bytes | None, bytes], Awaitable[Any]]
 
 
-class Notifier(Protocol):
-    def notify(self, alert: Alert) -> None:
-        """Queue an alert transition for delivery; never waits."""
-
-
 class Publisher:
-    def __init__(  # noqa: PLR0917
+    def __init__(
         self,
         send: Send,
         topics: Topics,
         metrics: WorkerMetrics,
         quiet: QuietLimiter,
-        notifiers: Sequence[Notifier],
         consumer_name: str,
     ) -> None:
         self.send = send
         self.topics = topics
         self.metrics = metrics
         self.quiet = quiet
-        self.notifiers = notifiers
         self.consumer_name = consumer_name
 
     async def publish(
@@ -62,8 +56,6 @@ class Publisher:
         for a in alerts:
             await send(self.topics.alerts, key, alert_bytes(a))
             self.metrics.alerts.labels(a.state, a.severity).inc()
-            for notifier in self.notifiers:
-                notifier.notify(a)
         last = max(times_ns, default=0)
         if (n or alerts) and last:
             self.metrics.latency.observe(max(0.0, time.time() - last / 1e9))

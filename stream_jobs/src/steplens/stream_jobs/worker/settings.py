@@ -97,16 +97,6 @@ class WorkerSettings:
     ] = 4096
     fit_batch: Annotated[PositiveInt, about("ARIMA fits per pool job at most")] = 64
     detector: DetectorConfig = field(default_factory=DetectorConfig)
-    webhook_url: Annotated[str | None, about("POST every alert transition here")] = None
-    alertmanager_url: Annotated[
-        str | None,
-        about(
-            "post incidents to this Alertmanager's /api/v2/alerts, e.g. http://127.0.0.1:19094 "
-            "(`steplens stack env` sets the variable while the stack's Alertmanager runs; '' "
-            "for none)",
-            env="STEPLENS_ALERTMANAGER_URL",
-        ),
-    ] = None
     history: Annotated[HistorySettings, nested()] = field(default_factory=HistorySettings)
     limits: Annotated[LimitSettings, nested("")] = field(default_factory=LimitSettings)
     session_timeout_s: Annotated[
