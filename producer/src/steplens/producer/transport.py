@@ -14,15 +14,17 @@ from typing import Any, Protocol
 
 from steplens.schema import Record
 from steplens.schema.codec import decode
+from steplens.schema.log_limit import kafka_logger
 
 log = logging.getLogger("steplens")
 
 OnResult = Callable[[bool, bytes, bytes], None]
 
 # librdkafka's own log lines (one per reconnect attempt while Kafka is down) reach handlers the
-# application configured; by default they stay silent, the "steplens" logger says it once
-_KAFKA_LOG = logging.getLogger("steplens.kafka")
-_KAFKA_LOG.addHandler(logging.NullHandler())
+# application configured, each message at most once a minute with a count; by default they
+# stay silent, the "steplens" logger says it once
+logging.getLogger("steplens.kafka").addHandler(logging.NullHandler())
+_KAFKA_LOG = kafka_logger("producer")
 
 
 class Transport(Protocol):

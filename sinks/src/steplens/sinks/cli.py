@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from confluent_kafka import Consumer
 
+from steplens.schema.log_limit import kafka_logger
 from steplens.schema.topics import Topics, ensure_topics
 from steplens.sinks import metrics, redact
 from steplens.sinks.kafka_io import DeadLetters, consumer_config
@@ -83,8 +84,10 @@ def main(argv: list[str], prog: str = "steplens sink") -> int:
     policy = RetryPolicy(deadline_s=args.deadline_s)
     group = args.group or f"steplens-sink-{args.which}"
     extra = dict(opt.split("=", 1) for opt in args.kafka_options)
-    consumer = Consumer(consumer_config(group, args.bootstrap, **extra))
-    dead = DeadLetters(dl_topic, group, args.bootstrap)
+    consumer = Consumer(
+        consumer_config(group, args.bootstrap, logger=kafka_logger("sink"), **extra)
+    )
+    dead = DeadLetters(dl_topic, group, args.bootstrap, logger=kafka_logger("sink"))
     port = DEFAULT_PORTS[args.which] if args.metrics_port is None else args.metrics_port
     metrics.serve(port)
     try:

@@ -12,9 +12,11 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from steplens.schema import RUN_RANK, DecodeError, Record, decode
 from steplens.schema.dead_letter import dead_letter_bytes
+from steplens.schema.log_limit import LimitedLog
 from steplens.schema.settings import kafka_bootstrap, kafka_security_config
 
 log = logging.getLogger("steplens.sinks")
+limited = LimitedLog(log)  # errors that repeat while Kafka is down: once a minute, counted
 
 
 def consumer_config(group_id: str, bootstrap: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -52,7 +54,7 @@ def poll_batch(consumer: Consumer, max_messages: int, timeout_s: float) -> list[
     for msg in consumer.consume(num_messages=max_messages, timeout=timeout_s):
         err = msg.error()
         if err is not None:
-            log.warning("steplens sink: consumer error: %s", err)
+            limited.warning(f"consumer {err.code()}", "steplens sink: consumer error: %s", err)
             continue
         out.append(_consumed(msg))
     return out
@@ -87,7 +89,9 @@ def commit(consumer: Consumer, offsets: list[TopicPartition]) -> bool:
         consumer.commit(offsets=offsets, asynchronous=False)
         return True
     except KafkaException as exc:
-        log.warning("steplens sink: commit failed (records will be re-delivered): %s", exc)
+        limited.warning(
+            "commit", "steplens sink: commit failed (records will be re-delivered): %s", exc
+        )
         return False
 
 
@@ -116,7 +120,9 @@ class DeadLetters:
     def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
         if err is not None:
             self._failed += 1
-            log.warning("steplens sink: dead letter not delivered: %s", err)
+            limited.warning(
+                f"dead letter {err.code()}", "steplens sink: dead letter not delivered: %s", err
+            )
 
     def send(self, item: Consumed, reason: str) -> None:
         rec = item.decoded

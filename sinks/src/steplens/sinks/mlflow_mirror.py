@@ -217,6 +217,7 @@ def run_mirror(
     """Consume ``topics`` until ``stop`` is set (or ``max_s`` passed); returns records used."""
     from confluent_kafka import Consumer
 
+    from steplens.schema.log_limit import kafka_logger
     from steplens.schema.settings import kafka_security_config
 
     consumer = Consumer(
@@ -226,7 +227,8 @@ def run_mirror(
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             **kafka_security_config(),
-        }
+        },
+        logger=kafka_logger("mirror"),
     )
     consumer.subscribe(topics)
     deadline = time.monotonic() + max_s if max_s is not None else math.inf

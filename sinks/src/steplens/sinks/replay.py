@@ -8,6 +8,7 @@ import pandas as pd
 from confluent_kafka import Producer
 
 from steplens import schema
+from steplens.schema.log_limit import kafka_logger
 from steplens.schema.settings import kafka_bootstrap, kafka_security_config
 from steplens.schema.topics import Topics
 from steplens.sinks.cold import read_parquet, run_prefix
@@ -89,7 +90,8 @@ def replay(
             "enable.idempotence": True,
             "linger.ms": 20,
             **kafka_security_config(),
-        }
+        },
+        logger=kafka_logger("replay"),
     )
     failed: list[str] = []
 

@@ -40,6 +40,7 @@ from typing import Any
 
 import aiohttp
 
+from steplens.schema.log_limit import LimitedLog
 from steplens.stream_jobs.engine.core import Alert
 from steplens.stream_jobs.worker.notify_queue import first_time, put_dropping_oldest
 
@@ -114,6 +115,7 @@ class AlertmanagerSender:
     ) -> None:
         self.url = url.rstrip("/") + "/api/v2/alerts"
         self.timeout_s = timeout_s
+        self._log = LimitedLog(log)  # an outage gives up on every batch: said once a minute
         self.retries = retries
         self.resend_s = resend_s
         self.hold_s = 4 * resend_s
@@ -210,11 +212,15 @@ class AlertmanagerSender:
                         return
                     detail = (await resp.text())[:300]
                     if resp.status < 500 and resp.status != 429:
-                        log.warning("alertmanager refused %d alerts: %s", len(batch), detail)
+                        self._log.warning(
+                            "refused", "alertmanager refused %d alerts: %s", len(batch), detail
+                        )
                         break
                     log.debug("alertmanager answered %d: %s", resp.status, detail)
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 log.debug("alertmanager attempt %d failed: %s", attempt + 1, exc)
             await asyncio.sleep(min(30.0, 0.5 * 2**attempt))
         self._count("failed", len(batch))
-        log.warning("alertmanager: giving up on %d alerts (%s)", len(batch), self.url)
+        self._log.warning(
+            "give up", "alertmanager: giving up on %d alerts (%s)", len(batch), self.url
+        )

@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 
+from steplens.schema.log_limit import LimitedLog
 from steplens.stream_jobs.engine.core import Alert
 from steplens.stream_jobs.worker.notify_queue import first_time, put_dropping_oldest
 
@@ -56,6 +57,7 @@ class WebhookNotifier:
         self.url = url
         self.timeout_s = timeout_s
         self.retries = retries
+        self._log = LimitedLog(log)  # an outage gives up on every alert: said once a minute
         self.queue: asyncio.Queue[Alert] = asyncio.Queue(max_queue)
         self.sent = 0
         self.failed = 0
@@ -104,4 +106,6 @@ class WebhookNotifier:
                 log.debug("webhook attempt %d failed: %s", attempt + 1, exc)
             await asyncio.sleep(0.2 * 2**attempt)
         self.failed += 1
-        log.warning("webhook: giving up on alert %s (%s)", alert.fingerprint, alert.rule)
+        self._log.warning(
+            "give up", "webhook: giving up on alert %s (%s)", alert.fingerprint, alert.rule
+        )
