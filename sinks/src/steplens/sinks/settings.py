@@ -28,6 +28,7 @@ class InfluxSettings:
     timeout_ms: int = 10_000
     max_names_per_run: int = 1000  # distinct field names of a run in one measurement
     max_names_per_measurement: int = 5000  # distinct field names of a measurement
+    max_future_skew_s: int = 300  # records later than now + this are refused
 
     @classmethod
     def from_env(cls) -> InfluxSettings:
@@ -42,6 +43,7 @@ class InfluxSettings:
             max_names_per_measurement=env_value(
                 "STEPLENS_INFLUX_MAX_NAMES_PER_MEASUREMENT", _positive, 5000
             ),
+            max_future_skew_s=env_value("STEPLENS_MAX_FUTURE_SKEW_S", _positive, 300),
         )
 
 
