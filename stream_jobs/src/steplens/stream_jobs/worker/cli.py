@@ -170,7 +170,8 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
         limits=LimitSettings(args.max_runs, args.max_ranks, max(1.0, args.run_idle_hours * 3600)),
         log_level=args.log_level,
     )
-    os.makedirs(settings.state_dir, exist_ok=True)
+    os.makedirs(settings.state_dir, mode=0o700, exist_ok=True)  # its user's alone
+    os.chmod(settings.state_dir, 0o700)
     ensure_worker_topics(settings)
     metrics = WorkerMetrics()
     worker = Worker(settings, metrics)
