@@ -4,6 +4,7 @@ raised into the training loop, and the rest of the step kept."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 from typing import Any
 
@@ -82,7 +83,28 @@ def test_log_eval_validates_what_it_sends(memory_monitor, caplog) -> None:  # ty
     assert evals[6] == {"split": "val", "accuracy": 0.5, "extra": {"em": 0.25}}
     health = tx.records("health")[-1].data
     assert health["dropped"]["bad_eval"] == 4
-    assert sum("log_eval" in r.getMessage() for r in caplog.records) == 1  # a warning, once
+    said = [r.getMessage() for r in caplog.records if "log_eval" in r.getMessage()]
+    assert len(said) == 3, said  # one warning per reason: step, negative step, split
+
+
+def test_bad_calls_warn_once_per_reason_then_count(memory_monitor, caplog) -> None:  # type: ignore[no-untyped-def]
+    m, tx = memory_monitor(sample_rate=1.0)
+    with caplog.at_level(logging.WARNING, logger="steplens"):
+        for i in range(3):
+            m.log_step(-1 - i, loss=1.0)  # a negative step
+            m.log_step(10 + i, loss="x")  # a value that is not a number
+            m.log_step(20 + i, **{"": 1.0})  # a name that is not valid
+            m.log_eval(30 + i, split="val")  # no metric
+        m.log_eval(40, split="val", loss="bad")  # no metric that is a number
+        m.shutdown()
+    said = [r.getMessage() for r in caplog.records if "counted in health" in r.getMessage()]
+    assert len(said) == 4, said
+    assert sum("log_step(-1" in x for x in said) == 1
+    assert sum("no metric" in x for x in said) == 1
+    assert not tx.records("eval")  # an eval without metrics is refused, not stored empty
+    health = tx.records("health")[-1].data
+    assert health["dropped"]["bad_eval"] == 4 and health["dropped"]["bad_step"] == 3
+    assert health["errors"]["bad_value"] == 4 and health["errors"]["bad_name"] == 3
 
 
 def test_bad_values_in_every_call_never_raise(memory_monitor) -> None:  # type: ignore[no-untyped-def]

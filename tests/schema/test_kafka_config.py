@@ -12,6 +12,7 @@ def test_a_producer_is_idempotent_acks_all_lz4_and_extra_wins(monkeypatch) -> No
     monkeypatch.setenv("STEPLENS_KAFKA_BOOTSTRAP", "k:1")
     monkeypatch.setenv("STEPLENS_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
     conf = producer_config(client_id="c", delivery_timeout_s=2.5, extra={"linger.ms": 5})
+    assert conf.pop("logger").name == "steplens.kafka.producer"  # librdkafka's lines, limited
     assert conf == {
         "bootstrap.servers": "k:1",
         "enable.idempotence": True,
@@ -36,6 +37,7 @@ def test_a_consumer_commits_by_hand_whatever_extra_says(monkeypatch) -> None:
     assert conf["auto.offset.reset"] == "earliest" and conf["session.timeout.ms"] == 6000
     assert conf["enable.partition.eof"] is False
     assert consumer_config("g", "b", offset_reset="latest")["auto.offset.reset"] == "latest"
+    assert conf["logger"].name == "steplens.kafka.g"
 
 
 def test_the_training_producer_keeps_its_own_settings() -> None:

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 from confluent_kafka import Consumer
 from influx_helpers import count_points, rows, run_influx_loop, settings_from
+from prometheus_client import REGISTRY
 from sinks_helpers import (
     committed,
     end_offsets,
@@ -26,6 +27,7 @@ from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.kafka_io import DeadLetters
 from steplens.sinks.loop import SinkLoop
 from steplens.sinks.retry import RetryPolicy
+from steplens.sinks.settings import InfluxSettings
 
 pytestmark = pytest.mark.stack
 
@@ -158,9 +160,40 @@ def test_records_past_the_hot_window_are_skipped_not_dead_lettered(stack_env) ->
     old = make_record(
         "step", {"loss": 1.0}, run_id=run_id, time_ns=time.time_ns() - 2 * 3600 * 10**9
     )
+    before_past = _out_of_time("past_retention")
     with make_client(s) as client:
         result = InfluxSink(client, s).export([old])
     assert (result.accepted, result.skipped, result.rejected) == (0, 1, [])
+    assert _out_of_time("past_retention") == before_past + 1
+
+
+def _out_of_time(reason: str) -> float:
+    return (
+        REGISTRY.get_sample_value(
+            "steplens_sink_out_of_time_total", {"sink": "influx", "reason": reason}
+        )
+        or 0.0
+    )
+
+
+def test_records_from_the_future_are_refused_with_the_reason(stack_env, monkeypatch) -> None:
+    """Past the allowed clock skew a record is refused (dead-lettered by the loop), counted;
+    within it, it is written."""
+    monkeypatch.setenv("STEPLENS_MAX_FUTURE_SKEW_S", "120")
+    s = replace(
+        settings_from(stack_env), max_future_skew_s=InfluxSettings.from_env().max_future_skew_s
+    )
+    run_id = unique("run")
+    now = time.time_ns()
+    soon = make_record("step", {"loss": 1.0}, run_id=run_id, seq=0, time_ns=now + 60 * 10**9)
+    later = make_record("step", {"loss": 2.0}, run_id=run_id, seq=1, time_ns=now + 3600 * 10**9)
+    before = _out_of_time("future")
+    with make_client(s) as client:
+        result = InfluxSink(client, s).export([soon, later])
+    assert result.accepted == 1 and result.skipped == 0
+    [refused] = result.rejected
+    assert refused.index == 1 and "in the future" in refused.reason and "120 s" in refused.reason
+    assert _out_of_time("future") == before + 1
 
 
 def test_loop_commits_after_write_dedupes_and_dead_letters(stack_env, topics) -> None:

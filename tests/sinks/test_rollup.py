@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from influx_helpers import rows, settings_from
@@ -11,7 +12,15 @@ from sinks_helpers import unique
 
 from steplens.schema import make_record
 from steplens.sinks.influx import InfluxSink, make_client
-from steplens.sinks.rollup import TASK_NAME, ensure_buckets, ensure_rollup_task, run_rollup
+from steplens.sinks.rollup import (
+    CHUNK_MIN,
+    COVERAGE,
+    TASK_NAME,
+    ensure_buckets,
+    ensure_rollup_task,
+    run_rollup,
+    run_task_once,
+)
 
 pytestmark = pytest.mark.stack
 MIN_NS = 60 * 10**9
@@ -70,3 +79,63 @@ def test_rollup_task_is_created_once(stack_env) -> None:
         and "date.sub(d: 15m" in tasks[0].flux
         and tasks[0].status == "active"
     )
+
+
+@pytest.fixture
+def scratch_buckets(stack_env):
+    """A hot and a rollup bucket of their own (the task's marks are per rollup bucket)."""
+    name = unique("rollup")
+    s = replace(settings_from(stack_env), bucket=name, rollup_bucket=name + "-rollup")
+    with make_client(s) as client:
+        ensure_buckets(client, s)
+    yield s
+    with make_client(s) as client:
+        api = client.buckets_api()
+        for bucket in (s.bucket, s.rollup_bucket):
+            found = api.find_bucket_by_name(bucket)
+            if found is not None:
+                api.delete_bucket(found)
+
+
+def test_minutes_of_failed_runs_are_rolled_up_by_the_next_run(scratch_buckets) -> None:
+    """Runs that fail (or never run) leave no mark; the next run starts from the last mark,
+    however far back within the hot window, not from its own lookback."""
+    s = scratch_buckets
+    t0 = (time.time_ns() // MIN_NS - 30) * MIN_NS
+    at = lambda k: datetime.fromtimestamp((t0 + k * MIN_NS) / 1e9, tz=timezone.utc)  # noqa: E731
+    recs = [
+        make_record(
+            "step",
+            {"loss": float(k), "clipped": True, "reason": "x"},
+            run_id="r",
+            seq=k + 5,
+            step=k + 5,
+            time_ns=t0 + k * MIN_NS + 10**9,
+        )
+        for k in range(-5, 12)
+    ]
+    with make_client(s) as client:
+        assert InfluxSink(client, s).export(recs).accepted == len(recs)
+        for _ in range(60 // CHUNK_MIN):  # no mark yet: from the start of the hot window on
+            run_task_once(client, s, at(0))
+        # runs at t0+1 .. t0+9 failed: nothing written, no mark
+        run_task_once(client, s, at(10))
+    got = rows(s, 'r._measurement == "step" and r._field == "loss_mean"', bucket=s.rollup_bucket)
+    minutes = sorted(round((r["_time"].timestamp() * 1e9 - t0) / MIN_NS) for r in got)
+    assert minutes == list(range(-5, 10))
+    got.sort(key=lambda r: r["_time"])
+    assert [r["_value"] for r in got] == [float(m) for m in minutes]
+    marks = rows(s, f'r._measurement == "{COVERAGE}"', bucket=s.rollup_bucket)
+    assert max(r["_time"] for r in marks) == at(10)
+
+
+def test_a_run_reaches_back_one_chunk_at_a_time(scratch_buckets) -> None:
+    """A long gap is caught up over several runs, CHUNK_MIN minutes each."""
+    s = scratch_buckets
+    now = datetime.fromtimestamp((time.time_ns() // MIN_NS - 1) * MIN_NS / 1e9, tz=timezone.utc)
+    with make_client(s) as client:
+        run_task_once(client, s, now)
+    marks = rows(s, f'r._measurement == "{COVERAGE}"', bucket=s.rollup_bucket)
+    assert [r["_time"] for r in marks] == [
+        now - timedelta(seconds=s.hot_retention_s) + timedelta(minutes=CHUNK_MIN)
+    ]

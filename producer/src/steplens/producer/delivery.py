@@ -1,5 +1,8 @@
 """Delivery with a disk spool: live to the transport, to the spool while it is unreachable,
-replayed in order when it answers again. Runs only in the producer's worker thread."""
+replayed in order when it answers again. Runs only in the producer's worker thread.
+
+Repeated warnings (a spool that cannot be written, Kafka going down again) are logged once per
+reason and interval, with counts (``steplens.schema.log_limit``)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from dataclasses import dataclass
 
 from steplens.producer.spool import Spool
 from steplens.producer.transport import OnResult, Transport
+from steplens.schema.log_limit import LimitedLog
 
 log = logging.getLogger("steplens")
 
@@ -57,6 +61,7 @@ class Delivery:
         self.in_flight = 0
         self._next_probe = 0.0
         self._replay: _Replay | None = None
+        self._log = LimitedLog(log)
 
     # ---------------------------------------------------------------- sending
     def _tx(self) -> Transport:
@@ -94,14 +99,17 @@ class Delivery:
                 self.spooled += 1
         except OSError as exc:
             self.spool.dropped_records += 1
-            log.warning("steplens: cannot write the spool: %s", exc)
+            self._log.warning("spool write", "steplens: cannot write the spool: %s", exc)
 
     def _go_down(self, why: str) -> None:
         if self.state == DOWN:
             return
         if self.state == LIVE:
-            log.warning(
-                "steplens: Kafka unreachable (%s); spooling to %s", why, self.spool.directory
+            self._log.warning(
+                "kafka down",
+                "steplens: Kafka unreachable (%s); spooling to %s",
+                why,
+                self.spool.directory,
             )
         self.state = DOWN
         self._replay = None
@@ -117,7 +125,12 @@ class Delivery:
             try:
                 self.spool.open()
             except OSError as exc:
-                log.warning("steplens: cannot open the spool %s: %s", self.spool.directory, exc)
+                self._log.warning(
+                    "spool open",
+                    "steplens: cannot open the spool %s: %s",
+                    self.spool.directory,
+                    exc,
+                )
         if self.transport is None:
             if self.state == LIVE and len(self.spool) == 0:
                 return False
@@ -131,8 +144,10 @@ class Delivery:
             self.state = REPLAY  # records left by an earlier process
         if self.state == DOWN and time.monotonic() >= self._next_probe:
             if tx.reachable(0.5):
-                log.warning(
-                    "steplens: Kafka is back; replaying %d spooled records", self.spool.records
+                self._log.warning(
+                    "kafka back",
+                    "steplens: Kafka is back; replaying %d spooled records",
+                    self.spool.records,
                 )
                 self.state = REPLAY
                 tx.take_down_signal()
@@ -202,4 +217,5 @@ class Delivery:
             # unacknowledged records fail now and are kept in the spool for the next process
             self.transport.abandon(min(2.0, max(0.1, timeout_s)))
         self.spool.close()
+        self._log.flush()
         return left

@@ -55,7 +55,6 @@ class Pipeline:
         self.held: Item | None = None  # an item waiting for its device copy
         self.stopping = False
         self.deadline = float("inf")
-        self._warned: set[str] = set()  # calls whose first refusal was logged
         self.health_extra: Any = None  # callable -> (dropped, errors) of the caller's side
         self._next_health = time.monotonic() + config.health_interval_s
         self.thread = threading.Thread(target=self._run, name="steplens-producer", daemon=True)
@@ -166,21 +165,19 @@ class Pipeline:
             item.result.append(left == 0)
             item.done.set()
 
-    def _refuse(self, call: str, why: str) -> None:
-        """Drop one call's record and count it; the first time, say why."""
+    def _refuse(self, call: str, reason: str, why: str) -> None:
+        """Drop one call's record and count it; the first time for ``reason``, say why."""
         self.sender.count_drop(f"bad_{call}")
-        if call not in self._warned:
-            self._warned.add(call)
-            log.warning("steplens: log_%s(...) dropped: %s (counted in health)", call, why)
+        self.counters.notice(f"{call}: {reason}", "log_%s(...) dropped: %s", call, why)
 
     def _step_of(self, call: str, step: Any) -> int | None:
         try:
             out = V.to_int(step)
         except V.BadValue as exc:
-            self._refuse(call, f"step {step!r}: {exc}")
+            self._refuse(call, "step", f"step {step!r}: {exc}")
             return None
         if out < 0:
-            self._refuse(call, f"step {out} is negative")
+            self._refuse(call, "negative step", f"step {out} is negative")
             return None
         return out
 
@@ -190,7 +187,9 @@ class Pipeline:
             return
         split = item.split
         if not isinstance(split, str) or not 0 < len(split) <= MAX_STR_LEN:
-            self._refuse("eval", f"split must be a string of 1 to {MAX_STR_LEN} characters")
+            self._refuse(
+                "eval", "split", f"split must be a string of 1 to {MAX_STR_LEN} characters"
+            )
             return
         data: dict[str, Any] = {"split": split}
         named = dict(list(item.metrics.items())[: item.n_named])
@@ -204,6 +203,9 @@ class Pipeline:
         if item.texts is not None:
             for name, score in self._text_scores(*item.texts).items():
                 data.setdefault(name, score)  # a score the caller gave wins
+        if len(data) == 1:  # the split alone: an empty eval row says nothing
+            self._refuse("eval", "no metrics", "no metric (or none that is a number) given")
+            return
         self.sender.send("eval", step, item.t_ns, data)
 
     def _text_scores(self, predictions: list[Any], references: list[Any]) -> dict[str, float]:
@@ -223,9 +225,7 @@ class Pipeline:
         return {}
 
     def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning("steplens: %s", message)
+        self.counters.notices.warning(key, "steplens: %s", message)
 
     def _on_batch(self, item: BatchItem) -> None:
         from steplens.producer.batch_stats import TASKS, batch_payload
@@ -234,16 +234,16 @@ class Pipeline:
         if step is None:
             return
         if item.task is not None and item.task not in TASKS:
-            self._refuse("batch", f"task {item.task!r}: one of {', '.join(TASKS)} or None")
+            self._refuse("batch", "task", f"task {item.task!r}: one of {', '.join(TASKS)} or None")
             return
         try:
             ignore_index = V.to_int(item.ignore_index)
             epoch = None if item.epoch is None else V.to_int(item.epoch)
         except V.BadValue as exc:
-            self._refuse("batch", f"epoch or ignore_index: {exc}")
+            self._refuse("batch", "epoch", f"epoch or ignore_index: {exc}")
             return
         if epoch is not None and epoch < 0:
-            self._refuse("batch", f"epoch {epoch} is negative")
+            self._refuse("batch", "negative epoch", f"epoch {epoch} is negative")
             return
         ids, mask, labels, sample_ids = (
             V.host_value(v)

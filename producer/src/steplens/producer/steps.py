@@ -7,6 +7,8 @@ the ``Sender``. Bad values are dropped and counted one by one; the step is kept.
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import Any
 
 from steplens.producer import values as V
@@ -17,6 +19,9 @@ from steplens.producer.sender import Sender
 from steplens.producer.step_batch import StepBatch
 from steplens.producer.window import Guard, Window, is_sampled, sample_period
 from steplens.schema import valid_name
+from steplens.schema.log_limit import LimitedLog
+
+log = logging.getLogger("steplens")
 
 # Step fields a caller may also pass as keyword scalars (a framework callback's pre-clip norm
 # and clipping); the caller's value wins over a measured or watched one.
@@ -30,19 +35,26 @@ _BETWEEN = frozenset(("lr", "max_grad_norm"))  # what watch() sends between its 
 
 
 class Counters:
-    """Errors of the worker by name (bad values, bad names, exceptions)."""
+    """Errors of the worker by name (bad values, bad names, exceptions), and the warnings
+    about what the caller got wrong: one per reason, later ones only counted (in health)."""
 
     def __init__(self) -> None:
         self.errors: dict[str, int] = {}
+        self.notices = LimitedLog(log, interval_s=math.inf)
 
     def error(self, name: str) -> None:
         self.errors[name] = self.errors.get(name, 0) + 1
 
+    def notice(self, reason: str, message: str, *args: Any) -> None:
+        """Warn about ``reason`` the first time only."""
+        self.notices.warning(reason, "steplens: " + message + " (counted in health)", *args)
+
     def float_or_none(self, v: Any) -> float | None:
         try:
             return V.to_float(v)
-        except V.BadValue:
+        except V.BadValue as exc:
             self.error("bad_value")
+            self.notice("bad_value", "a value was dropped: %s", exc)
             return None
 
 
@@ -61,9 +73,13 @@ class Names:
             return True
         if not valid_name(name):
             self.counters.error("bad_name")
+            self.counters.notice("bad_name", "metric name %r dropped: not a valid name", name)
             return False
         if len(self.known) >= self.cap:
             self.sender.count_drop("name_cap")
+            self.counters.notice(
+                "name_cap", "metric name %r dropped: %d names already", name, self.cap
+            )
             return False
         self.known.add(name)
         return True
@@ -108,8 +124,9 @@ class StepStage:
         if item.tokens is not None:
             try:
                 data["tokens"] = V.to_int(item.tokens)
-            except V.BadValue:
+            except V.BadValue as exc:
                 self.counters.error("bad_value")
+                self.counters.notice("bad_value", "a value was dropped: %s", exc)
         clean: dict[str, float] = {}
         if item.scalars:
             clean = self.names.clean(item.scalars, self.config.max_scalars)
@@ -186,6 +203,9 @@ class StepStage:
                 step = -1
             if step < 0:
                 self.sender.count_drop("bad_step")
+                self.counters.notice(
+                    "bad_step", "log_step(%r, ...) dropped: a step is an integer >= 0", item.step
+                )
                 return
         data, clean = self.payload(item, step)
         metrics = {k: float(v) for k, v in data.items() if k not in _NOT_SERIES}

@@ -20,10 +20,10 @@ log = logging.getLogger("steplens")
 
 OnResult = Callable[[bool, bytes, bytes], None]
 
-# librdkafka's own log lines (one per reconnect attempt while Kafka is down) reach handlers the
-# application configured; by default they stay silent, the "steplens" logger says it once
-_KAFKA_LOG = logging.getLogger("steplens.kafka")
-_KAFKA_LOG.addHandler(logging.NullHandler())
+# librdkafka's own log lines (one per reconnect attempt while Kafka is down; "steplens.kafka",
+# see kafka_config) reach handlers the application configured; by default they stay silent in
+# a training process, and the "steplens" logger says an outage once
+logging.getLogger("steplens.kafka").addHandler(logging.NullHandler())
 
 
 class Transport(Protocol):
@@ -127,8 +127,7 @@ def kafka_conf(
     bootstrap: str, client_id: str, delivery_timeout_s: float, extra: dict[str, Any]
 ) -> dict[str, Any]:
     """A training process's producer: the shared producer settings, a queue deep enough for
-    an outage's first seconds, reconnects at least every second, librdkafka's log lines on the
-    "steplens.kafka" logger; ``extra`` wins."""
+    an outage's first seconds, reconnects at least every second; ``extra`` wins."""
     return producer_config(
         bootstrap,
         client_id=client_id,
@@ -137,7 +136,6 @@ def kafka_conf(
             "queue.buffering.max.messages": 200_000,
             "queue.buffering.max.kbytes": 256 << 10,
             "reconnect.backoff.max.ms": 1000,
-            "logger": _KAFKA_LOG,  # not raw lines on stderr
             "log.connection.close": False,
             **extra,
         },

@@ -5,7 +5,8 @@ acknowledged one never lost) and compresses with lz4; every consumer commits by 
 after what it read is durable. Security settings come from ``STEPLENS_KAFKA_*``
 (``settings.kafka_security_config``). What one caller needs besides is a keyword argument of
 its own, and ``extra`` (librdkafka names) is applied last, so a user's setting always wins.
-Plain dicts: this module does not import confluent_kafka.
+librdkafka's own log lines go to ``steplens.kafka.<role>``, each repeated line at most once a
+minute with a count (``log_limit``). Plain dicts: this module does not import confluent_kafka.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from steplens.schema.log_limit import kafka_logger
 from steplens.schema.settings import kafka_bootstrap, kafka_security_config
 
 
@@ -22,6 +24,7 @@ def producer_config(
     client_id: str | None = None,
     delivery_timeout_s: float | None = None,
     linger_ms: int = 20,
+    log_role: str = "producer",
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """An idempotent, acks=all, lz4 producer; ``delivery_timeout_s`` bounds a message's wait
@@ -32,6 +35,7 @@ def producer_config(
         "acks": "all",
         "compression.type": "lz4",
         "linger.ms": linger_ms,
+        "logger": kafka_logger(log_role),
         **kafka_security_config(),
     }
     if client_id is not None:
@@ -59,6 +63,7 @@ def consumer_config(
         "auto.offset.reset": offset_reset,
         "max.poll.interval.ms": 1_800_000,  # a long outage pauses a consumer; it must not evict it
         "session.timeout.ms": 10_000,  # a crashed consumer's partitions move on within 10 s
+        "logger": kafka_logger(group_id),
         **kafka_security_config(),
     }
     conf.update(extra or {})

@@ -12,6 +12,7 @@ after all its writes.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -55,6 +56,24 @@ def _reason_of(rec: Record, step: Record, reason: str) -> str:
     return reason if step is rec else f"step {step.step}: {reason}"
 
 
+def split_by_time(
+    steps: list[Record], oldest_ns: float, newest_ns: float
+) -> tuple[list[Record], int, list[Record]]:
+    """(steps to write, how many are older than ``oldest_ns``, those later than ``newest_ns``).
+
+    A step past the hot window is left to S3; one from further in the future than the clock
+    skew allows is refused, since it would sit in the hot bucket, ahead of every query's
+    "now", until its time comes."""
+    kept = [r for r in steps if oldest_ns <= r.time_ns <= newest_ns]
+    future = [r for r in steps if r.time_ns > newest_ns]
+    return kept, len(steps) - len(kept) - len(future), future
+
+
+def _future_reason(step: Record, now_ns: int, skew_s: int) -> str:
+    ahead = (step.time_ns - now_ns) / 1e9
+    return f"time is {ahead:.0f} s in the future (more than the {skew_s} s clock skew allowed)"
+
+
 class _Refused(Exception):
     pass
 
@@ -95,19 +114,26 @@ class InfluxSink:
         is isolated like a raw one), and at most one rejection for the batch (its first
         reason); it counts as skipped only when every step is past the hot window."""
         result = ExportResult()
-        oldest_ns = (time.time() - self.settings.hot_retention_s + RETENTION_MARGIN_S) * 1e9
+        now_ns = time.time_ns()
+        hot_s = self.settings.hot_retention_s
+        oldest_ns = now_ns - (hot_s - RETENTION_MARGIN_S) * 1e9 if hot_s > 0 else -math.inf
+        newest_ns = now_ns + self.settings.max_future_skew_s * 1e9
+        out_of_time: Counter[str] = Counter()
         chunk: list[tuple[int, list[str]]] = []
         pending: list[Future[list[Rejection]]] = []
         rejected: dict[int, str] = {}
         left_out: dict[int, list[tuple[str, str, str]]] = {}
         for i, rec in enumerate(batch):
-            steps = schema.unbatch(rec)
-            if self.settings.hot_retention_s > 0:
-                kept = [r for r in steps if r.time_ns >= oldest_ns]
-                if steps and not kept:
+            steps, past, future = split_by_time(schema.unbatch(rec), oldest_ns, newest_ns)
+            out_of_time["past_retention"] += past
+            out_of_time["future"] += len(future)
+            if future:
+                why = _future_reason(future[0], now_ns, self.settings.max_future_skew_s)
+                rejected.setdefault(i, _reason_of(rec, future[0], why))
+            if not steps:
+                if past and not future:
                     result.skipped += 1  # past the hot window: S3 keeps it
-                    continue
-                steps = kept
+                continue
             out: list[tuple[str, str, str]] = []
             for step in steps:
                 try:
@@ -134,6 +160,9 @@ class InfluxSink:
             for i, out in sorted(left_out.items())
             if i not in rejected
         ]
+        for why, n in out_of_time.items():
+            if n:
+                metrics.OUT_OF_TIME.labels(self.name, why).inc(n)
         counts = Counter((m, why) for out in left_out.values() for m, _, why in out)
         for (measurement, why), n in counts.items():
             metrics.FIELDS_DROPPED.labels(self.name, measurement, why).inc(n)

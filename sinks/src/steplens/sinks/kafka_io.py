@@ -13,8 +13,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from steplens.schema import RUN_RANK, DecodeError, Record, decode
 from steplens.schema.dead_letter import dead_letter_bytes
 from steplens.schema.kafka_config import producer_config
+from steplens.schema.log_limit import LimitedLog
 
 log = logging.getLogger("steplens.sinks")
+limited = LimitedLog(log)  # errors that repeat while Kafka is down: once a minute, counted
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ def poll_batch(consumer: Consumer, max_messages: int, timeout_s: float) -> list[
     for msg in consumer.consume(num_messages=max_messages, timeout=timeout_s):
         err = msg.error()
         if err is not None:
-            log.warning("steplens sink: consumer error: %s", err)
+            limited.warning(f"consumer {err.code()}", "steplens sink: consumer error: %s", err)
             continue
         out.append(_consumed(msg))
     return out
@@ -70,7 +72,9 @@ def commit(consumer: Consumer, offsets: list[TopicPartition]) -> bool:
         consumer.commit(offsets=offsets, asynchronous=False)
         return True
     except KafkaException as exc:
-        log.warning("steplens sink: commit failed (records will be re-delivered): %s", exc)
+        limited.warning(
+            "commit", "steplens sink: commit failed (records will be re-delivered): %s", exc
+        )
         return False
 
 
@@ -91,7 +95,9 @@ class DeadLetters:
     def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
         if err is not None:
             self._failed += 1
-            log.warning("steplens sink: dead letter not delivered: %s", err)
+            limited.warning(
+                f"dead letter {err.code()}", "steplens sink: dead letter not delivered: %s", err
+            )
 
     def send(self, item: Consumed, reason: str) -> None:
         rec = item.decoded

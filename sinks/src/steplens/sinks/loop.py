@@ -22,12 +22,15 @@ from typing import Any, Generic, TypeVar
 from confluent_kafka import Consumer, TopicPartition
 
 from steplens.schema import DecodeError, Record
+from steplens.schema.log_limit import LimitedLog
 from steplens.sinks import metrics
 from steplens.sinks.contract import ExportResult, Output
 from steplens.sinks.kafka_io import Consumed, DeadLetters, commit, next_offsets, poll_batch
 from steplens.sinks.retry import RetryPolicy, until_done
 
 log = logging.getLogger("steplens.sinks")
+# an outage retries every few seconds: each output's and step's retries said once a minute
+limited = LimitedLog(log)
 
 B = TypeVar("B")
 T = TypeVar("T")
@@ -122,7 +125,8 @@ class ConsumerLoop(Generic[B]):
 
         def on_retry(attempts: int, result: Any) -> None:
             metrics.RETRIES.labels(self.output.name).inc()
-            log.warning(
+            limited.warning(
+                f"{self.output.name} {what}",
                 "steplens %s: %s not done yet (attempt %d): %s",
                 self.output.name,
                 what,

@@ -41,6 +41,13 @@ FIELDS_DROPPED = Counter(
     ["sink", "measurement", "limit"],
 )
 
+OUT_OF_TIME = Counter(
+    "steplens_sink_out_of_time",
+    "Steps not stored in InfluxDB for their time, by reason: future (later than the allowed "
+    "clock skew; dead-lettered), past_retention (older than the hot window; S3 keeps them)",
+    ["sink", "reason"],
+)
+
 
 def serve(port: int) -> None:
     """Expose /metrics on 127.0.0.1:``port`` (0 disables)."""

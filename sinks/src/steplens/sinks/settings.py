@@ -45,6 +45,13 @@ class InfluxSettings:
         PositiveInt,
         about("InfluxDB: distinct metric names per measurement in the hot bucket"),
     ] = 5000
+    max_future_skew_s: Annotated[
+        PositiveInt,
+        about(
+            "InfluxDB: a record stamped later than now + this is refused (a dead letter)",
+            env="STEPLENS_MAX_FUTURE_SKEW_S",
+        ),
+    ] = 300
 
     @classmethod
     def from_env(cls) -> InfluxSettings:

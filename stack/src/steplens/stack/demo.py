@@ -185,6 +185,7 @@ def main(argv: list[str], prog: str = "steplens demo") -> int:
     ensure_topics(stack_env["STEPLENS_KAFKA_BOOTSTRAP"], topics)
     home = Path(env.get("STEPLENS_HOME", Path.home() / ".local/state/steplens"))
     run_dir = home / "demo" / args.run_id
+    private_dir(home / "demo")  # made before as 0755, or as a parent by mkdir -p
     private_dir(run_dir)
     out = args.out or run_dir / "report"
     say(f"[demo] run {args.run_id}; logs in {run_dir}")

@@ -15,8 +15,10 @@ UMASK: Final = 0o077
 
 
 def private_dir(path: Path) -> Path:
-    """``path`` as a folder of mode 0700 (its missing parents are created as ``mkdir -p``)."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """``path`` as a folder of mode 0700; its missing parents are created 0700 too (``mkdir
+    -p`` would make them with the umask's mode)."""
+    for missing in [p for p in (path, *path.parents) if not p.exists()][::-1]:
+        missing.mkdir(exist_ok=True, mode=0o700)
     path.chmod(0o700)
     return path
 

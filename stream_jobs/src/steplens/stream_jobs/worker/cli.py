@@ -53,7 +53,8 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
     from steplens.stream_jobs.worker.settings import ensure_worker_topics
 
     settings = settings_from(args)
-    os.makedirs(settings.state_dir, exist_ok=True)
+    os.makedirs(settings.state_dir, mode=0o700, exist_ok=True)  # its user's alone
+    os.chmod(settings.state_dir, 0o700)
     ensure_worker_topics(settings)
     metrics = WorkerMetrics()
     worker = Worker(settings, metrics)

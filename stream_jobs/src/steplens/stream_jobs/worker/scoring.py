@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from steplens.schema import DecodeError, Record, decode
+from steplens.schema.log_limit import LimitedLog
 from steplens.stream_jobs.engine import restarts
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.worker.metrics import WorkerMetrics
@@ -32,6 +33,7 @@ class Scorer:
         self.out = out
         self.metrics = metrics
         self.consumed = 0  # records scored
+        self._log = LimitedLog(log)  # a failure that repeats per record: once a minute
 
     async def score(self, det: RunDetector, run: str, event: Any) -> bool:
         """One by-run message's records into ``det``; False when a rank's steps went back
@@ -109,7 +111,9 @@ class Scorer:
             await self.out.dead(str(exc), text.encode(), run, None, partition, offset)
             return
         except Exception as exc:  # one record must not stop every run's detection
-            log.exception("record not processed (run %s, offset %s)", run, offset)
+            self._log.exception(
+                type(exc).__name__, "record not processed (run %s, offset %s)", run, offset
+            )
             reason = f"processing: {type(exc).__name__}: {exc}"
             await self.out.dead(reason, text.encode(), run, None, partition, offset)
             return
