@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from steplens.stream_jobs.engine import incidents as inc_mod
 from steplens.stream_jobs.engine.core import Alert
+from steplens.stream_jobs.engine.hints import hint_for
 from steplens.stream_jobs.engine.incidents import IncidentsConfig, IncidentsState, update
-from steplens.stream_jobs.engine.rules import fingerprint, hint_for
+from steplens.stream_jobs.engine.rules import fingerprint
 
 RULES = [
     "spike:loss",

@@ -137,8 +137,8 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
 
     from steplens.schema.settings import kafka_bootstrap
     from steplens.schema.topics import Topics
-    from steplens.stream_jobs.engine.config import DetectorConfig
     from steplens.stream_jobs.engine.history import HistorySettings
+    from steplens.stream_jobs.engine.signals.registry import DetectorConfig
     from steplens.stream_jobs.worker.app import Worker
     from steplens.stream_jobs.worker.metrics import WorkerMetrics
     from steplens.stream_jobs.worker.settings import WorkerSettings, ensure_worker_topics

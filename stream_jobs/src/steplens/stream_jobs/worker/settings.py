@@ -6,16 +6,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steplens.schema.topics import Topics
-from steplens.stream_jobs.engine.config import DetectorConfig
 from steplens.stream_jobs.engine.history import HistorySettings
+from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 from steplens.stream_jobs.worker.run_limits import LimitSettings
 
-# Longest a fetch waits at the broker for new records. Faust builds its consumer with 1,500 ms,
-# and aiokafka keeps one fetch in flight per broker, for the partitions that hold no fetched
-# records yet: a fetch for by-run partitions alone (the raw ones still held records when it
-# went) then held back every raw partition, and with them the by-run records they route to,
-# until it timed out. At full resolution the worker fell seconds behind with its loop idle.
-FETCH_WAIT_MS = 100
+FETCH_WAIT_MS = 100  # longest a fetch waits at the broker for new records (compat.set_fetch_wait)
 
 
 @dataclass
