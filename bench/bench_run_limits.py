@@ -21,7 +21,7 @@ import tracemalloc
 from types import SimpleNamespace
 
 from steplens.schema import make_record
-from steplens.stream_jobs.engine.config import DetectorConfig
+from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 from steplens.stream_jobs.worker.run_limits import LimitSettings, RunLimits
 from steplens.stream_jobs.worker.store import RunStore
 

@@ -99,11 +99,13 @@ def _child(root: Path, argv: list[str], tmp: Path) -> float:
         "import sys, time\n"
         "try:\n"
         "    from steplens.stream_jobs.offline import cli as detect_cli\n"
-        "    from steplens.stream_jobs.engine.signals import arima, kernels\n"
+        "    from steplens.stream_jobs.engine.signals import arima, registry as loops\n"
+        "    if not hasattr(loops, 'warm_up'):\n"  # a checkout with kernels.warm_up
+        "        from steplens.stream_jobs.engine.signals import kernels as loops\n"
         "except ImportError:\n"  # a checkout from before the layers
         "    from steplens.stream_jobs import detect_cli\n"
-        "    from steplens.stream_jobs.signals import arima, kernels\n"
-        "kernels.warm_up(); arima.warm_up()\n"
+        "    from steplens.stream_jobs.signals import arima, kernels as loops\n"
+        "loops.warm_up(); arima.warm_up()\n"
         "t = time.process_time()\n"
         "detect_cli.main(sys.argv[1:] + ['--quiet'])\n"
         "print(time.process_time() - t)\n"

@@ -35,8 +35,8 @@ import torch
 from torch import nn
 
 from steplens.schema import decode, encode, make_record
-from steplens.stream_jobs.engine.config import DetectorConfig
 from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 
 FAULTS = (
     "lr_blowup",

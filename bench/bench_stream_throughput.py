@@ -37,9 +37,13 @@ import numpy as np
 
 from steplens.schema import Record, decode, encode, make_record
 from steplens.stream_jobs.engine import rules
-from steplens.stream_jobs.engine.config import DetectorConfig
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.signals import arima
+
+try:
+    from steplens.stream_jobs.engine.signals.registry import DetectorConfig
+except ImportError:  # a checkout with engine/config.py (``--before``-style runs of its code)
+    from steplens.stream_jobs.engine.config import DetectorConfig  # type: ignore[no-redef]
 
 
 def step_records(n: int, runs: int, ranks: int, seed: int = 0) -> list[bytes]:

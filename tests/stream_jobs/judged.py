@@ -7,9 +7,9 @@ from __future__ import annotations
 import copy
 
 from steplens.schema import RUN_RANK
-from steplens.stream_jobs.engine.config import DetectorConfig
 from steplens.stream_jobs.engine.core import Signal, flatten
 from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 
 
 def judged(

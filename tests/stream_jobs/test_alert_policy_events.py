@@ -8,7 +8,7 @@ import random
 
 from steplens.schema import make_record
 from steplens.stream_jobs.engine.detector import RunDetector
-from steplens.stream_jobs.engine.rules import hint_for
+from steplens.stream_jobs.engine.hints import hint_for
 
 
 def step(i: int, loss: float, grad: float, rank: int = 0):

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from reference import arima_ref, lr_ref, spike_ref, volatility_ref
 
 from steplens.stream_jobs.engine.columns import entry_columns
-from steplens.stream_jobs.engine.config import DetectorConfig
 from steplens.stream_jobs.engine.core import Column, flatten, row_views
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.signals import arima, lr_schedule, spike, volatility
+from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 
 
 def col(xs, lo: int, hi: int, rank: int = -1, **kw) -> Column:

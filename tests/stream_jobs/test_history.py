@@ -11,8 +11,7 @@ import orjson
 from history_helpers import STEP_NS, T0, firing, rows_of, scored, series_signals, steps
 
 from steplens.schema import encode, make_record
-from steplens.stream_jobs.engine.config import DetectorConfig
-from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.engine.detector import MARK_VALUES, RunDetector
 from steplens.stream_jobs.engine.history import (
     DAY_NS,
     NO_FIRST,
@@ -25,9 +24,8 @@ from steplens.stream_jobs.engine.history import (
     read_run,
     reference_of,
 )
-from steplens.stream_jobs.engine.state import dump_state, load_state
-from steplens.stream_jobs.worker.history_loads import first_sight
-from steplens.stream_jobs.worker.warm import MARK_VALUES, WarmJob, replay, warm_job
+from steplens.stream_jobs.engine.signals.registry import DetectorConfig
+from steplens.stream_jobs.worker.history_loads import WarmJob, first_sight, warm_job
 
 
 def test_the_surviving_line_of_steps_of_a_run_that_restarted():
@@ -129,7 +127,7 @@ def test_a_run_resumed_under_a_new_id_starts_from_its_parents_history():
     store = Store({"a": a, "b": b}, {"b": {"lineage": {"parent_run": "a"}}})
     cfg, settings = DetectorConfig(), HistorySettings(max_points=500)
     until = T0 + 1700 * STEP_NS
-    hist = read_history(store, "b", until_ns=until, settings=settings, cfg=cfg)
+    hist = read_history(store, "b", until_ns=until, settings=settings, metrics=cfg.metrics())
     assert hist.runs == ["a", "b"]
     assert hist.rows[0].step.tolist() == [*range(600, 1000), *range(1000, 1100)]
     # the first message of b, before any of it was stored: a's history up to its first step
@@ -138,7 +136,7 @@ def test_a_run_resumed_under_a_new_id_starts_from_its_parents_history():
         "b",
         until_ns=until,
         settings=settings,
-        cfg=cfg,
+        metrics=cfg.metrics(),
         meta={"baseline_run": "a"},
         cuts={0: 1000},
     )
@@ -180,10 +178,10 @@ def test_a_warm_start_scores_on_as_a_detector_that_never_stopped():
     job = WarmJob("r", DetectorConfig(), HistorySettings(), live[0].time_ns)
     result = warm_job(job, Store({"r": past}))
     assert result.points == {0: 2000, 1: 2000}
-    warm = load_state(result.head, result.ranks.get)  # as the worker gets it
+    warm = RunDetector.load(result.head, result.ranks.get)  # as the worker gets it
     assert warm is not None
     for rank, n in result.points.items():
-        warm.baseline[rank] = [{"baseline": "history", "history_points": n}, MARK_VALUES]
+        warm.warmed(rank, {"baseline": "history", "history_points": n})
     sigs, alerts = scored(warm, live)
     expected, expected_alerts = scored(never, live)
     assert series_signals(sigs) == series_signals(expected)
@@ -201,13 +199,13 @@ def test_a_checkpoint_keeps_saying_where_the_baselines_came_from():
     past = steps("r", 0, 2000)
     live = steps("r", 2000, 2400, t0=T0 + 2000 * STEP_NS)
     job = WarmJob("r", DetectorConfig(), HistorySettings(), live[0].time_ns)
-    warm = load_state(*_restored(warm_job(job, Store({"r": past}))))
+    warm = RunDetector.load(*_restored(warm_job(job, Store({"r": past}))))
     assert warm is not None
-    warm.baseline[0] = [{"baseline": "history", "history_points": 2000}, MARK_VALUES]
+    warm.warmed(0, {"baseline": "history", "history_points": 2000})
     cut = MARK_VALUES // 2
     first, _ = scored(warm, live[:cut])
-    head, ranks = dump_state(warm, warm.series)
-    again = load_state(head, ranks.get)
+    head, ranks = warm.dump(warm.series)
+    again = RunDetector.load(head, ranks.get)
     assert again is not None
     rest, _ = scored(again, live[cut:])
     marked = {s.step for s in [*first, *rest] if s.detail and s.detail.get("baseline")}
@@ -223,10 +221,10 @@ def test_a_replayed_history_is_never_alerted_on():
     _, alerts = scored(RunDetector("r"), past)
     assert firing(alerts) == [("spike:loss", 1000)]  # live, it alerted
     det = RunDetector("r")
-    replay(det, History(rows=rows_of(past)), T0 + 1600 * STEP_NS)
+    det.replay(History(rows=rows_of(past)), T0 + 1600 * STEP_NS)
     assert not det.rules.firing and not det.incidents.open
-    head, ranks = dump_state(det, det.series)
-    assert load_state(head, ranks.get) is not None
+    head, ranks = det.dump(det.series)
+    assert RunDetector.load(head, ranks.get) is not None
 
 
 def test_windows_and_raw_samples_replay_as_they_were_scored():
@@ -240,6 +238,6 @@ def test_windows_and_raw_samples_replay_as_they_were_scored():
         {"loss": np.array([2.0 + 0.01 * math.sin(i) for i in range(n)])},
     )
     det = RunDetector("r")
-    replay(det, History(rows={0: r}), n)
+    det.replay(History(rows={0: r}), n)
     assert len(det.series[0]["spike"]["loss"].values) == n
     assert det.ranks.last_step[0] == (n - 1) * 10 + 9

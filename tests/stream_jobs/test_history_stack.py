@@ -19,8 +19,8 @@ from history_helpers import STEP_NS, steps
 from test_stream_worker import sample
 
 from steplens.schema import Record, encode, make_record
-from steplens.stream_jobs.engine.config import DetectorConfig
 from steplens.stream_jobs.engine.history import HistorySettings, read_history
+from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 from steplens.stream_jobs.worker.history_source import Source
 
 pytestmark = pytest.mark.stack
@@ -82,7 +82,9 @@ def test_history_is_read_back_from_influxdb_and_s3(stack_env):
     write_cold(st, old + mid)
     write_hot(st, old + mid + again)
     settings = HistorySettings(max_points=5000)
-    hist = read_history(Source(st), run, until_ns=now, settings=settings, cfg=DetectorConfig())
+    hist = read_history(
+        Source(st), run, until_ns=now, settings=settings, metrics=DetectorConfig().metrics()
+    )
     assert hist.runs == [run] and sorted(hist.rows) == [0, 1]
     surviving = [r for r in old + mid if r.step < 900] + again
     for rank, rows in hist.rows.items():
@@ -95,7 +97,7 @@ def test_history_is_read_back_from_influxdb_and_s3(stack_env):
         run,
         until_ns=now,
         settings=replace(settings, max_points=300),
-        cfg=DetectorConfig(),
+        metrics=DetectorConfig().metrics(),
         cuts={0: 1000},
     )
     assert capped.rows[0].step.tolist() == list(range(700, 1000))
@@ -133,7 +135,11 @@ def test_windows_and_their_raw_samples_come_back_as_rows(stack_env):
     write_cold(st, recs[:40])
     write_hot(st, recs[30:])
     hist = read_history(
-        Source(st), run, until_ns=now, settings=HistorySettings(), cfg=DetectorConfig()
+        Source(st),
+        run,
+        until_ns=now,
+        settings=HistorySettings(),
+        metrics=DetectorConfig().metrics(),
     )
     rows = hist.rows[0]
     assert rows.step.tolist() == [r.step for r in recs]
@@ -163,7 +169,7 @@ def test_without_s3_the_older_history_comes_from_the_rollups(stack_env):
         run,
         until_ns=minute + 10 * MIN_NS,
         settings=HistorySettings(),
-        cfg=DetectorConfig(),
+        metrics=DetectorConfig().metrics(),
     )
     rows = hist.rows[0]
     assert rows.first.tolist() == [0, 600, 1200]

@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 from steplens.stream_jobs.engine import incidents as inc_mod
 from steplens.stream_jobs.engine.core import Alert
+from steplens.stream_jobs.engine.detector import CODEC
+from steplens.stream_jobs.engine.hints import hint_for
 from steplens.stream_jobs.engine.incidents import IncidentsConfig, IncidentsState, update
-from steplens.stream_jobs.engine.rules import fingerprint, hint_for
-from steplens.stream_jobs.engine.state import pack, unpack
+from steplens.stream_jobs.engine.rules import fingerprint
 
 RULES = [
     "spike:loss",
@@ -112,9 +113,9 @@ def test_a_replay_after_a_restart_reports_the_same_incidents(history, data):
     cfg, first = IncidentsConfig(), IncidentsState()
     for x in copy.deepcopy(history[:cut]):
         update(first, cfg, [x])
-    checkpoint = pack(first)
+    checkpoint = CODEC.pack(first)
     went_on = [r for x in copy.deepcopy(history[cut:]) for r in update(first, cfg, [x])]
-    restored = unpack(checkpoint)
+    restored = CODEC.unpack(checkpoint)
     assert isinstance(restored, IncidentsState)
     replayed = [r for x in copy.deepcopy(history[cut:]) for r in update(restored, cfg, [x])]
     assert replayed == went_on

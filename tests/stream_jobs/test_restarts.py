@@ -6,11 +6,8 @@ from __future__ import annotations
 from history_helpers import STEP_NS, T0, firing, rows_of, scored, series_signals, steps
 
 from steplens.schema import make_record
-from steplens.stream_jobs.engine import restarts
-from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.engine.detector import CODEC, RunDetector
 from steplens.stream_jobs.engine.history import History, effective
-from steplens.stream_jobs.engine.state import pack, unpack
-from steplens.stream_jobs.worker.warm import replay
 
 CRASH, RESUME, REGRESSION = 1500, 1000, 1300
 LATER = T0 + (CRASH + 60) * STEP_NS  # the job comes back a minute after its crash
@@ -33,10 +30,10 @@ def test_steps_going_back_are_a_restart_of_that_rank_only():
     det = RunDetector("r")
     scored(det, steps("r", 0, 300, ranks=(0, 1)))
     rec = steps("r", 200, 201, ranks=(1,), t0=LATER)[0]
-    assert restarts.resume_step(det, rec) == 200
+    assert det.resume_step(rec) == 200
     ahead = steps("r", 300, 301, ranks=(0,), t0=LATER)[0]
-    assert restarts.resume_step(det, ahead) is None
-    assert restarts.resume_step(det, ahead, after=305) == 300  # behind a step not yet scored
+    assert det.resume_step(ahead) is None
+    assert det.resume_step(ahead, after=305) == 300  # behind a step not yet scored
     scored(det, [rec])
     assert det.ranks.last_step == {0: 299, 1: 200}
     assert len(det.series[0]["spike"]["loss"].values) == 64  # rank 0 keeps its baselines
@@ -52,8 +49,8 @@ def test_a_window_that_goes_back_resumes_at_its_first_step():
         data = {"step_first": first, "step_last": last, "count": 10, "metrics": {"loss": stats}}
         return make_record("step_window", data, run_id="r", step=last, time_ns=LATER)
 
-    assert restarts.resume_step(det, window(490, 509)) is None  # the next window
-    assert restarts.resume_step(det, window(300, 319)) == 300
+    assert det.resume_step(window(490, 509)) is None  # the next window
+    assert det.resume_step(window(300, 319)) == 300
     det.process(window(300, 319))
     assert det.ranks.last_step[0] == 319
 
@@ -71,11 +68,11 @@ def test_a_reseed_from_history_is_a_detector_that_never_saw_the_abandoned_steps(
     # what the stores hold up to the resume step, replayed alerting off (as the worker's job)
     seed = RunDetector("r")
     rows = {k: effective(r, RESUME, 4096) for k, r in rows_of(first).items()}
-    replay(seed, History(rows=rows), LATER)
-    back = restarts.resume_step(det, resumed[0])
+    seed.replay(History(rows=rows), LATER)
+    back = det.resume_step(resumed[0])
     assert back == RESUME
-    restarts.restart(det, 0, back, unpack(pack(seed.series[0])))  # as stored values, as shipped
-    det.baseline[0] = [{"baseline": "history", "resumed_at": back}, 256]
+    det.restart(0, back, CODEC.unpack(CODEC.pack(seed.series[0])))  # as stored values, as shipped
+    det.warmed(0, {"baseline": "history", "resumed_at": back})
     sigs, alerts = scored(det, resumed)
 
     never = RunDetector("r")  # stopped at the checkpoint

@@ -9,10 +9,11 @@ from collections import Counter
 from types import SimpleNamespace
 
 from steplens.schema import RUN_RANK
-from steplens.stream_jobs.engine.config import DetectorConfig
 from steplens.stream_jobs.engine.detector import RunDetector
-from steplens.stream_jobs.engine.state import dump_state, rank_key
-from steplens.stream_jobs.worker.run_limits import NUDGE, LimitSettings, RunLimits, rank_admitted
+from steplens.stream_jobs.engine.signals.registry import DetectorConfig
+from steplens.stream_jobs.engine.state import rank_key
+from steplens.stream_jobs.worker.compat import NUDGE
+from steplens.stream_jobs.worker.run_limits import LimitSettings, RunLimits, rank_admitted
 from steplens.stream_jobs.worker.store import RunStore
 
 
@@ -46,7 +47,7 @@ def stored(table: dict[bytes, bytes], run: str, ranks: tuple[int, ...]) -> None:
     det = RunDetector(run)
     for rank in ranks:
         det.series[rank] = {}
-    head, parts = dump_state(det, det.series)
+    head, parts = det.dump(det.series)
     table[run.encode()] = head
     for rank, blob in parts.items():
         table[rank_key(run, rank).encode()] = blob

@@ -21,9 +21,9 @@ import pytest
 from close_data import assert_close
 from steplens.schema import make_record
 from steplens.stream_jobs.engine.core import flatten
-from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.engine.detector import CODEC, RunDetector
 from steplens.stream_jobs.engine.signals import data_quality
-from steplens.stream_jobs.engine.state import FORMAT, MAGIC, dump_state, load_state, pack, unpack
+from steplens.stream_jobs.engine.state import FORMAT, MAGIC
 
 BLOB = Path(__file__).parent / "data" / "state_v1.msgpack"
 CUT = 400  # the stored state holds the records before this one
@@ -77,14 +77,14 @@ def replay(det: RunDetector, recs: list, skip: frozenset[str] = frozenset()) -> 
 def write_blob() -> None:
     det = RunDetector("r")
     replay(det, records()[:CUT])
-    head, ranks = dump_state(det, det.series)
+    head, ranks = det.dump(det.series)
     BLOB.parent.mkdir(exist_ok=True)
     BLOB.write_bytes(msgpack.packb({"head": head, "ranks": ranks}))
 
 
 def restore(blob: bytes) -> RunDetector | None:
     stored = msgpack.unpackb(blob, strict_map_key=False)
-    det = load_state(stored["head"], stored["ranks"].get)
+    det = RunDetector.load(stored["head"], stored["ranks"].get)
     if det is not None:
         det.fit_inline = True  # as the never-stopped one (``steplens detect``'s)
     return det
@@ -110,9 +110,9 @@ def test_format_1_states_of_changed_detectors_restore_to_working_ones():
     assert det is not None and det.schedule is not None
     got = [st for s in det.series.values() for st in s["training"].values()]
     assert got and all(st.schedule == det.schedule for st in got)
-    old = msgpack.unpackb(pack(data_quality.DataState())[len(MAGIC) + 1 :])
-    old["f"]["by_step"] = msgpack.unpackb(pack({5: {"ab" * 8}})[len(MAGIC) + 1 :])
-    st = unpack(MAGIC + bytes([FORMAT]) + msgpack.packb(old, use_bin_type=True))
+    old = msgpack.unpackb(CODEC.pack(data_quality.DataState())[len(MAGIC) + 1 :])
+    old["f"]["by_step"] = msgpack.unpackb(CODEC.pack({5: {"ab" * 8}})[len(MAGIC) + 1 :])
+    st = CODEC.unpack(MAGIC + bytes([FORMAT]) + msgpack.packb(old, use_bin_type=True))
     assert isinstance(st, data_quality.DataState) and st.step_keys == {}
     data = {"n_samples": 2, "sample_hashes": ["ab" * 8, "cd" * 8]}
     _, sigs = data_quality.update(st, data_quality.DataConfig(), data, 6, 0)
@@ -123,8 +123,8 @@ def test_dump_and_load_round_trip_every_detector_state():
     recs = records()
     det = RunDetector("r")
     replay(det, recs[:CUT])
-    head, ranks = dump_state(det, det.series)
-    back = load_state(head, ranks.get)
+    head, ranks = det.dump(det.series)
+    back = RunDetector.load(head, ranks.get)
     assert back is not None
     back.fit_inline = True
     assert_close(replay(back, recs[CUT:]), replay(det, recs[CUT:]), rel=0, abs_=0)  # one CPU
@@ -134,12 +134,12 @@ def test_dump_and_load_round_trip_every_detector_state():
 def test_a_state_of_another_format_or_a_pickle_is_refused_and_the_run_starts_afresh(caplog):
     det = RunDetector("r")
     replay(det, records()[:50])
-    head, _ = dump_state(det, det.series)
+    head, _ = det.dump(det.series)
     newer = MAGIC + bytes([FORMAT + 1]) + head[len(MAGIC) + 1 :]
     pickled = pickle.dumps((det, []))  # how earlier releases stored a run
     with caplog.at_level(logging.WARNING, logger="steplens.stream_jobs"):
-        assert load_state(newer, lambda r: None) is None
-        assert load_state(pickled, lambda r: None) is None
+        assert RunDetector.load(newer, lambda r: None) is None
+        assert RunDetector.load(pickled, lambda r: None) is None
     assert sum("starts afresh" in r.message for r in caplog.records) == 2
 
 
@@ -148,10 +148,10 @@ def test_a_class_outside_the_state_is_neither_written_nor_built():
         pass
 
     with pytest.raises(TypeError):
-        pack(Other())
+        CODEC.pack(Other())
     forged = MAGIC + bytes([FORMAT]) + msgpack.packb({"$c": "RunDetector", "f": {}})
     with pytest.raises(ValueError, match="unknown state class"):
-        unpack(forged)
+        CODEC.unpack(forged)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from steplens.schema import encode, make_record
-from steplens.stream_jobs.engine.state import load_state, rank_key
+from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.engine.state import rank_key
 from steplens.stream_jobs.worker.fit_queue import FIT_NICENESS
 
 pytestmark = pytest.mark.stack
@@ -46,7 +47,7 @@ def stored_state(msgs: list, run: str):
     latest = {k.decode(): v for k, v in msgs if k and v}
     if run not in latest:
         return None
-    return load_state(latest[run], lambda r: latest.get(rank_key(run, r)))
+    return RunDetector.load(latest[run], lambda r: latest.get(rank_key(run, r)))
 
 
 def sample(text: str, name: str, **labels: str) -> float:
@@ -183,7 +184,7 @@ def test_the_state_of_a_run_with_many_ranks_reaches_the_changelog(kafka, workers
 
     msgs = kafka.collect(f"{w.app_id}-runs-changelog", restored, 90, raw=True)
     latest = {k.decode(): v for k, v in msgs if k and v}
-    det = load_state(latest[run], lambda r: latest.get(rank_key(run, r)))
+    det = RunDetector.load(latest[run], lambda r: latest.get(rank_key(run, r)))
     assert det is not None
     assert sum(len(v) for k, v in latest.items() if k.startswith(run)) > 1 << 20
     assert all(len(s["arima"]["loss"].history) == 100 for s in det.series.values())
@@ -366,7 +367,7 @@ def test_sigkill_resumes_state_and_two_workers_share_partitions(kafka, workers):
     def checkpointed(msgs):
         latest = {k.decode(): v for k, v in msgs if k and v}
         states = {
-            run: load_state(latest[run], lambda r, run=run: latest.get(rank_key(run, r)))
+            run: RunDetector.load(latest[run], lambda r, run=run: latest.get(rank_key(run, r)))
             for run in runs
             if run in latest
         }

@@ -104,14 +104,14 @@ def test_a_series_whose_fits_keep_failing_backs_off():
 
 
 def test_fitted_state_keeps_only_what_the_recursion_reads_and_is_stored_as_plain_data():
-    from steplens.stream_jobs.engine.state import pack, unpack
+    from steplens.stream_jobs.engine.detector import CODEC
 
     cfg = arima.ArimaConfig()
     st, _ = feed([math.sin(i / 5) for i in range(300)], cfg)
     assert st.params is not None
     assert len(st.diffs) == len(st.errors) == 1
     assert len(st.history) == cfg.fit_window
-    back = unpack(pack(st))
+    back = CODEC.unpack(CODEC.pack(st))
     for i in range(300, 320):  # the restored state scores as the original
         _, a = update(st, cfg, "x", math.sin(i / 5), i)
         _, b = update(back, cfg, "x", math.sin(i / 5), i)

@@ -10,10 +10,23 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-from steplens.stream_jobs.engine.signals.registry import FLAGS, NOT_SERIES
-
 Cells = Sequence[float | None] | np.ndarray  # a metric's value per row (None: the row has none)
 Columns = Mapping[str, Cells]
+
+# step fields that are flags (bool), scored as 1.0 or 0.0
+FLAGS = frozenset({"clipped"})
+# step fields that are not series to score on their own
+NOT_SERIES = frozenset(
+    {
+        "tokens",
+        "group_lrs",
+        "reason",
+        "scalars",
+        "data_time_s",
+        "layer_grad_norms",
+        "layer_param_norms",
+    }
+)
 
 # entry fields that are not series of their own (scalars are, one by one)
 _NOT_BATCH_SERIES = NOT_SERIES | {"step", "time_ns"}

@@ -1,32 +1,55 @@
-"""A run's detectors: each record through the registry's detectors, then the rules.
+"""A run's detectors, as one typed state with its methods: each record through the registry's
+detectors, then the rules; the evidence a breach names; a rank that restarts; the ARIMA fits it
+asks for; its stored form.
 
 One path: a ``step`` record and a ``step_window`` are batches of one row, through the same
 columnar code as a ``step_batch``'s entries (``process_columns``), so any batching of the same
 steps gives the same signals, alerts and state. ``steplens detect`` calls ``process_columns``
 on a CSV's chunks. ARIMA fits are asked for, not run, unless ``fit_inline`` is set; the caller
 runs ``pending_fits`` wherever it likes and applies them (``apply_fit``).
+
+Evidence: a breach is named as it is judged (the registry's ``Evidence`` entries, each a rank's
+memory of recent inputs: the batch behind a spike, the layers that moved, a stuck rank's
+stacks): its signal's detail gains the entry's key, so the alert and the incident carry it. An
+input that comes after the alert fired (a batch record sent after its step, stacks sent after
+the hang was confirmed) is added to the firing alert's evidence and its incident reports it
+again.
+
+Restarts: a rank whose steps go back restarted from a checkpoint. A job that crashed at step
+5,000 and resumed from its checkpoint of step 4,000 sends step 4,000 again, with the loss it
+had then: higher than at 5,000, which a detector that goes on would call a spike. The rank
+restarts instead (``restart``): its baselines become what they were at the step it resumes at,
+re-seeded from its stored history up to that step (the worker reads it), or, without one,
+start afresh (their first values learn and none is scored, so the jump back to the earlier
+level never alerts; a real regression after it does, once the baselines know the new values,
+and at once past the cold anchors). What the abandoned steps left behind goes with them. A
+step goes back when a record's step (a window's last) is below the last step its rank has
+seen; then the rank resumes at the record's first step (a window's first). A restart that
+resumes within the window it crashed in is not seen in windowed mode; there the window's mean
+is its only trace.
+
+Stored form (``dump``, ``load``): the head (the detector without its series, with the list of
+its ranks) and each rank's series as values of their own, in ``state``'s format 1; a head this
+release cannot read is refused with a warning (the run starts afresh), a rank whose series is
+missing or unreadable starts afresh.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from collections.abc import Iterator, Sequence
+import logging
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from steplens.schema import RUN_RANK, Record
-from steplens.stream_jobs.engine import (
-    batch_rules,
-    evidence,
-    fits,
-    incidents,
-    restarts,
-    rules,
-    step_tail,
-)
+from steplens.stream_jobs.engine import batch_rules, fits, incidents, rules, step_tail
+from steplens.stream_jobs.engine.calibration import CalibrationState
 from steplens.stream_jobs.engine.columns import (
     Cells,
     Columns,
@@ -34,13 +57,69 @@ from steplens.stream_jobs.engine.columns import (
     floats_of,
     window_columns,
 )
-from steplens.stream_jobs.engine.config import DetectorConfig
 from steplens.stream_jobs.engine.core import CRIT_SEV, NO_STEP, Alert, Column, Run, Signals
+from steplens.stream_jobs.engine.history import NO_FIRST, History, Rows
 from steplens.stream_jobs.engine.policy import JudgeState, Policy, judge_signals
 from steplens.stream_jobs.engine.signals import arima, lr_schedule, ranks
-from steplens.stream_jobs.engine.signals.registry import RECORDS, route
+from steplens.stream_jobs.engine.signals.arima_fit import ArimaParams
+from steplens.stream_jobs.engine.signals.registry import (
+    ENTRIES,
+    EVIDENCE,
+    RECORDS,
+    DetectorConfig,
+    Evidence,
+    route,
+)
+from steplens.stream_jobs.engine.signals.sketches import Bloom, Distinct
+from steplens.stream_jobs.engine.state import Codec
+
+log = logging.getLogger("steplens.stream_jobs")
 
 FitKey = fits.FitKey
+Series = dict[str, dict[str, Any]]  # one rank's states: detector -> metric -> state
+
+# the stored form's classes: every registry entry's state, and the rules' and incidents'
+CODEC = Codec(
+    (
+        *(e.state for e in ENTRIES),
+        ArimaParams,
+        Bloom,
+        Distinct,
+        JudgeState,
+        CalibrationState,
+        rules.RulesState,
+        incidents.IncidentsState,
+        incidents.Incident,
+        incidents.Member,
+        rules.Firing,
+        Run,
+    )
+)
+# the head's fields (a detector without its series)
+_HEAD = (
+    "run_id",
+    "run_states",
+    "rules",
+    "incidents",
+    "run",
+    "schedule",
+    "records",
+    "offsets",
+    "raw_seen",
+    "baseline",  # which ranks' signals still say their baselines came from history
+)
+
+# the signals of a warmed rank say so for this many of its values: by then the detectors'
+# windows (spike 64, volatility 50, ARIMA's fit window 256) hold live values only
+MARK_VALUES = 256
+CHUNK = 256  # rows of one rank replayed before the next rank's (``replay``)
+
+# what the evidence entries keep and name
+EVIDENCE_KINDS = frozenset(k for e in EVIDENCE for k in e.kinds)
+EVIDENCE_FIELDS = tuple(sorted({f for e in EVIDENCE for f in e.fields}))
+EVIDENCE_NAMES = frozenset(r.split(":", 1)[0] for e in EVIDENCE for r in e.rules)
+EVIDENCE_RULES = frozenset(r for e in EVIDENCE for r in e.rules)
+Inputs = list[tuple[int, int, dict[str, Any]]]  # (row, step, the entry) with evidence fields
 
 
 @dataclass
@@ -64,7 +143,8 @@ class RunDetector:
     # last window (``process_steps``)
     raw_seen: dict[int, dict[str, list[Any]]] = field(default_factory=dict)
     touched: set[int] = field(default_factory=set)  # ranks whose series changed (take_touched)
-    baseline: dict[int, list[Any]] = field(default_factory=dict)  # ``restarts.mark``
+    # rank -> [detail, values left]: its signals say where its baselines came from (``warmed``)
+    baseline: dict[int, list[Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for e in RECORDS:
@@ -87,7 +167,7 @@ class RunDetector:
             return self.process_steps([rec])
         self.records += 1
         # a batch record or stacks, kept for the evidence; firing alerts it completes
-        amended = evidence.keep_record(self, rec) if kind in evidence.KINDS else None
+        amended = self._keep_record(rec) if kind in EVIDENCE_KINDS else None
         batch: list[Signals] = []
         if kind == "step_window":
             step, first, metrics, peaks, wait, spreads = window_columns(data, rec.step)
@@ -103,13 +183,13 @@ class RunDetector:
                 spreads=spreads,
             )
         elif kind == "run_meta":
-            _run_meta(self, data)
+            self._run_meta(data)
         for e in RECORDS:
             if kind in e.kinds:
                 batch += e.on_record(
                     self.run_states[e.key], getattr(self.cfg, e.key), rec, self.run
                 )
-        evidence.annotate(self, batch, rec.rank, None)
+        self._annotate(batch, rec.rank, None)
         alerts = self.evaluate(batch, 1, [rec.time_ns])
         if amended:
             alerts += incidents.update(self.incidents, self.cfg.incidents, amended, rec.time_ns)
@@ -141,11 +221,11 @@ class RunDetector:
         waits = [w if isinstance(w, (int, float)) else None for w in waits]
         if behind is None:  # the other ranks' batches of the same steps may come after this
             behind = max(steps) - min(steps) if steps else 0
-        inputs = evidence.entry_inputs(entries)  # layer norms, kept for the evidence
+        inputs = _entry_inputs(entries)  # layer norms, kept for the evidence
         batch = self.process_columns(
             rank, steps, times, entry_columns(entries), data_times=waits, behind=behind
         )
-        evidence.annotate(self, batch, rank, inputs)
+        self._annotate(batch, rank, inputs)
         return batch, self.evaluate(batch, n, times)
 
     def evaluate(self, batch: list[Signals], n: int, times_ns: Sequence[int]) -> list[Alert]:
@@ -193,7 +273,7 @@ class RunDetector:
         non-finite value is a ``nonfinite`` signal, learnt by none."""
         cfg = self.cfg
         n = len(steps)
-        restarts.check(self, rank, steps, firsts)
+        self._check_restart(rank, steps, firsts)
         s = self.series.get(rank)
         if s is None:
             s = self.series[rank] = {}
@@ -201,7 +281,7 @@ class RunDetector:
         step_a = np.array([NO_STEP if st is None else st for st in steps], dtype=np.int64)
         rows = np.arange(n, dtype=np.int64)
         first_a = None if firsts is None else np.asarray(firsts, dtype=np.int64)
-        want_fit = fits.asker(self, rank)
+        want_fit = self._fit_asker(rank)
         batch: list[Signals] = []
         for metric, cells in columns.items():
             probe = peaks.get(metric) if peaks else None
@@ -219,12 +299,37 @@ class RunDetector:
                 self.run.track_loss(col.xs, cfg.train_loss_alpha)
         if rank != RUN_RANK and n:
             batch += step_tail.tail(
-                self.ranks, self.cfg, self.run, rank, step_a, times_ns, columns, data_times, behind
+                self.ranks,
+                cfg.ranks,
+                cfg.thresholds,
+                self.run,
+                rank,
+                step_a,
+                times_ns,
+                columns,
+                data_times,
+                behind,
             )
-        restarts.mark(self, rank, batch, n)
+        self._mark_baseline(rank, batch, n)
         return batch
 
     # ------------------------------------------------------------------ ARIMA fits
+    def _fit_asker(self, rank: int) -> Callable[[arima.ArimaState], None]:
+        """What a series of ``rank`` calls when it asks for a fit: fitted at once
+        (``fit_inline``), else listed for ``pending_fits``."""
+
+        def want_fit(state: arima.ArimaState) -> None:
+            cfg = self.cfg.arima
+            if self.fit_inline:
+                params = arima.fit(arima.fit_input(state, cfg), cfg.order, cfg.method)
+                arima.apply_fit(state, cfg, params)
+                return
+            for metric, st in self.series[rank].get("arima", {}).items():
+                if st is state:
+                    self.fits_wanted.add((rank, metric))
+
+        return want_fit
+
     def pending_fits(self) -> list[tuple[FitKey, Any]]:
         """Inputs of the fits asked for since the last call: ``[(key, values)]``."""
         return fits.pending(self.series, self.fits_wanted, self.cfg.arima)
@@ -241,6 +346,283 @@ class RunDetector:
         """The ranks whose series changed since the last call (to save only those)."""
         got, self.touched = self.touched, set()
         return got
+
+    def _run_meta(self, data: dict[str, Any]) -> None:
+        """A ``run_meta`` record: the world size, and a declared lr schedule for every detector
+        that reads it."""
+        state = self.ranks
+        state.world_size = max(state.world_size, int(data.get("world_size", 0)))
+        if data.get("lr_schedule") is not None:
+            # a bad schedule is refused with the reason (the record becomes a dead letter in the
+            # worker); the run goes on with the schedule it had
+            self.schedule = lr_schedule.check_schedule(data["lr_schedule"])
+            for rank, s in self.series.items():
+                for states in s.values():
+                    for st in states.values():
+                        if hasattr(st, "schedule"):  # a detector that reads the schedule
+                            st.schedule = self.schedule
+                self.touched.add(rank)
+
+    # ------------------------------------------------------------------ evidence
+    def _evidence_state(self, rank: int, e: Evidence, make: bool) -> Any:
+        s = self.series.get(rank)
+        if s is None:
+            if not make:
+                return None
+            s = self.series[rank] = {}
+        states = s.get("evidence")
+        if states is None:
+            if not make:
+                return None
+            states = s["evidence"] = {}
+        st = states.get(e.key)
+        if st is None and make:
+            st = states[e.key] = e.state()
+        return st
+
+    def _keep_record(self, rec: Record) -> list[Alert]:
+        """Keep a record of an evidence kind; the firing alerts of its rank it completes, amended
+        (rule-level transitions, for the incidents)."""
+        out: list[Alert] = []
+        for e in EVIDENCE:
+            if rec.kind not in e.kinds:
+                continue
+            cfg = getattr(self.cfg, e.key)
+            st = self._evidence_state(rec.rank, e, True)
+            e.keep(st, cfg, rec.step, rec.data)
+            self.touched.add(rec.rank)
+            for key, cur in list(self.rules.firing.items()):
+                ev = cur.evidence
+                if key[0] not in e.rules or e.key in ev or ev.get("rank") != rec.rank:
+                    continue
+                got = e.names(st, cfg, key[0], cur.started_step, ev)
+                if got:
+                    amended = rules.amend(self.rules, self.run_id, key, got)
+                    if amended is not None:
+                        out.append(amended)
+        return out
+
+    def _annotate(self, batch: list[Signals], rank: int, inputs: Inputs | None) -> None:
+        """Keep the step entries' evidence fields (``inputs``, of ``rank``) and name, in row
+        order, what each breach of the batch's signals of an evidence rule calls for."""
+        todo = list(_breaches(batch))
+        if not todo and not inputs:
+            return
+        todo.sort(key=lambda t: t[0])
+        pending = inputs or []
+        i = 0
+        for row, sigs, k in todo:
+            while i < len(pending) and pending[i][0] <= row:
+                self._keep_fields(rank, pending[i][1], pending[i][2])
+                i += 1
+            self._name(sigs, k)
+        for _, step, data in pending[i:]:
+            self._keep_fields(rank, step, data)
+
+    def _keep_fields(self, rank: int, step: int, data: dict[str, Any]) -> None:
+        for e in EVIDENCE:
+            if e.fields and any(f in data for f in e.fields):
+                e.keep(self._evidence_state(rank, e, True), getattr(self.cfg, e.key), step, data)
+                self.touched.add(rank)
+
+    def _name(self, sigs: Signals, k: int) -> None:
+        """Signal ``k``'s detail gains what the evidence entries of its rule name."""
+        rule, rank = sigs.rule, sigs.rank_at(k)
+        detail = (sigs.detail[k] if sigs.detail is not None else None) or {}
+        added: dict[str, Any] = {}
+        for e in EVIDENCE:
+            if rule not in e.rules:
+                continue
+            st = self._evidence_state(rank, e, False)
+            if st is not None:
+                got = e.names(st, getattr(self.cfg, e.key), rule, sigs.step_at(k), detail)
+                if got:
+                    added.update(got)
+        if added:
+            if sigs.detail is None:
+                sigs.detail = [None] * len(sigs)
+            sigs.detail[k] = {**detail, **added}
+
+    # ------------------------------------------------------------------ restarts
+    def resume_step(self, rec: Record, after: int | None = None) -> int | None:
+        """The step ``rec``'s rank resumes at when its steps go back below the last step the
+        rank has seen (or ``after``, one of its steps not yet scored); None otherwise, and for
+        records without steps."""
+        kind, data = rec.kind, rec.data
+        if kind == "step":
+            step = first = rec.step
+        elif kind == "step_batch":
+            entries = data["records"]
+            step = first = entries[0].get("step") if entries else None
+        elif kind == "step_window":
+            step, first = data.get("step_last", rec.step), data.get("step_first")
+        else:
+            return None
+        if not isinstance(step, int) or rec.rank == RUN_RANK:
+            return None
+        last = self.ranks.last_step.get(rec.rank)
+        if after is not None and (last is None or after > last):
+            last = after
+        if last is None or step >= last:
+            return None
+        return first if isinstance(first, int) and first < step else step
+
+    def restart(self, rank: int, step: int, series: Series | None = None) -> None:
+        """``rank`` resumes at ``step``: its baselines become ``series`` (re-seeded from its
+        history up to that step), else start afresh. Dropped with the abandoned steps:
+        straggler judgements pending from ``step`` on, the peaks remembered for its next
+        window, the fits it asked for, where its baselines came from."""
+        state = self.ranks
+        state.last_step[rank] = step - 1  # its next steps are progress again
+        for at in [at for at in state.pending if at >= step]:
+            got = state.pending[at]
+            got.pop(rank, None)
+            if not got:
+                del state.pending[at]
+        self.raw_seen.pop(rank, None)
+        self.fits_wanted = {k for k in self.fits_wanted if k[0] != rank}
+        self.baseline.pop(rank, None)
+        if series is None:
+            self.series.pop(rank, None)
+        else:
+            self.series[rank] = series
+        self.touched.add(rank)
+
+    def _check_restart(
+        self, rank: int, steps: Sequence[int | None], firsts: Sequence[int] | None
+    ) -> None:
+        """Rows of ``rank`` about to be scored: when their steps go back, the rank restarts
+        afresh at the first (the worker, which has the stores, re-seeds it before this)."""
+        first = steps[0] if steps else None
+        if first is None or rank == RUN_RANK:
+            return
+        last = self.ranks.last_step.get(rank)
+        if last is not None and first < last:
+            self.restart(rank, int(first if firsts is None else firsts[0]))
+
+    # ------------------------------------------------------------------ warm starts
+    def warmed(self, rank: int, detail: dict[str, Any]) -> None:
+        """``rank``'s baselines came from history: its signals say so (``detail``) for its next
+        ``MARK_VALUES`` values."""
+        self.baseline[rank] = [detail, MARK_VALUES]
+
+    def _mark_baseline(self, rank: int, batch: list[Signals], n: int) -> None:
+        """``batch``, the signals of ``n`` rows of ``rank``, say where its baselines came from
+        while ``baseline`` has it."""
+        got = self.baseline.get(rank) if self.baseline else None
+        if got is None:
+            return
+        detail = got[0]
+        for sigs in batch:
+            d = sigs.detail  # one dict shared: the outputs copy it
+            if d is None:
+                sigs.detail = [detail] * len(sigs)
+            else:
+                sigs.detail = [detail if x is None else {**x, **detail} for x in d]
+        got[1] -= n
+        if got[1] <= 0:
+            del self.baseline[rank]
+
+    def replay(self, hist: History, now_ns: int) -> None:
+        """A warm start: ``hist``'s rows through ``process_columns``, the code live records go
+        through, their signals dropped (the rules and incidents never see them); then the
+        run's clock settled. Every state, the calibrations included, is then what a detector
+        that never stopped would have after those values. The ranks are replayed side by
+        side, ``CHUNK`` rows of each in turn, so the cross-rank state (stragglers) sees their
+        steps together as it did live. Afterwards no straggler judgement of a history step is
+        left pending, and each replayed rank's last progress is ``now_ns`` (a history hours
+        old is no hang)."""
+        meta = hist.meta
+        if meta.get("lr_schedule") is not None and self.schedule is None:
+            # one refused live as well (a dead letter): the run goes on without one
+            with contextlib.suppress(ValueError):
+                self.schedule = lr_schedule.check_schedule(meta["lr_schedule"])
+        world = meta.get("world_size")
+        if isinstance(world, (int, float)) and math.isfinite(world):
+            self.ranks.world_size = max(self.ranks.world_size, int(world))
+        done = dict.fromkeys(hist.rows, 0)
+        while done:
+            for rank, rows in hist.rows.items():
+                a = done.get(rank)
+                if a is None:
+                    continue
+                b = min(a + CHUNK, len(rows))
+                self._feed(rank, rows, a, b)
+                if b >= len(rows):
+                    del done[rank]
+                else:
+                    done[rank] = b
+        state = self.ranks
+        state.pending.clear()
+        for rank in hist.rows:
+            state.progress_ns[rank] = now_ns
+        self.records = 0
+
+    def _feed(self, rank: int, rows: Rows, a: int, b: int) -> None:
+        """Rows ``a:b`` of a rank: each stretch of step rows, and of windows, as one batch."""
+        kinds = rows.first[a:b] == NO_FIRST
+        cuts = np.flatnonzero(kinds[1:] != kinds[:-1]) + 1 + a
+        for lo, hi in zip([a, *cuts.tolist()], [*cuts.tolist(), b], strict=True):
+            columns = {m: v[lo:hi] for m, v in rows.values.items() if not np.isnan(v[lo:hi]).all()}
+            windows = rows.first[lo] != NO_FIRST
+            self.process_columns(
+                rank,
+                rows.step[lo:hi].tolist(),
+                rows.time_ns[lo:hi].tolist(),
+                columns,
+                firsts=rows.first[lo:hi].tolist() if windows else None,
+            )
+
+    # ------------------------------------------------------------------ stored form
+    def dump(self, ranks: Iterable[int]) -> tuple[bytes, dict[int, bytes]]:
+        """The run's state as table values: its head, and the series of ``ranks`` (those that
+        changed), each a value of its own."""
+        head = {k: getattr(self, k) for k in _HEAD}
+        head["ranks"] = sorted(self.series)
+        parts = {r: CODEC.pack(self.series[r]) for r in ranks if r in self.series}
+        return CODEC.pack(head), parts
+
+    @classmethod
+    def load(
+        cls,
+        blob: bytes,
+        rank_blob: Callable[[int], bytes | None],
+        cfg: DetectorConfig | None = None,
+    ) -> RunDetector | None:
+        """A run's detector from its head and its ranks' values (``rank_blob(rank)``); None,
+        with a warning, for a head this release cannot read."""
+        try:
+            head = CODEC.unpack(blob)
+            det = cls(head["run_id"], cfg or DetectorConfig(), fit_inline=False)
+            for k in _HEAD[1:]:
+                if k in head:
+                    v = head[k] if k != "run_states" else {**det.run_states, **head[k]}
+                    setattr(det, k, v)
+        except Exception as exc:
+            log.warning("a stored run state cannot be restored (%s); the run starts afresh", exc)
+            return None
+        for rank in head.get("ranks", []):
+            part = rank_blob(rank)
+            try:
+                det.series[rank] = CODEC.unpack(part) if part else _missing()
+            except Exception as exc:
+                log.warning("rank %s of run %s starts afresh: %s", rank, det.run_id, exc)
+                continue
+            # a state that reads the lr schedule, stored before it did (format 1's training
+            # state): the run's, as when the run declares one
+            for states in det.series[rank].values():
+                for st in states.values():
+                    if getattr(st, "schedule", False) is None:
+                        st.schedule = det.schedule
+        return det
+
+    @staticmethod
+    def stored_ranks(head: bytes | None) -> list[int]:
+        """The ranks a stored head lists (none for a head this release cannot read)."""
+        try:
+            return list(CODEC.unpack(head)["ranks"]) if head else []
+        except (ValueError, KeyError, TypeError):
+            return []
 
 
 def _remember_peaks(seen: dict[str, list[Any]], entries: list[dict[str, Any]]) -> None:
@@ -263,23 +645,6 @@ def _drop_probed(
         peak = peaks.get(name)
         if peak is not None and first <= step <= last and x >= peak:
             del peaks[name]
-
-
-def _run_meta(det: RunDetector, data: dict[str, Any]) -> None:
-    """A ``run_meta`` record: the world size, and a declared lr schedule for every detector
-    that reads it."""
-    state = det.ranks
-    state.world_size = max(state.world_size, int(data.get("world_size", 0)))
-    if data.get("lr_schedule") is not None:
-        # a bad schedule is refused with the reason (the record becomes a dead letter in the
-        # worker); the run goes on with the schedule it had
-        det.schedule = lr_schedule.check_schedule(data["lr_schedule"])
-        for rank, s in det.series.items():
-            for states in s.values():
-                for st in states.values():
-                    if hasattr(st, "schedule"):  # a detector that reads the schedule
-                        st.schedule = det.schedule
-            det.touched.add(rank)
 
 
 def _score(  # noqa: PLR0917
@@ -364,3 +729,21 @@ def _state(s: dict[str, dict[str, Any]], key: str, metric: str, new: Any, schedu
 def _notes(policy: Policy) -> Policy:
     """``policy`` whose breaches are notes (the metric's alerts come from another detector)."""
     return dataclasses.replace(policy, alerts=False)
+
+
+def _missing() -> Any:
+    raise ValueError("no stored series")
+
+
+def _entry_inputs(entries: list[dict[str, Any]]) -> Inputs | None:
+    """The step entries that carry evidence fields (None: none, the common case)."""
+    a, b = EVIDENCE_FIELDS
+    got = [(i, e) for i, e in enumerate(entries) if a in e or b in e]
+    return [(i, e["step"], e) for i, e in got] if got else None
+
+
+def _breaches(batch: list[Signals]) -> Iterator[tuple[int, Signals, int]]:
+    for s in batch:
+        if s.name in EVIDENCE_NAMES and s.rule in EVIDENCE_RULES and s.severity.any():
+            for k in np.flatnonzero(s.severity).tolist():
+                yield int(s.row[k]), s, k

@@ -1,34 +1,16 @@
-"""The ARIMA fits a run's series ask for: fitted at once (``steplens detect``) or listed for
-the worker's process pool, whose results come back through ``apply``."""
+"""The ARIMA fits of a run's series (rank -> detector -> metric -> state): the inputs of those
+asked for (``pending``, for the worker's process pool), their results applied (``apply``), and
+what a restored run asks for again (``resume``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import Any
 
 from steplens.stream_jobs.engine.signals import arima
 
-if TYPE_CHECKING:
-    from steplens.stream_jobs.engine.detector import RunDetector
-
 FitKey = tuple[int, str]  # (rank, metric)
 Series = dict[int, dict[str, dict[str, Any]]]  # rank -> detector -> metric -> state
-
-
-def asker(det: RunDetector, rank: int) -> Callable[[arima.ArimaState], None]:
-    """What a series of ``rank`` calls when it asks for a fit."""
-
-    def want_fit(state: arima.ArimaState) -> None:
-        cfg = det.cfg.arima
-        if det.fit_inline:
-            params = arima.fit(arima.fit_input(state, cfg), cfg.order, cfg.method)
-            arima.apply_fit(state, cfg, params)
-            return
-        for metric, st in det.series[rank].get("arima", {}).items():
-            if st is state:
-                det.fits_wanted.add((rank, metric))
-
-    return want_fit
 
 
 def states(series: Series) -> Iterator[tuple[FitKey, arima.ArimaState]]:

@@ -36,8 +36,6 @@ from typing import Annotated, Any, Protocol
 import numpy as np
 
 from steplens.schema.settings import NonNegativeFloat, PositiveFloat, PositiveInt, about
-from steplens.stream_jobs.engine.config import DetectorConfig
-from steplens.stream_jobs.engine.signals.registry import SERIES
 
 FIRST_SPAN_NS = 15 * 60 * 10**9
 DAY_NS = 86_400 * 10**9
@@ -138,11 +136,6 @@ class HistorySource(Protocol):
     def rows(self, run: str, lo: int, hi: int, metrics: list[str]) -> dict[int, Rows]: ...
 
 
-def detector_metrics(cfg: DetectorConfig) -> list[str]:
-    """The step fields the series detectors learn from (the registry's, those enabled)."""
-    return sorted({m for e in SERIES if cfg.enabled(e.enabled) for m in e.metrics})
-
-
 def reference_of(meta: dict[str, Any]) -> str | None:
     """The run a run_meta names for its baselines: ``baseline_run``, else its lineage's
     ``parent_run``."""
@@ -229,17 +222,17 @@ def read_history(
     *,
     until_ns: int,
     settings: HistorySettings,
-    cfg: DetectorConfig,
+    metrics: list[str],
     meta: dict[str, Any] | None = None,
     cuts: dict[int, int] | None = None,
     ranks: Iterable[int] | None = None,
 ) -> History:
     """``run``'s effective history per rank, and its reference run's before it when it names
-    one (in ``meta``, its live run_meta's fields, else in its stored run_meta)."""
+    one (in ``meta``, its live run_meta's fields, else in its stored run_meta). ``metrics``: the
+    step fields to read (``DetectorConfig.metrics``)."""
     cuts = cuts or {}
     ranks = None if ranks is None else list(ranks)
     since = until_ns - int(settings.days * DAY_NS)
-    metrics = detector_metrics(cfg)
     counts = [0, 0]
     out = History()
     out.meta = meta if meta is not None else source.meta(run, since, until_ns)

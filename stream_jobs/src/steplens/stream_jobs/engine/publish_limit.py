@@ -19,7 +19,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from steplens.stream_jobs.engine.core import NO_STEP, Signal, Signals
-from steplens.stream_jobs.engine.signals.registry import EVENTS
+from steplens.stream_jobs.engine.signals import lengths
+
+# signals that are records for the board, not judgements (an lr decay, a window's length
+# histogram): every one is published, none alerts
+EVENTS = frozenset({"lr_event", lengths.NAME})
 
 
 @dataclass

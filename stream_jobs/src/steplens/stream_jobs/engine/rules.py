@@ -8,27 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steplens.stream_jobs.engine.core import CRITICAL, INFO, WARNING, Alert, Signal
-from steplens.stream_jobs.engine.signals import registry
-
-# the hints of the signals the detector and the rules make themselves; the others' come
-# with their registry entries
-OWN_HINTS: dict[str, str] = {
-    "nonfinite": "a non-finite value: check the last batch, the loss scaling and the lr; "
-    "resume from the last good checkpoint",
-    "correlation:loss_grad": "loss rising while the gradient norm is abnormal: check the data "
-    "pipeline first, then the optimizer state, then lower the learning rate",
-    "correlation:data_bottleneck": "low GPU util with high data-loading time or I/O latency: "
-    "data loading is the bottleneck",
-    "correlation:eval_unstable": "unstable validation metrics: check for leakage and the "
-    "evaluation script",
-}
-HINTS: dict[str, str] = {**registry.HINTS, **OWN_HINTS}
+from steplens.stream_jobs.engine.hints import hint_for
 
 SEVERITY_ORDER = {INFO: 0, WARNING: 1, CRITICAL: 2}
-
-
-def hint_for(rule: str) -> str:
-    return HINTS.get(rule) or HINTS.get(rule.split(":", 1)[0]) or "see the evidence"
 
 
 def fingerprint(run_id: str, rule: str, scope: str) -> str:
@@ -384,4 +366,28 @@ def _alert(  # noqa: PLR0917
         started,
         summary,
         dict(evidence),
+    )
+
+
+def amend(
+    state: RulesState, run_id: str, key: tuple[str, str], extra: dict[str, Any]
+) -> Alert | None:
+    """Evidence that came after the alert of ``key`` fired: added to it; its ``firing``
+    transition again, with the evidence now known, for its incident to report (None: it no
+    longer fires)."""
+    cur = state.firing.get(key)
+    if cur is None:
+        return None
+    cur.evidence.update(extra)
+    rule, scope = key
+    return _alert(
+        run_id,
+        rule,
+        cur.severity,
+        "firing",
+        scope,
+        cur.last_step,
+        cur.started_step,
+        cur.evidence,
+        f"{rule}: evidence added ({', '.join(extra)})",
     )

@@ -8,14 +8,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from steplens.stream_jobs.engine.columns import Columns, floats_of
-from steplens.stream_jobs.engine.config import DetectorConfig
 from steplens.stream_jobs.engine.core import NO_STEP, Run, Signals
 from steplens.stream_jobs.engine.signals import ranks, thresholds
 
 
 def tail(  # noqa: PLR0917
     state: ranks.RanksState,
-    cfg: DetectorConfig,
+    ranks_cfg: ranks.RanksConfig,
+    thresholds_cfg: thresholds.ThresholdConfig,
     run: Run,
     rank: int,
     steps: np.ndarray,
@@ -37,7 +37,7 @@ def tail(  # noqa: PLR0917
     step_times = floats_of(cells)[0] if cells is not None else None
     if step_times is not None and data_times is not None and any(w is not None for w in data_times):
         waits, _ = floats_of(data_times)
-        got = thresholds.data_wait(cfg.thresholds, waits, step_times, steps, rows, rank)
+        got = thresholds.data_wait(thresholds_cfg, waits, step_times, steps, rows, rank)
         if got is not None:
             out.append(got)
     at = np.flatnonzero(has)
@@ -54,7 +54,7 @@ def tail(  # noqa: PLR0917
             )
             if c is not None and h
         ]
-    judged = ranks.step_times(state, cfg.ranks, rank, timed, behind, n - 1)
+    judged = ranks.step_times(state, ranks_cfg, rank, timed, behind, n - 1)
     if judged is not None:
         out.append(judged)
     return out

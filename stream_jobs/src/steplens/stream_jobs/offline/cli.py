@@ -22,10 +22,10 @@ from typing import TextIO
 
 import numpy as np
 
-from steplens.stream_jobs.engine.config import DetectorConfig
 from steplens.stream_jobs.engine.core import Alert, Signals
 from steplens.stream_jobs.engine.detector import RunDetector
-from steplens.stream_jobs.engine.signals import arima, kernels
+from steplens.stream_jobs.engine.signals import arima, registry
+from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 
 STEP_COLUMNS = ("step", "iteration", "iter", "global_step")
 TIME_COLUMNS = ("timestamp", "time", "time_ns", "ts", "date", "datetime")
@@ -215,7 +215,7 @@ def main(argv: list[str], prog: str = "steplens detect") -> int:
     # before the clock starts: the compiled loops (compiled at their first use on a machine,
     # then loaded from numba's cache) and statsmodels (once per process)
     t = time.perf_counter()
-    kernels.warm_up()
+    registry.warm_up()
     loaded = f"; before: compiled loops ready in {time.perf_counter() - t:.1f} s"
     if cfg.arima_enabled:
         t = time.perf_counter()

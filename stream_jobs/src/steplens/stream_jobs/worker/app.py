@@ -27,13 +27,13 @@ import faust
 
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.publish_limit import QuietLimiter
-from steplens.stream_jobs.engine.signals import arima, kernels
+from steplens.stream_jobs.engine.signals import arima, registry
 from steplens.stream_jobs.worker import compat, history_loads
 from steplens.stream_jobs.worker.fit_queue import FitQueue, pool_initializer
 from steplens.stream_jobs.worker.metrics import WorkerMetrics
 from steplens.stream_jobs.worker.publisher import Publisher
 from steplens.stream_jobs.worker.router import Router
-from steplens.stream_jobs.worker.run_limits import NUDGE, RunLimits
+from steplens.stream_jobs.worker.run_limits import RunLimits
 from steplens.stream_jobs.worker.scoring import Scorer
 from steplens.stream_jobs.worker.settings import (
     BY_RUN_MAX_BYTES,
@@ -52,7 +52,7 @@ class Worker:
     def __init__(self, s: WorkerSettings, metrics: WorkerMetrics) -> None:
         compat.check()
         t = time.perf_counter()
-        kernels.warm_up()  # not at the first batch: compiled once per machine, then cached
+        registry.warm_up()  # not at the first batch: compiled once per machine, then cached
         log.info("compiled detector loops ready in %.1f s", time.perf_counter() - t)
         self.s = s
         self.metrics = metrics
@@ -82,8 +82,7 @@ class Worker:
             broker_heartbeat_interval=max(0.5, s.session_timeout_s / 4),
             producer_linger_ms=5,
             producer_max_request_size=BY_RUN_MAX_BYTES,
-            # a batch per partition per produce request (aiokafka sends one request per broker
-            # at a time): at Faust's 16 KiB each rank's checkpoint value went alone in a batch
+            # aiokafka sends one request per broker at a time, a batch per partition in it
             producer_max_batch_size=PRODUCER_BATCH_BYTES,
             table_cleanup_interval=60.0,
             # by-run messages stay unacknowledged until their run's next checkpoint: a
@@ -98,14 +97,11 @@ class Worker:
             partitions=s.by_run_partitions,
             internal=True,
         )
-        # raw bytes (``state``'s values) under the run's keys as bytes: Faust's table
-        # serialises bytes keys and values as they are
-        table: Any = app.Table(
-            "runs", default=None, partitions=s.by_run_partitions, key_type=bytes, value_type=bytes
-        )
+        table = compat.runs_table(app, "runs", s.by_run_partitions)
         self.history = history_loads.for_worker(s.history, s.detector, metrics, self._wake)
         limits = RunLimits(s.limits, table.keys, metrics.count_limited)
         self.store = RunStore(table, s.detector, s.checkpoint_s, self.history, limits)
+        reseed = self.store.restart if self.history is not None else None
         self.out = Publisher(
             self._send,
             s.topics,
@@ -113,7 +109,7 @@ class Worker:
             QuietLimiter(s.signal_every, s.signal_interval_s),
             s.app_id,
         )
-        self.scorer = Scorer(self.store, self.out, metrics)
+        self.scorer = Scorer(limits, reseed, self.out, metrics)
         self.router = Router(s, self.by_run, self.out, lambda: app.consumer)
         app.agent(self.raw, name="route")(self.router.route)
         app.agent(self.by_run, name="detect")(self._detect)
@@ -126,16 +122,11 @@ class Worker:
         self._rate_mark = (time.monotonic(), 0)
 
     def _send(self, topic: str, key: bytes | None, value: bytes) -> Any:
-        # the producer itself: a Faust topic's send (its message futures, callbacks and
-        # sensors) cost more than encoding the signal, for hundreds of signals a second
-        return self.app.producer.send(topic, key, value, None, None, None)
+        return compat.send(self.app, topic, key, value)
 
     # ------------------------------------------------------------------ lifecycle
     async def _startup(self) -> None:
-        # Table writes wait in Faust's producer buffer, and past ``max_messages`` (100) Faust
-        # holds every fetched message back until it is under that again: a checkpoint writes
-        # a value per rank at once, so each one stopped consumption (and warned) for wide runs
-        self.app.producer.buffer.max_messages = PRODUCER_BUFFER_MESSAGES
+        compat.raise_producer_buffer(self.app, PRODUCER_BUFFER_MESSAGES)
         compat.quiet_root_logger(self.s.log_level)
         if self.s.detector.arima_enabled and self.s.fit_workers > 0:
             ctx = multiprocessing.get_context("spawn")
@@ -188,7 +179,7 @@ class Worker:
         """Score each by-run message into its run's detector; acknowledge it once a
         checkpoint of its run holds it (``RunStore``). A run warming from its history holds
         its messages until it is warm."""
-        stream = stream.noack()
+        stream = compat.unacked(stream)
         async for event in stream.events():
             run = event.key.decode() if isinstance(event.key, bytes) else str(event.key)
             if not self.store.admit(run, event):
@@ -209,7 +200,7 @@ class Worker:
     async def _wake(self, run: str) -> None:
         """An empty message to ``run``: the detect agent then installs its ended history
         load, checkpoints the run, or retires it when idle (``RunStore.admit``)."""
-        await self.by_run.send(key=run.encode(), value=NUDGE)
+        await compat.nudge(self.by_run, run)
 
     async def _nudge_quiet_runs(self) -> None:
         """A quiet run's held messages wait for its next checkpoint, which needs a message of

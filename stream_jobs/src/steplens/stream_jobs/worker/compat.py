@@ -1,25 +1,28 @@
-"""What the worker needs of Faust and aiokafka that has no public way, in one place.
+"""Where the worker departs from Faust as its documentation uses it, in one place: each entry
+states its measured reason in a sentence. The entries that reach into private attributes name
+the library versions they were written against; ``check`` logs at start whether the installed
+ones are those (a warning when not: the entry may then do nothing, and says so).
 
-Each entry names the library versions it was written against; ``check`` logs at start whether
-the installed ones are those (a warning when not: the entry may then do nothing, and says so).
-
-* The consumer's fetch wait. Faust builds its aiokafka consumer with ``fetch_max_wait_ms=1500``
-  and no setting for it; aiokafka takes it only as a constructor argument and its fetcher reads
-  ``_fetch_max_wait_ms`` for each request. aiokafka keeps one fetch in flight per broker, for
-  the partitions that hold no fetched records yet: a fetch for by-run partitions alone (the raw
-  ones still held records when it went) then held back every raw partition, and with them the
-  by-run records they route to, until it timed out. At full resolution the worker fell seconds
-  behind with its loop idle.
-* The commit of explicit offsets. The route agent commits a batch's raw offsets once its
-  by-run writes are acknowledged. Faust's public ``Consumer.commit`` commits what the stream
-  acknowledged, but flushes the whole producer (every pending signal and table write) first,
-  and only one commit runs at a time: at full resolution the route agent waited on that at
-  every batch and the log_step -> alert p99 went from 0.9 s to 3.2 s. ``commit`` calls the
-  consumer's ``_commit`` with the offsets and records them as Faust's commit does.
-* The root logger's level. Faust's worker leaves the root logger at DEBUG (its handler
-  filters): every debug call of faust and aiokafka then builds a record, a tenth of the loop's
-  time under load. The level is set back with the standard library's public call, after
-  Faust's logging setup.
+* ``set_fetch_wait``: Faust builds its aiokafka consumer with a 1,500 ms fetch wait and no
+  setting for it, and at full resolution a fetch for by-run partitions alone held back every
+  raw partition until it timed out, leaving the worker seconds behind with its loop idle.
+* ``commit``: Faust's public ``Consumer.commit`` flushes the whole producer first, and waiting
+  on that at every routed batch took the log_step -> alert p99 from 0.9 s to 3.2 s.
+* ``quiet_root_logger``: Faust's worker leaves the root logger at DEBUG, and building the
+  debug records of faust and aiokafka took a tenth of the loop's time under load.
+* ``runs_table``: a run's state is stored as ``state``'s versioned bytes, a head and one value
+  per rank, because one value per run grew with its ranks past what Kafka takes in a message
+  and Faust's serializers would pickle it.
+* ``unacked``: a by-run message is acknowledged once a checkpoint of its run holds it, not when
+  the agent moves past it, so a worker killed between checkpoints loses nothing.
+* ``send``: signals go to the producer directly, as a Faust topic's send (its message futures,
+  callbacks and sensors) cost more than encoding the signal at hundreds of signals a second.
+* ``raise_producer_buffer``: past 100 messages in its producer buffer Faust holds back every
+  fetched message, and a wide run's checkpoint writes a value per rank at once.
+* ``NUDGE``: Faust accepts table writes only inside an agent's event (a timer's write raises,
+  and ``use_partitioner`` would put a run's rank keys on partitions other than its own), so a
+  quiet run's checkpoint, an ended history load and an idle run's retirement are triggered by
+  an empty by-run message sent to the run (``nudge``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from importlib import metadata
-from typing import Any
+from typing import Any, Final
 
 log = logging.getLogger("steplens.stream_jobs")
 
@@ -91,3 +94,31 @@ def quiet_root_logger(level: str) -> None:
     """Set the root logger back to ``level`` after Faust's worker set it to DEBUG."""
     with contextlib.suppress(ValueError):
         logging.getLogger().setLevel(level.upper())
+
+
+def runs_table(app: Any, name: str, partitions: int) -> Any:
+    """The table of run states: bytes keys (a run id, or ``state.rank_key``) to bytes values."""
+    return app.Table(name, default=None, partitions=partitions, key_type=bytes, value_type=bytes)
+
+
+def unacked(stream: Any) -> Any:
+    """``stream`` whose events the agent acknowledges itself (``stream.ack``)."""
+    return stream.noack()
+
+
+def send(app: Any, topic: str, key: bytes | None, value: bytes) -> Any:
+    """Send ``value`` to ``topic`` through the app's producer; returns the delivery future."""
+    return app.producer.send(topic, key, value, None, None, None)
+
+
+def raise_producer_buffer(app: Any, max_messages: int) -> None:
+    """Let the app's producer buffer hold ``max_messages`` before Faust holds fetches back."""
+    app.producer.buffer.max_messages = max_messages
+
+
+NUDGE: Final = b"[]"  # an empty by-run message: checkpoint, install a load, or retire
+
+
+async def nudge(by_run: Any, run: str) -> None:
+    """Send ``run`` an empty by-run message (``by_run``: the by-run topic)."""
+    await by_run.send(key=run.encode(), value=NUDGE)

@@ -28,9 +28,8 @@ log = logging.getLogger("steplens.stream_jobs")
 
 Done = Callable[[Hashable, "arima.ArimaParams | None"], None]
 
-# Niceness of the pool's processes: fits are background work. A new run's first fits come all
-# at once, and at equal priority the pool took the cores from the event loop, Kafka and the
-# producers for seconds: the worker fell behind at the start of a wide run and did not catch up.
+# the pool's processes run at a lower priority: fits are background work, and a new run's
+# first fits, all at once, must not take the cores from the event loop and Kafka
 FIT_NICENESS = 10
 
 
@@ -38,9 +37,8 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def pool_initializer(parent: int) -> None:
-    """A pool process's initializer: it dies with the worker ``parent`` (a worker killed with
-    SIGKILL left its pool process, hundreds of MB, and the resource tracker running, re-parented
-    to init), and runs at ``FIT_NICENESS`` lower CPU priority."""
+    """A pool process's initializer: it dies with the worker ``parent`` (even one killed with
+    SIGKILL), and runs at ``FIT_NICENESS`` lower CPU priority."""
     die_with_parent(parent)
     try:
         os.nice(FIT_NICENESS)

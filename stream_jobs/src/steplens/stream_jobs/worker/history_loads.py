@@ -1,7 +1,9 @@
 """Warm starts in the worker: history loads off the event loop, and the messages they hold.
 
 A run the worker first sees (no stored state: a new worker group, a lost changelog, a run it
-never had) is warmed from its history (``warm``) in a process of its own, at the fit pool's
+never had) is warmed from its history in a process of its own (``warm_job``: the history read
+from the stores, replayed through a detector by ``RunDetector.replay``, and returned as its
+stored form, from which the worker builds the run's detector), at the fit pool's
 lower priority: reading the stores and replaying thousands of values per rank would otherwise
 take the event loop's core. So is a rank whose steps go back (``restarts``), re-seeded from
 its history up to the step it resumes at; every rank the run has is re-seeded at that step in
@@ -31,17 +33,80 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from steplens.stream_jobs.engine import restarts
-from steplens.stream_jobs.engine.config import DetectorConfig
-from steplens.stream_jobs.engine.detector import RunDetector
-from steplens.stream_jobs.engine.history import HistorySettings
-from steplens.stream_jobs.engine.state import load_state, unpack
+from steplens.stream_jobs.engine.detector import CODEC, RunDetector
+from steplens.stream_jobs.engine.history import HistorySettings, read_history
+from steplens.stream_jobs.engine.signals import arima, registry
+from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 from steplens.stream_jobs.worker.fit_queue import pool_initializer
-from steplens.stream_jobs.worker.warm import MARK_VALUES, WarmJob, WarmResult, warm_job, warm_up
+from steplens.stream_jobs.worker.history_source import Source
 
 log = logging.getLogger("steplens.stream_jobs")
 
 REWIND_S = 600.0  # how long a rank's re-seed at a restart waits for its steps to go back
+
+
+@dataclass(frozen=True)
+class WarmJob:
+    """A warm start to run in the history process: the whole run (``ranks`` None), or a
+    restart's re-seed of ``ranks`` at the step they resume at (``cuts``)."""
+
+    run: str
+    cfg: DetectorConfig
+    settings: HistorySettings
+    until_ns: int
+    meta: dict[str, Any] | None = None  # the live run_meta's fields (None: the stored one)
+    cuts: dict[int, int] = field(default_factory=dict)
+    ranks: tuple[int, ...] | None = None
+
+
+@dataclass
+class WarmResult:
+    head: bytes  # ``RunDetector.dump``'s values
+    ranks: dict[int, bytes]
+    points: dict[int, int]  # rank -> rows replayed
+    runs: list[str]  # the runs read, the reference first
+    read: int  # rows read from the stores
+    queries: int
+    read_s: float
+    replay_s: float
+
+
+def warm_job(job: WarmJob, source: Any = None) -> WarmResult:
+    """Read the run's history (``source``, else the stores of the environment) and replay
+    it; the state as plain data."""
+    t0 = time.perf_counter()
+    hist = read_history(
+        source or Source.from_env(),
+        job.run,
+        until_ns=job.until_ns,
+        settings=job.settings,
+        metrics=job.cfg.metrics(),
+        meta=job.meta,
+        cuts=job.cuts,
+        ranks=job.ranks,
+    )
+    t1 = time.perf_counter()
+    det = RunDetector(job.run, job.cfg, fit_inline=True)
+    det.replay(hist, job.until_ns)
+    head, ranks = det.dump(det.series)
+    return WarmResult(
+        head,
+        ranks,
+        {rank: len(rows) for rank, rows in hist.rows.items()},
+        hist.runs,
+        hist.read,
+        hist.queries,
+        t1 - t0,
+        time.perf_counter() - t1,
+    )
+
+
+def warm_up() -> None:
+    """The history process's imports and compiled loops, before the first run needs them."""
+    import steplens.sinks.query  # noqa: F401
+
+    registry.warm_up()
+    arima.warm_up()
 
 
 class HistoryMetrics:
@@ -195,10 +260,10 @@ class HistoryLoads:
         restart on wait for it: ``hold``)."""
         kept = self.rewinds.get(det.run_id, {}).pop(rank, None)
         if kept is not None and kept[0] == step:
-            restarts.restart(det, rank, step, unpack(kept[1]) if kept[1] else None)
+            det.restart(rank, step, CODEC.unpack(kept[1]) if kept[1] else None)
             if kept[2]:
                 detail = {"baseline": "history", "resumed_at": step, "history_points": kept[2]}
-                det.baseline[rank] = [detail, MARK_VALUES]
+                det.warmed(rank, detail)
             self.metrics.loads.labels("restart", "kept").inc()
             return True
         ranks = tuple(sorted({rank, *det.ranks.last_step}))
@@ -238,7 +303,7 @@ class HistoryLoads:
             await self.wake(load.run)
 
     def _built(self, result: WarmResult) -> RunDetector | None:
-        det = load_state(result.head, result.ranks.get, self.cfg)
+        det = RunDetector.load(result.head, result.ranks.get, self.cfg)
         if det is not None:
             det.touched.update(det.series)
             det.resume_fits()
@@ -287,7 +352,7 @@ class HistoryLoads:
         assert det is not None and load.rank is not None and load.step is not None
         blobs = result.ranks if result is not None else {}
         blob = blobs.pop(load.rank, None)
-        restarts.restart(det, load.rank, load.step, unpack(blob) if blob else None)
+        det.restart(load.rank, load.step, CODEC.unpack(blob) if blob else None)
         if result is not None:
             detail = {"baseline": "history", "resumed_at": load.step}
             _mark(det, result, detail, only=load.rank)
@@ -322,4 +387,4 @@ def _mark(
 ) -> None:
     for rank, points in result.points.items():
         if points and (only is None or rank == only):
-            det.baseline[rank] = [{**detail, "history_points": points}, MARK_VALUES]
+            det.warmed(rank, {**detail, "history_points": points})

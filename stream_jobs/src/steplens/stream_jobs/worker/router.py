@@ -89,9 +89,8 @@ class Router:
         meanwhile (waiting cost it half its time). A worker killed after forwarding a batch
         leaves a committed position on every raw partition it routed; one killed before the
         acknowledgement, the old position (the batch is routed again, and the detectors skip
-        what they already applied). The commit goes straight to the client (``compat.commit``):
-        Faust's public one flushes the whole producer first, and waiting on that at every
-        batch tripled the full-resolution alert latency."""
+        what they already applied). The commit goes straight to the client
+        (``compat.commit``)."""
         try:
             if before is not None:
                 await before

@@ -7,7 +7,7 @@
 * **Idle runs.** A run with no record scored for ``idle_s`` is retired: its state leaves the
   table (a tombstone in the changelog) and memory. If it comes back it is warmed from its
   history like a run this worker never saw. The retirement happens where table writes may: a
-  sweep sends the run an empty by-run message (``NUDGE``), and the detect agent retires it
+  sweep sends the run an empty by-run message (``compat.NUDGE``), and the detect agent retires it
   when that message comes and the run is still idle, holds no messages and loads nothing.
 * **Ranks.** A run scores at most ``max_ranks`` ranks; a record of a further rank is a dead
   letter that names the limit.
@@ -19,14 +19,14 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any, Final
+from typing import Annotated, Any
 
 from steplens.schema import RUN_RANK
 from steplens.schema.settings import PositiveFloat, PositiveInt, about
+from steplens.stream_jobs.engine.state import RANK_SEP
 
 log = logging.getLogger("steplens.stream_jobs")
 
-NUDGE: Final = b"[]"  # an empty by-run message: checkpoint, install a load, or retire
 WARN_EVERY_S = 60.0  # a refused run is named in a warning at most this often
 SWEEP_MAX = 1000  # retirement nudges sent by one sweep at most
 
@@ -76,8 +76,6 @@ class RunLimits:
     @property
     def known(self) -> set[str]:
         if self._known is None:  # a run's head is under its id, its ranks' keys hold RANK_SEP
-            from steplens.stream_jobs.engine.state import RANK_SEP
-
             sep = RANK_SEP.encode()
             self._known = {k.decode() for k in self.table_keys() if sep not in k}
         return self._known

@@ -3,33 +3,41 @@
 A message is a list of ``[raw partition, offset, record text]``: records its run's state
 already applied (by offset) are skipped, consecutive ``step`` records of one rank are scored as
 one batch, and a record the detectors refuse or fail on becomes a dead letter. With history
-(``RunStore.history``), a rank whose steps go back is re-seeded from it first (``restarts``).
+(``reseed``), a rank whose steps go back is re-seeded from it first (``RunDetector.restart``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from steplens.schema import DecodeError, Record, decode
 from steplens.schema.log_limit import LimitedLog
-from steplens.stream_jobs.engine import restarts
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.worker.metrics import WorkerMetrics
 from steplens.stream_jobs.worker.publisher import Publisher
-from steplens.stream_jobs.worker.run_limits import rank_admitted
-from steplens.stream_jobs.worker.store import RunStore
+from steplens.stream_jobs.worker.run_limits import RunLimits, rank_admitted
 
 log = logging.getLogger("steplens.stream_jobs")
 
 Item = tuple[int, int, str, Record]  # raw partition, offset, text, record
+# (detector, rank, step it resumes at, time history ends at) -> re-seeded now (else a load began)
+Reseed = Callable[[RunDetector, int, int, int], bool]
 
 
 class Scorer:
-    def __init__(self, store: RunStore, out: Publisher, metrics: WorkerMetrics) -> None:
-        self.store = store
+    def __init__(
+        self,
+        limits: RunLimits,
+        reseed: Reseed | None,
+        out: Publisher,
+        metrics: WorkerMetrics,
+    ) -> None:
+        self.limits = limits
+        self.reseed = reseed  # None: no history, the detector restarts a rank itself
         self.out = out
         self.metrics = metrics
         self.consumed = 0  # records scored
@@ -40,21 +48,21 @@ class Scorer:
         and its re-seed from history began (the message is scored again once it is done,
         the records before the restart skipped by their offsets)."""
         seen = det.offsets
-        max_ranks = self.store.limits.s.max_ranks
-        check = self.store.history is not None  # else the detector restarts the rank itself
+        max_ranks = self.limits.s.max_ranks
+        reseed = self.reseed
         steps: list[Item] = []  # consecutive steps of one rank
         for partition, offset, text in orjson.loads(event.value):
             if offset <= seen.get(partition, -1):
                 continue  # replayed after a restart: already in this state
             rec = decode(text)
-            if check and not isinstance(rec, DecodeError):
+            if reseed is not None and not isinstance(rec, DecodeError):
                 last = steps[-1][3] if steps else None
                 after = last.step if last is not None and last.rank == rec.rank else None
-                back = restarts.resume_step(det, rec, after)
+                back = det.resume_step(rec, after)
                 if back is not None:
                     await self._steps(det, run, steps)
                     steps = []
-                    if not self.store.restart(det, rec.rank, back, rec.time_ns):
+                    if not reseed(det, rec.rank, back, rec.time_ns):
                         return False
             seen[partition] = offset
             if isinstance(rec, DecodeError):
@@ -64,7 +72,7 @@ class Scorer:
             if not rank_admitted(det.series, rec.rank, max_ranks, pending):
                 await self._steps(det, run, steps)
                 steps = []
-                self.store.limits.count("refused_records", 1)
+                self.limits.count("refused_records", 1)
                 reason = f"rank {rec.rank}: run {run} has its {max_ranks} ranks (--max-ranks)"
                 await self.out.dead(reason, text.encode(), run, None, partition, offset)
                 continue

@@ -25,15 +25,12 @@ from steplens.schema.settings import (
     nested,
 )
 from steplens.schema.topics import Topics
-from steplens.stream_jobs.engine.config import DetectorConfig
 from steplens.stream_jobs.engine.history import HistorySettings
 from steplens.stream_jobs.engine.signals.ranks import RanksConfig
+from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 from steplens.stream_jobs.worker.run_limits import LimitSettings
 
-# Faust builds its consumer with 1,500 ms; aiokafka keeps one fetch in flight per broker for
-# the partitions that hold no fetched records, so a long wait on the by-run partitions alone
-# holds back every raw partition (and the by-run records they route to) until it times out.
-FETCH_WAIT_MS = 100
+FETCH_WAIT_MS = 100  # longest a fetch waits at the broker for new records (compat.set_fetch_wait)
 
 
 def default_state_dir() -> str:

@@ -5,8 +5,9 @@ A by-run message is acknowledged only once a checkpoint of its run holds it, so 
 between checkpoints leaves those messages to be scored again, not lost (a run's ``offsets``
 skip what its stored state already applied). Checkpoints go to the table (changelog-backed: a
 restarted or newly joined worker resumes the run); a run's head and each changed rank's series
-are values of their own (``state``). A run the table does not have is warmed from its history
-when the worker has the stores (``history_loads``); its messages wait for that, in order.
+are values of their own (``RunDetector.dump``). A run the table does not have is warmed from its
+history when the worker has the stores (the ``History`` it is given: ``history_loads``); its
+messages wait for that, in order.
 How many runs it keeps, and when an idle one is retired: ``run_limits``.
 """
 
@@ -15,16 +16,38 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
-from steplens.stream_jobs.engine.config import DetectorConfig
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.signals.arima_fit import ArimaParams
-from steplens.stream_jobs.engine.state import dump_state, load_state, rank_key, unpack
-from steplens.stream_jobs.worker.history_loads import HistoryLoads
-from steplens.stream_jobs.worker.run_limits import NUDGE, LimitSettings, RunLimits
+from steplens.stream_jobs.engine.signals.registry import DetectorConfig
+from steplens.stream_jobs.engine.state import rank_key
+from steplens.stream_jobs.worker.compat import NUDGE
+from steplens.stream_jobs.worker.run_limits import LimitSettings, RunLimits
 
 log = logging.getLogger("steplens.stream_jobs")
+
+
+class Load(Protocol):
+    done: bool
+
+
+class History(Protocol):
+    """The history loads a store is given (``history_loads.HistoryLoads``)."""
+
+    loads: dict[str, Any]
+
+    def waiting(self, run: str) -> Load | None: ...
+
+    def begin(self, run: str, event: Any) -> Load | None: ...
+
+    def hold(self, load: Any, event: Any) -> None: ...
+
+    def finish(self, run: str, det: RunDetector | None) -> tuple[RunDetector, list[Any]]: ...
+
+    def reseed(self, det: RunDetector, rank: int, step: int, until_ns: int) -> bool: ...
+
+    def revoked(self) -> None: ...
 
 
 class RunStore:
@@ -33,7 +56,7 @@ class RunStore:
         table: MutableMapping[bytes, Any],
         cfg: DetectorConfig,
         checkpoint_s: float,
-        history: HistoryLoads | None = None,
+        history: History | None = None,
         limits: RunLimits | None = None,
     ) -> None:
         self.table = table
@@ -68,7 +91,7 @@ class RunStore:
     def _retire(self, run: str) -> None:
         det = self.cache.pop(run, None)
         head = self.table.get(run.encode())
-        ranks = list(det.series) if det is not None else _ranks_of(head)
+        ranks = list(det.series) if det is not None else RunDetector.stored_ranks(head)
         for key in [*(rank_key(run, r) for r in ranks), run]:
             if key.encode() in self.table:
                 del self.table[key.encode()]
@@ -108,7 +131,7 @@ class RunStore:
         blob = self.table.get(run.encode())
         if not blob:
             return None
-        det = load_state(blob, lambda r: self.table.get(rank_key(run, r).encode()), self.cfg)
+        det = RunDetector.load(blob, lambda r: self.table.get(rank_key(run, r).encode()), self.cfg)
         if det is not None:
             det.touched.update(det.series)
             det.resume_fits()
@@ -146,7 +169,7 @@ class RunStore:
         """Write ``run``'s changed state to the table (each changed rank before the head that
         lists it)."""
         det = self.cache[run]
-        head, ranks = dump_state(det, det.take_touched())
+        head, ranks = det.dump(det.take_touched())
         for rank, blob in ranks.items():
             self.table[rank_key(run, rank).encode()] = blob
         self.table[run.encode()] = head
@@ -177,11 +200,3 @@ class RunStore:
         det = self.cache.get(run)
         if det is not None:
             det.apply_fit(key, params)
-
-
-def _ranks_of(head: bytes | None) -> list[int]:
-    """The ranks a stored head lists (none for a head this release cannot read)."""
-    try:
-        return list(unpack(head)["ranks"]) if head else []
-    except (ValueError, KeyError, TypeError):
-        return []

@@ -33,17 +33,6 @@ from steplens.schema import Record
 from steplens.stream_jobs.engine.core import WARNING, Run, Signals, one, score_of
 from steplens.stream_jobs.engine.signals.sketches import Bloom, Distinct, keys
 
-HINTS = {
-    "data:over_length_share": "many samples longer than the maximum length are truncated",
-    "data:label_imbalance": "labels are imbalanced worse than 1:100: check sampling and labels",
-    "data:duplicate_rate": "the same samples on several ranks in one step: check sharding (a "
-    "DistributedSampler per rank) and the sampler seed",
-    "data:repeat_rate": "samples repeat within the epoch: duplicates in the corpus or a loader "
-    "that restarts; a new epoch? pass epoch= to log_batch",
-    "data:repeat_share": "a large share of this epoch's samples were seen before in it: "
-    "deduplicate the corpus or check the loader's resume",
-}
-
 
 @dataclass
 class DataConfig:

@@ -17,14 +17,6 @@ from steplens.stream_jobs.engine.core import INFO, WARNING, Run, Signals, one, s
 LOWER_IS_BETTER = {"loss", "perplexity"}
 
 
-HINTS = {
-    "plateau": "the validation metric stopped improving: consider early stopping or the lr",
-    "perplexity": "perplexity does not match exp(validation loss): check the evaluation script",
-    "generalization_gap": "validation loss pulls away from training loss: overfitting",
-    "eval_unstable": "unstable validation metrics: check for leakage and the evaluation script",
-}
-
-
 @dataclass
 class EvalConfig:
     patience: int = 5  # evaluations without improvement

@@ -15,13 +15,6 @@ from typing import Any
 from steplens.schema import Record
 from steplens.stream_jobs.engine.core import CRITICAL, Run, Signals, finite, one
 
-HINTS = {
-    "hardware:xid_count": "the GPU driver reported an XID error (see xid_last): check the GPU "
-    "and its host (nvidia-smi -q, the kernel log); drain the node and resume from the last "
-    "checkpoint",
-    "hardware:ecc_uncorrected": "uncorrectable ECC errors in GPU memory: results since then are "
-    "suspect; drain the node, resume from the last checkpoint and have the GPU checked",
-}
 COUNTERS = ("xid_count", "ecc_uncorrected")
 
 

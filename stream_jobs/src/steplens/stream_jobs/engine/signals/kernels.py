@@ -3,13 +3,10 @@ a run of new values from any state (a baseline still filling included): the one 
 of that detector, for a record (a run of one value) and a batch alike; the tests hold each equal,
 value by value, to the per-value reference in ``tests/stream_jobs/reference``.
 
-Compiled once and cached on disk (``NUMBA_CACHE_DIR`` to move the cache); ``warm_up`` loads them
-before the first batch. Floats follow IEEE as Python's do (no fastmath); a division by zero gives
-inf or nan.
+Compiled once and cached on disk (``NUMBA_CACHE_DIR`` to move the cache);
+``registry.warm_up`` loads them before the first batch. Floats follow IEEE as Python's do (no
+fastmath); a division by zero gives inf or nan.
 """
-
-
-# equal floats, 0.0 and -0.0, than the reference does)
 
 from __future__ import annotations
 
@@ -18,9 +15,8 @@ import math
 import numba
 import numpy as np
 
-# The kernels keep the GIL: each runs for microseconds, thousands of times a second, and one
-# that released it let the Kafka client's and the fit pool's threads take it, so the event loop
-# waited at the end of each call to get it back.
+# the kernels keep the GIL: each runs for microseconds, and releasing it makes the event loop
+# wait for it at the end of every call
 jit = numba.njit(cache=True, error_model="numpy")
 
 NAN = math.nan
@@ -82,21 +78,3 @@ def _remove(buf: np.ndarray, n: int, old: float) -> None:
 def _median_sorted(s: np.ndarray, n: int) -> float:
     h = n // 2
     return s[h] if n % 2 else (s[h - 1] + s[h]) / 2
-
-
-def warm_up() -> None:
-    """Compile the detectors' loops, or load them from the cache, before the first batch
-    needs them."""
-    from steplens.stream_jobs.engine.signals import (
-        arima,
-        clipping,
-        lr_schedule,
-        ranks,
-        sketches,
-        spike,
-        vanishing,
-        volatility,
-    )
-
-    for mod in (spike, arima, volatility, lr_schedule, ranks, clipping, vanishing, sketches):
-        mod.warm_up_kernel()

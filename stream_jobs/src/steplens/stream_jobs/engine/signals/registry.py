@@ -1,7 +1,9 @@
-"""Every signal in one table: what it reads, its settings, its state, its update, its hints.
+"""Every signal in one table: what it reads, its settings, its state, its update; and what
+comes from the table: ``DetectorConfig`` (every detector's settings in one object), the
+detector's routing (``route``) and the compiled loops' warm-up (``warm_up``).
 
-Adding a signal is a module under ``signals/`` and an entry here. ``DetectorConfig``
-(``config.py``), the rules' hints and the detector's routing all come from this table.
+Adding a signal is a module under ``signals/``, an entry here and its rules' hints
+(``engine/hints.py``).
 
 * ``Series``: a detector of one metric's series, ``update(state, cfg, metric, col) ->
   Signals | None`` over a run of the metric's finite values (``core.Column``); one state per
@@ -9,7 +11,7 @@ Adding a signal is a module under ``signals/`` and an entry here. ``DetectorConf
 * ``Records``: a detector of records of its own kinds, ``on_record(state, cfg, rec, run) ->
   list[Signals]``; one state per run.
 * ``Evidence``: a rank's memory of recent inputs (a record kind's data, or step fields) that
-  the evidence of a breach names (``stream_jobs.evidence``): ``keep(state, cfg, step, data)``,
+  the evidence of a breach names (``RunDetector``'s evidence): ``keep(state, cfg, step, data)``,
   and ``names(state, cfg, rule, step, detail) -> {key: ...} | None`` for a breach of ``rule``
   at ``step`` on that rank (``detail``: the signal's, or the firing alert's evidence); one
   state per rank.
@@ -19,10 +21,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from steplens.stream_jobs.engine.calibration import CalibrationConfig
+from steplens.stream_jobs.engine.columns import FLAGS
+from steplens.stream_jobs.engine.incidents import IncidentsConfig
 from steplens.stream_jobs.engine.policy import Policy
+from steplens.stream_jobs.engine.rules import RulesConfig
 from steplens.stream_jobs.engine.signals import (
     arima,
     clipping,
@@ -35,6 +41,7 @@ from steplens.stream_jobs.engine.signals import (
     lr_schedule,
     ranks,
     samples,
+    sketches,
     spike,
     stacks,
     thresholds,
@@ -43,27 +50,10 @@ from steplens.stream_jobs.engine.signals import (
     volatility,
 )
 
-# step fields that are flags (bool), scored as 1.0 or 0.0
-FLAGS = frozenset({"clipped"})
 # metrics checked for non-finite values only, even by the generic (offline) detectors
 NONFINITE_ONLY = frozenset(
     {"lr", "param_norm", "update_ratio", "step_time_s", "tokens_per_s", "mfu", *FLAGS}
 )
-# step fields that are not series to score on their own
-NOT_SERIES = frozenset(
-    {
-        "tokens",
-        "group_lrs",
-        "reason",
-        "scalars",
-        "data_time_s",
-        "layer_grad_norms",
-        "layer_param_norms",
-    }
-)
-# signals that are records for the board, not judgements (an lr decay, a window's length
-# histogram): every one is published, none alerts
-EVENTS = frozenset({"lr_event", lengths.NAME})
 
 
 @dataclass(frozen=True)
@@ -77,7 +67,6 @@ class Series:
     generic_except: frozenset[str] | None = None
     group: str = ""  # of one group's entries only the first that reads a metric scores it
     enabled: str | None = None  # the ``DetectorConfig`` flag that turns it on
-    hints: dict[str, str] = field(default_factory=dict)
 
     def reads(self, metric: str, generic: bool) -> bool:
         if metric in self.metrics:
@@ -92,7 +81,6 @@ class Records:
     state: type
     on_record: Callable[..., Any]
     kinds: frozenset[str]
-    hints: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -105,18 +93,8 @@ class Evidence:
     rules: frozenset[str]  # the rules (name:metric) whose breaches it names
     kinds: frozenset[str] = frozenset()  # the record kinds it keeps
     fields: frozenset[str] = frozenset()  # the step fields it keeps
-    hints: dict[str, str] = field(default_factory=dict)
 
 
-SPIKE_HINTS = {
-    "spike:loss": "loss spike: inspect the batch at this step (corrupted or out-of-distribution "
-    "data; its samples are in the evidence), then the lr",
-    "spike:grad_norm": "gradient-norm spike: check clipping, the lr and the batch at this step "
-    "(its samples and the layers that moved are in the evidence)",
-    "spike:grad_norm_preclip": "pre-clip gradient-norm spike: check the lr and the batch at "
-    "this step (its samples and the layers that moved are in the evidence)",
-    "spike": "value far above its recent robust baseline",
-}
 GRAD_NORMS = frozenset({"grad_norm", "grad_norm_preclip"})
 
 SERIES: tuple[Series, ...] = (
@@ -127,7 +105,6 @@ SERIES: tuple[Series, ...] = (
         spike.update,
         frozenset({"loss"}),
         group="spike",
-        hints=SPIKE_HINTS,
     ),
     # gradient norms: heavy-tailed around a level; rarer than 1 in 1,000 and 3x the baseline
     # warns, 10x (the design's anchor) is critical, a rare doubling is a note; before the
@@ -166,7 +143,6 @@ SERIES: tuple[Series, ...] = (
         volatility.VolatilityState,
         volatility.update,
         frozenset({"loss"}),
-        hints={"volatility": "loss is noisy: lower the lr or raise the batch size / warmup"},
     ),
     Series(
         "arima",
@@ -176,9 +152,6 @@ SERIES: tuple[Series, ...] = (
         frozenset({"loss", *GRAD_NORMS, "step_time_s", "tokens_per_s"}),
         generic_except=frozenset({"lr", *FLAGS}),
         enabled="arima_enabled",
-        hints={
-            "arima": "the series left its forecast interval for several steps: a change in regime"
-        },
     ),
     Series(
         "lr",
@@ -186,10 +159,6 @@ SERIES: tuple[Series, ...] = (
         lr_schedule.LrState,
         lr_schedule.update,
         frozenset({"lr"}),
-        hints={
-            "lr_schedule": "the lr does not follow the declared schedule: check the scheduler "
-            "(stepping, resume, milestones)"
-        },
     ),
     Series(
         "lr_events",
@@ -204,13 +173,6 @@ SERIES: tuple[Series, ...] = (
         training.TrainingState,
         training.update,
         frozenset({"update_ratio", "param_norm"}),
-        hints={
-            "training:update_ratio": "fewer than 5 % of the parameters moved by more than 1e-3 "
-            "of their size: the lr decayed to nothing or is too low, the optimizer state is "
-            "broken (a reset, a huge epsilon) or the parameters are frozen",
-            "training:param_norm": "parameter norm unstable: lower the lr, check weight decay "
-            "(the layers that moved are in the evidence)",
-        },
     ),
     Series(
         "clipping",
@@ -218,10 +180,6 @@ SERIES: tuple[Series, ...] = (
         clipping.ClipState,
         clipping.update,
         FLAGS,
-        hints={
-            "clipping": "the gradient is clipped on most steps: every update is the clip's; "
-            "the lr is too high or the data is wrong (check the batches, then lower the lr)"
-        },
     ),
     Series(
         "vanishing",
@@ -229,11 +187,6 @@ SERIES: tuple[Series, ...] = (
         vanishing.VanishState,
         vanishing.update,
         GRAD_NORMS,
-        hints={
-            "vanishing": "the gradient norm collapsed toward zero: vanishing gradients (fp16 "
-            "underflow or a stuck loss scale, a detached or frozen graph, saturated "
-            "activations); the layers that moved are in the evidence"
-        },
     ),
 )
 
@@ -244,7 +197,6 @@ RECORDS: tuple[Records, ...] = (
         thresholds.ThresholdState,
         thresholds.on_record,
         frozenset({"hw", "comm"}),
-        thresholds.HINTS,
     ),
     Records(
         "data",
@@ -252,7 +204,6 @@ RECORDS: tuple[Records, ...] = (
         data_quality.DataState,
         data_quality.on_record,
         frozenset({"batch"}),
-        data_quality.HINTS,
     ),
     Records(
         "lengths",
@@ -267,7 +218,6 @@ RECORDS: tuple[Records, ...] = (
         gpu_errors.GpuErrorState,
         gpu_errors.on_record,
         frozenset({"hw"}),
-        gpu_errors.HINTS,
     ),
     Records(
         "evals",
@@ -275,7 +225,6 @@ RECORDS: tuple[Records, ...] = (
         evals.EvalState,
         evals.on_record,
         frozenset({"eval"}),
-        evals.HINTS,
     ),
     # hw and health records advance the run's clock; step times feed it in the step path
     Records(
@@ -284,11 +233,6 @@ RECORDS: tuple[Records, ...] = (
         ranks.RanksState,
         ranks.on_record,
         frozenset({"hw", "health", "stacks"}),
-        {
-            "straggler": "one rank is consistently slower: check its GPU, host and data loading",
-            "hang": "no progress while records still arrive: a hang (collective or data "
-            "loader); the stuck rank's stacks are in the evidence when it sent them",
-        },
     ),
 )
 
@@ -323,7 +267,6 @@ EVIDENCE: tuple[Evidence, ...] = (
 )
 
 ENTRIES: tuple[Series | Records | Evidence, ...] = (*SERIES, *RECORDS, *EVIDENCE)
-HINTS: dict[str, str] = {k: v for e in ENTRIES for k, v in e.hints.items()}
 
 
 @functools.cache
@@ -337,3 +280,49 @@ def route(metric: str, generic: bool) -> tuple[Series, ...]:
             if e.group:
                 groups.add(e.group)
     return tuple(out)
+
+
+class DetectorConfig:
+    """``cfg.spike``, ``cfg.ranks.hang_after_s``, ...: each registry entry's settings under its
+    key (a statistical detector's alert policy is its ``policy``); ``arima_enabled`` (and any
+    other entry's ``enabled`` flag) turns a detector on or off; ``rules``; ``calibration``,
+    how raw scores become anomaly scores; ``train_loss_alpha``, the EMA weight of the training
+    loss (for the train/validation gap). Keyword arguments replace any of them."""
+
+    def __init__(self, **given: Any) -> None:
+        self.rules: RulesConfig = given.pop("rules", None) or RulesConfig()
+        self.train_loss_alpha: float = given.pop("train_loss_alpha", 0.1)
+        self.calibration: CalibrationConfig = given.pop("calibration", None) or CalibrationConfig()
+        self.incidents: IncidentsConfig = given.pop("incidents", None) or IncidentsConfig()
+        for e in ENTRIES:
+            setattr(self, e.key, given.pop(e.key, None) or e.config())
+        for e in SERIES:
+            if e.enabled:
+                setattr(self, e.enabled, bool(given.pop(e.enabled, True)))
+        if given:
+            raise TypeError(f"DetectorConfig: unknown settings {sorted(given)}")
+
+    def __getattr__(self, name: str) -> Any:  # the entries' settings, for type checkers
+        raise AttributeError(name)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DetectorConfig) and vars(self) == vars(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable settings
+
+    def __repr__(self) -> str:
+        return f"DetectorConfig({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+
+    def enabled(self, flag: str | None) -> bool:
+        return flag is None or bool(getattr(self, flag))
+
+    def metrics(self) -> list[str]:
+        """The step fields the enabled series detectors learn from."""
+        return sorted({m for e in SERIES if self.enabled(e.enabled) for m in e.metrics})
+
+
+def warm_up() -> None:
+    """Compile the detectors' loops (``kernels``), or load them from the cache, before the
+    first batch needs them."""
+    for mod in (spike, arima, volatility, lr_schedule, ranks, clipping, vanishing, sketches):
+        mod.warm_up_kernel()

@@ -24,19 +24,6 @@ from steplens.stream_jobs.engine.core import (
     scores_of,
 )
 
-HINTS = {
-    "threshold:gpu_mem_pct": "GPU memory above 90 %: a leak or growing activations; "
-    "check caches, retained graphs and sequence lengths",
-    "threshold:gpu_mem_growth": "GPU memory grows at every sample: a leak (tensors kept across "
-    "steps, a growing cache); it will run out",
-    "threshold:gpu_util": "GPU mostly idle: the input pipeline or communication is starving it",
-    "threshold:comm_latency_ms": "slow collective: check the interconnect and the peer ranks",
-    "threshold:disk_io_latency_ms": "slow storage: data loading or checkpointing waits on disk",
-    "threshold:host_mem_available_pct": "host memory nearly exhausted: data loader workers, "
-    "pinned buffers or a leak",
-    "threshold:data_wait_share": "steps spend a large share waiting for data",
-}
-
 
 @dataclass
 class ThresholdConfig:

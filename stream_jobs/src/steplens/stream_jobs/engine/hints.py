@@ -1,0 +1,76 @@
+"""Every rule's diagnosis hint, in one table: what to check first when it fires.
+
+A rule's hint is its own (``spike:loss``), else its name's (``spike``); ``hint_for`` answers
+"see the evidence" for a rule without one. Adding a signal adds its rules' hints here.
+"""
+
+from __future__ import annotations
+
+HINTS: dict[str, str] = {
+    # series detectors
+    "spike:loss": "loss spike: inspect the batch at this step (corrupted or out-of-distribution "
+    "data; its samples are in the evidence), then the lr",
+    "spike:grad_norm": "gradient-norm spike: check clipping, the lr and the batch at this step "
+    "(its samples and the layers that moved are in the evidence)",
+    "spike:grad_norm_preclip": "pre-clip gradient-norm spike: check the lr and the batch at "
+    "this step (its samples and the layers that moved are in the evidence)",
+    "spike": "value far above its recent robust baseline",
+    "volatility": "loss is noisy: lower the lr or raise the batch size / warmup",
+    "arima": "the series left its forecast interval for several steps: a change in regime",
+    "lr_schedule": "the lr does not follow the declared schedule: check the scheduler "
+    "(stepping, resume, milestones)",
+    "training:update_ratio": "fewer than 5 % of the parameters moved by more than 1e-3 "
+    "of their size: the lr decayed to nothing or is too low, the optimizer state is "
+    "broken (a reset, a huge epsilon) or the parameters are frozen",
+    "training:param_norm": "parameter norm unstable: lower the lr, check weight decay "
+    "(the layers that moved are in the evidence)",
+    "clipping": "the gradient is clipped on most steps: every update is the clip's; "
+    "the lr is too high or the data is wrong (check the batches, then lower the lr)",
+    "vanishing": "the gradient norm collapsed toward zero: vanishing gradients (fp16 "
+    "underflow or a stuck loss scale, a detached or frozen graph, saturated "
+    "activations); the layers that moved are in the evidence",
+    # record detectors
+    "threshold:gpu_mem_pct": "GPU memory above 90 %: a leak or growing activations; "
+    "check caches, retained graphs and sequence lengths",
+    "threshold:gpu_mem_growth": "GPU memory grows at every sample: a leak (tensors kept across "
+    "steps, a growing cache); it will run out",
+    "threshold:gpu_util": "GPU mostly idle: the input pipeline or communication is starving it",
+    "threshold:comm_latency_ms": "slow collective: check the interconnect and the peer ranks",
+    "threshold:disk_io_latency_ms": "slow storage: data loading or checkpointing waits on disk",
+    "threshold:host_mem_available_pct": "host memory nearly exhausted: data loader workers, "
+    "pinned buffers or a leak",
+    "threshold:data_wait_share": "steps spend a large share waiting for data",
+    "data:over_length_share": "many samples longer than the maximum length are truncated",
+    "data:label_imbalance": "labels are imbalanced worse than 1:100: check sampling and labels",
+    "data:duplicate_rate": "the same samples on several ranks in one step: check sharding (a "
+    "DistributedSampler per rank) and the sampler seed",
+    "data:repeat_rate": "samples repeat within the epoch: duplicates in the corpus or a loader "
+    "that restarts; a new epoch? pass epoch= to log_batch",
+    "data:repeat_share": "a large share of this epoch's samples were seen before in it: "
+    "deduplicate the corpus or check the loader's resume",
+    "hardware:xid_count": "the GPU driver reported an XID error (see xid_last): check the GPU "
+    "and its host (nvidia-smi -q, the kernel log); drain the node and resume from the last "
+    "checkpoint",
+    "hardware:ecc_uncorrected": "uncorrectable ECC errors in GPU memory: results since then are "
+    "suspect; drain the node, resume from the last checkpoint and have the GPU checked",
+    "plateau": "the validation metric stopped improving: consider early stopping or the lr",
+    "perplexity": "perplexity does not match exp(validation loss): check the evaluation script",
+    "generalization_gap": "validation loss pulls away from training loss: overfitting",
+    "eval_unstable": "unstable validation metrics: check for leakage and the evaluation script",
+    "straggler": "one rank is consistently slower: check its GPU, host and data loading",
+    "hang": "no progress while records still arrive: a hang (collective or data "
+    "loader); the stuck rank's stacks are in the evidence when it sent them",
+    # the detector's own signals and the correlation rules
+    "nonfinite": "a non-finite value: check the last batch, the loss scaling and the lr; "
+    "resume from the last good checkpoint",
+    "correlation:loss_grad": "loss rising while the gradient norm is abnormal: check the data "
+    "pipeline first, then the optimizer state, then lower the learning rate",
+    "correlation:data_bottleneck": "low GPU util with high data-loading time or I/O latency: "
+    "data loading is the bottleneck",
+    "correlation:eval_unstable": "unstable validation metrics: check for leakage and the "
+    "evaluation script",
+}
+
+
+def hint_for(rule: str) -> str:
+    return HINTS.get(rule) or HINTS.get(rule.split(":", 1)[0]) or "see the evidence"
