@@ -22,7 +22,8 @@ from types import SimpleNamespace
 
 from steplens.schema import make_record
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
-from steplens.stream_jobs.worker.run_limits import LimitSettings, RunLimits
+from steplens.stream_jobs.worker.run_limits import RunLimits
+from steplens.stream_jobs.worker.settings import LimitSettings
 from steplens.stream_jobs.worker.store import RunStore
 
 

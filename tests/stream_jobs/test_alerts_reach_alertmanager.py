@@ -49,7 +49,7 @@ def test_the_worker_s_incidents_reach_alertmanager(kafka, workers, tmp_path: Pat
         [
             sys.executable,
             "-m",
-            "steplens.stack.cli",
+            "steplens.schema.command",
             "sink",
             "alertmanager",
             "--url",

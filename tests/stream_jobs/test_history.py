@@ -16,7 +16,6 @@ from steplens.stream_jobs.engine.history import (
     DAY_NS,
     NO_FIRST,
     History,
-    HistorySettings,
     Rows,
     effective,
     lineage,
@@ -26,6 +25,7 @@ from steplens.stream_jobs.engine.history import (
 )
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 from steplens.stream_jobs.worker.history_loads import WarmJob, first_sight, warm_job
+from steplens.stream_jobs.worker.settings import HistorySettings
 
 
 def test_the_surviving_line_of_steps_of_a_run_that_restarted():

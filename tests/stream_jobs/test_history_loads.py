@@ -11,9 +11,9 @@ from history_helpers import steps
 from prometheus_client import CollectorRegistry
 
 from steplens.schema import encode
-from steplens.stream_jobs.engine.history import HistorySettings
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 from steplens.stream_jobs.worker.history_loads import HistoryLoads
+from steplens.stream_jobs.worker.settings import HistorySettings
 
 NOWHERE = "http://127.0.0.1:9"  # nothing listens there: every store refuses
 

@@ -19,9 +19,10 @@ from history_helpers import STEP_NS, steps
 from test_stream_worker import sample
 
 from steplens.schema import Record, encode, make_record
-from steplens.stream_jobs.engine.history import HistorySettings, read_history
+from steplens.stream_jobs.engine.history import read_history
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 from steplens.stream_jobs.worker.history_source import Source
+from steplens.stream_jobs.worker.settings import HistorySettings
 
 pytestmark = pytest.mark.stack
 MIN_NS = 60 * 10**9

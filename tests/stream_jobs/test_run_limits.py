@@ -13,7 +13,8 @@ from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 from steplens.stream_jobs.engine.state import rank_key
 from steplens.stream_jobs.worker.compat import NUDGE
-from steplens.stream_jobs.worker.run_limits import LimitSettings, RunLimits, rank_admitted
+from steplens.stream_jobs.worker.run_limits import RunLimits, rank_admitted
+from steplens.stream_jobs.worker.settings import LimitSettings
 from steplens.stream_jobs.worker.store import RunStore
 
 

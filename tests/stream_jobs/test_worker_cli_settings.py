@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from steplens.stream_jobs.engine.signals.ranks import RanksConfig
+from steplens.stream_jobs.worker.app import detector_config
 from steplens.stream_jobs.worker.cli import parser, settings_from
-from steplens.stream_jobs.worker.run_limits import LimitSettings
+from steplens.stream_jobs.worker.settings import LimitSettings
 
 
 def settings(*argv: str):
@@ -19,7 +20,7 @@ def test_defaults_are_the_declared_ones(monkeypatch) -> None:
     s = settings()
     assert s.limits == LimitSettings()
     assert s.detector.arima_enabled
-    assert s.detector.ranks.hang_after_s == RanksConfig.hang_after_s
+    assert detector_config(s.detector).ranks.hang_after_s == RanksConfig.hang_after_s
     assert (s.state_dir, s.web_port) == ("/tmp/home-x/worker-state", 9464)
 
 
@@ -29,7 +30,7 @@ def test_older_flag_names_still_work() -> None:
         "--hang-after", "5", "--run-idle-hours", "2", "--no-arima", "--no-history",
     )  # fmt: skip
     assert (s.within_s, s.signal_interval_s, s.history.timeout_s) == (0.5, 3.0, 4.0)
-    assert (s.detector.ranks.hang_after_s, s.limits.idle_s) == (5.0, 7200.0)
+    assert (detector_config(s.detector).ranks.hang_after_s, s.limits.idle_s) == (5.0, 7200.0)
     assert not s.detector.arima_enabled
     assert not s.history.enabled
 

@@ -31,11 +31,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
-
-from steplens.schema.settings import NonNegativeFloat, PositiveFloat, PositiveInt, about
 
 FIRST_SPAN_NS = 15 * 60 * 10**9
 DAY_NS = 86_400 * 10**9
@@ -43,37 +41,14 @@ READ_FACTOR = 4  # rows read per rank at most, in units of max_points
 NO_FIRST = -1  # ``Rows.first`` of a step row (not a window)
 
 
-@dataclass(frozen=True)
-class HistorySettings:
-    """Warm starts from history (``steplens worker --history-*``)."""
+class HistoryBounds(Protocol):
+    """What a history read is bounded by (the worker's ``HistorySettings``)."""
 
-    enabled: Annotated[
-        bool,
-        about(
-            "start a run the worker has no state of from its stored history (--no-history: cold)",
-            flag="--no-history",
-        ),
-    ] = True
-    days: Annotated[
-        PositiveFloat,
-        about("how far back a run's history (and its baseline run's) is read for a warm start"),
-    ] = 7.0
-    # the detectors' windows are shorter than the rows kept
-    max_points: Annotated[
-        PositiveInt,
-        about("history rows per rank replayed into the detectors at most (the newest)"),
-    ] = 4096
-    timeout_s: Annotated[
-        NonNegativeFloat,
-        about(
-            "seconds a run waits for its history before it starts cold",
-            aliases=["--history-timeout"],
-        ),
-    ] = 30.0
-    hold_bytes: Annotated[
-        PositiveInt,
-        about("bytes of messages held for runs being loaded, all runs together"),
-    ] = 64 << 20
+    @property
+    def days(self) -> float: ...
+
+    @property
+    def max_points(self) -> int: ...
 
 
 @dataclass
@@ -221,7 +196,7 @@ def read_history(
     run: str,
     *,
     until_ns: int,
-    settings: HistorySettings,
+    settings: HistoryBounds,
     metrics: list[str],
     meta: dict[str, Any] | None = None,
     cuts: dict[int, int] | None = None,

@@ -28,6 +28,8 @@ import faust
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.publish_limit import QuietLimiter
 from steplens.stream_jobs.engine.signals import arima, registry
+from steplens.stream_jobs.engine.signals.ranks import RanksConfig
+from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 from steplens.stream_jobs.worker import compat, history_loads
 from steplens.stream_jobs.worker.fit_queue import FitQueue, pool_initializer
 from steplens.stream_jobs.worker.metrics import WorkerMetrics
@@ -39,11 +41,20 @@ from steplens.stream_jobs.worker.settings import (
     BY_RUN_MAX_BYTES,
     PRODUCER_BATCH_BYTES,
     PRODUCER_BUFFER_MESSAGES,
+    DetectorOptions,
     WorkerSettings,
 )
 from steplens.stream_jobs.worker.store import RunStore
 
 log = logging.getLogger("steplens.stream_jobs")
+
+
+def detector_config(options: DetectorOptions) -> DetectorConfig:
+    """The engine's detector settings with the worker's options applied."""
+    ranks = RanksConfig()
+    if options.hang_after_s is not None:
+        ranks = RanksConfig(hang_after_s=options.hang_after_s)
+    return DetectorConfig(arima_enabled=options.arima_enabled, ranks=ranks)
 
 
 class Worker:
@@ -55,11 +66,12 @@ class Worker:
         registry.warm_up()  # not at the first batch: compiled once per machine, then cached
         log.info("compiled detector loops ready in %.1f s", time.perf_counter() - t)
         self.s = s
+        detector = detector_config(s.detector)
         self.metrics = metrics
         self.fits = FitQueue(
             None,
-            s.detector.arima.order,
-            s.detector.arima.method,
+            detector.arima.order,
+            detector.arima.method,
             self._fitted,
             jobs=s.fit_workers,
             max_batch=s.fit_batch,
@@ -98,9 +110,9 @@ class Worker:
             internal=True,
         )
         table = compat.runs_table(app, "runs", s.by_run_partitions)
-        self.history = history_loads.for_worker(s.history, s.detector, metrics, self._wake)
+        self.history = history_loads.for_worker(s.history, detector, metrics, self._wake)
         limits = RunLimits(s.limits, table.keys, metrics.count_limited)
-        self.store = RunStore(table, s.detector, s.checkpoint_s, self.history, limits)
+        self.store = RunStore(table, detector, s.checkpoint_s, self.history, limits)
         reseed = self.store.restart if self.history is not None else None
         self.out = Publisher(
             self._send,

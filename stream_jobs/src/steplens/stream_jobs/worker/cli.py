@@ -1,6 +1,6 @@
 """`steplens worker`: run a Faust worker that turns raw telemetry into signals and alerts.
 
-Its options are generated from ``WorkerSettings`` and ``DetectorOptions`` (worker/settings.py):
+Its options are generated from ``WorkerSettings`` (worker/settings.py):
 a flag given wins over its ``STEPLENS_WORKER_*`` variable, which wins over the default.
 """
 
@@ -21,11 +21,10 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 def parser(prog: str = "steplens worker") -> argparse.ArgumentParser:
     from steplens.schema.settings import add_options
-    from steplens.stream_jobs.worker.settings import DetectorOptions, WorkerSettings
+    from steplens.stream_jobs.worker.settings import WorkerSettings
 
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     add_options(ap, WorkerSettings)
-    add_options(ap, DetectorOptions)
     # the idle limit's older name, in hours
     ap.add_argument("--run-idle-hours", type=float, help=argparse.SUPPRESS)
     return ap
@@ -34,13 +33,12 @@ def parser(prog: str = "steplens worker") -> argparse.ArgumentParser:
 def settings_from(args: argparse.Namespace) -> WorkerSettings:
     """The worker's settings: the flags in ``args``, then the environment, then the defaults."""
     from steplens.schema.settings import given, resolve
-    from steplens.stream_jobs.worker.settings import DetectorOptions, WorkerSettings
+    from steplens.stream_jobs.worker.settings import WorkerSettings
 
     flags = given(WorkerSettings, args)
     if args.run_idle_hours is not None and "run_idle_s" not in flags:
         flags["run_idle_s"] = args.run_idle_hours * 3600
-    detector = resolve(DetectorOptions, given(DetectorOptions, args)).config()
-    return resolve(WorkerSettings, flags, detector=detector)
+    return resolve(WorkerSettings, flags)
 
 
 def main(argv: list[str], prog: str = "steplens worker") -> int:

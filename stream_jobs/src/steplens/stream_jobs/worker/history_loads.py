@@ -34,11 +34,12 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from steplens.stream_jobs.engine.detector import CODEC, RunDetector
-from steplens.stream_jobs.engine.history import HistorySettings, read_history
+from steplens.stream_jobs.engine.history import read_history
 from steplens.stream_jobs.engine.signals import arima, registry
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 from steplens.stream_jobs.worker.fit_queue import pool_initializer
 from steplens.stream_jobs.worker.history_source import Source
+from steplens.stream_jobs.worker.settings import HistorySettings
 
 log = logging.getLogger("steplens.stream_jobs")
 

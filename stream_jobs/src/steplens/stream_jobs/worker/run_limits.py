@@ -18,39 +18,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 from steplens.schema import RUN_RANK
-from steplens.schema.settings import PositiveFloat, PositiveInt, about
 from steplens.stream_jobs.engine.state import RANK_SEP
+from steplens.stream_jobs.worker.settings import LimitSettings
 
 log = logging.getLogger("steplens.stream_jobs")
 
 WARN_EVERY_S = 60.0  # a refused run is named in a warning at most this often
 SWEEP_MAX = 1000  # retirement nudges sent by one sweep at most
-
-
-@dataclass(frozen=True)
-class LimitSettings:
-    """``steplens worker --max-runs --max-ranks --run-idle-s``."""
-
-    max_runs: Annotated[
-        PositiveInt,
-        about("runs this worker keeps at most; a further run is not scored (counted)"),
-    ] = 5000
-    max_ranks: Annotated[
-        PositiveInt,
-        about("ranks of one run scored at most; a further rank's records are dead letters"),
-    ] = 4096
-    idle_s: Annotated[
-        PositiveFloat,
-        about(
-            "a run with nothing scored this long leaves the worker's state (it warms from its "
-            "history if it comes back)",
-            name="run_idle_s",
-        ),
-    ] = 72 * 3600.0
 
 
 class RunLimits:

@@ -25,12 +25,84 @@ from steplens.schema.settings import (
     nested,
 )
 from steplens.schema.topics import Topics
-from steplens.stream_jobs.engine.history import HistorySettings
-from steplens.stream_jobs.engine.signals.ranks import RanksConfig
-from steplens.stream_jobs.engine.signals.registry import DetectorConfig
-from steplens.stream_jobs.worker.run_limits import LimitSettings
 
 FETCH_WAIT_MS = 100  # longest a fetch waits at the broker for new records (compat.set_fetch_wait)
+
+
+@dataclass(frozen=True)
+class HistorySettings:
+    """Warm starts from history (``steplens worker --history-*``)."""
+
+    enabled: Annotated[
+        bool,
+        about(
+            "start a run the worker has no state of from its stored history (--no-history: cold)",
+            flag="--no-history",
+        ),
+    ] = True
+    days: Annotated[
+        PositiveFloat,
+        about("how far back a run's history (and its baseline run's) is read for a warm start"),
+    ] = 7.0
+    # the detectors' windows are shorter than the rows kept
+    max_points: Annotated[
+        PositiveInt,
+        about("history rows per rank replayed into the detectors at most (the newest)"),
+    ] = 4096
+    timeout_s: Annotated[
+        NonNegativeFloat,
+        about(
+            "seconds a run waits for its history before it starts cold",
+            aliases=["--history-timeout"],
+        ),
+    ] = 30.0
+    hold_bytes: Annotated[
+        PositiveInt,
+        about("bytes of messages held for runs being loaded, all runs together"),
+    ] = 64 << 20
+
+
+@dataclass(frozen=True)
+class LimitSettings:
+    """``steplens worker --max-runs --max-ranks --run-idle-s``."""
+
+    max_runs: Annotated[
+        PositiveInt,
+        about("runs this worker keeps at most; a further run is not scored (counted)"),
+    ] = 5000
+    max_ranks: Annotated[
+        PositiveInt,
+        about("ranks of one run scored at most; a further rank's records are dead letters"),
+    ] = 4096
+    idle_s: Annotated[
+        PositiveFloat,
+        about(
+            "a run with nothing scored this long leaves the worker's state (it warms from its "
+            "history if it comes back)",
+            name="run_idle_s",
+        ),
+    ] = 72 * 3600.0
+
+
+@dataclass(frozen=True)
+class DetectorOptions:
+    """The detector settings ``steplens worker`` takes; the rest keep the engine's defaults
+    (``app.detector_config``). Declared apart from the engine: parsing options loads no
+    detector."""
+
+    ENV_PREFIX: ClassVar[str] = "STEPLENS_WORKER_"
+
+    arima_enabled: Annotated[
+        bool, about("the ARIMA baselines (--no-arima: off)", flag="--no-arima")
+    ] = True
+    hang_after_s: Annotated[
+        PositiveFloat | None,
+        about(
+            "seconds without progress before a hang alert",
+            aliases=["--hang-after"],
+            default_doc="the engine's (`RanksConfig.hang_after_s`, 60)",
+        ),
+    ] = None
 
 
 def default_state_dir() -> str:
@@ -93,7 +165,7 @@ class WorkerSettings:
         about("ARIMA fits queued or running at most; past it a fit is skipped (asked again)"),
     ] = 4096
     fit_batch: Annotated[PositiveInt, about("ARIMA fits per pool job at most")] = 64
-    detector: DetectorConfig = field(default_factory=DetectorConfig)
+    detector: Annotated[DetectorOptions, nested("")] = field(default_factory=DetectorOptions)
     history: Annotated[HistorySettings, nested()] = field(default_factory=HistorySettings)
     limits: Annotated[LimitSettings, nested("")] = field(default_factory=LimitSettings)
     session_timeout_s: Annotated[
@@ -101,26 +173,6 @@ class WorkerSettings:
         about("seconds after which a SIGKILLed worker's partitions move to the others"),
     ] = 10.0
     log_level: Annotated[NonEmptyStr, about("log level of the worker")] = "warning"
-
-
-@dataclass(frozen=True)
-class DetectorOptions:
-    """The detector settings ``steplens worker`` takes; the rest keep the engine's defaults."""
-
-    ENV_PREFIX: ClassVar[str] = "STEPLENS_WORKER_"
-
-    arima_enabled: Annotated[
-        bool, about("the ARIMA baselines (--no-arima: off)", flag="--no-arima")
-    ] = True
-    hang_after_s: Annotated[
-        PositiveFloat,
-        about("seconds without progress before a hang alert", aliases=["--hang-after"]),
-    ] = RanksConfig.hang_after_s
-
-    def config(self) -> DetectorConfig:
-        return DetectorConfig(
-            arima_enabled=self.arima_enabled, ranks=RanksConfig(hang_after_s=self.hang_after_s)
-        )
 
 
 def ensure_worker_topics(s: WorkerSettings, timeout_s: float = 30.0) -> None:

@@ -23,7 +23,8 @@ from steplens.stream_jobs.engine.signals.arima_fit import ArimaParams
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 from steplens.stream_jobs.engine.state import rank_key
 from steplens.stream_jobs.worker.compat import NUDGE
-from steplens.stream_jobs.worker.run_limits import LimitSettings, RunLimits
+from steplens.stream_jobs.worker.run_limits import RunLimits
+from steplens.stream_jobs.worker.settings import LimitSettings
 
 log = logging.getLogger("steplens.stream_jobs")
 
