@@ -91,6 +91,8 @@ class Monitor(Instruments):
         self.counts = CallerCounts()
         self.errors = self.counts.errors  # steplens.producer.init counts calls made before it
         self._data_ns: int | None = None  # time spent in a timed DataLoader since the last step
+        self._loader_batch: tuple[Any, Any, Any] | None = None
+        self._loader_batches = 0
         self._watch_pending: dict[str, Any] | None = None
         self._watchers: list[Any] = []
         self._comm: Any = None
@@ -232,8 +234,13 @@ class Monitor(Instruments):
         if data_ns is not None:
             self._data_ns = 0
         watch, self._watch_pending = self._watch_pending, None
-        item = (step, _monotonic_ns(), *vals[:4], dict(zip(names, vals[4:], strict=True)))
+        t_ns = _monotonic_ns()
+        item = (step, t_ns, *vals[:4], dict(zip(names, vals[4:], strict=True)))
         self._put(new_item(StepItem, (*item, data_ns, watch)))
+        if self._loader_batch is not None:
+            batch = self._loader_batch_item(step, t_ns)
+            if batch is not None:
+                self._put(batch)
         if self._comm is not None:
             self._comm.maybe_run(step)
 
