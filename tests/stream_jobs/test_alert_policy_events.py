@@ -114,3 +114,34 @@ def test_the_first_windows_initial_loss_is_no_spike(tmp_path):
     det = RunDetector("r")
     reports = [a for r in records for a in det.process(r)[1]]
     assert not [a for a in reports if a.state == "firing" and "loss" in a.rule]
+
+
+def _window(rank: int, last: int, wait: dict[str, float], step_s: float = 0.6):
+    n = 100
+    metrics = {
+        "loss": {"count": n, "mean": 2.0, "std": 0.01, "min": 1.98, "max": 2.02},
+        "step_time_s": {"count": n, "mean": step_s, "std": 0.01, "min": 0.1, "max": 0.7},
+        "data_time_s": {"count": n, "std": 0.01, "min": 0.0, **wait},
+    }
+    data = {"step_first": last - n + 1, "step_last": last, "count": n, "metrics": metrics}
+    return make_record(
+        "step_window", data, run_id="r", rank=rank, step=last, time_ns=(last + 1) * 10**8
+    )
+
+
+def test_a_rank_whose_windows_wait_for_data_warns_and_one_slow_batch_does_not():
+    """The producer's windows at its defaults: a rank whose steps wait for data most of a
+    window (an input pipeline slowed down) warns; a window whose only long wait is one batch
+    (a loader's start) and a single slow step sent raw stay quiet."""
+    det = RunDetector("r")
+    reports = []
+    reports += det.process(_window(0, 99, {"mean": 0.03, "max": 2.9}))[1]  # start: one batch
+    slow = make_record(
+        "step", {"loss": 2.0, "step_time_s": 1.0, "data_time_s": 0.9}, run_id="r", step=120
+    )
+    reports += det.process(slow)[1]
+    assert not [a for a in reports if a.state == "firing"]
+    reports += det.process(_window(1, 199, {"mean": 0.45, "max": 0.52}))[1]
+    opened = [a for a in reports if a.state == "firing"]
+    assert [(a.rule, a.severity) for a in opened] == [("threshold:data_wait_share", "warning")]
+    assert opened[0].evidence["members"][0]["rank"] == 1

@@ -219,7 +219,16 @@ class RunDetector:
                 self.run.track_loss(col.xs, cfg.train_loss_alpha)
         if rank != RUN_RANK and n:
             batch += step_tail.tail(
-                self.ranks, self.cfg, self.run, rank, step_a, times_ns, columns, data_times, behind
+                self.ranks,
+                self.cfg,
+                self.run,
+                rank,
+                step_a,
+                times_ns,
+                columns,
+                data_times,
+                behind,
+                windowed=firsts is not None,
             )
         restarts.mark(self, rank, batch, n)
         return batch
