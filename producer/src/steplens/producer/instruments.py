@@ -15,6 +15,7 @@ from typing import Any
 
 from steplens.producer import values as V
 from steplens.producer.items import BatchItem, CommItem, EvalItem, HwItem
+from steplens.producer.loader_batches import token_fields
 
 log = logging.getLogger("steplens")
 _EVAL_FIELDS = ("loss", "perplexity", "accuracy", "f1", "bleu", "rouge")
@@ -208,8 +209,6 @@ class Instruments:
 
     def _take_loader_batch(self, batch: Any) -> None:
         try:
-            from steplens.producer.loader_batches import token_fields
-
             got = token_fields(batch)
             if got is None:
                 self._loader_batch = None
