@@ -45,12 +45,38 @@ def test_report_page_shows_every_figure_from_stored_data(quick_demo):
 
 
 def test_the_node_figures_read_the_stored_devices(quick_demo):
-    """The host sampler's disks and interfaces and the ranks' communication probes, as the
-    report reads them back from the stores (the demo's CPU ranks have no GPU)."""
+    """The host sampler's disks and interfaces, as the report reads them back from the
+    stores (the demo's CPU ranks have no GPU; the README's snippet runs no comm probe)."""
     from steplens.sinks.report_data import load_run
 
     data = load_run(quick_demo.run_id)
     assert {"host", "device", "read_mb_s", "write_mb_s", "io_latency_ms"} <= set(data.disks)
     assert {"host", "iface", "rx_mb_s", "tx_mb_s"} <= set(data.nets)
-    assert {"rank", "op", "latency_ms", "time_ns"} <= set(data.comm)
-    assert set(data.comm["rank"]) == {0, 1}
+    assert data.comm.empty
+
+
+def test_the_readme_path_runs_at_the_defaults_and_says_its_checks(quick_demo):
+    """The demo is the README's snippet at the producer's defaults: its ranks sent windows and
+    one step in 100 raw (no full resolution), each said its checks in run_meta (the comm probe
+    off, with the line that turns it on), and the data-quality checks ran from the batches
+    timed() saw."""
+    import json
+
+    from steplens.sinks import query
+
+    meta = query.query_records(quick_demo.run_id, "run_meta")
+    assert meta is not None and set(meta["rank"]) == {0, 1}
+
+    def parsed(value):  # JSON text from InfluxDB, already parsed from S3
+        return json.loads(value) if isinstance(value, str) else value
+
+    for _, row in meta.iterrows():
+        config = parsed(row["config"])
+        assert config["sample_rate"] == 0.01 and config["full_resolution"] is False
+        checks = {c["check"]: c for c in parsed(row["checks"])}
+        comm = checks["inter-rank communication latency over 50 ms"]
+        assert comm["state"] == "off" and comm["enable"] == "sl.probe_comm(every=100)"
+    windows = query.query_records(quick_demo.run_id, "step_window")
+    assert windows is not None and len(windows) >= 2
+    batches = query.query_records(quick_demo.run_id, "batch")
+    assert batches is not None and set(batches["rank"]) == {0, 1}

@@ -62,3 +62,41 @@ def test_cosine_schedule_shape():
     assert cosine_lr(60, 1.0, 0.1, 10, 110) == pytest.approx(0.55)
     assert cosine_lr(110, 1.0, 0.1, 10, 110) == pytest.approx(0.1)
     assert cosine_lr(500, 1.0, 0.1, 10, 110) == pytest.approx(0.1)
+
+
+def _steplens_calls(source: str) -> list[tuple[str, int, tuple[tuple[str | None, object], ...]]]:
+    """Each ``sl.<name>(...)`` call: its name, how many positional arguments, and its keywords
+    (``None`` for ``**``), with their values for ``watch`` (its interval and clipping)."""
+    import ast
+
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        func = getattr(node, "func", None)
+        if not (isinstance(node, ast.Call) and isinstance(func, ast.Attribute)):
+            continue
+        if not (isinstance(func.value, ast.Name) and func.value.id == "sl"):
+            continue
+        kws = tuple((k.arg, k.value.value if func.attr == "watch" else None) for k in node.keywords)
+        out.append((func.attr, len(node.args), kws))
+    return sorted(out, key=lambda c: c[0])
+
+
+def test_the_demo_instruments_itself_as_the_readme_shows():
+    """The README's snippet is the demo's instrumentation: the same steplens calls, the same
+    arguments, at the same defaults (no sampling or step time the README does not show)."""
+    import inspect
+    import re
+    from pathlib import Path
+
+    import steplens.stack.demo_train as demo
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("## Instrument a training script", 1)[1]
+    snippet = re.search(r"```python\n(.*?)```", section, re.S)
+    assert snippet is not None
+    ours = _steplens_calls(snippet.group(1))
+    theirs = _steplens_calls(inspect.getsource(demo))
+    assert [c[0] for c in ours] == [
+        "init", "log_eval", "log_step", "shutdown", "timed", "watch"
+    ]  # fmt: skip
+    assert theirs == ours

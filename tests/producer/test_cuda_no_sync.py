@@ -61,3 +61,45 @@ def test_nvml_on_a_real_gpu() -> None:
     assert g["mem_total_bytes"] > g["mem_used_bytes"] > 0
     assert 0 <= g["util_gpu"] <= 100 and g["temp_c"] > 0 and g["power_w"] > 0
     s.close()
+
+
+def test_the_readme_loop_at_the_defaults_never_syncs(memory_monitor) -> None:  # type: ignore[no-untyped-def]
+    """The README's snippet on the GPU at the producer's defaults (windows, 1 % raw):
+    watch(every=10), timed() over dict batches on the device, the loss and the norm
+    clip_grad_norm_ returns given as CUDA tensors: no host sync, the norm in every step's
+    window aggregate, watch()'s heavier norms every 10th step."""
+    m, tx = memory_monitor()
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 32), torch.nn.Linear(32, 100)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    m.watch(model, opt, sched, every=10, max_grad_norm=1.0)
+    batches = [{"input_ids": torch.randint(0, 100, (8, 16), device="cuda")} for _ in range(40)]
+
+    def train_step(batch):  # type: ignore[no-untyped-def]
+        ids = batch["input_ids"]
+        logits = model(ids[:, :-1])
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, 100), ids[:, 1:].reshape(-1))
+
+    for batch in batches[:3]:  # warm-up outside the debug mode (allocator, cuBLAS handles)
+        train_step(batch).backward()
+        opt.zero_grad()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step, batch in enumerate(m.timed(batches)):
+            loss = train_step(batch)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            m.log_step(step, loss=loss, grad_norm=grad_norm, tokens=batch["input_ids"].numel())
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    m.shutdown()
+    (window,) = tx.records("step_window")
+    stats = window.data["metrics"]
+    assert stats["grad_norm"]["count"] == 40 and stats["loss"]["count"] == 40
+    assert stats["grad_norm_preclip"]["count"] == 4
+    assert len(tx.records("batch")) == 40
+    assert m.stats()["caller_errors"] == 0

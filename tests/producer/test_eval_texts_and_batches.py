@@ -58,7 +58,11 @@ def test_without_the_extra_the_rest_is_sent_and_it_is_said_once(  # type: ignore
     evals = [r.data for r in tx.records("eval")]
     assert [e["loss"] for e in evals] == [2.0, 2.0, 2.0] and evals[0]["accuracy"] == 0.5
     assert all("bleu" not in e and "rouge" not in e for e in evals)
-    said = [r.getMessage() for r in caplog.records if "BLEU" in r.getMessage()]
+    said = [
+        msg
+        for msg in (r.getMessage() for r in caplog.records)
+        if "BLEU" in msg and not msg.startswith("steplens checks:")  # init's list of checks
+    ]
     assert len(said) == 2 and "steplens-producer[text]" in said[0] and "one each" in said[1]
     assert m.stats()["errors"]["text_extra_missing"] == 2
 
@@ -81,3 +85,36 @@ def test_batches_carry_ids_epoch_and_the_supervised_share(memory_monitor) -> Non
     assert cls["label_counts"] == {"1": 3, "0": 1} and cls["sample_ids"] == ["7", "8", "9", "10"]
     assert "epoch" not in cls
     assert m.stats()["dropped"]["bad_batch"] == 2
+
+
+def test_timed_batches_go_to_the_data_quality_checks_with_their_step(memory_monitor):
+    """timed() hands each batch that holds token ids to the data-quality path with the step
+    logged after it: a dict of tensors (a collator's), the model's sequence length as the
+    maximum; float features are left alone."""
+    torch = pytest.importorskip("torch")
+    m, t = memory_monitor(model_info={"seq_len": 8})
+    ids = torch.arange(30).reshape(3, 10)
+    loader = [
+        {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+        torch.zeros(3, 10),  # features, not tokens
+        (ids[:2, :5], torch.tensor([0, 1])),
+    ]
+    for step, _batch in enumerate(m.timed(loader), start=7):
+        m.log_step(step, loss=1.0)
+    m.flush(5)
+    got = {r.step: r.data for r in t.records("batch")}
+    assert set(got) == {7, 9}
+    assert got[7]["n_samples"] == 3 and got[7]["over_length"] == 3 and got[7]["max_len"] == 8
+    assert got[9]["n_samples"] == 2 and got[9]["over_length"] == 0
+    assert got[9]["label_counts"] == {"0": 1, "1": 1}
+
+
+@pytest.mark.parametrize(("every", "expected"), [(2, [1, 3]), (0, [])])
+def test_timed_batches_are_sampled_one_in_batch_every(memory_monitor, every, expected):
+    torch = pytest.importorskip("torch")
+    m, t = memory_monitor(batch_every=every)
+    loader = [torch.arange(4 * i, 4 * i + 4).reshape(2, 2) for i in range(4)]
+    for step, _batch in enumerate(m.timed(loader)):
+        m.log_step(step, loss=1.0)
+    m.flush(5)
+    assert [r.step for r in t.records("batch")] == expected

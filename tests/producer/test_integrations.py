@@ -62,7 +62,9 @@ def test_hf_trainer_callback(memory_monitor, tmp_path) -> None:  # type: ignore[
     logged = {e["step"]: e for e in trainer.state.log_history if "loss" in e}
     for s in (2, 4, 6):
         d = steps[s]
-        assert "loss" in d and d["lr"] == pytest.approx(logged[s]["learning_rate"])
+        # the scheduler's lr after step s (the Trainer logs the one step s used)
+        assert "loss" in d and d["lr"] == pytest.approx(5e-5 * (1 - s / 6))
+        assert logged[s]["learning_rate"] == pytest.approx(5e-5 * (1 - (s - 1) / 6))
         assert d["grad_norm_preclip"] == pytest.approx(logged[s]["grad_norm"], rel=1e-4)
         assert d["clipped"] is (logged[s]["grad_norm"] > 0.05)
     assert any(d["clipped"] for d in steps.values())
@@ -114,3 +116,58 @@ def test_lightning_callback(memory_monitor) -> None:  # type: ignore[no-untyped-
         assert d["layer_grad_norms"].keys() == {"net.lin"}
     assert any(r.data["clipped"] for r in steps)
     assert [e.data["loss"] for e in tx.records("eval")]
+
+
+@pytest.mark.slow
+def test_hf_trainer_at_the_defaults_follows_its_declared_schedule(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A healthy Trainer run logging every step with the Trainer's own cosine schedule
+    declared: no lr-schedule deviation at step 1 (the Trainer logs lr 0.0 there, the lr its
+    first step used). Windows of one step: the first window is cut by time
+    after the first step whenever that step is slow (a GPU's warm-up), and step 1's lr is then
+    judged alone."""
+    transformers = pytest.importorskip("transformers")
+    detector = pytest.importorskip("steplens.stream_jobs.engine.detector")
+    from steplens.producer.integrations.hf import SteplensCallback
+    from steplens.producer.monitor import Monitor
+    from steplens.producer.transport import MemoryTransport
+
+    tx = MemoryTransport()
+    m = Monitor(
+        "hf-run",
+        transport=tx,
+        hw_interval_s=0,
+        spool_dir=str(tmp_path / "spool"),
+        window_steps=1,
+        lr_schedule={
+            "kind": "cosine",
+            "peak_lr": 0.01,
+            "min_lr": 0.0,
+            "warmup_steps": 4,
+            "total_steps": 40,
+        },
+    )
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=40,
+        logging_steps=1,
+        learning_rate=0.01,
+        lr_scheduler_type="cosine",
+        warmup_steps=4,
+        per_device_train_batch_size=8,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = transformers.Trainer(
+        model=_Regressor(), args=args, train_dataset=_Data(), callbacks=[SteplensCallback(m)]
+    )
+    trainer.train()
+    m.shutdown()
+    logged = {e["step"]: e["learning_rate"] for e in trainer.state.log_history if "loss" in e}
+    assert logged[1] == 0.0  # the Trainer's convention
+    det = detector.RunDetector("hf-run")
+    reports = [a for r in tx.records() for a in det.process(r)[1]]
+    assert [(a.rule, a.step) for a in reports if a.state == "firing" and "lr" in a.rule] == []
+    first = min(tx.records("step_window"), key=lambda w: w.step)
+    assert first.step == 1 and first.data["metrics"]["lr"]["last"] > 0

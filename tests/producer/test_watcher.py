@@ -280,3 +280,27 @@ def test_a_failing_hook_never_reaches_the_training_loop(memory_monitor) -> None:
     loss.backward()
     opt.step()  # the pre-step hook fails inside: counted, not raised
     assert m.stats()["caller_errors"] >= 1
+
+
+def test_the_returned_grad_norm_reaches_every_steps_window(memory_monitor) -> None:  # type: ignore[no-untyped-def]
+    """At the defaults (windows, 1 % raw) with watch(every=10): the norm clip_grad_norm_
+    returns, given to log_step as a 0-dim tensor, is in every step's aggregate, and so is
+    whether the step was clipped; watch()'s own norms come every 10th step."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    m, tx = memory_monitor()
+    m.watch(model, opt, every=10, max_grad_norm=1.0)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    for step in range(40):
+        loss = torch.nn.functional.mse_loss(model(x), y) * (100 if step % 2 else 0.001)
+        opt.zero_grad()
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        m.log_step(step, loss=loss, grad_norm=grad_norm)
+    m.shutdown()
+    (window,) = tx.records("step_window")
+    stats = window.data["metrics"]
+    assert stats["grad_norm"]["count"] == 40
+    assert stats["clipped"]["count"] == 40 and stats["clipped"]["mean"] == pytest.approx(0.5)
+    assert stats["grad_norm_preclip"]["count"] == 4

@@ -4,6 +4,7 @@ with the right hint, in the step they happen."""
 
 from __future__ import annotations
 
+import math
 import random
 
 from steplens.schema import make_record
@@ -87,3 +88,60 @@ def test_a_spike_sent_raw_is_not_reported_again_by_its_window():
         reports += det.process(window)[1]
     opened = [a for a in reports if a.state == "firing"]
     assert [(a.rule, a.step) for a in opened] == [("spike:loss", 205)]
+
+
+def test_the_first_windows_initial_loss_is_no_spike(tmp_path):
+    """A healthy run as the producer sends it at its defaults (windows of 100 steps, one step
+    in 100 raw, slow steps flagged raw by its guard): the loss falls fast from its initial
+    value, so the first window's largest loss is its first steps'. Nothing alerts on the loss:
+    that peak has no baseline before it to be judged against."""
+    from steplens.producer.monitor import Monitor
+    from steplens.producer.transport import MemoryTransport
+
+    rng = random.Random(3)
+    transport = MemoryTransport()
+    monitor = Monitor("r", transport=transport, hw_interval_s=0, spool_dir=str(tmp_path))
+    for i in range(400):
+        loss = 1.6 + 2.4 * math.exp(-i / 20) + rng.gauss(0, 0.02) + (0.3 if i == 2 else 0.0)
+        # an evaluation every 25 steps makes that step slow: the guard sends it raw, loss too
+        slow = i % 25 == 0 and i > 0
+        monitor.log_step(i, loss=loss, tokens=1000, step_time_s=1.0 if slow else 0.1)
+    monitor.shutdown()
+    records = transport.records()
+    windows = [r for r in records if r.kind == "step_window"]
+    raw_before = [r.step for r in records if r.kind == "step" and r.step <= windows[0].step]
+    assert len(raw_before) >= 3  # the baseline the first window meets: its own later steps
+    det = RunDetector("r")
+    reports = [a for r in records for a in det.process(r)[1]]
+    assert not [a for a in reports if a.state == "firing" and "loss" in a.rule]
+
+
+def _window(rank: int, last: int, wait: dict[str, float], step_s: float = 0.6):
+    n = 100
+    metrics = {
+        "loss": {"count": n, "mean": 2.0, "std": 0.01, "min": 1.98, "max": 2.02},
+        "step_time_s": {"count": n, "mean": step_s, "std": 0.01, "min": 0.1, "max": 0.7},
+        "data_time_s": {"count": n, "std": 0.01, "min": 0.0, **wait},
+    }
+    data = {"step_first": last - n + 1, "step_last": last, "count": n, "metrics": metrics}
+    return make_record(
+        "step_window", data, run_id="r", rank=rank, step=last, time_ns=(last + 1) * 10**8
+    )
+
+
+def test_a_rank_whose_windows_wait_for_data_warns_and_one_slow_batch_does_not():
+    """The producer's windows at its defaults: a rank whose steps wait for data most of a
+    window (an input pipeline slowed down) warns; a window whose only long wait is one batch
+    (a loader's start) and a single slow step sent raw stay quiet."""
+    det = RunDetector("r")
+    reports = []
+    reports += det.process(_window(0, 99, {"mean": 0.03, "max": 2.9}))[1]  # start: one batch
+    slow = make_record(
+        "step", {"loss": 2.0, "step_time_s": 1.0, "data_time_s": 0.9}, run_id="r", step=120
+    )
+    reports += det.process(slow)[1]
+    assert not [a for a in reports if a.state == "firing"]
+    reports += det.process(_window(1, 199, {"mean": 0.45, "max": 0.52}))[1]
+    opened = [a for a in reports if a.state == "firing"]
+    assert [(a.rule, a.severity) for a in opened] == [("threshold:data_wait_share", "warning")]
+    assert opened[0].evidence["members"][0]["rank"] == 1

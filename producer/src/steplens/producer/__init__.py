@@ -3,10 +3,13 @@
     import steplens.producer as sl
 
     sl.init(run_id="llama-7b-run3", flops_per_token=6 * n_params, peak_flops=989e12)
-    sl.watch(model, optimizer, every=50)
-    for step, batch in enumerate(sl.timed(loader)):
-        loss = train_step(batch)
-        sl.log_step(step, loss=loss, lr=scheduler.get_last_lr()[0], tokens=batch_tokens)
+    sl.watch(model, optimizer, scheduler, every=10, max_grad_norm=1.0)
+    for step, batch in enumerate(sl.timed(loader)):  # data wait; lengths, duplicates
+        loss = model(**batch).loss
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step(); scheduler.step(); optimizer.zero_grad()
+        sl.log_step(step, loss=loss, grad_norm=grad_norm, tokens=batch["input_ids"].numel())
     sl.shutdown()
 
 Every function here is safe to call before ``init`` or after ``shutdown`` (it does nothing and

@@ -90,6 +90,14 @@ class ProducerConfig:
     guard_warmup: Annotated[PositiveInt, about("values of a metric before the guard judges it")] = (
         20
     )
+    batch_every: Annotated[
+        NonNegativeInt,
+        about(
+            "`timed()`: one batch in N that holds token ids (`input_ids`) goes to the "
+            "data-quality checks (lengths, duplicates, labels), as with `log_batch`, hashed "
+            "in the worker thread; 0: none"
+        ),
+    ] = 1
     max_metric_names: Annotated[
         PositiveInt,
         about(

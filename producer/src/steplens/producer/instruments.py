@@ -15,6 +15,7 @@ from typing import Any
 
 from steplens.producer import values as V
 from steplens.producer.items import BatchItem, CommItem, EvalItem, HwItem
+from steplens.producer.loader_batches import token_fields
 
 log = logging.getLogger("steplens")
 _EVAL_FIELDS = ("loss", "perplexity", "accuracy", "f1", "bleu", "rouge")
@@ -26,6 +27,8 @@ class Instruments:
     _watch_pending: dict[str, Any] | None
     _comm: Any
     _data_ns: int | None
+    _loader_batch: tuple[Any, Any, Any] | None  # a timed batch's token fields, for its step
+    _loader_batches: int  # batches timed() has handed over
     counts: Any  # CallerCounts
     _hw: Any
     pid: int
@@ -183,10 +186,13 @@ class Instruments:
             log.warning("steplens: probe_comm() disabled: %s", exc)
 
     def timed(self, iterable: Iterable[Any]) -> Iterator[Any]:
-        """Wrap a DataLoader so the time spent waiting for each batch becomes data_time_s."""
+        """Wrap a DataLoader so the time spent waiting for each batch becomes data_time_s,
+        and one batch in ``batch_every`` that holds token ids goes to the data-quality checks
+        with the next step logged (``loader_batches``)."""
         it = iter(iterable)
         self._data_ns = 0
         self._update_plain_path()
+        every = self.config.batch_every
         while True:
             t0 = time.monotonic_ns()
             try:
@@ -195,4 +201,28 @@ class Instruments:
                 return
             if self._data_ns is not None:
                 self._data_ns += time.monotonic_ns() - t0
+            if every:
+                self._loader_batches += 1
+                if self._loader_batches % every == 0:
+                    self._take_loader_batch(item)
             yield item
+
+    def _take_loader_batch(self, batch: Any) -> None:
+        try:
+            got = token_fields(batch)
+            if got is None:
+                self._loader_batch = None
+            else:
+                ids, mask, labels = V.capture(list(got))  # no host sync; CPU tensors detached
+                self._loader_batch = (ids, mask, labels)
+        except Exception:
+            self.counts.caller += 1
+
+    def _loader_batch_item(self, step: int, t_ns: int) -> BatchItem | None:
+        """The data-quality item of the batch timed() handed over before ``step``."""
+        got, self._loader_batch = self._loader_batch, None
+        if got is None:
+            return None
+        info = self.config.model_info or {}
+        max_len = info.get("seq_len", info.get("max_len"))
+        return BatchItem(step, t_ns, *got, max_len if isinstance(max_len, int) else None)

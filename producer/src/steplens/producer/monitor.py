@@ -19,6 +19,7 @@ import weakref
 from collections import deque
 from typing import Any
 
+from steplens.producer import checks
 from steplens.producer import values as V
 from steplens.producer.caller_counts import CallerCounts
 from steplens.producer.config import ProducerConfig
@@ -91,6 +92,8 @@ class Monitor(Instruments):
         self.counts = CallerCounts()
         self.errors = self.counts.errors  # steplens.producer.init counts calls made before it
         self._data_ns: int | None = None  # time spent in a timed DataLoader since the last step
+        self._loader_batch: tuple[Any, Any, Any] | None = None
+        self._loader_batches = 0
         self._watch_pending: dict[str, Any] | None = None
         self._watchers: list[Any] = []
         self._comm: Any = None
@@ -99,12 +102,23 @@ class Monitor(Instruments):
         self._closed = False
         self._wall_offset_ns = time.time_ns() - time.monotonic_ns()
         self._init_process_state()
-        self._put(MetaItem(_monotonic_ns(), self.config.run_meta(self.identity)))
+        self._put(MetaItem(_monotonic_ns(), self._run_meta()))
         if self.identity.local_rank == 0 and self.config.hw_interval_s > 0:
             self._start_hw()
             self._start_exporter()
         _LIVE.add(self)
         atexit.register(_shutdown_at_exit, weakref.ref(self))
+
+    def _run_meta(self) -> dict[str, Any]:
+        """The run_meta payload, with the checks of the design this rank turns on; rank 0 says
+        them in one log line (a warning when one is off, with the line that turns it on)."""
+        meta = self.config.run_meta(self.identity)
+        found = checks.design_checks(self.config, self.identity)
+        meta["checks"] = found
+        if self.rank == 0:
+            off = any(c["state"] == checks.OFF for c in found)
+            log.log(logging.WARNING if off else logging.INFO, "%s", checks.summary(found))
+        return meta
 
     # ------------------------------------------------------------------ process state
     def _init_process_state(self) -> None:
@@ -232,8 +246,13 @@ class Monitor(Instruments):
         if data_ns is not None:
             self._data_ns = 0
         watch, self._watch_pending = self._watch_pending, None
-        item = (step, _monotonic_ns(), *vals[:4], dict(zip(names, vals[4:], strict=True)))
+        t_ns = _monotonic_ns()
+        item = (step, t_ns, *vals[:4], dict(zip(names, vals[4:], strict=True)))
         self._put(new_item(StepItem, (*item, data_ns, watch)))
+        if self._loader_batch is not None:
+            batch = self._loader_batch_item(step, t_ns)
+            if batch is not None:
+                self._put(batch)
         if self._comm is not None:
             self._comm.maybe_run(step)
 

@@ -108,6 +108,9 @@ class RunMeta(Payload, kw_only=True):
     # run), and the run's lineage (free-form: parent run, checkpoint, ...)
     baseline_run: Str | None = None
     lineage: Obj | None = None
+    # the checks of the design and their state on this rank: [{"check", "state": "on" |
+    # "on use" | "off", "needs" (on use), "why" and "enable" (off)}]
+    checks: FlatObjs | None = None
 
 
 class Step(Payload, kw_only=True):

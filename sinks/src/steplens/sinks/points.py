@@ -283,7 +283,7 @@ def _run_meta(rec: Record) -> list[PointBuilder]:
     d = rec.data
     b = PointBuilder("run_meta", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
     b.integer("world_size", d["world_size"]).num("peak_flops", d.get("peak_flops"))
-    for name in ("hosts", "model", "optimizer", "lr_schedule", "config"):
+    for name in ("hosts", "model", "optimizer", "lr_schedule", "config", "checks"):
         b.text(name, d.get(name))
     return [b]
 

@@ -8,10 +8,11 @@ Each rank trains on its own stream of the synthetic corpus (``demo_corpus``); gr
 averaged with one all-reduce per step (gloo). The scripted incidents of ``demo_incidents`` are
 injected at their steps and announced in the log as they start.
 
-Step time: ``step_time_s`` is the rank's own work in a step (data, forward, backward,
-optimizer), without the time spent waiting for the other ranks at the gradient all-reduce
-(reported as the scalar ``sync_wait_s``). In synchronous data parallelism the wall-clock step
-is the same on every rank, so only the rank's own time shows which rank is the straggler.
+It instruments itself exactly as the README's snippet shows, at the producer's defaults
+(windows of 100 steps, one step in 100 raw): ``init``, ``watch(every=10)``, ``timed(loader)``
+(whose dict batches also give the data-quality checks), ``log_step`` with the loss and the
+gradient norm ``clip_grad_norm_`` returns, ``log_eval`` and ``shutdown``; a test holds the two
+to the same calls.
 """
 
 from __future__ import annotations
@@ -209,10 +210,9 @@ def train(args: argparse.Namespace) -> int:
         optimizer, lambda s: cosine_lr(s, args.lr, floor, warmup, args.steps) / args.lr
     )
 
-    # --- steplens: the lines a user adds to a training script -----------------------------
+    # --- steplens: the lines a user adds to a training script (the README's) ---------------
     sl.init(
         run_id=run_id,
-        sample_rate=1.0,
         flops_per_token=6.0 * n_params,
         peak_flops=CPU_PEAK_FLOPS,
         lr_schedule={
@@ -222,17 +222,9 @@ def train(args: argparse.Namespace) -> int:
             "warmup_steps": warmup,
             "total_steps": args.steps,
         },
-        model_info={
-            "name": "tiny-lm",
-            "n_params": n_params,
-            "seq_len": args.seq_len,
-            "vocab": len(VOCAB),
-            "world_size": world,
-        },
+        model_info={"seq_len": args.seq_len},
     )
-    sl.watch(model, optimizer, scheduler, every=1, max_grad_norm=1.0)
-    if world > 1:
-        sl.probe_comm(every=50)
+    sl.watch(model, optimizer, scheduler, every=10, max_grad_norm=1.0)
     # ----------------------------------------------------------------------------------------
 
     grammar = Grammar(np.random.default_rng(args.seed + 1 + rank))
@@ -249,47 +241,41 @@ def train(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    def batches() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-        """This rank's batches (model input and what log_batch sees), incidents included.
+    def batches() -> Iterator[dict[str, torch.Tensor]]:
+        """This rank's batches, as a collator gives them, incidents included.
 
-        A straggler's delay happens here, so it shows as data loading time (``sl.timed``)."""
+        A straggler's delay happens here, so it shows as data loading time (``sl.timed``); a
+        corrupted batch has over-length rows, of which the model reads the first ``seq_len``."""
         for step in range(args.steps):
             ids_np, mask_np = make_batch(grammar, args.batch_size, args.seq_len)
             if incidents.active("duplicates", step):
                 rows = noise.integers(0, 4, size=args.batch_size)
                 ids_np, mask_np = dup_pool[0][rows], dup_pool[1][rows]
-            logged_ids, logged_mask = ids_np, mask_np
             bad = incidents.active("corrupted_batch", step)
             if bad is not None and bad.rank == rank:
-                logged_ids = corrupted_batch(noise, args.batch_size, args.seq_len)
-                logged_mask = np.ones_like(logged_ids)
-                ids_np, mask_np = logged_ids[:, : args.seq_len], logged_mask[:, : args.seq_len]
+                ids_np = corrupted_batch(noise, args.batch_size, args.seq_len)
+                mask_np = np.ones_like(ids_np)
             slow = incidents.active("straggler", step)
             if slow is not None and slow.rank == rank:
                 time.sleep(slow.params["slow_s"])
-            yield ids_np, mask_np, logged_ids, logged_mask
+            yield {
+                "input_ids": torch.from_numpy(ids_np),
+                "attention_mask": torch.from_numpy(mask_np),
+            }
 
-    t_begin = t0 = time.perf_counter()
-    for step, (ids_np, _mask, logged_ids, logged_mask) in enumerate(sl.timed(batches())):
+    t_begin = time.perf_counter()
+    for step, batch in enumerate(sl.timed(batches())):
         incidents.announce(step)
         stall = incidents.active("stall", step)
         if stall is not None and stall.rank == rank:
             time.sleep(stall.params["stall_s"])
-        ids = torch.from_numpy(ids_np)
-        sl.log_batch(
-            step,
-            torch.from_numpy(logged_ids),
-            attention_mask=torch.from_numpy(logged_mask),
-            max_len=args.seq_len,
-        )
+        ids = batch["input_ids"][:, : args.seq_len]
 
         loss, n_tokens = lm_loss(model, ids)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        t_compute = time.perf_counter()
         if world > 1:
             _flat_allreduce(params, world)
-        t_synced = time.perf_counter()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
         blow = incidents.active("lr_blowup", step)
         if blow is not None:
@@ -298,20 +284,10 @@ def train(args: argparse.Namespace) -> int:
         lr = optimizer.param_groups[0]["lr"]
         optimizer.step()
         scheduler.step()  # back on the declared schedule after a blow-up
-        t_end = time.perf_counter()
 
-        sync_wait = t_synced - t_compute
-        sl.log_step(
-            step,
-            loss=loss.detach(),
-            lr=lr,
-            grad_norm=grad_norm,
-            tokens=n_tokens,
-            step_time_s=(t_end - t0) - sync_wait,
-            sync_wait_s=sync_wait,
-        )
+        sl.log_step(step, loss=loss, grad_norm=grad_norm, tokens=n_tokens)
         if rank == 0 and args.eval_every and (step + 1) % args.eval_every == 0:
-            sl.log_eval(step, split="val", **evaluate(model, eval_batches))
+            sl.log_eval(step, **evaluate(model, eval_batches))
         if rank == 0 and args.log_every and (step % args.log_every == 0 or step == args.steps - 1):
             elapsed = time.perf_counter() - t_begin
             print(
@@ -319,7 +295,6 @@ def train(args: argparse.Namespace) -> int:
                 f"lr {lr:.2e}  grad {float(grad_norm):.2f}  {elapsed:.0f}s",
                 flush=True,
             )
-        t0 = time.perf_counter()  # the next step's own time starts here (eval excluded)
 
     sl.shutdown()
     if world > 1:

@@ -24,12 +24,25 @@ _SKIP = {
 }
 
 
+def _scheduled_lr(scheduler: Any) -> float | None:
+    """The first group's lr a scheduler holds now (a host number), or None."""
+    try:
+        last = scheduler.get_last_lr() if scheduler is not None else None
+        return float(last[0]) if last else None
+    except Exception:  # a scheduler that has not stepped yet, or none of torch's
+        return None
+
+
 class SteplensCallback(TrainerCallback):
     """Sends the Trainer's logs as steps, its evaluations as eval records; optional watch().
 
-    A logged step carries the Trainer's learning rate as ``lr`` and its gradient norm, which
-    the Trainer takes before clipping, as ``grad_norm`` and ``grad_norm_preclip``, with
-    ``clipped`` when it exceeds ``args.max_grad_norm``."""
+    A logged step carries the learning rate and the gradient norm, which the Trainer takes
+    before clipping, as ``grad_norm`` and ``grad_norm_preclip``, with ``clipped`` when it
+    exceeds ``args.max_grad_norm``. The lr is the scheduler's after its step (PyTorch's
+    ``get_last_lr()`` convention, which the schedule check allows for), not the Trainer's
+    logged one: the Trainer numbers its steps from 1 and logs the lr step ``g`` used, the
+    schedule's value at index ``g - 1`` (0.0 at step 1 in a warmup), one step behind the
+    declared schedule's convention (step ``s`` at index ``s``)."""
 
     def __init__(self, monitor: Any = None, watch_every: int | None = None, **init_kwargs: Any):
         self._monitor = monitor
@@ -69,6 +82,9 @@ class SteplensCallback(TrainerCallback):
         named = {_STEP_KEYS[k]: values.pop(k) for k in list(values) if k in _STEP_KEYS}
         if not named and not values:  # the end-of-training summary
             return
+        lr = _scheduled_lr(kwargs.get("lr_scheduler"))
+        if lr is not None:
+            named["lr"] = lr
         norm = named.get("grad_norm")
         if norm is not None:  # the Trainer's norm is clip_grad_norm_'s: before clipping
             values["grad_norm_preclip"] = norm

@@ -88,8 +88,9 @@ Window = tuple[
 def window_columns(data: dict[str, Any], step: int | None) -> Window:
     """A ``step_window``'s last and first step, its metrics' means (``LAST_OF_WINDOW``: last
     values) as one-row columns, their extremes (NaN: a non-finite value in the window), its
-    mean data wait, and each metric's own spread: its standard deviation over the window's
-    steps (NaN when not sent) and its count of finite values."""
+    mean data wait (without its longest: ``_typical_wait``), and each metric's own spread:
+    its standard deviation over the window's steps (NaN when not sent) and its count of
+    finite values."""
     columns: dict[str, list[float | None]] = {}
     peaks: dict[str, float] = {}
     spreads: dict[str, tuple[float, int]] = {}
@@ -112,8 +113,7 @@ def window_columns(data: dict[str, Any], step: int | None) -> Window:
             spreads[name] = (float(std) if _number(std) else math.nan, count)
     last = data.get("step_last", step)
     first = data.get("step_first")
-    dt = data["metrics"].get("data_time_s", {})
-    wait = dt.get("mean") if isinstance(dt, dict) else None
+    wait = _typical_wait(data["metrics"].get("data_time_s"))
     return (
         last if isinstance(last, int) else None,
         first if isinstance(first, int) else None,
@@ -122,6 +122,17 @@ def window_columns(data: dict[str, Any], step: int | None) -> Window:
         float(wait) if _number(wait) else None,
         spreads,
     )
+
+
+def _typical_wait(stats: Any) -> float | None:
+    """A window's mean data wait without its longest one (a loader's start, a shard opened):
+    one slow batch is no input pipeline that holds the steps back."""
+    if not isinstance(stats, dict) or not _number(stats.get("mean")):
+        return None
+    mean, count, top = float(stats["mean"]), stats.get("count"), stats.get("max")
+    if isinstance(count, int) and count > 1 and _number(top):
+        return max(0.0, (mean * count - float(top)) / (count - 1))
+    return mean
 
 
 def floats_of(cells: Cells | Sequence[float | None]) -> tuple[np.ndarray, np.ndarray | None]:

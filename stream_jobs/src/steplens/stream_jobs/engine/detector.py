@@ -309,6 +309,7 @@ class RunDetector:
                 columns,
                 data_times,
                 behind,
+                windowed=firsts is not None,
             )
         self._mark_baseline(rank, batch, n)
         return batch

@@ -22,7 +22,7 @@ class RulesConfig:
     resolve_after: int = 10  # steps without a breach (or clean samples, for step-less signals)
     correlation_steps: int = 20  # how recent a breach must be to correlate
     note_steps: int = 2  # how recent a note must be (a loss jump with a gradient jump)
-    # breaches that only feed correlations, never alert on their own
+    # rules whose info-level breaches only feed correlations, never alert on their own
     silent: frozenset[str] = frozenset({"threshold:data_wait_share"})
     # detectors whose info-level breaches are notes of the alert policy: they feed the
     # correlations, never alert on their own
@@ -98,7 +98,7 @@ def evaluate(
         note = sig.severity == INFO and sig.name in cfg.notes
         if sig.step is not None:
             (state.noted if note else state.recent)[rule] = sig.step
-        if note or rule in cfg.silent:
+        if note or (sig.severity == INFO and rule in cfg.silent):
             continue
         if cur is None:
             ev = _evidence(sig)

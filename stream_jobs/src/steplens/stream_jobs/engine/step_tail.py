@@ -23,10 +23,11 @@ def tail(  # noqa: PLR0917
     columns: Columns,
     data_times: Sequence[float | None] | None,
     behind: int,
+    windowed: bool = False,
 ) -> list[Signals]:
-    """After the metrics of a rank's steps: the data waits (per row); the rank's progress; its
-    step times judged against the other ranks', once, after the last row (their signals carry
-    their own steps)."""
+    """After the metrics of a rank's steps: the data waits (per row; ``windowed``: the rows
+    are windows' means); the rank's progress; its step times judged against the other ranks',
+    once, after the last row (their signals carry their own steps)."""
     out: list[Signals] = []
     has = steps != NO_STEP
     if not has.any():
@@ -37,7 +38,9 @@ def tail(  # noqa: PLR0917
     step_times = floats_of(cells)[0] if cells is not None else None
     if step_times is not None and data_times is not None and any(w is not None for w in data_times):
         waits, _ = floats_of(data_times)
-        got = thresholds.data_wait(thresholds_cfg, waits, step_times, steps, rows, rank)
+        got = thresholds.data_wait(
+            thresholds_cfg, waits, step_times, steps, rows, rank, sustained=windowed
+        )
         if got is not None:
             out.append(got)
     at = np.flatnonzero(has)

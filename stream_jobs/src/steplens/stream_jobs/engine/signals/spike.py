@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from steplens.stream_jobs.engine.core import Column, Signals
+from steplens.stream_jobs.engine.core import NO_STEP, Column, Signals
 from steplens.stream_jobs.engine.policy import Policy
 from steplens.stream_jobs.engine.signals.kernels import (
     _insert,
@@ -66,12 +66,26 @@ class SpikeState:
     ordered: np.ndarray = field(default_factory=lambda: _EMPTY)  # the window sorted
     scale: float = 0.0
     since_rescale: int = 0
+    first_step: int | None = None  # the earliest step its values cover (None: no value yet)
 
 
 def update(state: SpikeState, cfg: SpikeConfig, metric: str, col: Column) -> Signals:
-    """Score each value (or its probe, a window's peak) against the baseline, then learn it."""
+    """Score each value (or its probe, a window's peak) against the baseline, then learn it.
+
+    A window's peak may lie at any of its steps, so it is probed only against a baseline that
+    holds a value from before the window's first step; otherwise (the run's first window, whose
+    peak is usually its initial loss) the window is scored by its mean, as a step."""
+    probes = col.probes
+    if probes is not None and col.firsts is not None:
+        known = state.first_step
+        if known is None or int(col.firsts[0]) <= known:
+            probes = None
+    steps = col.steps[col.steps != NO_STEP]
+    if len(steps):
+        low = int(steps.min()) if col.firsts is None else int(col.firsts.min())
+        state.first_step = low if state.first_step is None else min(state.first_step, low)
     out, values, diffs, ordered, scale, since = _spike(
-        col.xs if col.probes is None else col.probes,
+        col.xs if probes is None else probes,
         col.xs,
         state.values,
         state.diffs,
@@ -94,7 +108,7 @@ def update(state: SpikeState, cfg: SpikeConfig, metric: str, col: Column) -> Sig
         metric,
         col.rows,
         col.steps,
-        col.xs if col.probes is None else col.probes,
+        col.xs if probes is None else probes,
         out[0],
         np.zeros(len(col.xs), np.int8),
         out[1],

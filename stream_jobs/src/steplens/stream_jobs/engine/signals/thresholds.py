@@ -16,6 +16,7 @@ import numpy as np
 from steplens.schema import Record
 from steplens.stream_jobs.engine.core import (
     INFO_SEV,
+    WARN_SEV,
     WARNING,
     Run,
     Signals,
@@ -216,9 +217,11 @@ def data_wait(  # noqa: PLR0917
     steps: np.ndarray,
     rows: np.ndarray,
     rank: int,
+    sustained: bool = False,
 ) -> Signals | None:
-    """Share of each step spent waiting for data (NaN: not known); feeds the data-bottleneck
-    correlation, never alerts alone."""
+    """Share of each step spent waiting for data (NaN: not known). A share over the limit of
+    one step is a note for the data-bottleneck correlation; ``sustained`` rows (a window's
+    means over its steps) over it warn: the rank's input pipeline holds its steps back."""
     ok = (step_times > 0) & np.isfinite(data_times) & np.isfinite(step_times)
     if not ok.any():
         return None
@@ -233,7 +236,7 @@ def data_wait(  # noqa: PLR0917
         steps[ok],
         share,
         score,
-        np.where(breach, INFO_SEV, 0),
+        np.where(breach, WARN_SEV if sustained else INFO_SEV, 0),
         limit,
         None,
         limit,
