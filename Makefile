@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STEPLENS := $(VENV)/bin/steplens
 
-.PHONY: setup demo test test-unit lint stack-up stack-down clean
+.PHONY: setup demo test test-unit lint stack-up stack-down clean compose-check
 
 setup: $(VENV)/.installed
 
@@ -36,6 +36,12 @@ lint: setup
 	$(VENV)/bin/ruff check schema producer stream_jobs sinks stack tests bench
 	$(VENV)/bin/ruff format --check schema producer stream_jobs sinks stack tests bench
 	$(VENV)/bin/mypy schema/src/steplens/schema producer/src/steplens/producer
+
+# docker-compose.yml for real: images built here without a registry, the stack started with
+# two workers and three trainers, checked end to end, removed (docs/stack.md, "Docker users").
+# Behind an HTTPS proxy with its own CA: STEPLENS_BUILD_CA_DIR=/usr/local/share/ca-certificates
+compose-check: setup
+	$(PY) -m steplens.stack.compose_check
 
 clean: stack-down
 	rm -rf $(VENV)

@@ -1,6 +1,9 @@
-"""Prometheus metrics of the sinks (served on 127.0.0.1 by ``steplens sink``)."""
+"""Prometheus metrics of the sinks (served on 127.0.0.1 by ``steplens sink``; STEPLENS_METRICS_HOST
+chooses another address, e.g. 0.0.0.0 inside a container that Prometheus scrapes)."""
 
 from __future__ import annotations
+
+import os
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
@@ -50,6 +53,6 @@ OUT_OF_TIME = Counter(
 
 
 def serve(port: int) -> None:
-    """Expose /metrics on 127.0.0.1:``port`` (0 disables)."""
+    """Expose /metrics on ``port`` (0 disables) of STEPLENS_METRICS_HOST, else 127.0.0.1."""
     if port:
-        start_http_server(port, addr="127.0.0.1")
+        start_http_server(port, addr=os.environ.get("STEPLENS_METRICS_HOST") or "127.0.0.1")

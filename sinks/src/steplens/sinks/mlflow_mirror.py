@@ -312,7 +312,7 @@ def run_mirror(
     return mirror.mirrored
 
 
-def main(argv: list[str], prog: str = "steplens sink mlflow") -> int:
+def main(argv: list[str], prog: str = "steplens mlflow") -> int:
     p = argparse.ArgumentParser(
         prog=prog, description="mirror evaluations, incidents and a run summary into MLflow"
     )

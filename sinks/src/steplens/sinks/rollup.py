@@ -30,7 +30,7 @@ from influxdb_client import BucketRetentionRules, InfluxDBClient, TaskCreateRequ
 from steplens.sinks.settings import InfluxSettings
 
 TASK_NAME: Final = "steplens-rollup-1m"
-ROLLUP_RETENTION_S: Final = 0  # keep forever
+ROLLUP_RETENTION_S: Final = 30 * 24 * 3600  # 30 days: the boards' longest range
 AGGREGATES: Final = ("mean", "min", "max", "last")
 COVERAGE: Final = "rollup_coverage"  # measurement of the task's coverage marks
 CHUNK_MIN: Final = 15  # minutes one query rolls up at most

@@ -20,11 +20,13 @@ import concurrent.futures
 import logging
 import multiprocessing
 import os
+import ssl
 import time
 from typing import Any, cast
 
 import faust
 
+from steplens.schema.settings import kafka_security_config
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.publish_limit import QuietLimiter
 from steplens.stream_jobs.engine.signals import arima, registry
@@ -82,6 +84,7 @@ class Worker:
         self.app = app = faust.App(
             s.app_id,
             broker=f"kafka://{s.bootstrap}",
+            broker_credentials=broker_credentials(kafka_security_config()),
             store="memory://",
             datadir=s.state_dir,
             web_enabled=s.faust_web_port > 0,
@@ -241,3 +244,28 @@ class Worker:
         run, fit_key = key
         self.metrics.fits.labels("ok" if params is not None else "failed").inc()
         self.store.fitted(run, fit_key, params)
+
+
+def broker_credentials(conf: dict[str, str]) -> Any:
+    """Faust's credentials from the librdkafka security settings every other client takes
+    (``STEPLENS_KAFKA_SECURITY_PROTOCOL``, ``_SASL_MECHANISM``, ``_SASL_USERNAME``,
+    ``_SASL_PASSWORD``, ``_SSL_CA_LOCATION``, ``_SSL_CERTIFICATE_LOCATION``, ``_SSL_KEY_LOCATION``):
+    None for plaintext."""
+    protocol = conf.get("security.protocol", "plaintext").upper()
+    context = None
+    if protocol in ("SSL", "SASL_SSL"):
+        context = ssl.create_default_context(cafile=conf.get("ssl.ca.location"))
+        if conf.get("ssl.certificate.location"):
+            context.load_cert_chain(
+                conf["ssl.certificate.location"],
+                conf.get("ssl.key.location"),
+                conf.get("ssl.key.password"),
+            )
+    if protocol.startswith("SASL_"):
+        return faust.SASLCredentials(
+            username=conf.get("sasl.username"),
+            password=conf.get("sasl.password"),
+            mechanism=conf.get("sasl.mechanism") or conf.get("sasl.mechanisms") or "PLAIN",
+            ssl_context=context,
+        )
+    return faust.SSLCredentials(context) if context is not None else None

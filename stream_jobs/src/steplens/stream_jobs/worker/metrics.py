@@ -1,6 +1,9 @@
-"""The worker's own health as Prometheus metrics, served on 127.0.0.1."""
+"""The worker's own health as Prometheus metrics, served on 127.0.0.1 (STEPLENS_METRICS_HOST
+chooses another address, e.g. 0.0.0.0 inside a container that Prometheus scrapes)."""
 
 from __future__ import annotations
+
+import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -63,7 +66,8 @@ class WorkerMetrics:
     def count_limited(self, outcome: str, n: int) -> None:
         self.limited.labels(outcome).inc(n)
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+    def serve(self, port: int, host: str | None = None) -> None:
+        host = host or os.environ.get("STEPLENS_METRICS_HOST") or "127.0.0.1"
         start_http_server(port, addr=host, registry=self.registry)
 
 
