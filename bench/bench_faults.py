@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -592,6 +593,7 @@ SCENARIOS: dict[str, Callable[[Scenario], str]] = {
     "i": drain_ratio,
 }
 GROUPS = frozenset("ghi")  # scenarios that start their own workers and no sinks
+BAD_GROUP = r"(lost|doubled|false) [1-9]|takeover inf"  # a scale-out line that went wrong
 
 
 def run(keys: list[str], plan: Plan, root: Path) -> list[str]:
@@ -636,7 +638,9 @@ def main() -> int:
     t0 = time.monotonic()
     lines = run(keys, QUICK if args.quick else FULL, root)
     print(f"{len(lines)} scenarios in {time.monotonic() - t0:.0f} s (logs: {root})")
-    trouble = any(": failed:" in line or "NOT SETTLED" in line for line in lines)
+    trouble = any(
+        ": failed:" in line or "NOT SETTLED" in line or re.search(BAD_GROUP, line) for line in lines
+    )
     if not args.keep and not trouble:  # logs of a scenario that went wrong are kept
         import shutil
 
