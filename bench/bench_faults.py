@@ -1,4 +1,4 @@
-"""Six faults a careful user tries, each against the real producer, worker and sinks.
+"""Faults a careful user tries, each against the real producer, worker and sinks.
 
 One private stack (Kafka, InfluxDB, S3 on free ports in a temporary folder, so killing them never
 touches the shared stack); each scenario starts its own worker and sinks (own topics, consumer
@@ -13,6 +13,12 @@ step), the more of the two stores. (c) also counts ``firing`` alert points per f
 step; (f) sends hostile records beside a clean run and checks that no process died and that the
 InfluxDB sink dead-lettered each hostile record with a reason.
 
+(g) and (h) are the scale-out path (``scale_out.py``): 4 runs x 2 ranks at full resolution, a
+loss spike every 150 steps, against two workers of one app id with one SIGKILLed (g), or three
+with two killed one after the other (h); the alert topic is judged for lost, doubled and false
+incidents and the takeover (kill to the alert of the next spike, on the slowest run). (i) is the
+worker's drain of one backlog with 1 and with 2 workers, and their ratio.
+
     python bench/bench_faults.py               # about 10 minutes on 2 busy cores
     python bench/bench_faults.py --quick       # shorter training and outages
     python bench/bench_faults.py --only b,e
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,6 +56,9 @@ from steplens.stack import Stack
 from steplens.stack.demo_children import Child, Children, free_port
 from steplens.stack.process import free_ports
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import scale_out  # beside this file
+
 SPIKE_RULE = "spike:loss"
 
 
@@ -59,10 +69,12 @@ class Plan:
     outage_s: float
     ranks: int = 2
     settle_s: float = 180.0
+    group_steps: int = 1800  # per rank, at 30 steps/s (g, h): a multiple of 150
+    drain_steps: int = 5000  # per rank, 4 runs x 2 ranks (i)
 
 
 FULL = Plan(steps=900, step_s=0.03, outage_s=20.0)
-QUICK = Plan(steps=360, step_s=0.03, outage_s=8.0)
+QUICK = Plan(steps=360, step_s=0.03, outage_s=8.0, group_steps=1500, drain_steps=2500)
 
 
 # ------------------------------------------------------------------------------ one rank
@@ -528,6 +540,47 @@ def fault_hostile(sc: Scenario) -> str:
     return _steps_line(sc, "f hostile records", extra, settled)
 
 
+def _group_kill(sc: Scenario, label: str, workers: int, kills: tuple[int, ...]) -> str:
+    steps = sc.plan.group_steps
+    plan = scale_out.Plan(workers=workers, kills=kills, steps=steps, rate=30.0)
+    v = scale_out.scale_out(
+        sc.env, sc.topics.raw, sc.topics.alerts, sc.dir, plan, ("--no-history",)
+    )
+    return f"{label}: {v.line()}"
+
+
+def _before_spike(steps: int, part: float) -> int:
+    """A step 10 before a spike, about ``part`` of the way (the takeover is timed to it)."""
+    return int(steps * part) // 150 * 150 - 10
+
+
+def fault_group_one_kill(sc: Scenario) -> str:
+    return _group_kill(
+        sc, "g 2 workers, 1 SIGKILL", 2, (_before_spike(sc.plan.group_steps, 2 / 3),)
+    )
+
+
+def fault_group_two_kills(sc: Scenario) -> str:
+    n = sc.plan.group_steps
+    kills = (_before_spike(n, 1 / 3), _before_spike(n, 2 / 3))
+    return _group_kill(sc, "h 3 workers, 2 SIGKILLs", 3, kills)
+
+
+def drain_ratio(sc: Scenario) -> str:
+    plan = scale_out.Plan(steps=sc.plan.drain_steps)
+    times = []
+    for workers in (1, 2):
+        topics = Topics(raw=f"{sc.topics.raw}.{workers}", raw_partitions=8)
+        ensure_topics(sc.bootstrap, topics)
+        env = {**sc.env, "STEPLENS_TOPIC_RAW": topics.raw}
+        times.append(scale_out.drain(env, topics.raw, sc.dir / f"drain{workers}", workers, plan))
+    n = plan.runs * plan.ranks * plan.steps
+    return (
+        f"i drain of {n} steps: 1 worker {times[0]:.1f} s ({n / times[0]:.0f} steps/s), "
+        f"2 workers {times[1]:.1f} s ({n / times[1]:.0f} steps/s), ratio {times[0] / times[1]:.2f}"
+    )
+
+
 SCENARIOS: dict[str, Callable[[Scenario], str]] = {
     "a": fault_kafka_kill,
     "b": fault_kafka_freeze,
@@ -535,7 +588,12 @@ SCENARIOS: dict[str, Callable[[Scenario], str]] = {
     "d": fault_influx_kill,
     "e": fault_s3_freeze,
     "f": fault_hostile,
+    "g": fault_group_one_kill,
+    "h": fault_group_two_kills,
+    "i": drain_ratio,
 }
+GROUPS = frozenset("ghi")  # scenarios that start their own workers and no sinks
+BAD_GROUP = r"(lost|doubled|false) [1-9]|takeover inf"  # a scale-out line that went wrong
 
 
 def run(keys: list[str], plan: Plan, root: Path) -> list[str]:
@@ -552,7 +610,8 @@ def run(keys: list[str], plan: Plan, root: Path) -> list[str]:
             sc = Scenario(stack, root, key, plan)
             t0 = time.monotonic()
             try:
-                sc.start_consumers()
+                if key not in GROUPS:
+                    sc.start_consumers()
                 line = SCENARIOS[key](sc)
             except Exception as exc:
                 line = f"{key}: failed: {type(exc).__name__}: {exc}"
@@ -571,7 +630,7 @@ def main() -> int:
         return rank_process(run_id, int(steps), float(step_s), int(spike_at))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="shorter training and outages")
-    ap.add_argument("--only", default="abcdef", help="scenarios to run, e.g. a,c")
+    ap.add_argument("--only", default="abcdefghi", help="scenarios to run, e.g. a,c")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (logs)")
     args = ap.parse_args()
     keys = [k for k in args.only.replace(",", "") if k in SCENARIOS]
@@ -579,7 +638,9 @@ def main() -> int:
     t0 = time.monotonic()
     lines = run(keys, QUICK if args.quick else FULL, root)
     print(f"{len(lines)} scenarios in {time.monotonic() - t0:.0f} s (logs: {root})")
-    trouble = any(": failed:" in line or "NOT SETTLED" in line for line in lines)
+    trouble = any(
+        ": failed:" in line or "NOT SETTLED" in line or re.search(BAD_GROUP, line) for line in lines
+    )
     if not args.keep and not trouble:  # logs of a scenario that went wrong are kept
         import shutil
 

@@ -94,7 +94,9 @@ class Worker:
             topic_partitions=s.by_run_partitions,
             consumer_auto_offset_reset="earliest",
             broker_session_timeout=s.session_timeout_s,
-            broker_heartbeat_interval=max(0.5, s.session_timeout_s / 4),
+            # a survivor learns of a dead worker's eviction at its next heartbeat: a sixth
+            # of the session keeps that part of a takeover near one second
+            broker_heartbeat_interval=s.session_timeout_s / 6,
             producer_linger_ms=5,
             producer_max_request_size=BY_RUN_MAX_BYTES,
             # aiokafka sends one request per broker at a time, a batch per partition in it
@@ -105,8 +107,9 @@ class Worker:
             stream_wait_empty=False,
         )
         self.raw = app.topic(s.topics.raw, key_serializer="raw", value_serializer="raw")
+        self.by_run_name = f"{s.app_id}-by-run"
         self.by_run = app.topic(
-            f"{s.app_id}-by-run",
+            self.by_run_name,
             key_serializer="raw",
             value_serializer="raw",
             partitions=s.by_run_partitions,
@@ -162,6 +165,7 @@ class Worker:
         self.store.revoked()
 
     async def _assigned(self, app: faust.App, assigned: Any, **kw: Any) -> None:
+        self.store.assigned({tp.partition for tp in assigned if tp.topic == self.by_run_name})
         raw = sum(1 for tp in assigned if tp.topic == self.s.topics.raw)
         self.metrics.assigned.set(raw)
         ms = compat.set_fetch_wait(self.app.consumer, self.s.fetch_wait_ms)
@@ -193,9 +197,12 @@ class Worker:
     async def _detect(self, stream: Any) -> None:
         """Score each by-run message into its run's detector; acknowledge it once a
         checkpoint of its run holds it (``RunStore``). A run warming from its history holds
-        its messages until it is warm."""
+        its messages until it is warm. A message whose scoring a rebalance interrupted is
+        left unacknowledged (its run's owner scores it again, skipping what it applied)."""
         stream = compat.unacked(stream)
+        store = self.store
         async for event in stream.events():
+            generation = store.generation
             run = event.key.decode() if isinstance(event.key, bytes) else str(event.key)
             if not self.store.admit(run, event):
                 await stream.ack(event)
@@ -203,7 +210,10 @@ class Worker:
             todo = self.store.ready(run, event)
             for i, ev in enumerate(todo):
                 det = self.store.cache[run]
-                if not await self.scorer.score(det, run, ev):
+                scored = await self.scorer.score(det, run, ev)
+                if store.generation != generation:
+                    break
+                if not scored:
                     self.store.wait(run, todo[i:])  # a restart's re-seed holds the run
                     break
                 self._submit_fits(run, det)

@@ -170,8 +170,13 @@ class WorkerSettings:
     limits: Annotated[LimitSettings, nested("")] = field(default_factory=LimitSettings)
     session_timeout_s: Annotated[
         PositiveFloat,
-        about("seconds after which a SIGKILLed worker's partitions move to the others"),
-    ] = 10.0
+        about(
+            "seconds after which a SIGKILLed worker's partitions move to the others: its runs "
+            "alert again on them 2-4 s later (heartbeats every sixth of it); a worker whose "
+            "loop is busy this long is taken for dead; the broker's floor is its "
+            "group.min.session.timeout.ms (6 s by default)"
+        ),
+    ] = 6.0
     log_level: Annotated[NonEmptyStr, about("log level of the worker")] = "warning"
 
 

@@ -8,6 +8,13 @@ restarted or newly joined worker resumes the run); a run's head and each changed
 are values of their own (``RunDetector.dump``). A run the table does not have is warmed from its
 history when the worker has the stores (the ``History`` it is given: ``history_loads``); its
 messages wait for that, in order.
+
+A rebalance keeps in memory the runs whose by-run partition stays with the worker: their state
+is ahead of the table, and the messages Faust delivers again from the committed offset are
+skipped by the raw offsets that state applied, so they are neither scored twice nor scored onto
+an older state. A run whose partition moved is dropped; its new owner restores it from the table
+and skips by the offsets stored with it. A message whose scoring a rebalance interrupted
+(``generation`` changed) is neither held nor acknowledged: its run's owner scores it again.
 How many runs it keeps, and when an idle one is retired: ``run_limits``.
 """
 
@@ -66,6 +73,8 @@ class RunStore:
         self.history = history  # None: runs the table does not have start cold
         self.cache: dict[str, RunDetector] = {}
         self.saved_at: dict[str, float] = {}
+        self.partition_of: dict[str, int] = {}  # run -> its by-run partition
+        self.generation = 0  # rebalances begun; the detect agent compares it around a message
         # by-run partition -> run -> its messages scored since its last checkpoint
         self.held: dict[int, dict[str, list[Any]]] = {}
         self.limits = limits or RunLimits(LimitSettings(), table.keys)
@@ -97,6 +106,7 @@ class RunStore:
             if key.encode() in self.table:
                 del self.table[key.encode()]
         self.saved_at.pop(run, None)
+        self.partition_of.pop(run, None)
         self.limits.retired(run)
 
     def idle_runs(self) -> list[str]:
@@ -162,6 +172,7 @@ class RunStore:
         processed, theirs too)."""
         held = self.held.setdefault(partition, {})
         held.setdefault(run, []).append(event)
+        self.partition_of[run] = partition
         now = time.monotonic()
         due = [r for r in held if now - self.saved_at.get(r, 0.0) >= self.checkpoint_s]
         return [(r, held.pop(r)) for r in due]
@@ -188,14 +199,22 @@ class RunStore:
         ]
 
     def revoked(self) -> None:
-        """Another worker may own these runs now: reload them from the table when they come
-        back; the held messages are not acknowledged (their new owner scores them again)."""
-        self.cache.clear()
-        self.saved_at.clear()
+        """A rebalance began: the held messages are not acknowledged (Faust delivers them
+        again from the committed offset, to this worker or the partition's next owner), the
+        history loads are dropped, and a message being scored is left to that replay."""
+        self.generation += 1
         self.held.clear()
         self.limits.forget()
         if self.history is not None:
             self.history.revoked()
+
+    def assigned(self, partitions: set[int]) -> None:
+        """The by-run ``partitions`` are this worker's now: the runs of the others are
+        dropped (their next owner restores them from the table); the rest stay in memory."""
+        for run in [r for r in self.cache if self.partition_of.get(r) not in partitions]:
+            del self.cache[run]
+            self.saved_at.pop(run, None)
+            self.partition_of.pop(run, None)
 
     def fitted(self, run: str, key: tuple[int, str], params: ArimaParams | None) -> None:
         det = self.cache.get(run)
