@@ -145,3 +145,21 @@ def test_a_rank_whose_windows_wait_for_data_warns_and_one_slow_batch_does_not():
     opened = [a for a in reports if a.state == "firing"]
     assert [(a.rule, a.severity) for a in opened] == [("threshold:data_wait_share", "warning")]
     assert opened[0].evidence["members"][0]["rank"] == 1
+
+
+def test_steps_sent_raw_that_keep_waiting_for_data_warn_at_the_third():
+    """A slowed input pipeline whose steps reach the worker as raw samples (spikes of step time
+    are sent raw at the defaults): two slow steps in a row stay notes, the third warns; a fast
+    step in between starts the count again."""
+
+    def step(n: int, wait: float):
+        fields = {"loss": 2.0, "step_time_s": 1.0, "data_time_s": wait}
+        return make_record("step", fields, run_id="r", rank=1, step=n)
+
+    det = RunDetector("r")
+    firing = []
+    for n, wait in enumerate([0.9, 0.9, 0.05, 0.9, 0.9], start=100):
+        firing += [a for a in det.process(step(n, wait))[1] if a.state == "firing"]
+    assert firing == []
+    firing += [a for a in det.process(step(105, 0.9))[1] if a.state == "firing"]
+    assert [(a.rule, a.severity) for a in firing] == [("threshold:data_wait_share", "warning")]

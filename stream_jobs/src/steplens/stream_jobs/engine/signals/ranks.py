@@ -43,6 +43,7 @@ class RanksState:
     checked_ns: int = 0
     hung: set[int] = field(default_factory=set)
     suspects: set[int] = field(default_factory=set)
+    data_waits: dict[int, int] = field(default_factory=dict)  # rank -> steps over the share
     # steps spanned by the widest step batch of the run (capped): how far behind another rank's
     # batch of the same steps may still be; when to judge, not a judgement (not compared)
     batch_span: int = field(default=0, compare=False)

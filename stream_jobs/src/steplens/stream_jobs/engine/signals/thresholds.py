@@ -35,6 +35,7 @@ class ThresholdConfig:
     disk_latency_ms: float = 10.0
     host_mem_available_pct: float = 5.0
     data_wait_share: float = 0.3  # data_time_s / step_time_s
+    data_wait_steps: int = 3  # consecutive steps over the share that warn (a window warns alone)
     mem_growth_samples: int = 6  # GPU memory rising at every one of this many samples
     mem_growth_pct: float = 2.0  # ... by at least this share of the total in all
 
@@ -218,16 +219,23 @@ def data_wait(  # noqa: PLR0917
     rows: np.ndarray,
     rank: int,
     sustained: bool = False,
-) -> Signals | None:
-    """Share of each step spent waiting for data (NaN: not known). A share over the limit of
-    one step is a note for the data-bottleneck correlation; ``sustained`` rows (a window's
-    means over its steps) over it warn: the rank's input pipeline holds its steps back."""
+    streak: int = 0,
+) -> tuple[Signals | None, int]:
+    """Share of each step spent waiting for data (NaN: not known), and the rank's streak of
+    consecutive steps over the limit after these rows (``streak``: before them). One step over
+    it is a note for the data-bottleneck correlation; ``data_wait_steps`` in a row, or a
+    ``sustained`` row (a window's means over its steps), warn: the rank's input pipeline holds
+    its steps back."""
     ok = (step_times > 0) & np.isfinite(data_times) & np.isfinite(step_times)
     if not ok.any():
-        return None
+        return None, streak
     share = data_times[ok] / step_times[ok]  # finite over positive: finite
     limit = cfg.data_wait_share
     breach = share > limit
+    held = np.zeros(len(share), dtype=bool)
+    for i, over in enumerate(breach):
+        streak = streak + 1 if over else 0
+        held[i] = sustained or streak >= cfg.data_wait_steps
     score = scores_of(share / limit) if limit else np.zeros(len(share))
     return Signals.of(
         "threshold",
@@ -236,10 +244,10 @@ def data_wait(  # noqa: PLR0917
         steps[ok],
         share,
         score,
-        np.where(breach, WARN_SEV if sustained else INFO_SEV, 0),
+        np.where(breach, np.where(held, WARN_SEV, INFO_SEV), 0),
         limit,
         None,
         limit,
         rank,
         f"rank:{rank}",
-    )
+    ), streak
