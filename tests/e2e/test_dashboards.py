@@ -328,8 +328,9 @@ def _health_and_incident_records(run_id: str, now_ns: int) -> list[Any]:
 
 def _training_records(run_id: str, now_ns: int) -> list[Any]:
     """What the quick demo does not log: BLEU, ROUGE and F1, a language-model batch (its
-    supervised share), a stalled rank's stacks and the worker's lr event; built by the
-    producer's own batch statistics and stack dump."""
+    supervised share), a stalled rank's stacks, the worker's lr event, a communication probe
+    (off at the README's defaults) and a loss ARIMA band (240 steps in windows are too few
+    for a fit); built by the producer's own batch statistics and stack dump."""
     import numpy as np
 
     from steplens.producer.batch_stats import batch_payload
@@ -350,12 +351,17 @@ def _training_records(run_id: str, now_ns: int) -> list[Any]:
         "detail": {"text": "warm-up ended at step 10; declared warmup_steps 10"},
     }
     stacks = {"stalled_s": 75.0, "last_step": 96, "threads": thread_stacks()}
+    comm = {"op": "all_reduce", "latency_ms": 3.5, "bytes": 4096, "backend": "gloo"}
+    band = {"name": "arima", "metric": "loss", "value": 2.4, "score": 0.1}
+    band |= {"expected": 2.35, "lower": 2.1, "upper": 2.6}
     common = {"run_id": run_id, "time_ns": now_ns, "step": 96}
     return [
         make_record("batch", batch, rank=0, **common),
         make_record("eval", evaluation, rank=0, **common),
         make_record("signal", event, rank=-1, **common),
         make_record("stacks", stacks, rank=1, host="n1", **common),
+        *(make_record("comm", comm, rank=r, **common) for r in (0, 1)),
+        *(make_record("signal", band, rank=r, **common) for r in (0, 1)),
     ]
 
 
