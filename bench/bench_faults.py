@@ -36,7 +36,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -210,7 +209,7 @@ class Scenario:
                 return "producer stats unknown"
             spooled += int(stats.get("spooled", 0))
             replayed += int(stats.get("replayed", 0))
-        left_out = _metric(self.s3_port, "steplens_s3_duplicate_rows_total")
+        left_out = scale_out.metric(self.s3_port, "steplens_s3_duplicate_rows_total")
         return (
             f"producers spooled {spooled}, replayed {replayed}; "
             f"S3 roller left out {left_out:.0f} duplicate rows"
@@ -337,19 +336,8 @@ class Scenario:
         return rows
 
 
-def _metric(port: int, name: str) -> float:
-    """The sum of a metric's samples on a process's /metrics (0 when it does not answer)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-            text = r.read().decode()
-    except OSError:
-        return 0.0
-    lines = text.splitlines()
-    return sum(float(x.rsplit(" ", 1)[1]) for x in lines if x.startswith((name + "{", name + " ")))
-
-
 def _worker_records(port: int) -> float:
-    return _metric(port, "steplens_worker_records_total")
+    return scale_out.metric(port, "steplens_worker_records_total")
 
 
 def _caught_up(bootstrap: str, group: str, topics: list[str]) -> bool:
