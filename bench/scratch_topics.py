@@ -8,6 +8,7 @@ over many runs until its controller slows down.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 
@@ -43,9 +44,14 @@ def scratch_topics(bootstrap: str) -> Iterator[None]:
     """Delete, on exit, every topic created while the block ran.
 
     Meant for a broker used by tests or benches: a topic that another client creates on the
-    same broker during the block is deleted too, except the default steplens topics.
+    same broker during the block is deleted too, except the default steplens topics. Set
+    ``STEPLENS_KEEP_SCRATCH_TOPICS=1`` when several sessions share one broker at once.
     """
     from steplens.schema.topics import Topics
+
+    if os.environ.get("STEPLENS_KEEP_SCRATCH_TOPICS") == "1":
+        yield
+        return
 
     keep = set(Topics().all())
     try:

@@ -39,6 +39,7 @@ def step_entries() -> st.SearchStrategy[list[dict[str, Any]]]:
 VALUES: list[tuple[Any, st.SearchStrategy[Any]]] = [
     (kinds.Num, any_float),
     (kinds.FNum, finite),
+    (kinds.Factor, st.floats(min_value=0.0, max_value=1.0, exclude_min=True)),
     (kinds.Int, i64),
     (kinds.Count, nat),
     (kinds.Str, names),

@@ -27,8 +27,11 @@ parser costs an entry's decode several times over. Steps are >= 0.
 fixed cost per message): ``data = {"records": [entry, ...]}``, each entry a ``step`` payload
 after its own ``step`` and ``time_ns`` (``StepEntry``); the envelope's ``step`` and ``time_ns``
 are the last entry's. The kind was added within version 1: a decoder without it dead-letters
-such a record with "unknown kind". The Structs' field order is the order of a decoded
-record's ``data``, and so of its re-encoded bytes: it is part of the wire contract.
+such a record with "unknown kind". So were ``advice`` (stream jobs -> ranks, on the advice
+topic), ``acted`` (a rank's answer to it) and ``checkpoint`` (a checkpoint a run saved).
+
+The Structs' field order is the order of a decoded record's ``data``, and so of its re-encoded
+bytes: it is part of the wire contract.
 """
 
 from __future__ import annotations
@@ -53,8 +56,14 @@ _F64_MAX: Final = 1.7976931348623157e308
 
 Severity = Literal["info", "warning", "critical"]
 AlertState = Literal["firing", "resolved"]
+# what the stream jobs may advise a run's ranks to do (each remedy opt-in, named at init)
+AdviceAction = Literal["skip_samples", "rewind", "lower_lr", "profile"]
+# what a rank did with a piece of advice
+AdviceOutcome = Literal["acted", "declined", "failed", "refused"]
 SEVERITIES: Final = get_args(Severity)
 ALERT_STATES: Final = get_args(AlertState)
+ADVICE_ACTIONS: Final = get_args(AdviceAction)
+ADVICE_OUTCOMES: Final = get_args(AdviceOutcome)
 # the bits of a GPU's ``throttle_reasons`` (NVML's clocks-event reasons), lowest first
 THROTTLE_REASONS: Final = (
     "idle",
@@ -74,6 +83,7 @@ Count = Annotated[int, Meta(ge=0, le=_I64_MAX)]  # counts, steps, sequence numbe
 Str = Annotated[str, Meta(max_length=MAX_STR_LEN)]
 Num = float | Literal["NaN", "Infinity", "-Infinity"]  # a float that may be non-finite
 FNum = Annotated[float, Meta(ge=-_F64_MAX, le=_F64_MAX)]  # a finite float (NaN fails both)
+Factor = Annotated[float, Meta(gt=0.0, le=1.0)]  # a multiplier that only lowers
 MetricName = Annotated[str, Meta(min_length=1, max_length=MAX_NAME_LEN)]
 Metrics = dict[MetricName, Num]  # free-form scalar metrics by name
 Counters = dict[Str, Int]
@@ -111,6 +121,8 @@ class RunMeta(Payload, kw_only=True):
     # the checks of the design and their state on this rank: [{"check", "state": "on" |
     # "on use" | "off", "needs" (on use), "why" and "enable" (off)}]
     checks: FlatObjs | None = None
+    # the remedies this run opted into (``AdviceAction`` names): the stream jobs advise only these
+    remedies: StrList | None = None
 
 
 class Step(Payload, kw_only=True):
@@ -268,6 +280,43 @@ class Alert(Payload, kw_only=True):
     evidence: Obj | None = None
 
 
+class Advice(Payload, kw_only=True):
+    """An output of the stream jobs: what a run's ranks should do about an incident.
+
+    Sent on the advice topic, keyed by run; the envelope's ``rank`` is the rank it is for
+    (``RUN_RANK``: every rank) and its ``step`` the step it was decided at. ``fingerprint`` and
+    ``action`` identify it: a rank acts on each pair once.
+    """
+
+    action: AdviceAction
+    fingerprint: Str  # the incident's
+    rule: Str | None = None  # the incident's lead rule
+    reason: Str | None = None  # the incident's hint, for the rank's log
+    onset_step: Count | None = None  # the incident's first step
+    sample_ids: StrList | None = None  # skip_samples: the caller's sample ids
+    sample_hashes: StrList | None = None  # skip_samples: hashes, where no ids were given
+    checkpoint: Str | None = None  # rewind: the checkpoint to reload (as the run reported it)
+    checkpoint_step: Count | None = None
+    skip_batches: Count | None = None  # rewind: batches to skip after reloading
+    lr_factor: Factor | None = None  # lower_lr: multiply the lr by it
+    duration_s: FNum | None = None  # profile: how long to record
+
+
+class Acted(Payload, kw_only=True):
+    """A rank's answer to a piece of advice: what it did, at which step."""
+
+    action: AdviceAction
+    fingerprint: Str
+    outcome: AdviceOutcome
+    detail: Str | None = None  # what was done (the checkpoint reloaded, the new lr) or why not
+
+
+class Checkpoint(Payload, kw_only=True):
+    """A checkpoint the run saved (``step`` in the envelope), which a rewind may name."""
+
+    path: Str
+
+
 class DeadLetter(Payload, kw_only=True):
     """A record some consumer could not use, with the reason."""
 
@@ -348,6 +397,18 @@ class DeadLetterRecord(Envelope, tag="dead_letter", kw_only=True):
     data: DeadLetter
 
 
+class AdviceRecord(Envelope, tag="advice", kw_only=True):
+    data: Advice
+
+
+class ActedRecord(Envelope, tag="acted", kw_only=True):
+    data: Acted
+
+
+class CheckpointRecord(Envelope, tag="checkpoint", kw_only=True):
+    data: Checkpoint
+
+
 WireRecord = (
     RunMetaRecord
     | StepRecord
@@ -362,6 +423,9 @@ WireRecord = (
     | SignalRecord
     | AlertRecord
     | DeadLetterRecord
+    | AdviceRecord
+    | ActedRecord
+    | CheckpointRecord
 )
 ENVELOPES: Final[dict[str, type[Envelope]]] = {
     t.__struct_config__.tag: t for t in get_args(WireRecord)

@@ -25,6 +25,9 @@ class Topics:
     dead_letters: Annotated[
         NonEmptyStr, about("records no part could use", env="STEPLENS_TOPIC_DEADLETTER")
     ] = "steplens.deadletter"
+    advice: Annotated[
+        NonEmptyStr, about("the worker's advice to the ranks of a run, key run_id")
+    ] = "steplens.advice"
     raw_partitions: Annotated[
         PositiveInt, about("partitions of a raw topic it creates", env="STEPLENS_RAW_PARTITIONS")
     ] = 8
@@ -35,7 +38,7 @@ class Topics:
 
     @classmethod
     def from_env(cls) -> Topics:
-        """STEPLENS_TOPIC_RAW, _SIGNALS, _ALERTS, _DEADLETTER, STEPLENS_RAW_PARTITIONS."""
+        """STEPLENS_TOPIC_RAW, _SIGNALS, _ALERTS, _DEADLETTER, _ADVICE, STEPLENS_RAW_PARTITIONS."""
         return resolve(cls)
 
     def all(self) -> dict[str, int]:
@@ -44,6 +47,7 @@ class Topics:
             self.signals: self.other_partitions,
             self.alerts: self.other_partitions,
             self.dead_letters: self.other_partitions,
+            self.advice: self.other_partitions,
         }
 
 
