@@ -17,7 +17,9 @@ def consumed(offset: int, value: bytes) -> Consumed:
 def test_a_step_later_than_the_skew_is_dead_lettered_and_not_stored() -> None:
     now = time.time_ns()
     soon = encode(make_record("step", {"loss": 1.0}, run_id="r", seq=0, time_ns=now + 60 * 10**9))
-    later = encode(make_record("step", {"loss": 2.0}, run_id="r", seq=1, time_ns=now + 3600 * 10**9))
+    later = encode(
+        make_record("step", {"loss": 2.0}, run_id="r", seq=1, time_ns=now + 3600 * 10**9)
+    )
     batch = encode(
         make_record(
             "step_batch",
