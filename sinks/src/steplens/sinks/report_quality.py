@@ -33,10 +33,10 @@ def label_counts(batches: pd.DataFrame) -> pd.DataFrame:
     if batches.empty or "step" not in batches:
         return pd.DataFrame()
     names: dict[str, str] = {}
-    for prefix in _LABEL_PREFIXES:
-        for c in map(str, batches.columns):
-            if c.startswith(prefix) and c[len(prefix) :] not in names.values():
-                names[c] = c[len(prefix) :]
+    for c in map(str, batches.columns):
+        prefix = next((p for p in _LABEL_PREFIXES if c.startswith(p)), None)  # longest first
+        if prefix is not None:
+            names[c] = c[len(prefix) :]
     if not names:
         return pd.DataFrame()
     counts = batches[list(names)].apply(pd.to_numeric, errors="coerce").rename(columns=names)
@@ -148,7 +148,7 @@ def train_val_gap(steps: pd.DataFrame, evals: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(
         {
             "step": ev["step"].to_numpy(dtype=float),
-            "split": column(ev, "split").fillna("val").to_numpy(),
+            "split": ev["split"].fillna("val").to_numpy() if "split" in ev else "val",
             "eval_loss": ev["loss"].to_numpy(dtype=float),
             "train_loss": train_loss,
         }
