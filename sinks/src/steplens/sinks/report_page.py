@@ -158,5 +158,14 @@ pre {{ font-size: 11px; max-height: 24em; overflow: auto; background: #f7f7f7; p
 <h2>Checks</h2>
 {checks}
 {figures}
+<script>
+// a link to an incident's evidence opens it
+function openTarget() {{
+  const target = document.getElementById(decodeURIComponent(location.hash.slice(1)));
+  if (target && target.tagName === "DETAILS") target.open = true;
+}}
+addEventListener("hashchange", openTarget);
+openTarget();
+</script>
 </body></html>
 """
