@@ -91,7 +91,7 @@ def test_the_browser_shows_one_row_per_incident_and_opens_its_evidence(tmp_path)
     assert "open" in rows[1][1] and "evaluate every 62 steps" in rows[2][1]
     links = [a["href"] for a, text in dom.find("a") if text == "evidence"]
     assert links == ["#incident-1", "#incident-2", "#incident-3"]
-    details = {a["id"]: a for a, _ in dom.find("details")}
+    details = {a["id"]: a for a, _ in dom.find("details") if "id" in a}
     assert set(details) == {"incident-1", "incident-2", "incident-3"}
     assert "open" in details["incident-3"] and "open" not in details["incident-1"]
 
@@ -99,6 +99,8 @@ def test_the_browser_shows_one_row_per_incident_and_opens_its_evidence(tmp_path)
     assert len(checks) == 2
     (off,) = dom.find("tr", "state-off")
     assert "sl.probe_comm(every=100)" in off[1]
+    (said,) = [text for _, text in dom.find("li") if "turn it on" in text]
+    assert "inter-rank communication latency" in said and "sl.probe_comm(every=100)" in said
     images = [a["src"] for a, _ in dom.find("img")]
     assert images == [f"{name}.png" for name in FIGURES]
     assert all((index.parent / src).stat().st_size > 5_000 for src in images)

@@ -52,10 +52,9 @@ def declared_lr(schedule: dict[str, Any], steps: np.ndarray) -> np.ndarray:
     return np.asarray(lr, dtype=float)
 
 
-def _mark_alerts(ax: Any, data: RunData, topics: tuple[str, ...] = ()) -> None:
-    """A dashed line where each incident opened, coloured by its peak severity (optionally
-    only incidents whose members include a rule containing one of ``topics``)."""
-    for inc in _incidents_about(data, topics).itertuples(index=False):
+def _mark_alerts(ax: Any, data: RunData) -> None:
+    """A dashed line where each incident opened, coloured by its peak severity."""
+    for inc in run_incidents(data).itertuples(index=False):
         if math.isfinite(inc.opened_step):
             colour = SEVERITY_COLOURS.get(inc.severity, "grey")
             ax.axvline(inc.opened_step, color=colour, alpha=0.6, lw=1, ls="--")

@@ -126,7 +126,16 @@ def _checks_html(data: RunData) -> str:
         f"<td><code>{html.escape(r.enable)}</code></td></tr>"
         for r in table.itertuples(index=False)
     )
-    return f'<table class="checks">{head}{body}</table>'
+    off = [r for r in table.itertuples(index=False) if "off" in r.state]
+    lead = f"<p>{len(table) - len(off)} of {len(table)} checks run"
+    lead += (", these do not:</p><ul>" if off else ".</p>") + "".join(
+        f"<li><b>{html.escape(r.check)}</b> ({html.escape(r.state)}): {html.escape(r.detail)}"
+        f"; turn it on: <code>{html.escape(r.enable)}</code></li>"
+        for r in off
+    )
+    lead += "</ul>" if off else ""
+    table_html = f'<table class="checks">{head}{body}</table>'
+    return f"{lead}\n<details><summary>every check</summary>{table_html}</details>"
 
 
 def _fmt(value: Any) -> str:

@@ -81,6 +81,8 @@ def fig_data_quality(data: RunData) -> Any:
             "no class labels (log_batch(labels=...) of a classifier)"
             + ("; language-model batches: see the supervised share" if supervised else ""),
         )
+        ax_l.set_xticks([])
+        ax_l.set_yticks([])
     else:
         x = np.arange(len(shares))
         bottom = np.zeros(len(shares))
