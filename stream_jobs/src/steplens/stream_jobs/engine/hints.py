@@ -56,7 +56,9 @@ HINTS: dict[str, str] = {
     "plateau": "the validation metric stopped improving: consider early stopping or the lr",
     "perplexity": "perplexity does not match exp(validation loss): check the evaluation script",
     "generalization_gap": "validation loss pulls away from training loss: overfitting",
-    "eval_unstable": "unstable validation metrics: check for leakage and the evaluation script",
+    "eval_unstable": "unstable validation metrics: evaluate more often and judge the mean of "
+    "several results (the interval the results support is the evidence's advice), then check "
+    "for leakage and the evaluation script",
     "straggler": "one rank is consistently slower: check its GPU, host and data loading",
     "hang": "no progress while records still arrive: a hang (collective or data "
     "loader); the stuck rank's stacks are in the evidence when it sent them",
@@ -67,8 +69,9 @@ HINTS: dict[str, str] = {
     "pipeline first, then the optimizer state, then lower the learning rate",
     "correlation:data_bottleneck": "low GPU util with high data-loading time or I/O latency: "
     "data loading is the bottleneck",
-    "correlation:eval_unstable": "unstable validation metrics: check for leakage and the "
-    "evaluation script",
+    "correlation:eval_unstable": "unstable validation metrics: evaluate more often and judge "
+    "the mean of several results (the interval the results support is the evidence's advice), "
+    "then check for leakage and the evaluation script",
 }
 
 
