@@ -32,8 +32,12 @@ HINTS: dict[str, str] = {
     # record detectors
     "threshold:gpu_mem_pct": "GPU memory above 90 %: a leak or growing activations; "
     "check caches, retained graphs and sequence lengths",
-    "threshold:gpu_mem_growth": "GPU memory grows at every sample: a leak (tensors kept across "
-    "steps, a growing cache); it will run out",
+    "threshold:gpu_mem_growth": "GPU memory drifts up and reaches 90 % within 30 minutes at this "
+    "rate: a leak (tensors kept across steps, a growing cache); it will run out",
+    "threshold:gpu_temp_c": "GPU temperature above 85 C: clocks throttle soon; check cooling "
+    "(fans, airflow, the node's neighbours)",
+    "threshold:gpu_temp_drift": "GPU temperature drifts up and reaches 85 C within 30 minutes "
+    "at this rate: failing cooling; the GPU will throttle",
     "threshold:gpu_util": "GPU mostly idle: the input pipeline or communication is starving it",
     "threshold:comm_latency_ms": "slow collective: check the interconnect and the peer ranks",
     "threshold:disk_io_latency_ms": "slow storage: data loading or checkpointing waits on disk",
