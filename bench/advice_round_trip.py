@@ -95,7 +95,8 @@ class Rank:
         step = 0
         while step < self.steps or time.monotonic() - t0 < self.steps * period + self.linger_s:
             ids = [f"{self.run_id}-{step}-{k}" for k in range(4)]
-            m.log_batch(step, [[1, 2, 3, step % 97 + 4]] * 4, sample_ids=ids)
+            tokens = [[step, k, 7, 11] for k in range(4)]  # no sample repeats another
+            m.log_batch(step, tokens, sample_ids=ids)
             spike = step in self.spikes
             if spike:
                 self.spike_ns[step] = time.time_ns()
@@ -114,13 +115,17 @@ class Rank:
         t.start()
         return t
 
-    def latencies_s(self, action: str = "skip_samples") -> list[float]:
-        """Per spike advised: from its ``log_step`` to the loop reading the advice."""
-        out = []
+    def latencies_s(self) -> dict[int, float]:
+        """Per spike advised (``skip_samples`` naming its batch's samples): from its
+        ``log_step`` to the loop reading the advice."""
+        out: dict[int, float] = {}
         for s in self.seen:
-            onset = s.advice.onset_step
-            if s.advice.action == action and onset in self.spike_ns:
-                out.append((s.loop_ns - self.spike_ns[onset]) / 1e9)
+            if s.advice.action != "skip_samples":
+                continue
+            for sample in s.advice.sample_ids or ():
+                step = int(sample.rsplit("-", 2)[1])
+                if step in self.spike_ns and step not in out:
+                    out[step] = (s.loop_ns - self.spike_ns[step]) / 1e9
         return out
 
 
