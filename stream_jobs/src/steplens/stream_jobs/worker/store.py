@@ -21,6 +21,7 @@ How many runs it keeps, and when an idle one is retired: ``run_limits``.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import MutableMapping
 from typing import Any, Protocol
@@ -176,7 +177,7 @@ class RunStore:
         held.setdefault(run, []).append(event)
         self.partition_of[run] = partition
         now = time.monotonic()
-        due = [r for r in held if now - self.saved_at.get(r, 0.0) >= self.checkpoint_s]
+        due = [r for r in held if now - self.saved_at.get(r, -math.inf) >= self.checkpoint_s]
         return [(r, held.pop(r)) for r in due]
 
     def checkpoint(self, run: str) -> None:
@@ -202,7 +203,7 @@ class RunStore:
             run
             for held in self.held.values()
             for run in held
-            if now - self.saved_at.get(run, 0.0) >= self.checkpoint_s
+            if now - self.saved_at.get(run, -math.inf) >= self.checkpoint_s
         ]
 
     def revoked(self) -> None:
