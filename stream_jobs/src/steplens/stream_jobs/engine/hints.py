@@ -30,10 +30,24 @@ HINTS: dict[str, str] = {
     "underflow or a stuck loss scale, a detached or frozen graph, saturated "
     "activations); the layers that moved are in the evidence",
     # record detectors
-    "threshold:gpu_mem_pct": "GPU memory above 90 %: a leak or growing activations; "
-    "check caches, retained graphs and sequence lengths",
+    "threshold:gpu_mem_pct": "NVML's used memory above 90 % for a GPU whose process reports "
+    "no allocator (a PyTorch run's caching allocator keeps freed memory reserved, so this alone "
+    "is no sign of trouble there): check that process's memory use",
     "threshold:gpu_mem_growth": "GPU memory grows at every sample: a leak (tensors kept across "
     "steps, a growing cache); it will run out",
+    "memory:alloc_growth": "allocated GPU memory climbs toward the limit: a leak (tensors kept "
+    "across steps: losses or outputs stored without .item()/.detach(), a growing cache) or "
+    "inputs that keep growing; the time and steps left before the out-of-memory error are in "
+    "the evidence (eta_min, eta_steps)",
+    "memory:alloc_retries": "the allocator is out of memory and retries after freeing its "
+    "cache (each retry synchronizes the device): lower the micro-batch or sequence length, "
+    "use activation checkpointing, or shard optimizer state",
+    "memory:fragmentation": "the allocator retries although much of its reserved memory is "
+    "free (fragmentation: blocks of changing sizes): set "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, keep tensor shapes fixed (pad to a few "
+    "lengths), or lower the micro-batch",
+    "memory:ooms": "the allocator raised an out-of-memory error: see the allocated, reserved "
+    "and limit bytes in the evidence; lower the micro-batch or use activation checkpointing",
     "threshold:gpu_util": "GPU mostly idle: the input pipeline or communication is starving it",
     "threshold:comm_latency_ms": "slow collective: check the interconnect and the peer ranks",
     "threshold:disk_io_latency_ms": "slow storage: data loading or checkpointing waits on disk",

@@ -35,6 +35,7 @@ from steplens.stream_jobs.engine.signals import (
     data_quality,
     evals,
     gpu_errors,
+    gpu_memory,
     layers,
     lengths,
     lr_events,
@@ -197,6 +198,13 @@ RECORDS: tuple[Records, ...] = (
         thresholds.ThresholdState,
         thresholds.on_record,
         frozenset({"hw", "comm"}),
+    ),
+    Records(
+        "gpu_memory",
+        gpu_memory.GpuMemoryConfig,
+        gpu_memory.GpuMemoryState,
+        gpu_memory.on_record,
+        frozenset({"hw"}),
     ),
     Records(
         "data",

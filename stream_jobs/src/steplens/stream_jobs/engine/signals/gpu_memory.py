@@ -1,0 +1,257 @@
+"""GPU memory judged the way out-of-memory errors happen, from ``hw`` records.
+
+NVML's "used" counts what PyTorch's caching allocator keeps reserved after tensors are freed, so
+a healthy run often sits above 90 % of the device: the NVML share stays a signal and warns only
+for a GPU whose allocator no rank reports (``thresholds.py``). Where a rank reports its
+allocator (the ``torch_*`` keys of a GPU entry, ``steplens.schema.kinds.Hw``), the memory
+training holds is judged, while the run steps:
+
+* ``memory:alloc_growth``: the allocator's high-water mark (its peak, or the allocated bytes
+  when higher) climbing in every quarter of the last ``window`` kept samples; its linear trend
+  gives the time (and the steps, at the run's pace) to the limit the allocator can reach
+  (reserved plus the device's free memory). Warning when that is under ``eta_warning_s``,
+  critical under ``eta_critical_s``. A steady run at 95 % NVML-used has a flat mark: quiet.
+* ``memory:alloc_retries`` / ``memory:fragmentation``: the allocator freed its cache and
+  retried a cudaMalloc (``num_alloc_retries``) in ``retry_samples`` of the last
+  ``retry_window`` samples. With a large share of the reserved memory unallocated
+  (``fragmented_share``) the cause is fragmentation, else the memory is simply full.
+* ``memory:ooms``: the allocator raised an out-of-memory error (``num_ooms`` rose): critical.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from steplens.schema import Record
+from steplens.stream_jobs.engine.core import (
+    CRITICAL,
+    WARNING,
+    Run,
+    Signals,
+    finite,
+    one,
+    score_of,
+)
+
+# the allocator's keys of a GPU entry (``producer/allocator.py`` writes them)
+ALLOCATED, RESERVED, PEAK = "torch_allocated_bytes", "torch_reserved_bytes", "torch_peak_bytes"
+LIMIT, RETRIES, OOMS = "torch_limit_bytes", "torch_alloc_retries", "torch_ooms"
+
+
+@dataclass
+class GpuMemoryConfig:
+    keep_every_s: float = 5.0  # allocator samples kept for the trend at most this often
+    window: int = 120  # kept samples per GPU (10 minutes at the default spacing)
+    min_samples: int = 12  # before the trend is judged
+    min_rise_pct: float = 0.1  # the mark's rise over the window, as a share of the limit
+    eta_warning_s: float = 1800.0
+    eta_critical_s: float = 300.0
+    retry_window: int = 60  # raw samples
+    retry_samples: int = 3  # samples with new retries among them that warn
+    fragmented_share: float = 0.25  # (reserved - allocated) / reserved: fragmentation
+    busy_s: float = 30.0  # the run steps: a step record this recent
+    max_gpus: int = 4096  # GPUs followed per run (bounded under abuse); the rest are counted
+
+
+@dataclass
+class GpuMemoryState:
+    gpus: set[str] = field(default_factory=set)  # GPU scopes followed
+    # GPU scope -> kept samples [time s, high-water bytes, limit bytes, run's last step]
+    marks: dict[str, deque[list[float]]] = field(default_factory=dict)
+    retried: dict[str, deque[int]] = field(default_factory=dict)  # new retries per sample
+    counters: dict[str, list[float]] = field(default_factory=dict)  # last [retries, ooms]
+    overflow: int = 0  # samples of GPUs past ``max_gpus``
+
+
+def _known(state: GpuMemoryState, cfg: GpuMemoryConfig, scope: str) -> bool:
+    """Whether ``scope`` is followed (a new one within the bound becomes followed)."""
+    if scope in state.gpus:
+        return True
+    if len(state.gpus) >= cfg.max_gpus:
+        state.overflow += 1
+        return False
+    state.gpus.add(scope)
+    return True
+
+
+def _trend(marks: deque[list[float]], cfg: GpuMemoryConfig) -> tuple[float, bool]:
+    """The mark's slope (bytes per second, least squares) and whether it climbs: higher in
+    every quarter of the kept samples than in the one before, by ``min_rise_pct`` in all."""
+    arr = np.asarray(marks, dtype=np.float64)
+    t, high, limit = arr[:, 0], arr[:, 1], arr[-1, 2]
+    quarters = [q.max() for q in np.array_split(high, 4)]
+    climbs = all(b > a for a, b in itertools.pairwise(quarters))
+    climbs = climbs and quarters[-1] - high[0] >= cfg.min_rise_pct / 100.0 * limit
+    span = t[-1] - t[0]
+    if span <= 0:
+        return 0.0, False
+    slope = float(np.polyfit(t - t[0], high, 1)[0])
+    return slope, climbs and slope > 0
+
+
+def allocator(  # noqa: PLR0917
+    state: GpuMemoryState,
+    cfg: GpuMemoryConfig,
+    gpu: dict[str, Any],
+    scope: str,
+    t_s: float,
+    busy: bool,
+    last_step: int,
+    step: int | None,
+    rank: int,
+) -> list[Signals]:
+    """The allocator's signals of one GPU entry that carries its report."""
+    alloc, reserved, peak, limit = (gpu.get(k) for k in (ALLOCATED, RESERVED, PEAK, LIMIT))
+    if not (finite(alloc) and finite(reserved) and finite(limit) and limit > 0):
+        return []
+    high = max(float(alloc), float(peak) if finite(peak) else 0.0)
+    grew = _growth(state, cfg, scope, t_s, high, float(limit), busy, last_step, step, rank)
+    out = [] if grew is None else [grew]
+    now = [float(gpu[k]) if finite(gpu.get(k)) else math.nan for k in (RETRIES, OOMS)]
+    before = state.counters.get(scope)
+    state.counters[scope] = now
+    if before is None:
+        return out  # a baseline: what happened before the run's first report is not counted
+    new_retries, new_ooms = (
+        c - b if c >= b else 0.0
+        for c, b in zip(now, before, strict=True)  # NaN: False
+    )
+    got = state.retried.get(scope)
+    if got is None:
+        got = state.retried[scope] = deque(maxlen=cfg.retry_window)
+    got.append(int(new_retries > 0))
+    retrying = sum(got) >= cfg.retry_samples
+    cache = (float(reserved) - float(alloc)) / float(reserved) if reserved > 0 else 0.0
+    fragmented = cache >= cfg.fragmented_share
+    detail = {
+        "retry_samples": sum(got),
+        "cache_share": round(cache, 4),
+        "allocated_bytes": float(alloc),
+        "reserved_bytes": float(reserved),
+        "limit_bytes": float(limit),
+    }
+    score = score_of(sum(got) / cfg.retry_samples)
+    for metric, breach in (
+        ("alloc_retries", retrying and not fragmented),
+        ("fragmentation", retrying and fragmented),
+    ):
+        value = float(sum(got)) if metric == "alloc_retries" else cache
+        out.append(
+            one(
+                "memory",
+                metric,
+                step,
+                value,
+                score,
+                rank,
+                scope,
+                WARNING if breach else None,
+                expected=float(cfg.retry_samples) if metric == "alloc_retries" else None,
+                detail=detail if breach else None,
+            )
+        )
+    out.append(
+        one(
+            "memory",
+            "ooms",
+            step,
+            new_ooms,
+            1.0 if new_ooms > 0 else 0.0,
+            rank,
+            scope,
+            CRITICAL if new_ooms > 0 else None,
+            expected=0.0,
+            upper=0.0,
+            detail={**detail, "ooms": now[1]} if new_ooms > 0 else None,
+        )
+    )
+    return out
+
+
+def _growth(  # noqa: PLR0917
+    state: GpuMemoryState,
+    cfg: GpuMemoryConfig,
+    scope: str,
+    t_s: float,
+    high: float,
+    limit: float,
+    busy: bool,
+    last_step: int,
+    step: int | None,
+    rank: int,
+) -> Signals | None:
+    """``memory:alloc_growth`` at a kept sample (None between them): the value is the
+    estimated seconds to the limit (inf: not climbing)."""
+    marks = state.marks.get(scope)
+    if marks is None:
+        marks = state.marks[scope] = deque(maxlen=cfg.window)
+    if not busy:  # loading a model, evaluating, stopped: not the steps' memory
+        marks.clear()
+    elif not marks or t_s - marks[-1][0] >= cfg.keep_every_s:
+        marks.append([t_s, high, limit, float(last_step)])
+    else:
+        return None  # judged at kept samples only
+    eta, severity, detail = math.inf, None, None
+    if len(marks) >= cfg.min_samples:
+        slope, climbs = _trend(marks, cfg)
+        if climbs:
+            eta = max(0.0, (limit - high) / slope)
+            if eta <= cfg.eta_critical_s:
+                severity = CRITICAL
+            elif eta <= cfg.eta_warning_s:
+                severity = WARNING
+            first, last = marks[0], marks[-1]
+            detail = {
+                "eta_s": round(eta, 1),
+                "eta_min": round(eta / 60.0, 1),
+                "slope_mib_per_min": round(slope * 60.0 / 2**20, 2),
+                "high_water_bytes": high,
+                "limit_bytes": limit,
+            }
+            pace = (last[3] - first[3]) / (last[0] - first[0]) if last[0] > first[0] else 0.0
+            if first[3] >= 0 and pace > 0:
+                detail["eta_steps"] = int(eta * pace)
+    return one(
+        "memory",
+        "alloc_growth",
+        step,
+        eta,
+        score_of(cfg.eta_warning_s / eta) if eta > 0 else 1.0,
+        rank,
+        scope,
+        severity,
+        expected=cfg.eta_warning_s,
+        lower=cfg.eta_warning_s,
+        detail=detail if severity else None,
+    )
+
+
+def hw(  # noqa: PLR0917
+    state: GpuMemoryState,
+    cfg: GpuMemoryConfig,
+    data: dict[str, Any],
+    host: str,
+    time_ns: int,
+    busy: bool,
+    last_step: int,
+    step: int | None,
+    rank: int,
+) -> list[Signals]:
+    """Every GPU entry of one ``hw`` record: its NVML figures and its allocator report."""
+    out: list[Signals] = []
+    for gpu in data.get("gpus") or []:
+        scope = f"gpu:{host}/{gpu.get('index', 0)}"
+        if finite(gpu.get(ALLOCATED)) and _known(state, cfg, scope):
+            out += allocator(state, cfg, gpu, scope, time_ns / 1e9, busy, last_step, step, rank)
+    return out
+
+
+def on_record(state: GpuMemoryState, cfg: GpuMemoryConfig, rec: Record, run: Run) -> list[Signals]:
+    busy = bool(run.last_step_ns) and rec.time_ns - run.last_step_ns < cfg.busy_s * 1e9
+    return hw(state, cfg, rec.data, rec.host, rec.time_ns, busy, run.last_step, rec.step, rec.rank)
