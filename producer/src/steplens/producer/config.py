@@ -114,7 +114,10 @@ class ProducerConfig:
     ] = 1024
     hw_interval_s: Annotated[
         NonNegativeFloat,
-        about("hardware sampler period (local rank 0 only); 0 turns it off"),
+        about(
+            "hardware sampler period (NVML and host: local rank 0; each rank's PyTorch "
+            "allocator); 0 turns it off"
+        ),
     ] = 1.0
     hw_slow_every: Annotated[
         PositiveInt,

@@ -23,6 +23,7 @@ _EVAL_FIELDS = ("loss", "perplexity", "accuracy", "f1", "bleu", "rouge")
 
 class Instruments:
     config: Any
+    identity: Any  # Identity
     _watchers: list[Any]
     _watch_pending: dict[str, Any] | None
     _comm: Any
@@ -44,7 +45,10 @@ class Instruments:
         from steplens.producer.hardware import HardwareSampler
 
         self._hw = HardwareSampler(
-            self._enqueue_hw, self.config.hw_interval_s, self.config.hw_slow_every
+            self._enqueue_hw,
+            self.config.hw_interval_s,
+            self.config.hw_slow_every,
+            host_wide=self.identity.local_rank == 0,
         )
         self._hw.start()
 

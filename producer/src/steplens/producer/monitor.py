@@ -103,9 +103,10 @@ class Monitor(Instruments):
         self._wall_offset_ns = time.time_ns() - time.monotonic_ns()
         self._init_process_state()
         self._put(MetaItem(_monotonic_ns(), self._run_meta()))
-        if self.identity.local_rank == 0 and self.config.hw_interval_s > 0:
-            self._start_hw()
-            self._start_exporter()
+        if self.config.hw_interval_s > 0:
+            self._start_hw()  # host-wide on local rank 0; the allocator's figures on the others
+            if self.identity.local_rank == 0:
+                self._start_exporter()
         _LIVE.add(self)
         atexit.register(_shutdown_at_exit, weakref.ref(self))
 

@@ -80,6 +80,10 @@ def _known(state: GpuMemoryState, cfg: GpuMemoryConfig, scope: str) -> bool:
     return True
 
 
+def _number(x: Any) -> float:
+    return float(x) if finite(x) else math.nan
+
+
 def _trend(marks: deque[list[float]], cfg: GpuMemoryConfig) -> tuple[float, bool]:
     """The mark's slope (bytes per second, least squares) and whether it climbs: higher in
     every quarter of the kept samples than in the one before, by ``min_rise_pct`` in all."""
@@ -107,13 +111,13 @@ def allocator(  # noqa: PLR0917
     rank: int,
 ) -> list[Signals]:
     """The allocator's signals of one GPU entry that carries its report."""
-    alloc, reserved, peak, limit = (gpu.get(k) for k in (ALLOCATED, RESERVED, PEAK, LIMIT))
-    if not (finite(alloc) and finite(reserved) and finite(limit) and limit > 0):
+    alloc, reserved, peak, limit = (_number(gpu.get(k)) for k in (ALLOCATED, RESERVED, PEAK, LIMIT))
+    if math.isnan(alloc) or math.isnan(reserved) or not limit > 0:  # NaN: not reported
         return []
-    high = max(float(alloc), float(peak) if finite(peak) else 0.0)
-    grew = _growth(state, cfg, scope, t_s, high, float(limit), busy, last_step, step, rank)
+    high = peak if peak >= alloc else alloc
+    grew = _growth(state, cfg, scope, t_s, high, limit, busy, last_step, step, rank)
     out = [] if grew is None else [grew]
-    now = [float(gpu[k]) if finite(gpu.get(k)) else math.nan for k in (RETRIES, OOMS)]
+    now = [_number(gpu.get(k)) for k in (RETRIES, OOMS)]
     before = state.counters.get(scope)
     state.counters[scope] = now
     if before is None:
@@ -127,14 +131,14 @@ def allocator(  # noqa: PLR0917
         got = state.retried[scope] = deque(maxlen=cfg.retry_window)
     got.append(int(new_retries > 0))
     retrying = sum(got) >= cfg.retry_samples
-    cache = (float(reserved) - float(alloc)) / float(reserved) if reserved > 0 else 0.0
+    cache = (reserved - alloc) / reserved if reserved > 0 else 0.0
     fragmented = cache >= cfg.fragmented_share
     detail = {
         "retry_samples": sum(got),
         "cache_share": round(cache, 4),
-        "allocated_bytes": float(alloc),
-        "reserved_bytes": float(reserved),
-        "limit_bytes": float(limit),
+        "allocated_bytes": alloc,
+        "reserved_bytes": reserved,
+        "limit_bytes": limit,
     }
     score = score_of(sum(got) / cfg.retry_samples)
     for metric, breach in (

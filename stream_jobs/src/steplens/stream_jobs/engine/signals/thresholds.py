@@ -64,7 +64,7 @@ def above(  # noqa: PLR0917
     step: int | None,
     rank: int,
     scope: str,
-    severity: str = WARNING,
+    severity: str | None = WARNING,
 ) -> Signals:
     """A signal that breaches when ``value > limit``."""
     breach = math.isfinite(value) and value > limit
