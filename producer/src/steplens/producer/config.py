@@ -123,6 +123,14 @@ class ProducerConfig:
         PositiveInt,
         about("PCIe throughput and energy every N samples (slow NVML calls)"),
     ] = 10
+    comm_every: Annotated[
+        NonNegativeInt,
+        about(
+            "`watch` on a DistributedDataParallel model: its gradient all-reduce is timed at "
+            "one optimizer step in N (a DDP communication hook running the default "
+            "all-reduce; no host sync) and sent as a `comm` record; 0: off"
+        ),
+    ] = 100
     exporter_port: Annotated[
         Port,
         about(

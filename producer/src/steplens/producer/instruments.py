@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -27,6 +28,7 @@ class Instruments:
     _watchers: list[Any]
     _watch_pending: dict[str, Any] | None
     _comm: Any
+    _comm_timers: list[Any]  # DdpCommTimer of each DDP model watched
     _data_ns: int | None
     _loader_batch: tuple[Any, Any, Any] | None  # a timed batch's token fields, for its step
     _loader_batches: int  # batches timed() has handed over
@@ -56,7 +58,7 @@ class Instruments:
         if self._accepting and self.pid == os.getpid():
             self._put(HwItem(time.monotonic_ns(), data))
 
-    def _enqueue_comm(self, step: int, data: dict[str, Any], pending: Any) -> None:
+    def _enqueue_comm(self, step: int | None, data: dict[str, Any], pending: Any) -> None:
         if self._accepting:
             self._put(CommItem(step, time.monotonic_ns(), data, pending))
 
@@ -162,6 +164,38 @@ class Instruments:
         except Exception as exc:
             self.counts.caller += 1
             log.warning("steplens: watch() disabled: %s", exc)
+        try:
+            self._time_collectives(model)
+        except Exception as exc:
+            self.counts.caller += 1
+            log.warning("steplens: the DDP all-reduce is not timed: %s", exc)
+
+    def _time_collectives(self, model: Any) -> None:
+        """A DistributedDataParallel model's gradient all-reduce, timed at one step in
+        ``comm_every`` (``ddp_comm.py``); a model with a communication hook of its own is left
+        as it is (``probe_comm`` measures the interconnect instead)."""
+        torch = sys.modules.get("torch")
+        every = self.config.comm_every
+        if torch is None or not every or any(t.model is model for t in self._comm_timers):
+            return
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return
+        if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            return
+        from steplens.producer.ddp_comm import DdpCommTimer
+
+        timer = DdpCommTimer(self._enqueue_comm, every)
+        try:
+            timer.attach(model)
+        except Exception as exc:  # DDP takes one hook: the model has its own
+            log.info(
+                "steplens: the DDP all-reduce is not timed (%s); sl.probe_comm(every=100) "
+                "times a small all_reduce instead",
+                exc,
+            )
+            return
+        self._comm_timers.append(timer)
 
     def _watch_result(self, result: dict[str, Any]) -> None:
         self._watch_pending = result

@@ -97,6 +97,7 @@ class Monitor(Instruments):
         self._watch_pending: dict[str, Any] | None = None
         self._watchers: list[Any] = []
         self._comm: Any = None
+        self._comm_timers: list[Any] = []
         self._hw: Any = None
         self._exporter: Any = None
         self._closed = False

@@ -238,9 +238,11 @@ class Stacks(Payload, kw_only=True):
 
 
 class Comm(Payload, kw_only=True):
-    """Inter-rank communication probe."""
+    """Inter-rank communication: the probe's, or the run's own gradient all-reduce."""
 
-    op: Str  # "all_reduce" | "send_recv"
+    # "all_reduce" | "send_recv" (the probe); "ddp_all_reduce" (a DDP step's gradient buckets:
+    # latency_ms their median all-reduce time, bytes their median size)
+    op: Str
     peer: Int | None = None
     latency_ms: Num
     bytes: Int | None = None
