@@ -66,3 +66,49 @@ def test_two_gloo_ranks_send_their_all_reduce_latency_and_train_as_without(tmp_p
         assert all(10_000 <= c["bytes"] <= 40_000 for c in comm)
         assert r["diff"] <= 1e-6  # the default all-reduce's sum and mean
     assert got[0]["checksum"] == pytest.approx(got[1]["checksum"], rel=1e-9)
+
+
+@pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="needs a CUDA device (NCCL)"
+)
+def test_on_nccl_the_hook_times_with_events_and_never_syncs(tmp_path) -> None:
+    """One NCCL rank: every bucket's marks are CUDA events, the record waits in ``pending``
+    until they completed, and sync debug mode "error" sees no host sync in the steps."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from steplens.producer.ddp_comm import DdpCommTimer
+
+    dist.init_process_group(
+        "nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+    )
+    try:
+        torch.manual_seed(0)
+        net = DDP(
+            torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(4))).cuda(),
+            bucket_cap_mb=0.3,
+        )
+        got = []
+        timer = DdpCommTimer(lambda step, data, pending: got.append((data, pending)), every=2)
+        timer.attach(net)
+        x = torch.randn(64, 256, device="cuda")
+        for _ in range(2):  # warm-up (DDP rebuilds its buckets after the first step)
+            net(x).pow(2).mean().backward()
+        torch.cuda.synchronize()
+        got.clear()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(4):
+                net(x).pow(2).mean().backward()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize()
+        assert timer.errors == 0 and len(got) == 2
+        for data, pending in got:
+            assert pending is not None and pending.ready()
+            out = pending.resolve(data)
+            assert out["op"] == "ddp_all_reduce" and out["backend"] == "nccl"
+            assert 0 <= out["latency_ms"] < 1000 and out["bytes"] > 0
+    finally:
+        dist.destroy_process_group()
