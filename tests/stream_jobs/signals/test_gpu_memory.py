@@ -158,3 +158,45 @@ def test_followed_gpus_are_bounded():
     gpus = [dict(entry(GIB, 2 * GIB), index=i) for i in range(5)]
     gm.hw(st, cfg, {"gpus": gpus}, "n1", 0, True, 0, None, 0)
     assert len(st.counters) == 2 and st.overflow == 3
+
+
+def _detect(gpu_at, seconds):
+    """A run stepping twice a second, its hw record each second; the alerts it raised."""
+    from steplens.schema import decode, encode, make_record
+    from steplens.stream_jobs.engine.detector import RunDetector
+
+    det = RunDetector("r")
+    alerts = []
+    for i in range(seconds):
+        t = (i + 1) * 10**9
+        for k in (0, 1):
+            step = make_record(
+                "step", {"loss": 2.0}, run_id="r", rank=0, step=2 * i + k, time_ns=t - k
+            )
+            alerts += det.process(decode(encode(step)))[1]
+        hw = make_record("hw", {"gpus": [gpu_at(i)]}, run_id="r", rank=0, time_ns=t)
+        alerts += det.process(decode(encode(hw)))[1]
+    return [a for a in alerts if a.state == "firing"]
+
+
+def _ints(gpu):
+    return {k: int(v) if isinstance(v, float) else v for k, v in gpu.items()}
+
+
+def test_through_the_detector_a_steady_full_gpu_is_quiet_and_a_leak_pages_with_its_eta():
+    quiet = _detect(lambda i: _ints(entry(52 * GIB, 75.4 * GIB, used=0.95 * TOTAL)), 600)
+    assert quiet == []
+    limit = 75 * GIB
+
+    def leak(i):
+        alloc = min(limit, 40 * GIB + i * 50 * 2**20)
+        return _ints(entry(alloc, min(limit, alloc + 2 * GIB), limit=limit))
+
+    fired = _detect(leak, 300)
+    assert fired and {m["rule"] for a in fired for m in a.evidence["members"]} == {
+        "memory:alloc_growth"
+    }
+    first = fired[0]
+    assert first.evidence["topic"] == "memory" and "climbs toward the limit" in first.hint
+    member = first.evidence["members"][0]
+    assert member["eta_min"] < 30 and member["eta_steps"] > 0

@@ -55,7 +55,7 @@ class GpuMemoryConfig:
     retry_window: int = 60  # raw samples
     retry_samples: int = 3  # samples with new retries among them that warn
     fragmented_share: float = 0.25  # (reserved - allocated) / reserved: fragmentation
-    busy_s: float = 30.0  # the run steps: a step record this recent
+    busy_s: float = 120.0  # the run steps: a step record this recent (windows: every 10 s)
     max_gpus: int = 4096  # GPUs followed per run (bounded under abuse); the rest are counted
 
 
