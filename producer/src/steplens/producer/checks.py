@@ -109,16 +109,15 @@ def design_checks(config: ProducerConfig, identity: Identity) -> list[dict[str, 
     )
     out.append(_check("host CPU/disk/network", ON if hw_on and ps else OFF, host_why, host_enable))
     timed = multi and c.comm_every > 0 and torch
-    comm_why = (
-        "watch(ddp_model, optimizer): its all-reduce is timed (other parallelisms: "
-        "sl.probe_comm(every=100))"
-        if timed
-        else (
-            "one rank"
-            if not multi
-            else ("torch not installed" if not torch else "comm_every is 0")
+    if timed:
+        comm_why = (
+            "watch(ddp_model, optimizer): its all-reduce is timed (other parallelisms: "
+            "sl.probe_comm(every=100))"
         )
-    )
+    elif not multi:
+        comm_why = "one rank"
+    else:
+        comm_why = "comm_every is 0" if torch else "torch not installed"
     out.append(
         _check(
             "inter-rank communication latency over 50 ms",
