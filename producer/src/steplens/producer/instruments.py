@@ -44,13 +44,20 @@ class Instruments:
         raise NotImplementedError
 
     def _start_hw(self) -> None:
+        """The host-wide sampler on local rank 0; on the others, one for the PyTorch
+        allocator's figures where torch is installed."""
+        import importlib.util
+
         from steplens.producer.hardware import HardwareSampler
 
+        host_wide = self.identity.local_rank == 0
+        if not host_wide and importlib.util.find_spec("torch") is None:
+            return
         self._hw = HardwareSampler(
             self._enqueue_hw,
             self.config.hw_interval_s,
             self.config.hw_slow_every,
-            host_wide=self.identity.local_rank == 0,
+            host_wide=host_wide,
         )
         self._hw.start()
 
