@@ -200,3 +200,17 @@ def test_through_the_detector_a_steady_full_gpu_is_quiet_and_a_leak_pages_with_i
     assert first.evidence["topic"] == "memory" and "climbs toward the limit" in first.hint
     member = first.evidence["members"][0]
     assert member["eta_min"] < 30 and member["eta_steps"] > 0
+
+
+def test_nvml_stays_quiet_when_another_rank_reports_the_gpus_allocator():
+    """Rank 1 sends its allocator's figures of GPU 1 in records of its own; local rank 0's
+    NVML entries of GPU 1 then stay signals."""
+    st, cfg = thresholds.ThresholdState(), thresholds.ThresholdConfig()
+    own = {"index": 1, gm.ALLOCATED: 40 * GIB, gm.RESERVED: 75 * GIB}
+    nvml = {"index": 1, "mem_used_bytes": 0.95 * TOTAL, "mem_total_bytes": TOTAL}
+    sev = []
+    for _ in range(5):
+        for gpu in (own, nvml):
+            sigs = thresholds.hw(st, cfg, {"gpus": [gpu]}, "n1", None, 0, True)[1]
+            sev += [s.severity for g in sigs for s in g.views() if s.metric == "gpu_mem_pct"]
+    assert sev == [None] * 5
