@@ -328,9 +328,11 @@ def _health_and_incident_records(run_id: str, now_ns: int) -> list[Any]:
 
 def _training_records(run_id: str, now_ns: int) -> list[Any]:
     """What the quick demo does not log: BLEU, ROUGE and F1, a language-model batch (its
-    supervised share), a stalled rank's stacks, the worker's lr event, a communication probe
-    (off at the README's defaults) and a loss ARIMA band (240 steps in windows are too few
-    for a fit); built by the producer's own batch statistics and stack dump."""
+    supervised share), a classifier's batch (its label counts), a stalled rank's stacks, the
+    worker's lr event, a communication probe (off at the README's defaults), a loss ARIMA band
+    (240 steps in windows are too few for a fit), the loss-volatility, gap and data-rate
+    signals (quiet ones are thinned out) and a rank's checks; built by the producer's own
+    batch statistics and stack dump."""
     import numpy as np
 
     from steplens.producer.batch_stats import batch_payload
@@ -355,8 +357,28 @@ def _training_records(run_id: str, now_ns: int) -> list[Any]:
     band = {"name": "arima", "metric": "loss", "value": 2.4, "score": 0.1}
     band |= {"expected": 2.35, "lower": 2.1, "upper": 2.6}
     common = {"run_id": run_id, "time_ns": now_ns, "step": 96}
+    classified = {"n_samples": 34, "label_counts": {"cat": 32, "dog": 2}}
+    judged = [
+        ("volatility", "loss", 0.12),
+        ("generalization_gap", "eval_loss", 0.3),
+        ("data", "duplicate_rate", 0.5),
+        ("data", "repeat_rate", 0.1),
+        ("data", "repeat_share", 0.05),
+    ]
+    signals = [
+        make_record("signal", {"name": n, "metric": m, "value": v, "score": 0.6}, rank=1, **common)
+        for n, m, v in judged
+    ]
+    checks = [
+        {"check": "loss volatility", "state": "on use", "needs": "log_step(step, loss=loss)"},
+        {"check": "stragglers", "state": "off", "why": "one rank", "enable": "torchrun"},
+    ]
+    meta = {"world_size": 2, "checks": checks}
     return [
         make_record("batch", batch, rank=0, **common),
+        make_record("batch", classified, rank=1, **common),
+        make_record("run_meta", meta, rank=0, **common),
+        *signals,
         make_record("eval", evaluation, rank=0, **common),
         make_record("signal", event, rank=-1, **common),
         make_record("stacks", stacks, rank=1, host="n1", **common),

@@ -258,3 +258,20 @@ def test_stacks_and_window_std() -> None:
     window = {"step_first": 1, "step_last": 3, "count": 3, "metrics": {"loss": stats}}
     (w,) = record_builders(make_record("step_window", window, run_id="r", time_ns=1))
     assert w.fields["std"] == 0.25
+
+
+def test_run_meta_writes_a_point_per_check() -> None:
+    checks = [
+        {"check": "loss volatility", "state": "on use", "needs": "log_step(step, loss=loss)"},
+        {"check": "stragglers", "state": "off", "why": "one rank", "enable": "torchrun"},
+        {"check": "", "state": "on"},  # nameless: left out
+    ]
+    rec = make_record("run_meta", {"world_size": 1, "checks": checks}, run_id="r", rank=0)
+    meta, *points = record_builders(rec)
+    assert meta.measurement == "run_meta" and json.loads(meta.fields["checks"]) == checks
+    assert {p.measurement for p in points} == {"check"}
+    got = {p.tags["check"]: (p.tags["rank"], p.fields) for p in points}
+    assert set(got) == {"loss volatility", "stragglers"}
+    rank, fields = got["stragglers"]
+    assert rank == "0" and fields["on"] == 0 and fields["why"] == "one rank"
+    assert fields["enable"] == "torchrun" and got["loss volatility"][1]["on"] == 1

@@ -285,7 +285,28 @@ def _run_meta(rec: Record) -> list[PointBuilder]:
     b.integer("world_size", d["world_size"]).num("peak_flops", d.get("peak_flops"))
     for name in ("hosts", "model", "optimizer", "lr_schedule", "config", "checks"):
         b.text(name, d.get(name))
-    return [b]
+    return [b, *_checks(rec)]
+
+
+MAX_CHECKS: Final = 64  # check points of one run_meta (the design has about 25)
+
+
+def _checks(rec: Record) -> list[PointBuilder]:
+    """One ``check`` point per check the rank reports (run_meta's ``checks``), for the boards:
+    ``on`` 1 (on, or on once its call is made) or 0 (off), which the rollups keep, and the
+    words (state, what feeds it or why it is off, the line that turns it on)."""
+    found = rec.data.get("checks")
+    points = []
+    for c in found[:MAX_CHECKS] if isinstance(found, list) else []:
+        if not isinstance(c, dict) or not isinstance(c.get("check"), str) or not c["check"]:
+            continue
+        b = PointBuilder("check", rec, name_tag="check").tag("run_id", rec.run_id)
+        b.tag("rank", rec.rank).tag("check", c["check"]).text("state", c.get("state"))
+        b.integer("on", int(c.get("state") != "off"))
+        for name in ("needs", "why", "enable"):
+            b.text(name, c.get(name))
+        points.append(b)
+    return points
 
 
 _BUILDERS: Final = {

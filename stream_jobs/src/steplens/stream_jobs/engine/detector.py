@@ -107,6 +107,7 @@ _HEAD = (
     "offsets",
     "raw_seen",
     "baseline",  # which ranks' signals still say their baselines came from history
+    "slots",  # which of its two table values holds each rank's stored series
 )
 
 # the signals of a warmed rank say so for this many of its values: by then the detectors'
@@ -145,6 +146,8 @@ class RunDetector:
     touched: set[int] = field(default_factory=set)  # ranks whose series changed (take_touched)
     # rank -> [detail, values left]: its signals say where its baselines came from (``warmed``)
     baseline: dict[int, list[Any]] = field(default_factory=dict)
+    # rank -> the slot (0 or 1) of its series as the last ``dump`` stored it (``dump``)
+    slots: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for e in RECORDS:
@@ -577,21 +580,29 @@ class RunDetector:
     # ------------------------------------------------------------------ stored form
     def dump(self, ranks: Iterable[int]) -> tuple[bytes, dict[int, bytes]]:
         """The run's state as table values: its head, and the series of ``ranks`` (those that
-        changed), each a value of its own."""
+        changed), each a value of its own, to be written under ``slots[rank]`` before the head.
+
+        Each rank has two slots and a changed one goes to the slot its stored head does not
+        name, so a checkpoint cut short (some ranks written, the head not) leaves the stored
+        head pointing at the series it was written with: restored, it never pairs a newer
+        series with older offsets."""
+        parts = {r: CODEC.pack(self.series[r]) for r in ranks if r in self.series}
+        for r in parts:  # a rank never stored starts in slot 0
+            self.slots[r] = 1 - self.slots[r] if r in self.slots else 0
         head = {k: getattr(self, k) for k in _HEAD}
         head["ranks"] = sorted(self.series)
-        parts = {r: CODEC.pack(self.series[r]) for r in ranks if r in self.series}
         return CODEC.pack(head), parts
 
     @classmethod
     def load(
         cls,
         blob: bytes,
-        rank_blob: Callable[[int], bytes | None],
+        rank_blob: Callable[[int, int], bytes | None],
         cfg: DetectorConfig | None = None,
     ) -> RunDetector | None:
-        """A run's detector from its head and its ranks' values (``rank_blob(rank)``); None,
-        with a warning, for a head this release cannot read."""
+        """A run's detector from its head and its ranks' values (``rank_blob(rank, slot)``,
+        slot 0 for a head stored before slots); None, with a warning, for a head this release
+        cannot read."""
         try:
             head = CODEC.unpack(blob)
             det = cls(head["run_id"], cfg or DetectorConfig(), fit_inline=False)
@@ -603,7 +614,7 @@ class RunDetector:
             log.warning("a stored run state cannot be restored (%s); the run starts afresh", exc)
             return None
         for rank in head.get("ranks", []):
-            part = rank_blob(rank)
+            part = rank_blob(rank, det.slots.setdefault(rank, 0))
             try:
                 det.series[rank] = CODEC.unpack(part) if part else _missing()
             except Exception as exc:

@@ -7,10 +7,11 @@ allocator (the ``torch_*`` keys of a GPU entry, ``steplens.schema.kinds.Hw``), t
 training holds is judged, while the run steps:
 
 * ``memory:alloc_growth``: the allocator's high-water mark (its peak, or the allocated bytes
-  when higher) climbing in every quarter of the last ``window`` kept samples; its linear trend
-  gives the time (and the steps, at the run's pace) to the limit the allocator can reach
-  (reserved plus the device's free memory). Warning when that is under ``eta_warning_s``,
-  critical under ``eta_critical_s``. A steady run at 95 % NVML-used has a flat mark: quiet.
+  when higher) drifting toward the limit the allocator can reach (reserved plus the device's
+  free memory), judged by ``headroom`` over the kept samples: a Theil-Sen slope whose lower
+  bound reaches the limit within 30 minutes warns, with the time (and the steps, at the run's
+  pace) left; under ``eta_critical_s`` it is critical. A steady run at 95 % NVML-used has a
+  flat mark: quiet.
 * ``memory:alloc_retries`` / ``memory:fragmentation``: the allocator freed its cache and
   retried a cudaMalloc (``num_alloc_retries``) in ``retry_samples`` of the last
   ``retry_window`` samples. With a large share of the reserved memory unallocated
@@ -20,7 +21,6 @@ training holds is judged, while the run steps:
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -38,6 +38,7 @@ from steplens.stream_jobs.engine.core import (
     one,
     score_of,
 )
+from steplens.stream_jobs.engine.signals.headroom import HeadroomConfig, headroom
 
 # the allocator's keys of a GPU entry (``producer/allocator.py`` writes them)
 ALLOCATED, RESERVED, PEAK = "torch_allocated_bytes", "torch_reserved_bytes", "torch_peak_bytes"
@@ -47,11 +48,10 @@ LIMIT, RETRIES, OOMS = "torch_limit_bytes", "torch_alloc_retries", "torch_ooms"
 @dataclass
 class GpuMemoryConfig:
     keep_every_s: float = 5.0  # allocator samples kept for the trend at most this often
-    window: int = 120  # kept samples per GPU (10 minutes at the default spacing)
-    min_samples: int = 12  # before the trend is judged
-    min_rise_pct: float = 0.1  # the mark's rise over the window, as a share of the limit
-    eta_warning_s: float = 1800.0
-    eta_critical_s: float = 300.0
+    # the mark's drift toward the limit: its window (120 kept samples: 10 minutes), the samples
+    # before a verdict, and the time left that warns (30 minutes)
+    trend: HeadroomConfig = field(default_factory=HeadroomConfig)
+    eta_critical_s: float = 300.0  # the time left that is critical
     retry_window: int = 60  # raw samples
     retry_samples: int = 3  # samples with new retries among them that warn
     fragmented_share: float = 0.25  # (reserved - allocated) / reserved: fragmentation
@@ -82,21 +82,6 @@ def _known(state: GpuMemoryState, cfg: GpuMemoryConfig, scope: str) -> bool:
 
 def _number(x: Any) -> float:
     return float(x) if finite(x) else math.nan
-
-
-def _trend(marks: deque[list[float]], cfg: GpuMemoryConfig) -> tuple[float, bool]:
-    """The mark's slope (bytes per second, least squares) and whether it climbs: higher in
-    every quarter of the kept samples than in the one before, by ``min_rise_pct`` in all."""
-    arr = np.asarray(marks, dtype=np.float64)
-    t, high, limit = arr[:, 0], arr[:, 1], arr[-1, 2]
-    quarters = [q.max() for q in np.array_split(high, 4)]
-    climbs = all(b > a for a, b in itertools.pairwise(quarters))
-    climbs = climbs and quarters[-1] - high[0] >= cfg.min_rise_pct / 100.0 * limit
-    span = t[-1] - t[0]
-    if span <= 0:
-        return 0.0, False
-    slope = float(np.polyfit(t - t[0], high, 1)[0])
-    return slope, climbs and slope > 0
 
 
 def allocator(  # noqa: PLR0917
@@ -194,44 +179,40 @@ def _growth(  # noqa: PLR0917
     estimated seconds to the limit (inf: not climbing)."""
     marks = state.marks.get(scope)
     if marks is None:
-        marks = state.marks[scope] = deque(maxlen=cfg.window)
+        marks = state.marks[scope] = deque(maxlen=cfg.trend.window)
     if not busy:  # loading a model, evaluating, stopped: not the steps' memory
         marks.clear()
     elif not marks or t_s - marks[-1][0] >= cfg.keep_every_s:
         marks.append([t_s, high, limit, float(last_step)])
     else:
         return None  # judged at kept samples only
-    eta, severity, detail = math.inf, None, None
-    if len(marks) >= cfg.min_samples:
-        slope, climbs = _trend(marks, cfg)
-        if climbs:
-            eta = max(0.0, (limit - high) / slope)
-            if eta <= cfg.eta_critical_s:
-                severity = CRITICAL
-            elif eta <= cfg.eta_warning_s:
-                severity = WARNING
-            first, last = marks[0], marks[-1]
-            detail = {
-                "eta_s": round(eta, 1),
-                "eta_min": round(eta / 60.0, 1),
-                "slope_mib_per_min": round(slope * 60.0 / 2**20, 2),
-                "high_water_bytes": high,
-                "limit_bytes": limit,
-            }
-            pace = (last[3] - first[3]) / (last[0] - first[0]) if last[0] > first[0] else 0.0
-            if first[3] >= 0 and pace > 0:
-                detail["eta_steps"] = int(eta * pace)
+    arr = np.asarray(marks, dtype=np.float64).reshape(-1, 4)
+    h = headroom(cfg.trend, arr[:, 0], arr[:, 1], limit)
+    severity, detail = None, None
+    if h.breach:
+        severity = CRITICAL if h.seconds_left <= cfg.eta_critical_s else WARNING
+        first, last = marks[0], marks[-1]
+        detail = {
+            "eta_s": round(h.seconds_left, 1),
+            "eta_min": round(h.seconds_left / 60.0, 1),
+            "slope_mib_per_min": round(h.slope * 60.0 / 2**20, 2),
+            "high_water_bytes": high,
+            "limit_bytes": limit,
+        }
+        pace = (last[3] - first[3]) / (last[0] - first[0]) if last[0] > first[0] else 0.0
+        if first[3] >= 0 and pace > 0:
+            detail["eta_steps"] = int(h.seconds_left * pace)
     return one(
         "memory",
         "alloc_growth",
         step,
-        eta,
-        score_of(cfg.eta_warning_s / eta) if eta > 0 else 1.0,
+        h.seconds_left,
+        h.score,
         rank,
         scope,
         severity,
-        expected=cfg.eta_warning_s,
-        lower=cfg.eta_warning_s,
+        expected=cfg.trend.horizon_s,
+        lower=cfg.trend.horizon_s,
         detail=detail if severity else None,
     )
 
