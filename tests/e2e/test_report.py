@@ -232,3 +232,29 @@ def test_device_lists_of_stored_hw_records_become_rows():
         "io_latency_ms": 2.0,
     }
     assert _explode(hw, "nets", "iface").empty
+
+
+def test_other_ranks_allocator_records_leave_nvml_and_host_series_whole():
+    """A rank other than local rank 0 sends hw records with its allocator's GPU figures only:
+    the report draws the host-wide samples, without gaps or zeros at those times."""
+    import pandas as pd
+
+    from steplens.sinks.report_data import _explode_gpus, _host_wide
+
+    t = pd.Timestamp("2026-01-01T00:00:00Z")
+    hw = pd.DataFrame(
+        {
+            "time": [t, t + pd.Timedelta(seconds=0.5), t + pd.Timedelta(seconds=1)],
+            "host": ["n1"] * 3,
+            "cpu_percent": [10.0, None, 12.0],
+            "gpu_status": ["ok", None, "ok"],
+            "gpus": [
+                '[{"index": 0, "mem_used_bytes": 9, "mem_total_bytes": 10}]',
+                '[{"index": 1, "torch_allocated_bytes": 4, "torch_reserved_bytes": 6}]',
+                '[{"index": 0, "mem_used_bytes": 9, "mem_total_bytes": 10}]',
+            ],
+        }
+    )
+    host = _host_wide(hw)
+    assert host["cpu_percent"].tolist() == [10.0, 12.0]
+    assert _explode_gpus(host)["mem_used_pct"].tolist() == [90.0, 90.0]

@@ -102,7 +102,7 @@ def test_hw_thresholds_and_sustained_low_util():
         }
         st, sigs = rows(thresholds.hw(st, cfg, data, "n1", None, 0, True))
         seen.append(sorted(s.metric for s in sigs if s.severity))
-    assert seen[0] == ["gpu_mem_pct", "host_mem_available_pct"]
+    assert seen[0] == ["host_mem_available_pct"]  # GPU memory: test_gpu_memory.py
     assert "gpu_util" in seen[2] and "disk_io_latency_ms" not in seen[3]
     comm = rows(thresholds.comm(cfg, {"op": "all_reduce", "latency_ms": 80.0}, 3, 1))
     assert comm[0].severity == "warning" and comm[0].scope == "rank:1"

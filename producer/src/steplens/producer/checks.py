@@ -94,20 +94,39 @@ def design_checks(config: ProducerConfig, identity: Identity) -> list[dict[str, 
         hw_enable if not hw_on else ("" if nvml else 'pip install "steplens-producer[gpu]"')
     )
     out.append(_check("GPU util/memory/temperature/errors", gpu_state, gpu_why, gpu_enable))
+    torch = _installed("torch")
+    out.append(
+        _check(
+            "GPU memory toward out-of-memory (allocator growth, retries, fragmentation)",
+            ON if hw_on and torch else OFF,
+            hw_why if not hw_on else ("" if torch else "torch not installed"),
+            hw_enable if not hw_on else "",
+        )
+    )
     ps = _installed("psutil")
     host_why = hw_why if not hw_on else ("" if ps else "psutil not installed")
     host_enable = (
         hw_enable if not hw_on else ("" if ps else 'pip install "steplens-producer[host]"')
     )
     out.append(_check("host CPU/disk/network", ON if hw_on and ps else OFF, host_why, host_enable))
+    timed = multi and c.comm_every > 0 and torch
+    if timed:
+        comm_why = (
+            "watch(ddp_model, optimizer): its all-reduce is timed (other parallelisms: "
+            "sl.probe_comm(every=100))"
+        )
+    elif not multi:
+        comm_why = "one rank"
+    else:
+        comm_why = "comm_every is 0" if torch else "torch not installed"
     out.append(
         _check(
             "inter-rank communication latency over 50 ms",
-            OFF,
-            "a probe adds collectives every rank must reach at the same steps"
-            if multi
-            else "one rank",
-            "sl.probe_comm(every=100)" if multi else "",
+            ON_USE if timed else OFF,
+            comm_why,
+            "STEPLENS_COMM_EVERY=100, or sl.probe_comm(every=100)"
+            if multi and torch and not timed
+            else "",
         )
     )
     out += [

@@ -120,12 +120,23 @@ class ProducerConfig:
     ] = 1024
     hw_interval_s: Annotated[
         NonNegativeFloat,
-        about("hardware sampler period (local rank 0 only); 0 turns it off"),
+        about(
+            "hardware sampler period (NVML and host: local rank 0; each rank's PyTorch "
+            "allocator); 0 turns it off"
+        ),
     ] = 1.0
     hw_slow_every: Annotated[
         PositiveInt,
         about("PCIe throughput and energy every N samples (slow NVML calls)"),
     ] = 10
+    comm_every: Annotated[
+        NonNegativeInt,
+        about(
+            "`watch` on a DistributedDataParallel model: its gradient all-reduce is timed at "
+            "one optimizer step in N (a DDP communication hook running the default "
+            "all-reduce; no host sync) and sent as a `comm` record; 0: off"
+        ),
+    ] = 100
     exporter_port: Annotated[
         Port,
         about(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -23,9 +24,11 @@ _EVAL_FIELDS = ("loss", "perplexity", "accuracy", "f1", "bleu", "rouge")
 
 class Instruments:
     config: Any
+    identity: Any  # Identity
     _watchers: list[Any]
     _watch_pending: dict[str, Any] | None
     _comm: Any
+    _comm_timers: list[Any]  # DdpCommTimer of each DDP model watched
     _data_ns: int | None
     _loader_batch: tuple[Any, Any, Any] | None  # a timed batch's token fields, for its step
     _loader_batches: int  # batches timed() has handed over
@@ -41,10 +44,20 @@ class Instruments:
         raise NotImplementedError
 
     def _start_hw(self) -> None:
+        """The host-wide sampler on local rank 0; on the others, one for the PyTorch
+        allocator's figures where torch is installed."""
+        import importlib.util
+
         from steplens.producer.hardware import HardwareSampler
 
+        host_wide = self.identity.local_rank == 0
+        if not host_wide and importlib.util.find_spec("torch") is None:
+            return
         self._hw = HardwareSampler(
-            self._enqueue_hw, self.config.hw_interval_s, self.config.hw_slow_every
+            self._enqueue_hw,
+            self.config.hw_interval_s,
+            self.config.hw_slow_every,
+            host_wide=host_wide,
         )
         self._hw.start()
 
@@ -52,7 +65,7 @@ class Instruments:
         if self._accepting and self.pid == os.getpid():
             self._put(HwItem(time.monotonic_ns(), data))
 
-    def _enqueue_comm(self, step: int, data: dict[str, Any], pending: Any) -> None:
+    def _enqueue_comm(self, step: int | None, data: dict[str, Any], pending: Any) -> None:
         if self._accepting:
             self._put(CommItem(step, time.monotonic_ns(), data, pending))
 
@@ -158,6 +171,38 @@ class Instruments:
         except Exception as exc:
             self.counts.caller += 1
             log.warning("steplens: watch() disabled: %s", exc)
+        try:
+            self._time_collectives(model)
+        except Exception as exc:
+            self.counts.caller += 1
+            log.warning("steplens: the DDP all-reduce is not timed: %s", exc)
+
+    def _time_collectives(self, model: Any) -> None:
+        """A DistributedDataParallel model's gradient all-reduce, timed at one step in
+        ``comm_every`` (``ddp_comm.py``); a model with a communication hook of its own is left
+        as it is (``probe_comm`` measures the interconnect instead)."""
+        torch = sys.modules.get("torch")
+        every = self.config.comm_every
+        if torch is None or not every or any(t.model is model for t in self._comm_timers):
+            return
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return
+        if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            return
+        from steplens.producer.ddp_comm import DdpCommTimer
+
+        timer = DdpCommTimer(self._enqueue_comm, every)
+        try:
+            timer.attach(model)
+        except Exception as exc:  # DDP takes one hook: the model has its own
+            log.info(
+                "steplens: the DDP all-reduce is not timed (%s); sl.probe_comm(every=100) "
+                "times a small all_reduce instead",
+                exc,
+            )
+            return
+        self._comm_timers.append(timer)
 
     def _watch_result(self, result: dict[str, Any]) -> None:
         self._watch_pending = result

@@ -54,7 +54,7 @@ class HwItem(NamedTuple):
 
 
 class CommItem(NamedTuple):
-    step: int
+    step: int | None  # None: the DDP all-reduce's timing, taken outside log_step
     t_ns: int
     data: dict[str, Any]
     pending: Any  # a probe's result still on the device, or None

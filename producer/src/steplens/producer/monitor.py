@@ -100,6 +100,7 @@ class Monitor(Instruments):
         self._watch_pending: dict[str, Any] | None = None
         self._watchers: list[Any] = []
         self._comm: Any = None
+        self._comm_timers: list[Any] = []
         self._hw: Any = None
         self._exporter: Any = None
         self._closed = False
@@ -108,9 +109,10 @@ class Monitor(Instruments):
         self._creator_pid = os.getpid()  # the process that may act on advice (no forked child)
         self._init_process_state()
         self._put(MetaItem(_monotonic_ns(), self._run_meta()))
-        if self.identity.local_rank == 0 and self.config.hw_interval_s > 0:
-            self._start_hw()
-            self._start_exporter()
+        if self.config.hw_interval_s > 0:
+            self._start_hw()  # host-wide on local rank 0; the allocator's figures on the others
+            if self.identity.local_rank == 0:
+                self._start_exporter()
         _LIVE.add(self)
         atexit.register(_shutdown_at_exit, weakref.ref(self))
 

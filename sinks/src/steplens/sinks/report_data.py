@@ -89,7 +89,7 @@ def load_run(run_id: str) -> RunData:
         steps = pd.DataFrame(columns=["rank", "step", "loss", "lr"])
     alerts = _records(query, run_id, "alert")
     meta = _records(query, run_id, "run_meta")
-    hw = _records(query, run_id, "hw")
+    hw = _host_wide(_records(query, run_id, "hw"))
     return RunData(
         run_id=run_id,
         steps=steps,
@@ -244,6 +244,15 @@ def _explode(hw: pd.DataFrame, column: str, key: str) -> pd.DataFrame:
     if not out.empty and key not in out.columns:
         out[key] = 0 if key == "index" else "?"
     return out
+
+
+def _host_wide(hw: pd.DataFrame) -> pd.DataFrame:
+    """The host-wide samples (local rank 0's, with ``gpu_status``): the other ranks' ``hw``
+    records carry only their PyTorch allocator's GPU figures, which would read as gaps in
+    NVML's and the host's series."""
+    if hw.empty or "gpu_status" not in hw.columns:
+        return hw
+    return hw[hw["gpu_status"].notna()].reset_index(drop=True)
 
 
 def _explode_gpus(hw: pd.DataFrame) -> pd.DataFrame:

@@ -36,6 +36,7 @@ from steplens.stream_jobs.engine.signals import (
     data_quality,
     evals,
     gpu_errors,
+    gpu_memory,
     layers,
     lengths,
     lr_events,
@@ -198,6 +199,13 @@ RECORDS: tuple[Records, ...] = (
         thresholds.ThresholdState,
         thresholds.on_record,
         frozenset({"hw", "comm"}),
+    ),
+    Records(
+        "gpu_memory",
+        gpu_memory.GpuMemoryConfig,
+        gpu_memory.GpuMemoryState,
+        gpu_memory.on_record,
+        frozenset({"hw"}),
     ),
     Records(
         "data",

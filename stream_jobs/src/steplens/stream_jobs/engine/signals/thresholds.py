@@ -4,6 +4,12 @@
 kernels) does not alert; everything else breaches on the sample itself. GPU memory and
 temperature also warn *before* their limit when they drift toward it (``headroom``): a leak or a
 failing fan is seen while there is time to act.
+
+NVML's GPU memory (``gpu_mem_pct``, ``gpu_mem_growth``) counts what PyTorch's caching allocator
+keeps reserved after tensors are freed, so a healthy run often sits above 90 % and its cache
+fills toward it: both are kept as signals, and warn only for a GPU whose allocator no rank
+reports (``gpu_memory.py`` judges the allocator's figures where one does); the share warns
+once sustained.
 """
 
 from __future__ import annotations
@@ -26,12 +32,14 @@ from steplens.stream_jobs.engine.core import (
     score_of,
     scores_of,
 )
+from steplens.stream_jobs.engine.signals.gpu_memory import ALLOCATED
 from steplens.stream_jobs.engine.signals.headroom import HeadroomConfig, headroom
 
 
 @dataclass
 class ThresholdConfig:
-    gpu_mem_pct: float = 90.0
+    gpu_mem_pct: float = 90.0  # NVML used share, judged for GPUs without allocator reports
+    gpu_mem_sustain: int = 3  # consecutive hw samples over it
     gpu_util_low: float = 60.0
     gpu_util_sustain: int = 3  # consecutive hw samples
     comm_latency_ms: float = 50.0
@@ -42,6 +50,7 @@ class ThresholdConfig:
     gpu_temp_c: float = 85.0  # GPU temperature (clocks throttle near 90 C)
     # a drift toward the memory or temperature limit that reaches it within 30 minutes
     drift: HeadroomConfig = field(default_factory=HeadroomConfig)
+    max_gpus: int = 4096  # GPU scopes remembered as reporting their allocator (bounded)
 
 
 @dataclass
@@ -49,6 +58,8 @@ class ThresholdState:
     low_util: dict[str, int] = field(default_factory=dict)  # gpu scope -> consecutive low samples
     # "<gpu scope> <metric>" -> recent (seconds, value) samples, for the drift toward the limit
     drift: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    mem_over: dict[str, int] = field(default_factory=dict)  # gpu scope -> samples over the pct
+    allocator: set[str] = field(default_factory=set)  # gpu scopes with allocator reports
 
 
 def above(  # noqa: PLR0917
@@ -59,7 +70,7 @@ def above(  # noqa: PLR0917
     step: int | None,
     rank: int,
     scope: str,
-    severity: str = WARNING,
+    severity: str | None = WARNING,
 ) -> Signals:
     """A signal that breaches when ``value > limit``."""
     breach = math.isfinite(value) and value > limit
@@ -117,12 +128,40 @@ def hw(  # noqa: PLR0917
     out: list[Signals] = []
     for gpu in data.get("gpus") or []:
         scope = f"gpu:{host}/{gpu.get('index', 0)}"
+        if ALLOCATED in gpu and len(state.allocator) < cfg.max_gpus:
+            state.allocator.add(scope)
         used, total = gpu.get("mem_used_bytes"), gpu.get("mem_total_bytes")
         if isinstance(used, (int, float)) and isinstance(total, (int, float)) and total > 0:
             pct = 100.0 * used / total
-            out.append(above("threshold", "gpu_mem_pct", pct, cfg.gpu_mem_pct, step, rank, scope))
+            judged = scope not in state.allocator
+            over = state.mem_over.get(scope, 0) + 1 if pct > cfg.gpu_mem_pct else 0
+            state.mem_over[scope] = over
+            warns = judged and over >= cfg.gpu_mem_sustain
             out.append(
-                _drift(state, cfg, "gpu_mem_growth", scope, at_s, pct, cfg.gpu_mem_pct, step, rank)
+                above(
+                    "threshold",
+                    "gpu_mem_pct",
+                    pct,
+                    cfg.gpu_mem_pct,
+                    step,
+                    rank,
+                    scope,
+                    WARNING if warns else None,
+                )
+            )
+            out.append(
+                _drift(
+                    state,
+                    cfg,
+                    "gpu_mem_growth",
+                    scope,
+                    at_s,
+                    pct,
+                    cfg.gpu_mem_pct,
+                    step,
+                    rank,
+                    judged,
+                )
             )
         temp = gpu.get("temp_c")
         if isinstance(temp, (int, float)) and math.isfinite(temp):
@@ -189,9 +228,10 @@ def _drift(  # noqa: PLR0917
     limit: float,
     step: int | None,
     rank: int,
+    judged: bool = True,
 ) -> Signals:
     """``value``'s drift toward ``limit`` over the scope's recent samples (``headroom``): its
-    value is the seconds left at the current rate."""
+    value is the seconds left at the current rate (``judged``: it may warn)."""
     key = f"{scope} {metric}"
     hist = state.drift.get(key)
     if hist is None:
@@ -210,7 +250,7 @@ def _drift(  # noqa: PLR0917
         h.score,
         rank,
         scope,
-        WARNING if h.breach else None,
+        WARNING if judged and h.breach else None,
         expected=cfg.drift.horizon_s,
         detail={"slope_per_s": h.slope, "limit": limit, "value": float(value)},
     )
