@@ -27,6 +27,16 @@ def test_a_noisy_rise_warns_before_the_limit():
     assert 900 < left <= 1800 + 300, left
 
 
+def test_a_leak_after_a_flat_stretch_warns_soon_after_it_starts():
+    """Flat for 100 samples, then a rise that reaches the limit in 80 samples: the window is
+    mostly flat when the rise starts, yet it warns within 25 samples of the onset."""
+    rng = np.random.default_rng(3)
+    t = np.arange(0, 1800, 10.0)
+    x = 50 + np.clip(t - 1000, 0, None) * (35 / 800) + rng.normal(0, 0.3, len(t))
+    first = next(i for i, h in windows(t, x) if h.breach)
+    assert 100 < first <= 125, first
+
+
 def test_noise_near_the_limit_and_a_fall_never_warn():
     rng = np.random.default_rng(1)
     t = np.arange(0, 7200, 10.0)

@@ -13,6 +13,12 @@ The drift breaches when the limit is reached within ``horizon_s`` even at the sl
 bound (a rise that noise cannot explain, fast enough to matter) and the latest value is still
 below the limit (at the limit, the static threshold speaks). Its score rises as the time left
 at the fitted slope shrinks: 0.5 at ``horizon_s``.
+
+A leak often starts in the middle of the window, after a flat stretch: the median of the
+pairwise slopes stays near 0 until the rise holds about half the window. So the trailing
+``min_samples``, twice as many, and so on up to the window are each judged, and the first
+that breaches speaks (the shorter ones with a wider interval, ``confidence_short``: several
+are judged at once, and a short stretch is noisier, so only a clear rise breaches there).
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ class HeadroomConfig:
     min_samples: int = 20  # before any verdict
     horizon_s: float = 1800.0  # warn when the limit is this close (30 minutes)
     confidence: float = 0.95  # of the slope's interval
+    # of a shorter trailing stretch's: several are judged at once, and a short one is noisier
+    confidence_short: float = 0.999
 
 
 @dataclass(frozen=True)
@@ -46,12 +54,25 @@ NONE = Headroom(math.nan, math.inf, 0.0, False)
 def headroom(
     cfg: HeadroomConfig, times_s: np.ndarray, values: np.ndarray, limit: float
 ) -> Headroom:
-    """The drift of ``values`` (at ``times_s``, oldest first) toward ``limit`` (an upper one)."""
+    """The drift of ``values`` (at ``times_s``, oldest first) toward ``limit`` (an upper one):
+    that of the shortest trailing stretch that breaches, else of them all."""
     ok = np.isfinite(times_s) & np.isfinite(values)
     t, x = np.asarray(times_s, float)[ok], np.asarray(values, float)[ok]
+    n = cfg.min_samples
+    while n < len(t):
+        h = _fit(cfg, t[-n:], x[-n:], limit, cfg.confidence_short)
+        if h.breach:
+            return h
+        n *= 2
+    return _fit(cfg, t, x, limit, cfg.confidence)
+
+
+def _fit(
+    cfg: HeadroomConfig, t: np.ndarray, x: np.ndarray, limit: float, confidence: float
+) -> Headroom:
     if len(t) < cfg.min_samples or not np.ptp(t) > 0:
         return NONE
-    slope, intercept, low, _ = theilslopes(x, t, alpha=cfg.confidence)
+    slope, intercept, low, _ = theilslopes(x, t, alpha=confidence)
     level = intercept + slope * t[-1]
     if not (slope > 0 and math.isfinite(slope)):
         return Headroom(float(slope), math.inf, 0.0, False)
