@@ -96,6 +96,7 @@ class Monitor(Instruments):
         self._loader_batches = 0
         self._watch_pending: dict[str, Any] | None = None
         self._watchers: list[Any] = []
+        self._remedies: Any = None  # made by the first skipping() or act()
         self._comm: Any = None
         self._hw: Any = None
         self._exporter: Any = None
@@ -293,6 +294,8 @@ class Monitor(Instruments):
             timeout = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
             for w in self._watchers:
                 w.remove()
+            if self._remedies is not None:
+                self._remedies.close()
             if self._hw is not None:
                 self._hw.stop(min(1.0, timeout))
             if self._exporter is not None:
