@@ -10,6 +10,7 @@ psutil); ``docs/checks.md`` is the same table at the defaults.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from typing import Any
 
 from steplens.producer.config import ProducerConfig
@@ -152,8 +153,9 @@ def design_checks(config: ProducerConfig, identity: Identity) -> list[dict[str, 
     return out
 
 
-def summary(checks: list[dict[str, Any]]) -> str:
-    """The one log line: what runs, what waits for a call, what is off and how to turn it on."""
+def summary(checks: list[dict[str, Any]], remedies: Sequence[str] = ()) -> str:
+    """The one log line: what runs, what waits for a call, what is off and how to turn it on,
+    and the remedies the run opted into (advice read with ``sl.advice()``)."""
     on = [c["check"] for c in checks if c["state"] == ON]
     use = [c["check"] for c in checks if c["state"] == ON_USE]
     # names may hold commas (the ARIMA forecasts'): the lists are joined with " | "
@@ -167,5 +169,6 @@ def summary(checks: list[dict[str, Any]]) -> str:
     return (
         f"steplens checks: on: {' | '.join(on) or 'none'}; "
         f"on with their calls: {' | '.join(use) or 'none'}; "
-        f"off: {' | '.join(off) or 'none'} (docs/checks.md)"
+        f"off: {' | '.join(off) or 'none'} (docs/checks.md); "
+        f"remedies: {', '.join(remedies) or 'none'}"
     )

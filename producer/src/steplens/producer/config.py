@@ -17,6 +17,7 @@ from msgspec import Meta
 
 from steplens.producer.identity import Identity
 from steplens.schema import MAX_BATCH_ENTRIES
+from steplens.schema.kinds import AdviceAction
 from steplens.schema.settings import (
     DEFAULT_KAFKA_BOOTSTRAP,
     NonEmptyStr,
@@ -43,9 +44,14 @@ def _default_topic() -> str:
     return Topics.from_env().raw
 
 
+def _default_advice_topic() -> str:
+    return Topics.from_env().advice
+
+
 Share = Annotated[float, Meta(ge=0, le=1)]
 BatchSize = Annotated[int, Meta(ge=1, le=MAX_BATCH_ENTRIES)]
 JsonObject = dict[str, Any]
+Remedies = list[AdviceAction]
 
 
 @dataclass(frozen=True)
@@ -197,6 +203,25 @@ class ProducerConfig:
     model_info: Annotated[
         JsonObject | None, about("model facts, sent in `run_meta` (env: JSON)")
     ] = None
+    remedies: Annotated[
+        Remedies,
+        about(
+            "what the stream jobs may advise this run's ranks to do, read with `sl.advice()`: "
+            "`skip_samples`, `rewind`, `lower_lr`, `profile` (env: JSON list); none: no "
+            "advice, no consumer"
+        ),
+    ] = field(default_factory=list)
+    advice_topic: Annotated[
+        NonEmptyStr,
+        about(
+            "topic the advice comes on",
+            env_doc="`STEPLENS_ADVICE_TOPIC`, then `STEPLENS_TOPIC_ADVICE`",
+            default_doc="`steplens.advice`",
+        ),
+    ] = field(default_factory=_default_advice_topic)
+    advice_queue_max: Annotated[
+        PositiveInt, about("advice waiting for `sl.advice()` (drop-oldest, counted)")
+    ] = 64
     kafka_config: Annotated[
         JsonObject,
         about(
@@ -240,6 +265,8 @@ class ProducerConfig:
             data["lr_schedule"] = dict(self.lr_schedule)
         if self.peak_flops is not None:
             data["peak_flops"] = float(self.peak_flops)
+        if self.remedies:
+            data["remedies"] = list(self.remedies)
         return data
 
 
