@@ -342,6 +342,8 @@ class Monitor(Instruments):
                 return
             data = {"path": os.fspath(path)}
             self._put(RecordItem("checkpoint", step, _monotonic_ns(), data))
+            if "rewind" in self.config.remedies:  # the checkpoints a rewind may reload
+                self.remedies.reported(step, data["path"])
         except Exception:
             self.counts.caller += 1
 

@@ -5,9 +5,10 @@ arrived is carried out once per (fingerprint, action) and answered with ``acted`
 
 - ``skip_samples``: the named sample ids and hashes are skipped for the rest of the run by
   every ``skipping()`` wrapper (``skipping``);
-- ``rewind``: the named checkpoint is reloaded into the model, optimizer and scheduler
-  (``rewind``) and the next ``skip_batches`` batches of every ``skipping()`` wrapper are
-  dropped; ``act`` returns the checkpoint's step, the step the model is at again;
+- ``rewind``: the named checkpoint, one the run reported (``checkpoint(step, path)``), is
+  reloaded into the model, optimizer and scheduler (``rewind``) and the next
+  ``skip_batches`` batches of every ``skipping()`` wrapper are dropped; ``act`` returns the
+  checkpoint's step, the step the model is at again;
 - ``lower_lr``: the lr is multiplied by ``lr_factor`` (``lower_lr``), and the declared schedule
   sent again with the same factor from the next step, so the schedule check follows it and the
   change shows as an lr event;
@@ -36,6 +37,7 @@ log = logging.getLogger("steplens")
 
 ACTIONS = ("skip_samples", "rewind", "lower_lr", "profile")
 MAX_DONE = 4096  # (fingerprint, action) pairs remembered
+MAX_CHECKPOINTS = 256  # reported checkpoints remembered (the newest)
 DEFAULT_LR_FACTOR = 0.5
 MAX_DETAIL = 500
 
@@ -59,6 +61,7 @@ class Remedies:
         self.skips = SkipList()
         self._wrappers: weakref.WeakSet[Skipping] = weakref.WeakSet()
         self._done: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.checkpoints: OrderedDict[str, int] = OrderedDict()  # path -> step, as reported
         self._trace: Any = None  # (advice, RankProfile) while a trace runs
         self.answers: list[tuple[str, str, str, str]] = []  # (action, fingerprint, outcome,
         # detail) of the last MAX_DONE answers, for the run's own log and tests
@@ -95,6 +98,13 @@ class Remedies:
         except Exception:
             self.monitor.counts.caller += 1
         return at
+
+    def reported(self, step: int, path: str) -> None:
+        """A checkpoint the run reported (``checkpoint(step, path)``): only those are reloaded."""
+        self.checkpoints.pop(path, None)
+        self.checkpoints[path] = int(step)
+        while len(self.checkpoints) > MAX_CHECKPOINTS:
+            self.checkpoints.popitem(last=False)
 
     def close(self, step: int | None = None) -> None:
         """Finish a running trace (at shutdown, or the end of training)."""
@@ -155,6 +165,8 @@ class Remedies:
 
         if not advice.checkpoint:
             raise Declined("the advice names no checkpoint")
+        if advice.checkpoint not in self.checkpoints:  # a path from the wire: never any file
+            raise Declined(f"{advice.checkpoint} is not a checkpoint this run reported")
         if t.model is None and t.load is None:
             raise Declined("no model to reload: watch() one or give load()")
         what = reload(advice.checkpoint, t.model, t.optimizer, t.scheduler, t.load)

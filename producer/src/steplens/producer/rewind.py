@@ -64,6 +64,21 @@ def _load_folder(path: str, model: Any) -> dict[str, Any]:
     return out
 
 
+def _load_weights(model: Any, weights: dict[str, Any]) -> None:
+    """``model.load_state_dict(weights)``, where a weight missing from the file is allowed
+    only when it shares its storage with one that is there (tied weights, which a
+    ``safetensors`` file keeps once)."""
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected:
+        raise ValueError(f"unexpected weights in the checkpoint: {unexpected[:5]}")
+    if missing:
+        params = model.state_dict(keep_vars=True)
+        loaded = {params[k].data_ptr() for k in weights if k in params}
+        untied = [k for k in missing if params[k].data_ptr() not in loaded]
+        if untied:
+            raise ValueError(f"weights missing from the checkpoint: {untied[:5]}")
+
+
 def reload(
     path: str,
     model: Any,
@@ -86,7 +101,7 @@ def reload(
         state = {"model": state}  # a bare state_dict
     weights = _first(state, "model", "state_dict")
     if weights is not None and model is not None:
-        model.load_state_dict(weights)
+        _load_weights(model, weights)
         restored.append("model")
     elif state.get("sharded"):
         restored.append("model")  # loaded by _load_folder

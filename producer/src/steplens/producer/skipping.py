@@ -11,7 +11,8 @@ batch sampler of indices, an ``IterableDataset`` of samples) and drops, on the w
   (MD5 of the valid token ids), so a hash the stream jobs name is the one of the same row.
   Every field of the batch with one entry per row keeps the rows left; a batch left empty is
   dropped;
-- the next ``n`` items after ``skip_next(n)`` (a rewind's batches).
+- the next ``n`` batches after ``skip_next(n)`` (a rewind's): ``n * items_per_batch`` items,
+  where a framework batches the items (a Trainer's dataset of samples).
 
 Nothing is looked at while the skip lists are empty. The lists are bounded (``max_ids`` each);
 names past the cap are counted in ``overflow`` and not skipped. Rows are hashed on the host, so
@@ -118,6 +119,7 @@ class Skipping:
         self.source = source
         self.skips = skips
         self.ids = ids
+        self.items_per_batch = 1  # items of one training batch (a dataset of samples: more)
         self.pending = 0  # items still to skip (a rewind's)
         self.skipped_items = 0  # items skipped by skip_next
         self.dropped_rows = 0  # rows (or indices) dropped as named
@@ -127,8 +129,8 @@ class Skipping:
         return len(self.source)  # type: ignore[arg-type]
 
     def skip_next(self, n: int) -> None:
-        """Drop the next ``n`` items (added to those still pending)."""
-        self.pending += max(0, int(n))
+        """Drop the next ``n`` batches (``n * items_per_batch`` items), besides those pending."""
+        self.pending += max(0, int(n)) * self.items_per_batch
 
     def __iter__(self) -> Iterator[Any]:
         for item in self.source:
