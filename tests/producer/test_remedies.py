@@ -264,7 +264,7 @@ def test_rewind_reloads_skips_and_the_loss_is_back_on_trend_sooner(memory_monito
     assert with_[-1] <= without[-1]
     detail = answers["rewind"].data["detail"]
     assert answers["rewind"].data["outcome"] == "acted"
-    assert "restored model, optimizer" in detail and "skipping the next 3 batches" in detail
+    assert "restored model, optimizer" in detail and "skipped the 3 batches after" in detail
     assert loader.skipped_items == 3
     assert steps[42] == 40  # act() gave the checkpoint's step: the loop goes on from 40
 

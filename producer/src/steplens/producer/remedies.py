@@ -63,6 +63,10 @@ class Remedies:
         self._done: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.checkpoints: OrderedDict[str, int] = OrderedDict()  # path -> step, as reported
         self._trace: Any = None  # (advice, RankProfile) while a trace runs
+        # batches a framework's loader reads ahead of the step (its prefetch): a rewind then
+        # reloads that many steps later, after the batches read before it was advised
+        self.read_ahead = 0
+        self._rewinding: Any = None  # (advice, targets, the step to reload at)
         self.answers: list[tuple[str, str, str, str]] = []  # (action, fingerprint, outcome,
         # detail) of the last MAX_DONE answers, for the run's own log and tests
 
@@ -89,6 +93,8 @@ class Remedies:
         at = step
         try:
             self._finish_profile(step, force=False)
+            rewound = self._finish_rewind(step)
+            at = step if rewound is None else rewound
             if advice is None:
                 source = getattr(self.monitor, "advice", None)
                 advice = source() if source is not None else ()
@@ -160,29 +166,51 @@ class Remedies:
         detail += f" ({len(self.skips.ids)} ids, {len(self.skips.hashes)} hashes in all"
         return detail + (f"; {over} past the cap)" if over else ")"), at
 
-    def _rewind(self, advice: Any, step: int, t: _Targets, at: int) -> tuple[str, int]:
-        from steplens.producer.rewind import reload
-
+    def _rewind(self, advice: Any, step: int, t: _Targets, at: int) -> tuple[str | None, int]:
         if not advice.checkpoint:
             raise Declined("the advice names no checkpoint")
         if advice.checkpoint not in self.checkpoints:  # a path from the wire: never any file
             raise Declined(f"{advice.checkpoint} is not a checkpoint this run reported")
         if t.model is None and t.load is None:
             raise Declined("no model to reload: watch() one or give load()")
-        what = reload(advice.checkpoint, t.model, t.optimizer, t.scheduler, t.load)
+        if self._rewinding is not None:
+            raise Declined("a rewind is under way")
         n = int(advice.skip_batches or 0)
         for w in list(self._wrappers):
             w.skip_next(n)
-        back = advice.checkpoint_step if advice.checkpoint_step is not None else at
+        if self.read_ahead:  # the batches already read are trained on, then reloaded over
+            self._rewinding = (advice, t, step + self.read_ahead)
+            return None, at
+        return self._reload(advice, step, t)
+
+    def _reload(self, advice: Any, step: int, t: _Targets) -> tuple[str, int]:
+        from steplens.producer.rewind import reload
+
+        what = reload(advice.checkpoint, t.model, t.optimizer, t.scheduler, t.load)
+        back = advice.checkpoint_step
+        back = int(back if back is not None else self.checkpoints.get(advice.checkpoint, step))
         detail = f"{what} from {advice.checkpoint} (step {back}) at step {step}"
-        if n:
-            skipped = (
-                f"; skipping the next {n} batches"
-                if self._wrappers
-                else (f"; {n} batches not skipped: no data goes through skipping()")
-            )
-            detail += skipped
-        return detail, int(back)
+        n = int(advice.skip_batches or 0)
+        if n and self._wrappers:
+            detail += f"; skipped the {n} batches after"
+        elif n:
+            detail += f"; {n} batches not skipped: no data goes through skipping()"
+        return detail, back
+
+    def _finish_rewind(self, step: int) -> int | None:
+        """A rewind put off by the loader's read-ahead, once its step has come: the step
+        the model is at after it (None: none done)."""
+        if self._rewinding is None or step < self._rewinding[2]:
+            return None
+        advice, t, _ = self._rewinding
+        self._rewinding = None
+        try:
+            detail, back = self._reload(advice, step, t)
+        except Exception as exc:
+            self._answer(advice, "failed", f"{type(exc).__name__}: {exc}", step)
+            return None
+        self._answer(advice, "acted", detail, step)
+        return back
 
     def _lower_lr(self, advice: Any, step: int, t: _Targets, at: int) -> tuple[str, int]:
         if t.optimizer is None:

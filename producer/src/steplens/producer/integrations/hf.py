@@ -77,6 +77,7 @@ class SteplensCallback(TrainerCallback):
                     every=self._watch_every,
                     max_grad_norm=limit if limit else None,
                 )
+            self._monitor.remedies.read_ahead = 1  # accelerate's loader reads one batch ahead
             ds: Any = getattr(kwargs.get("train_dataloader"), "dataset", None)
             if hasattr(ds, "items_per_batch"):  # a skipping() dataset of samples
                 # an iterable dataset is read by one process for all (accelerate dispatches)

@@ -41,6 +41,7 @@ class SteplensCallback(Callback):
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         try:
             self._monitor = monitor_for(self._monitor, self._init_kwargs)
+            self._monitor.remedies.read_ahead = 1  # the fit loop's fetcher reads one ahead
             if self._watch_every and trainer.optimizers:
                 limit = trainer.gradient_clip_val
                 by_norm = trainer.gradient_clip_algorithm in (None, "norm")
@@ -87,7 +88,8 @@ class SteplensCallback(Callback):
             return
         try:
             for cb in trainer.checkpoint_callbacks:
-                paths = [*getattr(cb, "best_k_models", {}), getattr(cb, "last_model_path", "")]
+                paths = [*getattr(cb, "best_k_models", {})]
+                paths += [getattr(cb, "best_model_path", ""), getattr(cb, "last_model_path", "")]
                 for path in paths:
                     if path and path not in self._reported and os.path.exists(path):
                         self._reported.add(path)
