@@ -351,3 +351,47 @@ def test_profile_writes_one_bounded_trace_and_names_it(memory_monitor, tmp_path)
     assert 1 <= steps <= 20
     got = acted(t, m)
     assert got["profile"].data["detail"] == detail
+
+
+# ---------------------------------------------------------------------- ranks agree
+def _rank_main(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from steplens.producer.monitor import Monitor
+    from steplens.producer.transport import MemoryTransport
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    m = Monitor("agree", transport=MemoryTransport(), rank=rank, hw_interval_s=0, remedies=ALL)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    lower = _Advice("lower_lr", "corr-9", lr_factor=0.5)
+    lower.rank = RUN_RANK  # type: ignore[attr-defined]
+    arrives = 3 if rank == 0 else 6  # the advice reaches rank 1 three steps later
+    lrs = []
+    for step in range(10):
+        m.remedies.act(step, advice=[lower] if step == arrives else [], optimizer=opt)
+        lrs.append(opt.param_groups[0]["lr"])
+    Path(out).write_text(json.dumps(lrs))
+    m.shutdown(2)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ranks_lower_the_lr_at_the_same_step(tmp_path):
+    import socket
+
+    mp = torch.multiprocessing.get_context("spawn")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [
+        mp.Process(target=_rank_main, args=(r, port, str(tmp_path / f"r{r}.json")))
+        for r in range(2)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    lrs = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
+    assert lrs[0] == lrs[1] == [1.0] * 6 + [0.5] * 4  # both at step 6, when rank 1 had it

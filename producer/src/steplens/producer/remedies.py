@@ -31,7 +31,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from steplens.producer.lower_lr import lower_lr
+from steplens.producer.rank_agreement import RankAgreement
 from steplens.producer.skipping import SkipList, Skipping
+from steplens.schema import RUN_RANK
 
 log = logging.getLogger("steplens")
 
@@ -39,6 +41,8 @@ ACTIONS = ("skip_samples", "rewind", "lower_lr", "profile")
 MAX_DONE = 4096  # (fingerprint, action) pairs remembered
 MAX_CHECKPOINTS = 256  # reported checkpoints remembered (the newest)
 DEFAULT_LR_FACTOR = 0.5
+SHARED = frozenset({"rewind", "lower_lr"})  # every rank at the same step, or replicas differ
+MAX_WAITING = 64  # shared advice held until every rank has it
 MAX_DETAIL = 500
 
 
@@ -67,6 +71,8 @@ class Remedies:
         # reloads that many steps later, after the batches read before it was advised
         self.read_ahead = 0
         self._rewinding: Any = None  # (advice, targets, the step to reload at)
+        self._shared: list[Any] = []  # shared advice waiting for every rank to hold it
+        self._agreement = RankAgreement()
         self.answers: list[tuple[str, str, str, str]] = []  # (action, fingerprint, outcome,
         # detail) of the last MAX_DONE answers, for the run's own log and tests
 
@@ -89,7 +95,9 @@ class Remedies:
     ) -> int:
         """Carry out ``advice`` (default: what the Monitor received) at the end of ``step``;
         returns the step the model is at (a rewind's checkpoint step, else ``step``).
-        ``model``/``optimizer``/``scheduler`` default to the watched ones."""
+        ``model``/``optimizer``/``scheduler`` default to the watched ones. Run-wide advice
+        that changes the shared model (``SHARED``) waits until every rank holds it
+        (``rank_agreement``): call ``act`` on every rank at the same steps."""
         at = step
         try:
             self._finish_profile(step, force=False)
@@ -98,8 +106,16 @@ class Remedies:
             if advice is None:
                 source = getattr(self.monitor, "advice", None)
                 advice = source() if source is not None else ()
-            targets = _Targets(self.monitor, model, optimizer, scheduler, load)
+            now: list[Any] = []
             for a in advice:
+                shared = a.action in SHARED and getattr(a, "rank", RUN_RANK) == RUN_RANK
+                (self._shared if shared else now).append(a)
+            n = self._agreement.smallest(len(self._shared))
+            now += self._shared[:n]
+            del self._shared[:n]
+            del self._shared[:-MAX_WAITING]
+            targets = _Targets(self.monitor, model, optimizer, scheduler, load)
+            for a in now:
                 at = self.handle(a, step, targets, at)
         except Exception:
             self.monitor.counts.caller += 1
