@@ -74,7 +74,7 @@ def main(argv: list[str], prog: str = "steplens sink") -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     topics = Topics.from_env()
-    default = [topics.alerts] if url else [topics.raw, topics.signals, topics.alerts]
+    default = [topics.alerts] if url else [topics.raw, topics.signals, topics.alerts, topics.advice]
     names = s.topics.split(",") if s.topics else default
     dl_topic = s.dead_letter_topic or topics.dead_letters
     ensure_topics(s.bootstrap, topics)

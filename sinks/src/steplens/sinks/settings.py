@@ -140,8 +140,8 @@ class SinkSettings:
         str | None,
         about(
             "comma-separated topics",
-            default_doc="raw, signals, alerts (from `STEPLENS_TOPIC_*`); the alerts topic for "
-            "webhook and alertmanager",
+            default_doc="raw, signals, alerts, advice (from `STEPLENS_TOPIC_*`); the alerts "
+            "topic for webhook and alertmanager",
         ),
     ] = None
     dead_letter_topic: Annotated[

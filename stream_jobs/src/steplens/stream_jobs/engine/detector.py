@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from steplens.schema import RUN_RANK, Record
+from steplens.stream_jobs.engine import advice as advising
 from steplens.stream_jobs.engine import batch_rules, fits, incidents, rules, step_tail
 from steplens.stream_jobs.engine.calibration import CalibrationState
 from steplens.stream_jobs.engine.columns import (
@@ -91,6 +92,7 @@ CODEC = Codec(
         incidents.IncidentsState,
         incidents.Incident,
         incidents.Member,
+        advising.AdviceState,
         rules.Firing,
         Run,
     )
@@ -107,6 +109,7 @@ _HEAD = (
     "offsets",
     "raw_seen",
     "baseline",  # which ranks' signals still say their baselines came from history
+    "advice",  # the remedies, checkpoints and advice given (``engine.advice``)
 )
 
 # the signals of a warmed rank say so for this many of its values: by then the detectors'
@@ -145,6 +148,7 @@ class RunDetector:
     touched: set[int] = field(default_factory=set)  # ranks whose series changed (take_touched)
     # rank -> [detail, values left]: its signals say where its baselines came from (``warmed``)
     baseline: dict[int, list[Any]] = field(default_factory=dict)
+    advice: advising.AdviceState = field(default_factory=advising.AdviceState)
 
     def __post_init__(self) -> None:
         for e in RECORDS:
@@ -184,6 +188,8 @@ class RunDetector:
             )
         elif kind == "run_meta":
             self._run_meta(data)
+        elif kind == "checkpoint":
+            advising.keep_checkpoint(self.advice, self.cfg.advice, rec.step, data["path"])
         for e in RECORDS:
             if kind in e.kinds:
                 batch += e.on_record(
@@ -348,9 +354,15 @@ class RunDetector:
         got, self.touched = self.touched, set()
         return got
 
+    def advise(self, alerts: list[Alert]) -> tuple[list[advising.Advised], list[advising.Advised]]:
+        """The advice the incident reports among ``alerts`` call for, for the remedies the run
+        opted into: (given, held back by the storm limit). See ``engine.advice``."""
+        return advising.advise(self.advice, self.cfg.advice, alerts)
+
     def _run_meta(self, data: dict[str, Any]) -> None:
-        """A ``run_meta`` record: the world size, and a declared lr schedule for every detector
-        that reads it."""
+        """A ``run_meta`` record: the world size, the remedies the rank opted into, and a
+        declared lr schedule for every detector that reads it."""
+        advising.opt_in(self.advice, data.get("remedies"))
         state = self.ranks
         state.world_size = max(state.world_size, int(data.get("world_size", 0)))
         if data.get("lr_schedule") is not None:

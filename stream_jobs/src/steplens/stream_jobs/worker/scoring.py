@@ -107,6 +107,7 @@ class Scorer:
         self.consumed += len(recs)
         self.metrics.records.labels("step").inc(len(recs))
         await self.out.publish(run, batch, alerts, [rec.time_ns for rec in recs])
+        await self._advise(det, run, alerts)
 
     async def _one(  # noqa: PLR0917
         self, det: RunDetector, run: str, partition: int, offset: int, text: str, rec: Record
@@ -133,3 +134,11 @@ class Scorer:
             else [rec.time_ns]
         )
         await self.out.publish(run, batch, alerts, times)
+        await self._advise(det, run, alerts)
+
+    async def _advise(self, det: RunDetector, run: str, alerts: list[Any]) -> None:
+        """The advice the incident reports call for (only for a run that opted in)."""
+        if alerts and det.advice.remedies:
+            given, held = det.advise(alerts)
+            if given or held:
+                await self.out.advise(run, given, held)
