@@ -339,7 +339,7 @@ def test_profile_writes_one_bounded_trace_and_names_it(memory_monitor, tmp_path)
             break
     answers = {a[1]: a for a in m.remedies.answers}
     assert answers["slow-rank-2"][2] == "declined"  # one trace at a time
-    _, _, outcome, detail = answers["slow-rank-1"]
+    _, _, outcome, detail, _ = answers["slow-rank-1"]
     assert outcome == "acted"
     path = detail.split("trace ")[1].split(":")[0]
     assert path.startswith(str(tmp_path)) and os.path.getsize(path) > 0

@@ -73,8 +73,9 @@ class Remedies:
         self._rewinding: Any = None  # (advice, targets, the step to reload at)
         self._shared: list[Any] = []  # shared advice waiting for every rank to hold it
         self._agreement = RankAgreement()
-        self.answers: list[tuple[str, str, str, str]] = []  # (action, fingerprint, outcome,
-        # detail) of the last MAX_DONE answers, for the run's own log and tests
+        # (action, fingerprint, outcome, detail, step) of the last MAX_DONE answers, for the
+        # run's own log and tests
+        self.answers: list[tuple[str, str, str, str, int | None]] = []
 
     # ------------------------------------------------------------------ the loop's calls
     def skipping(self, source: Iterable[Any], ids: Callable[[Any], Any] | None = None) -> Skipping:
@@ -99,6 +100,8 @@ class Remedies:
         that changes the shared model (``SHARED``) waits until every rank holds it
         (``rank_agreement``): call ``act`` on every rank at the same steps."""
         at = step
+        if not self.allowed:  # no remedy: nothing to read, nothing to agree on
+            return at
         try:
             self._finish_profile(step, force=False)
             rewound = self._finish_rewind(step)
@@ -162,7 +165,7 @@ class Remedies:
         level = logging.INFO if outcome == "acted" else logging.WARNING
         if getattr(self.monitor, "rank", 0) == 0 or outcome != "acted":
             log.log(level, "steplens: %s %s (%s): %s", advice.action, outcome, advice.rule, detail)
-        self.answers.append((advice.action, advice.fingerprint, outcome, detail))
+        self.answers.append((advice.action, advice.fingerprint, outcome, detail, step))
         del self.answers[:-MAX_DONE]
         acted = getattr(self.monitor, "acted", None)
         if acted is not None:
