@@ -395,3 +395,19 @@ def test_ranks_lower_the_lr_at_the_same_step(tmp_path):
     assert [p.exitcode for p in procs] == [0, 0]
     lrs = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
     assert lrs[0] == lrs[1] == [1.0] * 6 + [0.5] * 4  # both at step 6, when rank 1 had it
+
+
+def test_a_rewind_forgets_the_checkpoints_of_the_steps_it_left_behind(memory_monitor):
+    m, _ = memory_monitor(remedies=["rewind"])
+    for s in (10, 20, 30):
+        m.checkpoint(s, f"/ckpt/{s}")
+    loaded: list[str] = []
+    first = _Advice("rewind", "a", checkpoint="/ckpt/10", checkpoint_step=10)
+    assert m.act(25, advice=[first], load=loaded.append) == 10
+    assert loaded == ["/ckpt/10"] and list(m.remedies.checkpoints) == ["/ckpt/10", "/ckpt/30"]
+    again = _Advice("rewind", "b", checkpoint="/ckpt/20", checkpoint_step=20)
+    assert m.act(15, advice=[again], load=loaded.append) == 15
+    assert m.remedies.answers[-1][2] == "declined" and "left behind" in m.remedies.answers[-1][3]
+    m.checkpoint(20, "/ckpt/20")  # saved again on the new trajectory: usable
+    assert m.act(22, advice=[_Advice("rewind", "c", checkpoint="/ckpt/20")], load=loaded.append)
+    assert loaded == ["/ckpt/10", "/ckpt/20"]

@@ -189,7 +189,10 @@ class Remedies:
         if not advice.checkpoint:
             raise Declined("the advice names no checkpoint")
         if advice.checkpoint not in self.checkpoints:  # a path from the wire: never any file
-            raise Declined(f"{advice.checkpoint} is not a checkpoint this run reported")
+            raise Declined(
+                f"{advice.checkpoint} is not a checkpoint this run reported"
+                " (or one a rewind left behind)"
+            )
         if t.model is None and t.load is None:
             raise Declined("no model to reload: watch() one or give load()")
         if self._rewinding is not None:
@@ -209,6 +212,9 @@ class Remedies:
         back = advice.checkpoint_step
         back = int(back if back is not None else self.checkpoints.get(advice.checkpoint, step))
         detail = f"{what} from {advice.checkpoint} (step {back}) at step {step}"
+        for path, saved in list(self.checkpoints.items()):  # of the trajectory left behind
+            if back < saved <= step:
+                del self.checkpoints[path]
         n = int(advice.skip_batches or 0)
         if n and self._wrappers:
             detail += f"; skipped the {n} batches after"

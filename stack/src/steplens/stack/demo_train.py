@@ -97,15 +97,20 @@ def cosine_lr(step: int, peak: float, floor: float, warmup: int, total: int) -> 
 
 
 class Incidents:
-    """Decides, step by step, what goes wrong on this rank; announces each incident once."""
+    """Decides, step by step, what goes wrong on this rank; announces each incident once.
+    A step trained again after a rewind meets no incident: they happen once, as a bad batch
+    or a bad moment does."""
 
     def __init__(self, plan: list[Incident], rank: int, log_file: Path | None) -> None:
         self.plan = plan
         self.rank = rank
         self.log_file = log_file
         self.announced: set[str] = set()
+        self.trained = -1  # the highest step trained so far
 
     def active(self, kind: str, step: int) -> Incident | None:
+        if step <= self.trained:
+            return None
         for inc in self.plan:
             if inc.kind == kind and inc.covers(step):
                 return inc
@@ -136,14 +141,15 @@ def corrupted_batch(rng: np.random.Generator, batch: int, seq_len: int) -> np.nd
     return rng.integers(3, len(VOCAB), size=(batch, 2 * seq_len), dtype=np.int64)
 
 
-def save_checkpoint(folder: Path, step: int, model: nn.Module, optimizer: Any, rank: int) -> str:
-    """Rank 0 saves the model and optimizer (replicas are identical; the schedule goes on
-    counting after a rewind, so it is not saved); every rank reports the same path. The
-    last ``KEEP_CHECKPOINTS`` are kept."""
+def save_checkpoint(folder: Path, step: int, state: tuple[Any, Any, Any], rank: int) -> str:
+    """Rank 0 saves the model, optimizer and scheduler (replicas are identical); every rank
+    reports the same path. The last ``KEEP_CHECKPOINTS`` are kept."""
     path = folder / f"step-{step}.pt"
     if rank == 0:
         tmp = path.with_suffix(".tmp")
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, tmp)
+        model, optimizer, scheduler = state
+        saved = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
+        torch.save({k: v.state_dict() for k, v in saved.items()}, tmp)
         tmp.replace(path)
         for old in sorted(folder.glob("step-*.pt"), key=lambda p: int(p.stem[5:]))[
             :-KEEP_CHECKPOINTS
@@ -312,7 +318,8 @@ def train(args: argparse.Namespace) -> int:
             }
 
     t_begin = time.perf_counter()
-    for step, batch in enumerate(sl.timed(sl.skipping(batches()))):
+    step = 0
+    for batch in sl.timed(sl.skipping(batches())):
         if step >= args.steps:
             break
         incidents.announce(step)
@@ -339,10 +346,8 @@ def train(args: argparse.Namespace) -> int:
         if rank == 0 and args.eval_every and (step + 1) % args.eval_every == 0:
             sl.log_eval(step, **evaluate(model, eval_batches))
         if args.act and step % args.checkpoint_every == 0:
-            path = save_checkpoint(ckpt_dir, step, model, optimizer, rank)
+            path = save_checkpoint(ckpt_dir, step, (model, optimizer, scheduler), rank)
             sl.checkpoint(step, path)
-        sl.act(step)  # what the stream jobs advised (run-wide: every rank at the same step)
-        at[0] = step + 1
         if losses is not None:
             losses.write(json.dumps({"step": step, "loss": float(loss.detach())}) + "\n")
         if rank == 0 and args.log_every and (step % args.log_every == 0 or step == args.steps - 1):
@@ -352,6 +357,11 @@ def train(args: argparse.Namespace) -> int:
                 f"lr {lr:.2e}  grad {float(grad_norm):.2f}  {elapsed:.0f}s",
                 flush=True,
             )
+        incidents.trained = max(incidents.trained, step)
+        # what the stream jobs advised (run-wide: every rank at the same step); a rewind
+        # goes back to its checkpoint's step, as a restart from it would
+        step = sl.act(step) + 1
+        at[0] = step
 
     if losses is not None:
         monitor = get_monitor()  # the remedies' answers, for the comparison (no instrumentation)
