@@ -4,6 +4,7 @@ Skipped without CUDA."""
 from __future__ import annotations
 
 import pytest
+from tests.waiting import wait_until
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -129,6 +130,7 @@ def test_remedies_on_the_gpu_never_sync_in_the_loop(memory_monitor) -> None:  # 
         time_ns=_time.time_ns(),
     )
     tx.advise(encode(rec), key=m.run_id.encode())
+    assert wait_until(lambda: m.stats()["advice_received"] == 1, timeout_s=10)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -143,7 +145,6 @@ def test_remedies_on_the_gpu_never_sync_in_the_loop(memory_monitor) -> None:  # 
             sched.step()
             m.log_step(step, loss=loss)
             m.act(step)
-            _time.sleep(0.02)  # the advice arrives on the worker thread meanwhile
     finally:
         torch.cuda.set_sync_debug_mode(0)
     m.flush(5)
