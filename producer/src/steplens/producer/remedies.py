@@ -117,6 +117,8 @@ class Remedies:
             now += self._shared[:n]
             del self._shared[:n]
             del self._shared[:-MAX_WAITING]
+            if not now:
+                return at
             targets = _Targets(self.monitor, model, optimizer, scheduler, load)
             for a in now:
                 at = self.handle(a, step, targets, at)
