@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 from tests.waiting import wait_until
 
 import steplens.producer as sl
-from steplens.producer.advice_inbox import Advice, AdviceInbox, Message
+from steplens.producer.advice_inbox import Advice, AdviceDesk, AdviceInbox, Message
 from steplens.schema import RUN_RANK, decode, encode, make_record
 from steplens.schema.kinds import Advice as AdvicePayload
 
@@ -223,3 +224,33 @@ def test_the_module_functions_do_nothing_before_init():
     assert sl.advice() == ()
     sl.checkpoint(1, "/x")
     assert sl.calls_without_monitor == before + 2
+
+
+def test_the_desk_opens_its_source_aside_and_retries_after_a_failure():
+    box = Inbox()
+    release = threading.Event()
+    source = sl.MemoryTransport()
+    attempts: list[float] = []
+
+    def make() -> sl.MemoryTransport:
+        attempts.append(time.monotonic())
+        if len(attempts) == 1:
+            raise ConnectionError("no broker")
+        release.wait(5)  # Kafka slow to answer
+        return source
+
+    desk = AdviceDesk(box.inbox, make, retry_s=10.0)
+    assert desk.poll(100.0) == 0
+    assert wait_until(lambda: box.inbox.counts.get("source_error") == 1, timeout_s=5)
+    assert "no broker" in (desk.last_error or "")
+    assert desk.poll(105.0) == 0 and len(attempts) == 1  # not again before retry_s
+    t0 = time.monotonic()
+    assert desk.poll(111.0) == 0  # opening again, in its own thread: no wait here
+    assert time.monotonic() - t0 < 0.5
+    assert wait_until(lambda: len(attempts) == 2, timeout_s=5)
+    release.set()
+    assert wait_until(lambda: desk.source is not None, timeout_s=5)
+    source.advise(advice_bytes("run-a"), key=b"run-a")
+    assert desk.poll(112.0) == 1 and len(box.inbox.queue) == 1
+    desk.close()
+    assert desk.source is None

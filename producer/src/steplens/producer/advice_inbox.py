@@ -16,6 +16,7 @@ remedy) and hands each to ``AdviceInbox.offer``, which keeps what is for this ru
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -157,8 +158,10 @@ class AdviceInbox:
 
 
 class AdviceDesk:
-    """The worker thread's side: the source, made on the first ``poll`` and again after a
-    failure (at most every ``retry_s``), and the inbox its messages go to."""
+    """The worker thread's side: the inbox, and the source its messages come from. The source
+    is opened in a thread of its own (finding the topic's partitions and offsets waits on
+    Kafka, which the worker thread never does), on the first ``poll`` and again after a
+    failure, at most every ``retry_s``."""
 
     def __init__(
         self, inbox: AdviceInbox, make_source: Callable[[], AdviceSource], retry_s: float = 10.0
@@ -168,25 +171,20 @@ class AdviceDesk:
         self._make_source = make_source
         self._retry_s = retry_s
         self._next_try = 0.0
+        self._opening: threading.Thread | None = None
+        self._closed = False
         self.last_error: str | None = None
 
     def poll(self, now: float, max_n: int = 256) -> int:
-        """Take what arrived (never waits, but for the source's creation); messages taken."""
-        if self.source is None:
-            if now < self._next_try:
-                return 0
-            self._next_try = now + self._retry_s
-            try:
-                self.source = self._make_source()
-            except Exception as exc:
-                self.inbox.count("source_error")
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                return 0
+        """Take what arrived (never waits); the number of messages taken."""
+        source = self.source
+        if source is None:
+            self._open_later(now)
+            return 0
         try:
-            messages = self.source.take_advice(max_n)
+            messages = source.take_advice(max_n)
         except Exception as exc:
-            self.inbox.count("source_error")
-            self.last_error = f"{type(exc).__name__}: {exc}"
+            self._failed(exc)
             return 0
         for message in messages:
             try:
@@ -195,13 +193,38 @@ class AdviceDesk:
                 self.inbox.count("inbox_error")
         return len(messages)
 
-    def close(self) -> None:
+    def _open_later(self, now: float) -> None:
+        if now < self._next_try or (self._opening is not None and self._opening.is_alive()):
+            return
+        self._next_try = now + self._retry_s
+        self._opening = threading.Thread(target=self._open, name="steplens-advice", daemon=True)
+        self._opening.start()
+
+    def _open(self) -> None:
+        try:
+            source = self._make_source()
+        except Exception as exc:
+            self._failed(exc)
+            return
+        if self._closed:
+            source.close_advice()
+        else:
+            self.source = source
+
+    def _failed(self, exc: Exception) -> None:
+        self.inbox.count("source_error")
+        self.last_error = f"{type(exc).__name__}: {exc}"
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        self._closed = True
+        if self._opening is not None:
+            self._opening.join(timeout_s)
         source, self.source = self.source, None
         if source is not None:
             try:
                 source.close_advice()
-            except Exception:
-                self.inbox.count("source_error")
+            except Exception as exc:
+                self._failed(exc)
 
 
 __all__ = ["Advice", "AdviceDesk", "AdviceInbox", "AdviceSource", "Message"]
