@@ -211,3 +211,104 @@ def test_lightning_callback_reports_checkpoints_and_rewinds(memory_monitor, tmp_
     assert with_[39] == pytest.approx(pre)
     back_with, back_without = back_on_trend(with_, 40, pre), back_on_trend(without, 40, pre)
     assert back_with <= 3 < back_without, (back_with, back_without, with_[38:50], without[38:50])
+
+
+# ---------------------------------------------------------------------- more remedies
+class Poisoned(torch.utils.data.IterableDataset):
+    """4 epochs over 64 samples with ids; samples 5 and 50 carry corrupted labels."""
+
+    def __iter__(self) -> Any:
+        for _epoch in range(4):
+            for i in range(64):
+                s = sample(i % 40)  # clean labels
+                if i in (5, 50):
+                    s["labels"] = -5.0 * s["labels"]
+                yield {**s, "sample_id": i}
+
+
+@pytest.mark.slow
+def test_hf_callback_skips_the_named_samples_of_a_skipping_dataset(memory_monitor, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from steplens.producer.integrations.hf import SteplensCallback
+
+    m, t = memory_monitor(remedies=["skip_samples"])
+    seen: list[list[int]] = []
+
+    def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        seen.append([int(r["sample_id"]) for r in rows])
+        return {k: torch.stack([r[k] for r in rows]) for k in ("x", "labels")}
+
+    class Advise(transformers.TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.global_step == 2:
+                advise(m, t, 2, action="skip_samples", fingerprint="s-hf", sample_ids=["5", "50"])
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=30,
+        per_device_train_batch_size=BATCH,
+        save_strategy="no",
+        remove_unused_columns=False,  # the collator reads the ids
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    transformers.Trainer(
+        model=Regressor(),
+        args=args,
+        train_dataset=m.skipping(Poisoned()),
+        data_collator=collate,
+        callbacks=[Advise(), SteplensCallback(m)],
+    ).train()
+    m.flush(5)
+    assert 5 in seen[0]  # before the advice
+    later = [i for batch in seen[4:] for i in batch]  # past the batch read ahead
+    assert later and 5 not in later and 50 not in later
+    assert [r.data["outcome"] for r in t.records("acted")] == ["acted"]
+
+
+@pytest.mark.slow
+def test_lightning_callback_lowers_the_lr_and_profiles(memory_monitor, tmp_path):
+    L = pytest.importorskip("lightning")
+    from steplens.producer.integrations.lightning import SteplensCallback
+
+    m, t = memory_monitor(remedies=["lower_lr", "profile"])
+    m.remedies.profile_dir = str(tmp_path)
+
+    class Module(L.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = Regressor()
+
+        def training_step(self, batch: Any, _i: int) -> Any:
+            return self.net(batch["x"], batch["labels"])["loss"]
+
+        def configure_optimizers(self) -> Any:
+            opt = torch.optim.SGD(self.parameters(), lr=0.2)
+            return [opt], [torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)]
+
+    class Advise(L.Callback):  # type: ignore[misc,name-defined]
+        def on_train_batch_end(self, trainer: Any, *_: Any) -> None:
+            if trainer.global_step == 5:
+                advise(m, t, 5, action="lower_lr", fingerprint="c-pl", lr_factor=0.5)
+                advise(m, t, 5, action="profile", fingerprint="p-pl", duration_s=0.2)
+
+    module = Module()
+    trainer = L.Trainer(
+        max_steps=40,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Advise(), SteplensCallback(m, watch_every=None)],
+    )
+    trainer.fit(module, torch.utils.data.DataLoader(Stream(), batch_size=BATCH))
+    m.flush(5)
+    got = {r.data["action"]: r.data for r in t.records("acted")}
+    assert got["lower_lr"]["detail"] == "lr x0.5 from step 6: 0.2 -> 0.1"
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1)
+    assert trainer.lr_scheduler_configs[0].scheduler.base_lrs == [pytest.approx(0.1)]
+    assert got["profile"]["outcome"] == "acted"
+    path = got["profile"]["detail"].split("trace ")[1].split(":")[0]
+    assert path.startswith(str(tmp_path))
