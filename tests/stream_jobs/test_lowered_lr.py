@@ -54,7 +54,7 @@ def test_a_lowered_lr_not_declared_is_a_deviation():
 
 def test_lr_scale_multiplies_from_its_step_and_is_checked():
     sched = check_schedule({**SCHED, "lr_scale": [[300, 0.5], [100, 0.2]]})
-    assert sched["lr_scale"] == [(100, 0.2), (300, 0.5)]
+    assert sched["lr_scale"] == [[100, 0.2], [300, 0.5]]
     assert expected_lr(sched, 99) == pytest.approx(declared(99))
     assert expected_lr(sched, 100) == pytest.approx(declared(100) * 0.2)
     assert expected_lr(sched, 300) == pytest.approx(declared(300) * 0.1)

@@ -81,9 +81,10 @@ def check_schedule(raw: Any) -> dict[str, Any]:
 MAX_SCALES = 64  # ``lr_scale`` entries
 
 
-def _check_scale(scale: Any) -> list[tuple[int, float]]:
+def _check_scale(scale: Any) -> list[list[Any]]:
+    """``[[step, factor], ...]`` by step (lists, as the state stores them)."""
     ok = isinstance(scale, list) and len(scale) <= MAX_SCALES
-    pairs: list[tuple[int, float]] = []
+    pairs: list[list[Any]] = []
     for p in scale if ok else ():
         if not (isinstance(p, (list, tuple)) and len(p) == 2 and _count(p[0]) and _real(p[1])):
             ok = False
@@ -91,7 +92,7 @@ def _check_scale(scale: Any) -> list[tuple[int, float]]:
         if not 0 < p[1] <= 1:
             ok = False
             break
-        pairs.append((int(p[0]), float(p[1])))
+        pairs.append([int(p[0]), float(p[1])])
     if not ok:
         raise ValueError(
             f"lr_schedule.lr_scale: must be at most {MAX_SCALES} [step, factor in (0, 1]] "
