@@ -32,7 +32,7 @@ class RankProfile:
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self._prof = torch.profiler.profile(activities=activities)
-        self._prof.__enter__()
+        self._prof.start()
         self._t0 = time.monotonic()
 
     def maybe_stop(self, step: int | None, force: bool = False) -> str | None:
@@ -43,7 +43,7 @@ class RankProfile:
         elapsed = time.monotonic() - self._t0
         if not (force or elapsed >= self.duration_s or self.steps >= MAX_STEPS):
             return None
-        self._prof.__exit__(None, None, None)
+        self._prof.stop()
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         self._prof.export_chrome_trace(self.path)
         return f"trace {self.path}: {self.steps} steps, {elapsed:.1f} s"

@@ -14,10 +14,12 @@ batch sampler of indices, an ``IterableDataset`` of samples) and drops, on the w
 - the next ``n`` batches after ``skip_next(n)`` (a rewind's): ``n * items_per_batch`` items,
   where a framework batches the items (a Trainer's dataset of samples).
 
-Nothing is looked at while the skip lists are empty. The lists are bounded (``max_ids`` each);
-names past the cap are counted in ``overflow`` and not skipped. Rows are hashed on the host, so
-a batch must still be on the CPU (as a DataLoader yields it); a batch on a device is passed
-through untouched (no host sync) and counted in ``unreadable``.
+The skip lists live in this process: an ``IterableDataset`` that DataLoader workers read
+(``num_workers > 0``) is a copy in each worker and never sees them; wrap the DataLoader or its
+sampler instead. Nothing is looked at while the skip lists are empty. The lists are bounded
+(``max_ids`` each); names past the cap are counted in ``overflow`` and not skipped. Rows are
+hashed on the host, so a batch must still be on the CPU (as a DataLoader yields it); a batch
+on a device is passed through untouched (no host sync) and counted in ``unreadable``.
 """
 
 from __future__ import annotations
