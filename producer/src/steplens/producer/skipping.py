@@ -24,6 +24,7 @@ on a device is passed through untouched (no host sync) and counted in ``unreadab
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -32,6 +33,7 @@ import numpy as np
 from steplens.producer.batch_stats import sample_hash
 from steplens.producer.loader_batches import token_fields
 
+log = logging.getLogger("steplens")
 MAX_IDS = 65_536  # sample ids, and hashes, each: a few MB at most
 _ID_FIELDS = ("sample_ids", "sample_id", "ids", "idx", "index")
 
@@ -159,13 +161,21 @@ class Skipping:
                 return kept or None
             return self._batch_without_skipped(item)
         except Exception:
-            self.unreadable += 1
+            self._unreadable()
             return item
+
+    def _unreadable(self) -> None:
+        if not self.unreadable:
+            log.warning(
+                "steplens: skipping() cannot read a batch (on a device, or without ids or "
+                "token ids): named samples in such batches pass; counted in .unreadable"
+            )
+        self.unreadable += 1
 
     def _batch_without_skipped(self, batch: Any) -> Any:
         drop = self._named_rows(batch)
         if drop is None:
-            self.unreadable += 1
+            self._unreadable()
             return batch
         n, rows = drop
         if not rows:
