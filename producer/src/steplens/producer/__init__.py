@@ -40,6 +40,7 @@ __all__ = [
     "Advice",
     "MemoryTransport",
     "Monitor",
+    "act",
     "acted",
     "advice",
     "checkpoint",
@@ -51,6 +52,7 @@ __all__ = [
     "log_step",
     "probe_comm",
     "shutdown",
+    "skipping",
     "timed",
     "watch",
 ]
@@ -151,6 +153,24 @@ def watch(
         return _missing()
     m.watch(model, optimizer, scheduler, every, max_grad_norm)
     return None
+
+
+def skipping(iterable: Iterable[Any], ids: Any = None) -> Any:
+    """Wrap a DataLoader, sampler or dataset so the samples a remedy names, and a rewind's
+    batches, are skipped (see ``Monitor.skipping``; plain iteration without init)."""
+    m = _monitor
+    if m is None:
+        return iterable
+    return m.skipping(iterable, ids)
+
+
+def act(step: int, **targets: Any) -> int:
+    """Carry out the advice that arrived (see ``Monitor.act``); the step the model is at."""
+    m = _monitor
+    if m is None:
+        _missing()
+        return step
+    return m.act(step, **targets)
 
 
 def probe_comm(every: int = 100) -> None:

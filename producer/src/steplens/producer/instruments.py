@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from steplens.producer import values as V
-from steplens.producer.items import BatchItem, CommItem, EvalItem, HwItem
+from steplens.producer.items import BatchItem, CommItem, EvalItem, HwItem, MetaItem
 from steplens.producer.loader_batches import token_fields
 
 log = logging.getLogger("steplens")
@@ -36,6 +36,8 @@ class Instruments:
     _hw: Any
     pid: int
     _accepting: bool
+    _remedies: Any  # Remedies, made on first use
+    identity: Any
 
     def _put(self, item: Any) -> None:
         raise NotImplementedError  # pragma: no cover - the Monitor's
@@ -271,3 +273,56 @@ class Instruments:
         info = self.config.model_info or {}
         max_len = info.get("seq_len", info.get("max_len"))
         return BatchItem(step, t_ns, *got, max_len if isinstance(max_len, int) else None)
+
+    # ------------------------------------------------------------------ remedies
+    @property
+    def remedies(self) -> Any:
+        """The remedies this run opted into (``init(remedies=[...])``): ``remedies.Remedies``."""
+        if self._remedies is None:
+            from steplens.producer.remedies import Remedies
+
+            self._remedies = Remedies(self, getattr(self.config, "remedies", None) or ())
+        return self._remedies
+
+    def skipping(self, iterable: Iterable[Any], ids: Any = None) -> Any:
+        """Wrap a DataLoader, sampler or dataset so the samples a remedy names are skipped
+        for the rest of the run, and a rewind's batches after it (``skipping.Skipping``).
+        Plain iteration when something goes wrong here."""
+        try:
+            return self.remedies.skipping(iterable, ids)
+        except Exception:
+            self.counts.caller += 1
+            return iterable
+
+    def act(self, step: int, **targets: Any) -> int:
+        """Carry out the advice that arrived, at the end of ``step``; the step the model is at
+        after it (a rewind's checkpoint step, else ``step``). ``targets``: ``model``,
+        ``optimizer``, ``scheduler`` (default: the watched ones), ``load(path)``."""
+        try:
+            return int(self.remedies.act(step, **targets))
+        except Exception:
+            self.counts.caller += 1
+            return step
+
+    def watched(self) -> tuple[Any, Any, Any]:
+        """(model, optimizer, scheduler) of the first ``watch()`` (Nones without one)."""
+        for w in self._watchers:
+            return w.model, w.optimizer, w.scheduler
+        return None, None, None
+
+    def scale_declared_lr(self, from_step: int, factor: float) -> None:
+        """The lr was multiplied by ``factor`` from ``from_step`` on (a remedy): send the
+        declared schedule again with the factor in it (``lr_scale``), so the schedule check
+        follows the new level and the change is an lr event. Nothing without a schedule."""
+        if not self.config.lr_schedule:
+            return
+        import dataclasses
+
+        from steplens.producer import checks
+        from steplens.producer.lower_lr import scaled_schedule
+
+        schedule = scaled_schedule(self.config.lr_schedule, from_step, factor)
+        self.config = dataclasses.replace(self.config, lr_schedule=schedule)
+        meta = self.config.run_meta(self.identity)
+        meta["checks"] = checks.design_checks(self.config, self.identity)
+        self._put(MetaItem(time.monotonic_ns(), meta))

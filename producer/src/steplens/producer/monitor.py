@@ -99,6 +99,7 @@ class Monitor(Instruments):
         self._loader_batches = 0
         self._watch_pending: dict[str, Any] | None = None
         self._watchers: list[Any] = []
+        self._remedies: Any = None  # made by the first skipping() or act()
         self._comm: Any = None
         self._comm_timers: list[Any] = []
         self._hw: Any = None
@@ -343,6 +344,8 @@ class Monitor(Instruments):
                 return
             data = {"path": os.fspath(path)}
             self._put(RecordItem("checkpoint", step, _monotonic_ns(), data))
+            if "rewind" in self.config.remedies:  # the checkpoints a rewind may reload
+                self.remedies.reported(step, data["path"])
         except Exception:
             self.counts.caller += 1
 
@@ -373,6 +376,8 @@ class Monitor(Instruments):
             timeout = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
             for w in self._watchers:
                 w.remove()
+            if self._remedies is not None:
+                self._remedies.close()
             if self._hw is not None:
                 self._hw.stop(min(1.0, timeout))
             if self._exporter is not None:
