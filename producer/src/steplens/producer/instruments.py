@@ -37,7 +37,6 @@ class Instruments:
     pid: int
     _accepting: bool
     _remedies: Any  # Remedies, made on first use
-    identity: Any
 
     def _put(self, item: Any) -> None:
         raise NotImplementedError  # pragma: no cover - the Monitor's
