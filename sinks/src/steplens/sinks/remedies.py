@@ -1,0 +1,110 @@
+"""Advice and the ranks' answers in words, the same in the report, MLflow and Alertmanager
+(pure).
+
+``describe`` says what a piece of advice asks (an ``advice`` record's data, or a row of the
+stores' ``advice`` points); ``answers_text`` what the ranks answered (``acted`` records: rank,
+outcome, detail), grouped by outcome, at most ``MAX_RANKS`` ranks and ``MAX_DETAILS`` distinct
+details each (the rest counted), so a thousand ranks answering make one line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from steplens.schema.kinds import ADVICE_OUTCOMES
+
+MAX_RANKS: Final = 8  # ranks named per outcome
+MAX_DETAILS: Final = 2  # distinct details quoted per outcome
+DETAIL_CHARS: Final = 120
+
+
+def present(value: Any) -> Any:
+    """``value``, or None for what the stores use for missing (NaN, an empty string)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
+        return None
+    return value
+
+
+def _count(value: Any) -> int | None:
+    """A list's length (a JSON list as text too), or None."""
+    value = present(value)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    return len(value) if isinstance(value, (list, tuple)) else None
+
+
+def _num(value: Any) -> str:
+    value = present(value)
+    return "?" if value is None else f"{float(value):g}"
+
+
+def who(rank: Any) -> str:
+    rank = present(rank)
+    return "every rank" if rank is None or int(rank) < 0 else f"rank {int(rank)}"
+
+
+def describe(advice: Mapping[str, Any]) -> str:
+    """``"rewind to ckpt-100 (step 100), skip 300 batches"``; the action alone when it is none
+    of the known ones."""
+    action = str(advice.get("action"))
+    if action == "skip_samples":
+        n = _count(advice.get("sample_ids"))
+        n = n if n is not None else present(advice.get("n_sample_ids"))
+        if n is None:
+            n = _count(advice.get("sample_hashes"))
+            n = n if n is not None else present(advice.get("n_sample_hashes"))
+        return f"skip {'?' if n is None else int(n)} samples"
+    if action == "rewind":
+        where = present(advice.get("checkpoint")) or "a checkpoint"
+        text = f"rewind to {where} (step {_num(advice.get('checkpoint_step'))})"
+        skip = present(advice.get("skip_batches"))
+        return text + (f", skip {int(skip)} batches" if skip is not None else "")
+    if action == "lower_lr":
+        return f"lower the lr x{_num(advice.get('lr_factor'))}"
+    if action == "profile":
+        return f"profile {_num(advice.get('duration_s'))} s"
+    return action
+
+
+def answers_text(answers: Iterable[Mapping[str, Any]]) -> str:
+    """``"acted: ranks 0, 1 (reloaded ckpt-100); declined: rank 2 (no checkpoint)"``, or
+    ``"no answer yet"``."""
+    by: dict[str, tuple[list[int], list[str]]] = {}
+    for a in answers:
+        ranks, details = by.setdefault(str(a.get("outcome")), ([], []))
+        rank = present(a.get("rank"))
+        if rank is not None and int(rank) not in ranks:
+            ranks.append(int(rank))
+        detail = present(a.get("detail"))
+        if detail is not None and str(detail) not in details:
+            details.append(str(detail))
+    if not by:
+        return "no answer yet"
+    order = [*ADVICE_OUTCOMES, *sorted(set(by) - set(ADVICE_OUTCOMES))]
+    parts = []
+    for outcome in (o for o in order if o in by):
+        ranks, details = by[outcome]
+        ranks.sort()
+        named = ", ".join(str(r) for r in ranks[:MAX_RANKS])
+        more = f" and {len(ranks) - MAX_RANKS} more" if len(ranks) > MAX_RANKS else ""
+        text = f"{outcome}: rank{'s' if len(ranks) > 1 else ''} {named}{more}"
+        if details:
+            quoted = "; ".join(d[:DETAIL_CHARS] for d in details[:MAX_DETAILS])
+            extra = len(details) - MAX_DETAILS
+            text += f" ({quoted}{f'; {extra} more' if extra > 0 else ''})"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def advice_line(advice: Mapping[str, Any], answers: Iterable[Mapping[str, Any]]) -> str:
+    """One piece of advice and its answers: ``"rewind ... to every rank at step 160 ->
+    acted: ranks 0, 1"``."""
+    step = present(advice.get("step"))
+    at = f" at step {int(step)}" if step is not None else ""
+    return f"{describe(advice)}, to {who(advice.get('rank'))}{at} -> {answers_text(answers)}"
