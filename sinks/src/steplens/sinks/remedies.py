@@ -1,10 +1,11 @@
 """Advice and the ranks' answers in words, the same in the report, MLflow and Alertmanager
 (pure).
 
-``describe`` says what a piece of advice asks (an ``advice`` record's data, or a row of the
-stores' ``advice`` points); ``answers_text`` what the ranks answered (``acted`` records: rank,
-outcome, detail), grouped by outcome, at most ``MAX_RANKS`` ranks and ``MAX_DETAILS`` distinct
-details each (the rest counted), so a thousand ranks answering make one line.
+``describe`` says what a piece of advice asks (an ``advice`` record's data, a row of the
+stores' ``advice`` points, or an entry of an incident's ``remedies`` evidence);
+``answers_text`` what the ranks answered, grouped by outcome (``grouped``: the form the worker
+keeps in the evidence), at most ``MAX_RANKS`` ranks named and ``MAX_DETAILS`` distinct details
+each (the other ranks counted), so a thousand ranks answering make one line.
 """
 
 from __future__ import annotations
@@ -54,11 +55,14 @@ def describe(advice: Mapping[str, Any]) -> str:
     of the known ones."""
     action = str(advice.get("action"))
     if action == "skip_samples":
-        n = _count(advice.get("sample_ids"))
-        n = n if n is not None else present(advice.get("n_sample_ids"))
-        if n is None:
-            n = _count(advice.get("sample_hashes"))
-            n = n if n is not None else present(advice.get("n_sample_hashes"))
+        counts = (
+            present(advice.get("n_sample_ids")),  # InfluxDB's points (their lists may be cut)
+            _count(advice.get("sample_ids")),
+            present(advice.get("n_sample_hashes")),
+            _count(advice.get("sample_hashes")),
+            present(advice.get("n_samples")),  # an incident's evidence
+        )
+        n = next((c for c in counts if c is not None), None)
         return f"skip {'?' if n is None else int(n)} samples"
     if action == "rewind":
         where = present(advice.get("checkpoint")) or "a checkpoint"
@@ -72,39 +76,50 @@ def describe(advice: Mapping[str, Any]) -> str:
     return action
 
 
-def answers_text(answers: Iterable[Mapping[str, Any]]) -> str:
-    """``"acted: ranks 0, 1 (reloaded ckpt-100); declined: rank 2 (no checkpoint)"``, or
-    ``"no answer yet"``."""
-    by: dict[str, tuple[list[int], list[str]]] = {}
+def grouped(answers: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Answers (``acted`` records: rank, outcome, detail) grouped by outcome, as the worker
+    keeps them in an incident's evidence: ``outcome``, ``n`` ranks, ``ranks`` (the first
+    ``MAX_RANKS``), ``details`` (the first ``MAX_DETAILS`` distinct)."""
+    by: dict[str, dict[str, Any]] = {}
     for a in answers:
-        ranks, details = by.setdefault(str(a.get("outcome")), ([], []))
+        outcome = str(a.get("outcome"))
+        g = by.setdefault(outcome, {"outcome": outcome, "n": 0, "ranks": [], "details": []})
+        g["n"] += 1
         rank = present(a.get("rank"))
-        if rank is not None and int(rank) not in ranks:
-            ranks.append(int(rank))
+        if rank is not None and len(g["ranks"]) < MAX_RANKS:
+            g["ranks"].append(int(rank))
         detail = present(a.get("detail"))
-        if detail is not None and str(detail) not in details:
-            details.append(str(detail))
+        room = len(g["details"]) < MAX_DETAILS
+        if detail is not None and room and str(detail) not in g["details"]:
+            g["details"].append(str(detail))
+    return list(by.values())
+
+
+def answers_text(groups: Iterable[Mapping[str, Any]]) -> str:
+    """``"acted: ranks 0, 1 (reloaded ckpt-100); declined: rank 2 (no checkpoint)"`` from
+    ``grouped`` answers, or ``"no answer yet"``."""
+    by = {str(g.get("outcome")): g for g in groups}
     if not by:
         return "no answer yet"
     order = [*ADVICE_OUTCOMES, *sorted(set(by) - set(ADVICE_OUTCOMES))]
     parts = []
     for outcome in (o for o in order if o in by):
-        ranks, details = by[outcome]
-        ranks.sort()
+        g = by[outcome]
+        ranks = sorted(int(r) for r in g.get("ranks") or ())
+        n = int(g.get("n") or len(ranks))
         named = ", ".join(str(r) for r in ranks[:MAX_RANKS])
-        more = f" and {len(ranks) - MAX_RANKS} more" if len(ranks) > MAX_RANKS else ""
-        text = f"{outcome}: rank{'s' if len(ranks) > 1 else ''} {named}{more}"
+        more = f" and {n - len(ranks[:MAX_RANKS])} more" if n > len(ranks[:MAX_RANKS]) else ""
+        text = f"{outcome}: rank{'s' if n > 1 else ''} {named}{more}"
+        details = [str(d)[:DETAIL_CHARS] for d in g.get("details") or ()][:MAX_DETAILS]
         if details:
-            quoted = "; ".join(d[:DETAIL_CHARS] for d in details[:MAX_DETAILS])
-            extra = len(details) - MAX_DETAILS
-            text += f" ({quoted}{f'; {extra} more' if extra > 0 else ''})"
+            text += f" ({'; '.join(details)})"
         parts.append(text)
     return "; ".join(parts)
 
 
-def advice_line(advice: Mapping[str, Any], answers: Iterable[Mapping[str, Any]]) -> str:
-    """One piece of advice and its answers: ``"rewind ... to every rank at step 160 ->
-    acted: ranks 0, 1"``."""
+def advice_line(advice: Mapping[str, Any], groups: Iterable[Mapping[str, Any]]) -> str:
+    """One piece of advice and its ``grouped`` answers: ``"rewind ..., to every rank at step
+    160 -> acted: ranks 0, 1"``."""
     step = present(advice.get("step"))
     at = f" at step {int(step)}" if step is not None else ""
-    return f"{describe(advice)}, to {who(advice.get('rank'))}{at} -> {answers_text(answers)}"
+    return f"{describe(advice)}, to {who(advice.get('rank'))}{at} -> {answers_text(groups)}"

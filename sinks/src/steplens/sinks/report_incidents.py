@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from steplens.sinks.recovery import recovery
-from steplens.sinks.remedies import advice_line, answers_text, describe, present, who
+from steplens.sinks.remedies import advice_line, answers_text, describe, grouped, present, who
 from steplens.sinks.report_data import RunData
 
 SEVERITY_RANK: Final = {"info": 0, "warning": 1, "critical": 2}
@@ -204,6 +204,7 @@ def remedies_of(advice: pd.DataFrame, acted: pd.DataFrame) -> dict[str, list[dic
             continue
         seen.add((fp, action, r.get("rank")))
         got = list(answers.get((fp, action), {}).values())
+        groups = grouped(got)
         out.setdefault(fp, []).append(
             {
                 "action": action,
@@ -212,8 +213,8 @@ def remedies_of(advice: pd.DataFrame, acted: pd.DataFrame) -> dict[str, list[dic
                 "to": who(r.get("rank")),
                 "advice": describe(r),
                 "answers": got,
-                "answered": answers_text(got),
-                "line": advice_line(r, got),
+                "answered": answers_text(groups),
+                "line": advice_line(r, groups),
             }
         )
     return out
