@@ -277,6 +277,58 @@ def test_the_run_summary_lands_as_metrics_and_tags(tracking_uri):
     )
 
 
+def test_advice_and_answers_land_as_a_tag_and_counts(tracking_uri):
+    run = "adv-1"
+    opened = _incident(run, "inc-a", 120, "firing", "critical")
+    rewind = {"action": "rewind", "rank": -1, "step": 120, "checkpoint": "/ck/100"}
+    rewind |= {"checkpoint_step": 100, "skip_batches": 220, "answers": []}
+    skip = {"action": "skip_samples", "rank": -1, "step": 120, "n_samples": 4, "answers": []}
+    advised = make_record(
+        "alert",
+        {**opened.data, "evidence": {**opened.data["evidence"], "remedies": [skip, rewind]}},
+        run_id=run,
+        rank=-1,
+        step=120,
+        time_ns=opened.time_ns,
+    )
+    acted = {"outcome": "acted", "n": 1, "ranks": [0], "details": ["reloaded /ck/100"]}
+    answered = make_record(
+        "alert",
+        {
+            **advised.data,
+            "evidence": {
+                **advised.data["evidence"],
+                "remedies": [skip, {**rewind, "answers": [acted]}],
+            },
+        },
+        run_id=run,
+        rank=-1,
+        step=125,
+        time_ns=opened.time_ns + 1,
+    )
+    advice = [
+        make_record("advice", {"action": a["action"], "fingerprint": "inc-a"}, run_id=run, step=120)
+        for a in (skip, rewind)
+    ]
+    answer = make_record(
+        "acted",
+        {"action": "rewind", "fingerprint": "inc-a", "outcome": "acted"},
+        run_id=run,
+        rank=0,
+        step=125,
+    )
+    mirror = MlflowMirror(tracking_uri, "t")
+    mirror.handle([advised, *advice, answered, answer])
+    mirror.flush_summaries(force=True)
+    metrics, tags = _summary_of(mirror, run)
+    assert tags["steplens.advice.inc-a"] == (
+        "skip 4 samples, to every rank at step 120 -> no answer yet\n"
+        "rewind to /ck/100 (step 100), skip 220 batches, to every rank at step 120 -> "
+        "acted: rank 0 (reloaded /ck/100)"
+    )
+    assert (metrics["summary/advice"], metrics["summary/answers_acted"]) == (2.0, 1.0)
+
+
 def test_a_full_resolution_run_counts_every_step(tracking_uri):
     run = "sum-full"
     entries = [

@@ -46,7 +46,7 @@ from steplens.sinks import metrics
 from steplens.sinks.contract import ExportResult, Rejection
 from steplens.sinks.notify import JsonPoster, Post, Remembered, alert_of
 from steplens.sinks.periodic import Every
-from steplens.sinks.remedies import advice_line
+from steplens.sinks.remedies import advice_text
 
 MAX_BATCH = 100  # alerts in one POST
 MAX_ANNOTATION = 2000  # characters of one annotation
@@ -83,17 +83,9 @@ def annotations_of(alert: dict[str, Any]) -> dict[str, str]:
         "members": ", ".join(rules),
         "started_step": "" if alert["started_step"] is None else str(alert["started_step"]),
         "step": "" if alert["step"] is None else str(alert["step"]),
-        "advice": advice_of(alert),
+        "advice": advice_text(alert["evidence"]),
     }
     return {k: v[:MAX_ANNOTATION] for k, v in out.items() if v}
-
-
-def advice_of(alert: dict[str, Any]) -> str:
-    """The advice given for the incident and the answers so far, one line each."""
-    given = alert["evidence"].get("remedies")
-    return "\n".join(
-        advice_line(r, r.get("answers") or ()) for r in given or () if isinstance(r, dict)
-    )
 
 
 @dataclass
@@ -166,7 +158,7 @@ class AlertmanagerOutput:
                 alert["state"],
                 alert["severity"],
                 alert["rule"],
-                hashlib.blake2b(advice_of(alert).encode(), digest_size=8).hexdigest(),
+                hashlib.blake2b(advice_text(alert["evidence"]).encode(), digest_size=8).hexdigest(),
             )
             if key in self.seen or key in plan.transitions:
                 plan.repeated += 1

@@ -123,3 +123,12 @@ def advice_line(advice: Mapping[str, Any], groups: Iterable[Mapping[str, Any]]) 
     step = present(advice.get("step"))
     at = f" at step {int(step)}" if step is not None else ""
     return f"{describe(advice)}, to {who(advice.get('rank'))}{at} -> {answers_text(groups)}"
+
+
+def advice_text(evidence: Mapping[str, Any]) -> str:
+    """An incident's evidence ``remedies`` (the advice given and its grouped answers), one
+    ``advice_line`` each; empty without advice."""
+    given = evidence.get("remedies")
+    return "\n".join(
+        advice_line(r, r.get("answers") or ()) for r in given or () if isinstance(r, Mapping)
+    )
