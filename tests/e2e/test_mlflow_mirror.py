@@ -97,6 +97,7 @@ def test_mirror_consumes_evals_and_alerts_from_kafka(stack_env, tracking_uri):
         signals=f"e2e-{tag}.sig",
         alerts=f"e2e-{tag}.alerts",
         dead_letters=f"e2e-{tag}.dl",
+        advice=f"e2e-{tag}.advice",
     )
     bootstrap = stack_env["STEPLENS_KAFKA_BOOTSTRAP"]
     ensure_topics(bootstrap, topics)
@@ -113,6 +114,10 @@ def test_mirror_consumes_evals_and_alerts_from_kafka(stack_env, tracking_uri):
     producer.produce(topics.raw, encode(window), key=window.key)
     spike = _signal(run_id, 31, 4.0, 2.5, "warning")
     producer.produce(topics.signals, encode(spike), key=spike.key)
+    advice = make_record(
+        "advice", {"action": "lower_lr", "fingerprint": "fp01", "lr_factor": 0.5}, run_id=run_id
+    )
+    producer.produce(topics.advice, encode(advice), key=run_id.encode())
     assert producer.flush(15) == 0
 
     mirror = MlflowMirror(tracking_uri, "kafka")
@@ -123,7 +128,7 @@ def test_mirror_consumes_evals_and_alerts_from_kafka(stack_env, tracking_uri):
             run_mirror(
                 mirror,
                 bootstrap,
-                [topics.raw, topics.signals, topics.alerts],
+                [topics.raw, topics.signals, topics.alerts, topics.advice],
                 group=f"g-{tag}",
                 stop=stop,
                 max_s=60,
@@ -139,7 +144,13 @@ def test_mirror_consumes_evals_and_alerts_from_kafka(stack_env, tracking_uri):
             history = mirror.client.get_metric_history(runs[0].info.run_id, "val/loss")
             alerts = mirror.client.get_metric_history(runs[0].info.run_id, "alert/spike:loss")
             peak = runs[0].data.tags.get("steplens.summary.loss_spike_peak", "")
-            if len(history) == 5 and alerts and peak.startswith("step 31"):
+            state = runs[0].data.tags.get("steplens.summary.state", "")
+            if (
+                len(history) == 5
+                and alerts
+                and peak.startswith("step 31")
+                and '"advice":1' in state
+            ):
                 break
         time.sleep(0.5)
     stop.set()
@@ -158,6 +169,7 @@ def test_mirror_consumes_evals_and_alerts_from_kafka(stack_env, tracking_uri):
     assert metrics["summary/mfu_mean"] == pytest.approx(0.45)
     assert metrics["summary/loss_spike_peak_rise"] == pytest.approx(0.6)
     assert metrics["summary/incidents"] == 1.0
+    assert metrics["summary/advice"] == 1.0
     assert tags["steplens.summary.loss_spike_peak"].startswith("step 31: loss 4")
 
 

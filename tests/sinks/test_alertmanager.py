@@ -283,6 +283,10 @@ def test_round_trip_through_a_real_alertmanager(tmp_path: Path, monkeypatch) -> 
         assert _time(alert["endsAt"]) > time.time() + 60  # held while it fires
         firing = lambda: any(b["status"] == "firing" for b in hook.bodies())  # noqa: E731
         wait_for(firing, 20, "the firing notification")
+        acted = {"outcome": "acted", "n": 1, "ranks": [0], "details": ["reloaded /ck/90"]}
+        assert out.export([_advised(escalated, acted)]).accepted == 1  # an answer: news
+        (alert,) = active(url, run)
+        assert alert["annotations"]["advice"].endswith("-> acted: rank 0 (reloaded /ck/90)")
         assert out.export([resolved]).accepted == 1
         assert active(url, run) == []  # resolved: no longer active
         resolved_note = lambda: any(b["status"] == "resolved" for b in hook.bodies())  # noqa: E731
