@@ -235,6 +235,15 @@ def test_each_incident_lists_its_advice_the_answers_and_what_followed():
     assert found.loc["b"].remedies == [] and found.loc["c"].recovery.startswith("back on")
 
 
+def test_a_report_after_the_resolution_does_not_lengthen_the_incident():
+    data = synthetic_run()
+    late = data.alerts[data.alerts["fingerprint"] == "a"].iloc[[-1]].copy()
+    late["time_ns"] += 60 * 10**9  # an answer to its advice, a minute after it resolved
+    data.alerts = pd.concat([data.alerts, late], ignore_index=True)
+    a = run_incidents(data).set_index("fingerprint").loc["a"]
+    assert (a.resolved_step, a.duration_steps, a.duration_s, a.records) == (170, 19, 10.0, 4)
+
+
 def test_the_page_shows_advice_answers_and_recovery(tmp_path):
     from steplens.sinks.report_page import write_report
 

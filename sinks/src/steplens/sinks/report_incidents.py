@@ -119,8 +119,13 @@ def incidents(
         times = pd.to_numeric(g["time_ns"], errors="coerce") if "time_ns" in g else None
         opened_ns = times.min() if times is not None else math.nan
         resolved = str(newest.get("state")) == "resolved"
-        end_step = _number(newest.get("step")) if resolved else _number(last_step)
-        end_ns = _number(newest.get("time_ns")) if resolved else _number(last_ns)
+        # it ended with the first of its trailing resolved records (the later ones bring news,
+        # e.g. an answer to its advice)
+        end_step, end_ns = _number(last_step), _number(last_ns)
+        if resolved:
+            done = (g["state"].astype(str) == "resolved").to_numpy()
+            ended = g.iloc[0 if done.all() else len(done) - int(np.argmin(done[::-1]))]
+            end_step, end_ns = _number(ended.get("step")), _number(ended.get("time_ns"))
         severities = g["severity"].astype(str) if "severity" in g else pd.Series(["info"])
         peak = max(severities, key=lambda s: SEVERITY_RANK.get(s, -1))
         evidence = parse_json(newest.get("evidence"))
