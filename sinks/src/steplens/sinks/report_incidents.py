@@ -199,8 +199,8 @@ def remedies_of(advice: pd.DataFrame, acted: pd.DataFrame) -> dict[str, list[dic
     it in one line). A record read twice (both stores, a replay) counts once."""
     answers: dict[tuple[str, str], dict[Any, dict[str, Any]]] = {}
     for r in _rows(acted):
-        got = {k: r.get(k) for k in ("rank", "outcome", "detail", "step")}
-        answers.setdefault((str(r["fingerprint"]), str(r["action"])), {})[r.get("rank")] = got
+        answer = {k: r.get(k) for k in ("rank", "outcome", "detail", "step")}
+        answers.setdefault((str(r["fingerprint"]), str(r["action"])), {})[r.get("rank")] = answer
     out: dict[str, list[dict[str, Any]]] = {}
     seen: set[tuple[str, str, Any]] = set()
     for r in _rows(advice):
