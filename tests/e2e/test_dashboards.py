@@ -292,8 +292,9 @@ def _hardware_records(run_id: str, now_ns: int) -> list[Any]:
 
 
 def _health_and_incident_records(run_id: str, now_ns: int) -> list[Any]:
-    """A producer that dropped and failed (the demo's never does), and an alert record of the
-    shape incidents will have (scope "incident", the member alerts in its evidence)."""
+    """A producer that dropped and failed (the demo's never does), an alert record of the
+    shape incidents will have (scope "incident", the member alerts in its evidence), the
+    advice given for it and a rank's answer."""
     from steplens.schema import make_record
 
     health = {
@@ -320,9 +321,15 @@ def _health_and_incident_records(run_id: str, now_ns: int) -> list[Any]:
         "started_step": 96,
         "evidence": {"members": members},
     }
+    advice = {"action": "rewind", "fingerprint": "e2e-incident-1", "reason": "a spike"}
+    advice |= {"checkpoint": "/ck/50", "checkpoint_step": 50, "skip_batches": 246}
+    acted = {"action": "rewind", "fingerprint": "e2e-incident-1", "outcome": "acted"}
+    acted["detail"] = "reloaded /ck/50"
     return [
         make_record("health", health, run_id=run_id, rank=0, host="gpu-node-e2e", time_ns=now_ns),
         make_record("alert", incident, run_id=run_id, rank=-1, step=97, time_ns=now_ns),
+        make_record("advice", advice, run_id=run_id, rank=-1, step=97, time_ns=now_ns),
+        make_record("acted", acted, run_id=run_id, rank=0, step=98, time_ns=now_ns + 1000),
     ]
 
 

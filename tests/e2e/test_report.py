@@ -68,7 +68,8 @@ def test_report_is_readable_by_its_owner_only(tmp_path):
 
 def _producer_records(run_id: str) -> list:
     """What a real Monitor sends for a short run: watched steps (lr from the scheduler, clipping,
-    per-layer norms), batches and evaluations scored from texts; and the worker's lr event."""
+    per-layer norms), batches and evaluations scored from texts; the worker's lr event, its
+    advice to rewind and two ranks' answers."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("sacrebleu")
     from steplens.producer.monitor import Monitor
@@ -112,7 +113,22 @@ def _producer_records(run_id: str) -> list:
         step=6,
         time_ns=tx.records("step")[6].time_ns,
     )
-    return [*tx.records(), event]
+    at = tx.records("step")[7].time_ns
+    rewind = {"action": "rewind", "fingerprint": "inc-7", "checkpoint": "/ck/3"}
+    rewind |= {"checkpoint_step": 3, "skip_batches": 204}
+    advice = make_record("advice", rewind, run_id=run_id, rank=-1, step=7, time_ns=at)
+    answers = [
+        make_record(
+            "acted",
+            {"action": "rewind", "fingerprint": "inc-7", "outcome": outcome, "detail": detail},
+            run_id=run_id,
+            rank=rank,
+            step=8,
+            time_ns=at + 1000 + rank,
+        )
+        for rank, outcome, detail in ((0, "acted", "reloaded /ck/3"), (1, "failed", "no file"))
+    ]
+    return [*tx.records(), event, advice, *answers]
 
 
 @pytest.mark.stack
@@ -163,6 +179,14 @@ def test_figures_are_drawn_from_the_stored_run(stack_env, monkeypatch):
     assert layers == {"0", "2"} and len(data.layers) == 24
     lay_fig = FIGURES["layers"][1](data)
     assert {ln.get_label() for ln in lay_fig.axes[0].get_lines()} == {"0", "2"}
+
+    from steplens.sinks.report_incidents import remedies_of
+
+    (given,) = remedies_of(data.advice, data.acted)["inc-7"]
+    assert given["line"] == (
+        "rewind to /ck/3 (step 3), skip 204 batches, to every rank at step 7 -> "
+        "acted: rank 0 (reloaded /ck/3); failed: rank 1 (no file)"
+    )
 
 
 def _labels(ax) -> list[str]:

@@ -180,3 +180,78 @@ def test_signals_are_faint_and_incidents_stand_out():
         "eval_unstable:eval_accuracy",
     ]
     plt.close("all")
+
+
+def _advice_and_answers() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Advice for incident "a" as the stores return it (NaN where a field is absent; the same
+    record twice, from both stores) and the two ranks' answers."""
+    advice = pd.DataFrame(
+        [
+            {
+                "time_ns": 2,
+                "step": 153,
+                "rank": -1,
+                "fingerprint": "a",
+                "action": "rewind",
+                "checkpoint": "ckpt-100",
+                "checkpoint_step": 100,
+                "skip_batches": 251,
+                "lr_factor": np.nan,
+            },
+            {"time_ns": 1, "step": 152, "rank": -1, "fingerprint": "a", "action": "skip_samples"}
+            | {"sample_ids": '["s1", "s2"]', "lr_factor": np.nan},
+            {"time_ns": 2, "step": 153, "rank": -1, "fingerprint": "a", "action": "rewind"},
+        ]
+    )
+    acted = pd.DataFrame(
+        [
+            {"time_ns": 3, "step": 154, "rank": 0, "fingerprint": "a", "action": "rewind"}
+            | {"outcome": "failed", "detail": "no such file"},
+            {"time_ns": 4, "step": 155, "rank": 0, "fingerprint": "a", "action": "rewind"}
+            | {"outcome": "acted", "detail": "reloaded ckpt-100"},  # its latest answer counts
+            {"time_ns": 4, "step": 155, "rank": 1, "fingerprint": "a", "action": "rewind"}
+            | {"outcome": "declined", "detail": np.nan},
+        ]
+    )
+    return advice, acted
+
+
+def test_each_incident_lists_its_advice_the_answers_and_what_followed():
+    data = synthetic_run()
+    data.advice, data.acted = _advice_and_answers()
+    found = run_incidents(data).set_index("fingerprint")
+    a = found.loc["a"]
+    assert [r["action"] for r in a.remedies] == ["skip_samples", "rewind"]  # in order given
+    skip, rewind = a.remedies
+    assert skip["advice"] == "skip 2 samples" and skip["answered"] == "no answer yet"
+    assert rewind["advice"] == "rewind to ckpt-100 (step 100), skip 251 batches"
+    assert rewind["answered"] == "acted: rank 0 (reloaded ckpt-100); declined: rank 1"
+    assert rewind["line"] == (
+        "rewind to ckpt-100 (step 100), skip 251 batches, to every rank at step 153 -> "
+        "acted: rank 0 (reloaded ckpt-100); declined: rank 1"
+    )
+    # the loss spiked by 3 over steps 151..155: back on its trend from step 156
+    assert a.recovery == "back on trend after 5 steps (step 156)"
+    assert found.loc["b"].remedies == [] and found.loc["c"].recovery.startswith("back on")
+
+
+def test_a_report_after_the_resolution_does_not_lengthen_the_incident():
+    data = synthetic_run()
+    late = data.alerts[data.alerts["fingerprint"] == "a"].iloc[[-1]].copy()
+    late["time_ns"] += 60 * 10**9  # an answer to its advice, a minute after it resolved
+    data.alerts = pd.concat([data.alerts, late], ignore_index=True)
+    a = run_incidents(data).set_index("fingerprint").loc["a"]
+    assert (a.resolved_step, a.duration_steps, a.duration_s, a.records) == (170, 19, 10.0, 4)
+
+
+def test_the_page_shows_advice_answers_and_recovery(tmp_path):
+    from steplens.sinks.report_page import write_report
+
+    data = synthetic_run(n_steps=200)
+    data.advice, data.acted = _advice_and_answers()
+    page = write_report(data, tmp_path).read_text()
+    assert "<b>rewind to ckpt-100 (step 100), skip 251 batches</b> to every rank at step 153" in (
+        page
+    )
+    assert "acted: rank 0 (reloaded ckpt-100); declined: rank 1" in page
+    assert "back on trend after 5 steps (step 156)" in page

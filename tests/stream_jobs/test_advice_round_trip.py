@@ -1,7 +1,8 @@
 """The round trip on the local stack: two runs' ranks (real producers) and a worker on one set
 of topics; a loss spike in one run reaches that run's rank as advice (skip its samples, rewind
 to the checkpoint before it) and never the other run's, which refuses it unread; the rank's
-answer (``acted``) and its checkpoint go to the raw topic."""
+answer (``acted``) and its checkpoint go to the raw topic, and the incident is reported again
+with the advice and the answer in its evidence."""
 
 from __future__ import annotations
 
@@ -76,3 +77,24 @@ def test_advice_reaches_the_right_run_only_and_its_answer_comes_back(kafka, work
         (spiky.run_id, "skip_samples"),
         (spiky.run_id, "rewind"),
     }
+
+    def answered(recs: list) -> list:
+        return [
+            r
+            for r in recs
+            if r.run_id == spiky.run_id
+            and any(g["outcome"] == "acted" for a in r.data["evidence"].get("remedies", ())
+                    for g in a["answers"])
+        ]  # fmt: skip
+
+    alerts = kafka.collect(kafka.topics.alerts, lambda recs: bool(answered(recs)), timeout_s=30)
+    advised = [r for r in alerts if r.data["evidence"].get("remedies")]
+    first = advised[0].data["evidence"]["remedies"]  # the report that advised
+    assert {a["action"] for a in first} == {"skip_samples", "rewind"}
+    assert all(a["answers"] == [] for a in first)
+    (again, *_) = answered(alerts)
+    assert again.data["fingerprint"] == skip.fingerprint
+    (skipped,) = [a for a in again.data["evidence"]["remedies"] if a["action"] == "skip_samples"]
+    assert skipped["answers"] == [
+        {"outcome": "acted", "n": 1, "ranks": [0], "details": ["4 samples skipped"]}
+    ]

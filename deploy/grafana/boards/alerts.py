@@ -5,7 +5,12 @@ The stream jobs report incidents: alert records of scope ``incident`` in measure
 incident opens, again when it escalates or learns more, one when it resolves; the member
 alerts are in ``evidence`` and listed in ``summary``. The rollups keep the tags and the
 numbers ``step``, ``rank``, ``started_step``, not the text. Records are counted through
-``rank``, which every alert has (``step`` is absent when no step was seen, e.g. a hang)."""
+``rank``, which every alert has (``step`` is absent when no step was seen, e.g. a hang).
+
+The advice the stream jobs gave the run's ranks (measurement ``advice``, tagged ``action`` and
+``fingerprint``: the incident's) and the ranks' answers (``acted``, tagged ``rank``,
+``action``, ``outcome``; the incident's fingerprint and the detail are text) are one table
+each, a row per record."""
 
 from __future__ import annotations
 
@@ -46,6 +51,22 @@ INCIDENT_ROW = (
     "fingerprint",
     "evidence",
 )
+
+
+ADVICE_NUMBERS = (
+    "rank",
+    "step",
+    "onset_step",
+    "checkpoint_step",
+    "skip_batches",
+    "lr_factor",
+    "duration_s",
+    "n_sample_ids",
+    "n_sample_hashes",
+)
+ADVICE_ROW = ("_time", "action", *ADVICE_NUMBERS, "checkpoint", "rule", "reason", "fingerprint")
+ANSWER_ROW = ("_time", "rank", "action", "outcome", "step", "detail", "fingerprint")
+ADVICE_LIMIT = 500
 
 
 def count_by(column: str, where: str = "") -> str:
@@ -135,6 +156,36 @@ def incident_rows() -> str:
     )
 
 
+def record_rows(read: Read, columns: Sequence[str]) -> str:
+    """One row per record of ``read``, newest first, every value as text (numbers and text
+    in one column type, as the two buckets give them); before the cut only tags and
+    numbers."""
+    text = "map(fn: (r) => ({r with _value: string(v: r._value)}))"
+    pivot = 'pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")'
+    return stitched(
+        read,
+        "last",
+        shape_hot=[text, pivot],
+        shape_rolled=[text, pivot],
+        after=[
+            "group()",
+            f"keep(columns: {names(columns)})",
+            'sort(columns: ["_time"], desc: true)',
+            f"limit(n: {ADVICE_LIMIT})",
+        ],
+    )
+
+
+def advice_rows() -> str:
+    fields = (*ADVICE_NUMBERS, "checkpoint", "rule", "reason")
+    return record_rows(Read("advice", fields, rolled_fields=ADVICE_NUMBERS), ADVICE_ROW)
+
+
+def answer_rows() -> str:
+    read = Read("acted", ("step", "detail", "fingerprint"), rolled_fields=("step",))
+    return record_rows(read, ANSWER_ROW)
+
+
 def timeline() -> str:
     """One row per alert (rule, scope): its severity while firing, then "resolved"."""
     read = Read("alert", ("rank",), keep=("rule", "scope", "state", "severity"))
@@ -193,7 +244,39 @@ def alerts() -> dict[str, Any]:
             h=9,
         ),
     ]
-    return board("steplens-alerts", "steplens: alert centre", [incidents_panel(), *panels])
+    remedies = [
+        panel(
+            "Advice given (newest first)",
+            "table",
+            [advice_rows()],
+            ["action", "rank", "step", "checkpoint", "skip_batches", "reason", "fingerprint"],
+            description="What the stream jobs advised the run's ranks to do about an incident "
+            "(its fingerprint): skip_samples (n_sample_ids / n_sample_hashes), rewind "
+            "(checkpoint, checkpoint_step, skip_batches), lower_lr (lr_factor), profile "
+            "(duration_s); rank -1: every rank; step: when it was decided. At most "
+            f"{ADVICE_LIMIT} records. Before the hot window no text. " + COLD,
+            w=12,
+            h=9,
+            hot_only=["checkpoint", "reason"],
+        ),
+        panel(
+            "Answers of the ranks (newest first)",
+            "table",
+            [answer_rows()],
+            ["rank", "action", "outcome", "step", "detail", "fingerprint"],
+            description="What each rank did with the advice: acted, declined, failed or "
+            "refused (a remedy the run did not opt into), with the detail it gave and the "
+            "incident's fingerprint; step: the rank's step when it answered. The report "
+            "(steplens report) puts each incident's advice, answers and what followed in one "
+            "row. Before the hot window no text. " + COLD,
+            w=12,
+            h=9,
+            hot_only=["detail", "fingerprint"],
+        ),
+    ]
+    return board(
+        "steplens-alerts", "steplens: alert centre", [incidents_panel(), *remedies, *panels]
+    )
 
 
 def incidents_panel() -> dict[str, Any]:

@@ -45,6 +45,8 @@ class RunData:
     ``comm``: the inter-rank communication probe, one row per record.
     ``checks``: the checks of the design each rank runs (``run_meta``'s ``checks``): one row
     per rank and check (``rank``, ``check``, ``state``, ``needs``, ``why``, ``enable``).
+    ``advice``, ``acted``: the advice the stream jobs gave the run's ranks and their answers,
+    one row per record (``fingerprint``, ``action``, the kind's fields).
     """
 
     run_id: str
@@ -62,6 +64,8 @@ class RunData:
     nets: pd.DataFrame = field(default_factory=pd.DataFrame)
     comm: pd.DataFrame = field(default_factory=pd.DataFrame)
     checks: pd.DataFrame = field(default_factory=pd.DataFrame)
+    advice: pd.DataFrame = field(default_factory=pd.DataFrame)
+    acted: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 CHECK_COLUMNS = ["rank", "check", "state", "needs", "why", "enable"]
@@ -106,6 +110,8 @@ def load_run(run_id: str) -> RunData:
         nets=_explode(hw, "nets", "iface"),
         comm=_records(query, run_id, "comm"),
         checks=checks_of(meta),
+        advice=_records(query, run_id, "advice"),
+        acted=_records(query, run_id, "acted"),
     )
 
 

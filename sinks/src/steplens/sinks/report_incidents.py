@@ -6,6 +6,10 @@ again). ``incidents`` turns them into one row each: when it opened (step and tim
 severity, whether it resolved (and when) or is still open, how long it lasted, its lead rule
 and hint (the newest record's), its members' rules, and the evidence of its newest record.
 Records without a fingerprint (older workers) are grouped by rule and scope.
+
+``run_incidents`` adds what came of each: the advice the stream jobs gave for it with the
+ranks' answers (``remedies_of``), and whether the loss (the ranks' mean) came back to its
+trend from before the onset, and after how many steps (``steplens.sinks.recovery``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
+from steplens.sinks.recovery import recovery
+from steplens.sinks.remedies import advice_line, answers_text, describe, grouped, present, who
 from steplens.sinks.report_data import RunData
 
 SEVERITY_RANK: Final = {"info": 0, "warning": 1, "critical": 2}
@@ -35,6 +41,8 @@ COLUMNS: Final = [
     "members",
     "evidence",
     "records",
+    "remedies",
+    "recovery",
 ]
 
 
@@ -111,8 +119,13 @@ def incidents(
         times = pd.to_numeric(g["time_ns"], errors="coerce") if "time_ns" in g else None
         opened_ns = times.min() if times is not None else math.nan
         resolved = str(newest.get("state")) == "resolved"
-        end_step = _number(newest.get("step")) if resolved else _number(last_step)
-        end_ns = _number(newest.get("time_ns")) if resolved else _number(last_ns)
+        # it ended with the first of its trailing resolved records (the later ones bring news,
+        # e.g. an answer to its advice)
+        end_step, end_ns = _number(last_step), _number(last_ns)
+        if resolved:
+            done = (g["state"].astype(str) == "resolved").to_numpy()
+            ended = g.iloc[0 if done.all() else len(done) - int(np.argmin(done[::-1]))]
+            end_step, end_ns = _number(ended.get("step")), _number(ended.get("time_ns"))
         severities = g["severity"].astype(str) if "severity" in g else pd.Series(["info"])
         peak = max(severities, key=lambda s: SEVERITY_RANK.get(s, -1))
         evidence = parse_json(newest.get("evidence"))
@@ -133,6 +146,8 @@ def incidents(
                 "members": _members(evidence, newest.get("summary"), rule),
                 "evidence": evidence if isinstance(evidence, dict) else {},
                 "records": len(g),
+                "remedies": [],
+                "recovery": "",
             }
         )
     out = pd.DataFrame(rows, columns=COLUMNS)
@@ -156,4 +171,63 @@ def run_incidents(data: RunData) -> pd.DataFrame:
     last_ns = None
     if "time_ns" in steps and steps["time_ns"].notna().any():
         last_ns = int(steps["time_ns"].max())
-    return incidents(data.alerts, last_step, last_ns)
+    found = incidents(data.alerts, last_step, last_ns)
+    given = remedies_of(data.advice, data.acted)
+    loss = loss_by_step(steps)
+    xs, ys = loss.index.to_numpy(dtype="float64"), loss.to_numpy(dtype="float64")
+    found["remedies"] = [given.get(fp, []) for fp in found["fingerprint"]]
+    found["recovery"] = [
+        recovery(xs, ys, onset).text() if math.isfinite(onset) and len(xs) else ""
+        for onset in found["opened_step"]
+    ]
+    return found
+
+
+def _rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """``frame``'s records, oldest first, NaN read as missing."""
+    if frame.empty or not {"fingerprint", "action"} <= set(frame.columns):
+        return []
+    order = [c for c in ("time_ns", "step") if c in frame.columns]
+    frame = frame.sort_values(order, kind="stable") if order else frame
+    return [{k: present(v) for k, v in r.items()} for r in frame.to_dict("records")]
+
+
+def remedies_of(advice: pd.DataFrame, acted: pd.DataFrame) -> dict[str, list[dict[str, Any]]]:
+    """Incident fingerprint -> the advice given for it, in the order given: ``action``,
+    ``step``, ``rank``, ``advice`` (what it asked, in words), ``answers`` (each rank's
+    latest: rank, outcome, detail, step), ``answered`` (them in words) and ``line`` (all of
+    it in one line). A record read twice (both stores, a replay) counts once."""
+    answers: dict[tuple[str, str], dict[Any, dict[str, Any]]] = {}
+    for r in _rows(acted):
+        answer = {k: r.get(k) for k in ("rank", "outcome", "detail", "step")}
+        answers.setdefault((str(r["fingerprint"]), str(r["action"])), {})[r.get("rank")] = answer
+    out: dict[str, list[dict[str, Any]]] = {}
+    seen: set[tuple[str, str, Any]] = set()
+    for r in _rows(advice):
+        fp, action = str(r["fingerprint"]), str(r["action"])
+        if (fp, action, r.get("rank")) in seen:
+            continue
+        seen.add((fp, action, r.get("rank")))
+        got = list(answers.get((fp, action), {}).values())
+        groups = grouped(got)
+        out.setdefault(fp, []).append(
+            {
+                "action": action,
+                "step": r.get("step"),
+                "rank": r.get("rank"),
+                "to": who(r.get("rank")),
+                "advice": describe(r),
+                "answers": got,
+                "answered": answers_text(groups),
+                "line": advice_line(r, groups),
+            }
+        )
+    return out
+
+
+def loss_by_step(steps: pd.DataFrame) -> pd.Series:
+    """The ranks' mean loss per logged step (an empty series without a loss)."""
+    if steps.empty or not {"step", "loss"} <= set(steps.columns):
+        return pd.Series(dtype="float64")
+    loss = pd.to_numeric(steps["loss"], errors="coerce")
+    return loss.groupby(steps["step"].astype("float64")).mean().sort_index()

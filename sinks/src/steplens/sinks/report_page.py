@@ -76,7 +76,18 @@ def _incidents_html(data: RunData) -> str:
         return "<p>No incidents.</p>"
     head = "".join(
         f"<th>{c}</th>"
-        for c in ("opened", "severity", "state", "duration", "lead rule", "hint", "members", "")
+        for c in (
+            "opened",
+            "severity",
+            "state",
+            "duration",
+            "lead rule",
+            "hint",
+            "members",
+            "advice given and answers",
+            "loss after",
+            "",
+        )
     )
     rows, details = [], []
     for i, inc in enumerate(found.itertuples(index=False)):
@@ -97,6 +108,8 @@ def _incidents_html(data: RunData) -> str:
             f"<code>{html.escape(inc.rule)}</code>",
             hint,
             html.escape(", ".join(inc.members)),
+            _remedies_html(inc.remedies),
+            html.escape(inc.recovery),
             f'<a href="#{anchor}">evidence</a>',
         ]
         rows.append(f'<tr class="incident">{"".join(f"<td>{c}</td>" for c in cells)}</tr>')
@@ -111,6 +124,21 @@ def _incidents_html(data: RunData) -> str:
         )
     table = f'<table class="incidents"><tr>{head}</tr>{"".join(rows)}</table>'
     return table + "\n<h3>Evidence</h3>\n" + "\n".join(details)
+
+
+def _remedies_html(remedies: list[dict[str, Any]]) -> str:
+    """Each piece of advice (what, to whom, when) and the ranks' answers below it."""
+    if not remedies:
+        return "none"
+    items = []
+    for r in remedies:
+        at = "" if r["step"] is None else f" at step {_fmt(r['step'])}"
+        items.append(
+            f'<span class="advice"><b>{html.escape(r["advice"])}</b> to '
+            f"{html.escape(r['to'] + at)}<br>&rarr; "
+            f'<span class="answers">{html.escape(r["answered"])}</span></span>'
+        )
+    return "<br>".join(items)
 
 
 def _checks_html(data: RunData) -> str:

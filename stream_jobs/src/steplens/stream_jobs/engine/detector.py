@@ -176,6 +176,7 @@ class RunDetector:
         # a batch record or stacks, kept for the evidence; firing alerts it completes
         amended = self._keep_record(rec) if kind in EVIDENCE_KINDS else None
         batch: list[Signals] = []
+        answers: list[Alert] = []
         if kind == "step_window":
             step, first, metrics, peaks, wait, spreads = window_columns(data, rec.step)
             _drop_probed(self.raw_seen.pop(rec.rank, None), first, step, peaks)
@@ -193,6 +194,17 @@ class RunDetector:
             self._run_meta(data)
         elif kind == "checkpoint":
             advising.keep_checkpoint(self.advice, self.cfg.advice, rec.step, data["path"])
+        elif kind == "acted":  # a rank's answer to advice: its incident reported again if news
+            answer = {"rank": rec.rank, "outcome": data["outcome"], "detail": data.get("detail")}
+            answers = incidents.answered(
+                self.incidents,
+                self.cfg.incidents,
+                data["fingerprint"],
+                data["action"],
+                {**answer, "step": rec.step},
+                self.ranks.world_size,
+                rec.time_ns,
+            )
         for e in RECORDS:
             if kind in e.kinds:
                 batch += e.on_record(
@@ -202,7 +214,7 @@ class RunDetector:
         alerts = self.evaluate(batch, 1, [rec.time_ns])
         if amended:
             alerts += incidents.update(self.incidents, self.cfg.incidents, amended, rec.time_ns)
-        return batch, alerts
+        return batch, alerts + answers
 
     def process_steps(self, recs: list[Record]) -> tuple[list[Signals], list[Alert]]:
         """``step`` records of one rank, in order, scored as one batch (a record is a batch of
@@ -359,8 +371,16 @@ class RunDetector:
 
     def advise(self, alerts: list[Alert]) -> tuple[list[advising.Advised], list[advising.Advised]]:
         """The advice the incident reports among ``alerts`` call for, for the remedies the run
-        opted into: (given, held back by the storm limit). See ``engine.advice``."""
-        return advising.advise(self.advice, self.cfg.advice, alerts)
+        opted into: (given, held back by the storm limit), the given noted on their incidents
+        (``with_remedies``). See ``engine.advice``."""
+        given, held = advising.advise(self.advice, self.cfg.advice, alerts)
+        for adv in given:
+            incidents.note_advice(self.incidents, adv.data, adv.rank, adv.step)
+        return given, held
+
+    def with_remedies(self, alerts: list[Alert]) -> list[Alert]:
+        """``alerts`` with their incidents' advice and answers so far in the evidence."""
+        return incidents.with_remedies(self.incidents, alerts)
 
     def _run_meta(self, data: dict[str, Any]) -> None:
         """A ``run_meta`` record: the world size, the remedies the rank opted into, and a
