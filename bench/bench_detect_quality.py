@@ -2,9 +2,10 @@
 
 Corpora (``bench/data/quality``, licenses and sources in its README and MANIFEST.json):
 
-* labelled machine and service telemetry, one row per minute (``smd``: SMD, 5 machines) or per
-  5 minutes (``asd``: ASD, 12 application servers; ``js2``, ``js3``: JumpStarter's Dataset2 and
-  Dataset3, 8 services each, raw counters); every file is ``tune`` or ``holdout``;
+* labelled machine and service telemetry, one row per minute (``smd``: SMD, 5 machines;
+  ``psm``: eBay's Pooled Server Metrics, 6 days in two files) or per 5 minutes (``asd``: ASD,
+  12 application servers; ``js2``, ``js3``: JumpStarter's Dataset2 and Dataset3, 8 services
+  each, raw counters); every file is ``tune`` or ``holdout``;
 * ``healthy``: 7 real training runs without a reported incident (false alarms per 10,000 steps);
 * ``documented``: real training logs around documented incidents, onsets from the source;
 * ``log-evident``: 4 real runs with loss spikes plain in their logs, onsets by a fixed rule.
@@ -120,7 +121,7 @@ def load(entry: dict) -> Series:
     return Series(name, steps, columns, missing, labels, onsets, split, per_day)
 
 
-LABELLED = ("smd", "asd", "js2", "js3")  # MANIFEST "corpus" of labelled telemetry
+LABELLED = ("smd", "asd", "js2", "js3", "psm")  # MANIFEST "corpus" of labelled telemetry
 TRAINING = {
     "healthy": "healthy",
     "documented": "incident_documented",
