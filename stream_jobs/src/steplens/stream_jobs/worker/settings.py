@@ -95,6 +95,13 @@ class DetectorOptions:
     arima_enabled: Annotated[
         bool, about("the ARIMA baselines (--no-arima: off)", flag="--no-arima")
     ] = True
+    baseline_refit_s: Annotated[
+        PositiveFloat,
+        about(
+            "seconds between refits of a series' 7-day baseline (hardware per GPU, disk and "
+            "network interface; step time and tokens/s per rank), in the fit pool"
+        ),
+    ] = 3600.0
     hang_after_s: Annotated[
         PositiveFloat | None,
         about(

@@ -1,0 +1,117 @@
+"""A run's minutes for the 7-day baselines: the rollup bucket's 1-minute means (``steplens.sinks``'
+rollup task) of its GPUs, disks and network interfaces (``gpu``, ``disk``, ``net``
+measurements) and of its ranks' step time and tokens/s (``step``), as the series
+``dynamic_baseline`` keys them. The rollups keep 30 days, so 7 are always there when the run
+is that old; raw S3 records would have to be aggregated first, so they are not read here.
+Step windows (windowed mode) are not read: their ranks' bands come from the in-run minutes.
+
+Runs in the worker's fit pool (``baseline_fits``), never on its event loop; needs
+``steplens-sinks`` (imported on use).
+"""
+
+from __future__ import annotations
+
+import warnings
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+
+from steplens.stream_jobs.engine.signals.dynamic_baseline import (
+    DISK_FIELDS,
+    GPU_FIELDS,
+    NET_FIELDS,
+    STEP_METRICS,
+    Key,
+    key_of,
+)
+
+Series = dict[Key, tuple[np.ndarray, np.ndarray]]  # key -> (minute starts, means)
+
+# measurement -> (the tag naming its item, its fields as rolled up -> the series' metric)
+WANTED: dict[str, tuple[str, dict[str, str]]] = {
+    "gpu": ("gpu", {f"{f}_mean": m for f, m in GPU_FIELDS.items()}),
+    "disk": ("device", {f"{f}_mean": "disk_mb_s" for f in DISK_FIELDS}),
+    "net": ("iface", {f"{f}_mean": "net_mb_s" for f in NET_FIELDS}),
+    "step": ("rank", {f"{m}_mean": m for m in STEP_METRICS}),
+}
+
+
+def flux(bucket: str, run: str, since_ns: int, until_ns: int) -> str:
+    """The rollup points of ``WANTED`` for ``run`` in [since_ns, until_ns), long form."""
+    from steplens.sinks.rollup import flux_string, flux_time
+
+    parts = []
+    for measurement, (_, fields) in WANTED.items():
+        names = " or ".join(f"r._field == {flux_string(f)}" for f in fields)
+        parts.append(f"(r._measurement == {flux_string(measurement)} and ({names}))")
+    tags = ["host", *(tag for tag, _ in WANTED.values())]
+    keep = ", ".join(flux_string(c) for c in ["_time", "_value", "_field", "_measurement", *tags])
+    return (
+        f"from(bucket: {flux_string(bucket)})\n"
+        f"  |> range(start: {flux_time(_utc(since_ns))}, stop: {flux_time(_utc(until_ns))})\n"
+        f"  |> filter(fn: (r) => r.run_id == {flux_string(run)} and ({' or '.join(parts)}))\n"
+        f"  |> keep(columns: [{keep}])\n"
+    )
+
+
+def _utc(ns: int) -> datetime:
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc)
+
+
+def read_rollups(influx: Any, run: str, since_ns: int, until_ns: int) -> Series:
+    """``run``'s series from the rollup bucket (``influx``: ``InfluxSettings``); raises when
+    InfluxDB cannot be read (the caller falls back to the in-run minutes)."""
+    import pandas as pd
+    from influxdb_client.client.warnings import MissingPivotFunction
+
+    from steplens.sinks.influx import make_client
+
+    with make_client(influx) as client, warnings.catch_warnings():
+        warnings.simplefilter("ignore", MissingPivotFunction)  # long form on purpose
+        got = client.query_api().query_data_frame(
+            flux(influx.rollup_bucket, run, since_ns, until_ns), org=influx.org
+        )
+    frames = got if isinstance(got, list) else [got]
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return {}
+    frame = pd.concat(frames, ignore_index=True)
+    frame["time_ns"] = pd.to_datetime(frame["_time"], utc=True).dt.as_unit("ns").astype("int64")
+    return series_of(frame)
+
+
+def series_of(frame: Any) -> Series:
+    """Long-form rollup rows (``time_ns``, ``_measurement``, ``_field``, ``_value``, ``host``
+    and the item tags) as the baselines' series; a disk's read and write (an interface's rx
+    and tx) of a minute summed."""
+    out: Series = {}
+    for measurement, (tag, fields) in WANTED.items():
+        part = frame[(frame["_measurement"] == measurement) & frame["_field"].isin(list(fields))]
+        if part.empty or tag not in part:
+            continue
+        part = part.assign(metric=part["_field"].map(fields), value=part["_value"].astype(float))
+        by = ["metric", tag] if measurement == "step" else ["metric", "host", tag]
+        summed = part.groupby([*by, "time_ns"], sort=True)["value"].sum(min_count=1)
+        for ident, values in summed.groupby(level=list(range(len(by))), sort=False):
+            metric, *item = ident
+            if measurement == "step":
+                scope = f"rank:{int(float(item[0]))}"
+            else:
+                scope = f"{measurement}:{item[0]}/{item[1]}"
+            times = values.index.get_level_values("time_ns").to_numpy(np.int64)
+            out[key_of(scope, str(metric))] = (times, values.to_numpy(float))
+    return out
+
+
+def merged(stored: Series, live: Series) -> Series:
+    """Each live series with its stored minutes before it (a minute in both: their mean, as
+    ``seasonal_baseline.minute_grid`` takes them)."""
+    out: Series = {}
+    for key, (t, v) in live.items():
+        old = stored.get(key)
+        if old is None:
+            out[key] = (t, v)
+        else:
+            out[key] = (np.concatenate([old[0], t]), np.concatenate([old[1], v]))
+    return out

@@ -1,0 +1,93 @@
+"""The 7-day baselines' history against the real InfluxDB: a run's hw records written by the
+sink and rolled up by the rollup code, older days already in the rollup bucket (as the rollup
+task left them), read back and fitted in a fit job; with InfluxDB unreachable the job still
+fits, from the in-run minutes, and says why."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime, timezone
+
+import numpy as np
+import pytest
+
+from steplens.schema import make_record
+from steplens.stream_jobs.engine.signals.dynamic_baseline import key_of
+from steplens.stream_jobs.engine.signals.seasonal_baseline import (
+    DAY_MIN,
+    IN_RUN,
+    MINUTE_NS,
+    SEVEN_DAYS,
+    BaselineConfig,
+)
+from steplens.stream_jobs.worker.baseline_fits import load_and_fit
+
+pytestmark = pytest.mark.stack
+
+KEY = key_of("gpu:node-a/0", "gpu_util")
+
+
+def _util(minute: int, rng: np.random.Generator) -> float:
+    return float(70 + 15 * np.sin(2 * np.pi * (minute % DAY_MIN) / DAY_MIN) + rng.normal())
+
+
+def test_a_fit_job_reads_the_rollups_and_fits_the_seven_day_band(stack_env, monkeypatch):
+    from influxdb_client import Point
+    from influxdb_client.client.write_api import SYNCHRONOUS
+
+    from steplens.sinks.influx import InfluxSink, make_client
+    from steplens.sinks.rollup import run_rollup
+    from steplens.sinks.settings import InfluxSettings
+
+    s = InfluxSettings.from_env()
+    run = f"base-{uuid.uuid4().hex[:8]}"
+    rng = np.random.default_rng(4)
+    now_min = time.time_ns() // MINUTE_NS
+    recent = range(now_min - 20, now_min - 1)  # hot bucket: the sink, then the rollup code
+    older = range(now_min - 3 * DAY_MIN, now_min - 20)  # the rollup task's earlier minutes
+    recs = [
+        make_record(
+            "hw",
+            {"gpus": [{"index": 0, "util_gpu": _util(m, rng), "temp_c": 60.0}]},
+            run_id=run,
+            host="node-a",
+            seq=i,
+            time_ns=m * MINUTE_NS + 5 * 10**9,
+        )
+        for i, m in enumerate(recent)
+    ]
+    with make_client(s) as client:
+        result = InfluxSink(client, s).export(recs)
+        assert result.accepted == len(recs)
+        start = datetime.fromtimestamp(recent[0] * 60, tz=timezone.utc)
+        stop = datetime.fromtimestamp((recent[-1] + 1) * 60, tz=timezone.utc)
+        run_rollup(client, s, start, stop, run)
+        points = [
+            Point("gpu")
+            .tag("run_id", run)
+            .tag("host", "node-a")
+            .tag("gpu", "0")
+            .field("util_gpu_mean", _util(m, rng))
+            .time(m * MINUTE_NS)
+            for m in older
+        ]
+        client.write_api(write_options=SYNCHRONOUS).write(s.rollup_bucket, s.org, points)
+    # the in-run minutes the detector kept: the newest ten
+    live_t = np.array([m * MINUTE_NS for m in recent[-10:]], dtype=np.int64)
+    live = {KEY: (live_t, np.array([_util(m, rng) for m in recent[-10:]]))}
+    bands, why = load_and_fit(run, live, BaselineConfig(), days=7.0, timeout_s=30.0)
+    assert why is None
+    band = bands[KEY]
+    assert band is not None and band.baseline == SEVEN_DAYS and band.seasonal
+    assert band.history_min >= len(older) + len(recent) - 5
+    assert band.start_ns == (recent[-1] + 1) * MINUTE_NS
+    e, lo, up = band.at(band.start_ns)  # type: ignore[misc]
+    truth = 70 + 15 * np.sin(2 * np.pi * ((recent[-1] + 1) % DAY_MIN) / DAY_MIN)
+    assert lo < truth < up and abs(e - truth) < 3
+
+    # the store down: the in-run minutes alone, and the reason
+    monkeypatch.setenv("STEPLENS_INFLUX_URL", "http://127.0.0.1:9")
+    many = {KEY: (np.arange(60, dtype=np.int64) * MINUTE_NS, 50 + rng.normal(size=60))}
+    bands, why = load_and_fit(run, many, BaselineConfig(), days=7.0, timeout_s=2.0)
+    assert why is not None and bands[KEY] is not None and bands[KEY].baseline == IN_RUN
