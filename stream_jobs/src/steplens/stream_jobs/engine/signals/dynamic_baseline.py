@@ -9,7 +9,7 @@ fallback is fitted on when the stores cannot be read. Bands come from outside (`
 worker's fit pool reads the stores and fits; ``fit_inline`` offline): ``due`` says which
 series want one.
 
-A minute outside its band ``persist`` times in a row warns (``baseline:<metric>``: the
+A minute outside its band ``persist`` times in a row (ten) warns (``baseline:<metric>``: the
 "hardware" topic, step time and tokens/s the "throughput" one); throughput warns on its bad
 side only (slower steps, fewer tokens). Every signal's detail says which baseline judged it
 (``{"baseline": "7d" | "in-run", "order", "seasonal", ...}``).
@@ -63,7 +63,7 @@ def split_key(key: Key) -> tuple[str, str]:
 
 @dataclass
 class DynamicConfig:
-    persist: int = 5  # minutes outside the band in a row that warn
+    persist: int = 10  # minutes outside the band in a row that warn (a hardware 'for: 10m')
     in_run_window: int = 256  # minute means kept per series (the in-run fallback's input)
     max_series: int = 4096  # per run
     refit_s: float = 3600.0  # a series' band is refitted this often (event time)
