@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from steplens.sinks.report_baseline import fig_baseline
 from steplens.sinks.report_data import RunData
 from steplens.sinks.report_figures_data import fig_clipping, fig_eval, fig_layers, fig_lengths
 from steplens.sinks.report_node import fig_gpu_node, fig_io
@@ -364,5 +365,6 @@ FIGURES: dict[str, tuple[str, Callable[[RunData], Any]]] = {
         fig_gpu_node,
     ),
     "io": ("Disk, network and inter-rank communication", fig_io),
+    "baseline": ("Hardware and throughput against their 7-day baselines", fig_baseline),
     "alerts": ("Incidents by severity", fig_alerts),
 }
