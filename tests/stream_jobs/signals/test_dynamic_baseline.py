@@ -106,3 +106,34 @@ def test_a_run_gets_in_run_bands_and_alerts_on_a_gpu_that_drops_not_on_healthy_o
     rules = {a.rule for a in fired}
     assert "baseline:gpu_util" in rules
     assert all(topic_of(r) in ("hardware", "throughput") for r in rules if r.startswith("base"))
+
+
+def test_a_batch_of_steps_judges_as_its_steps_one_by_one() -> None:
+    cfg = db.DynamicConfig(persist=1)
+    rng = np.random.default_rng(0)
+    n = 1000
+    times = T0 + np.sort(rng.integers(0, 10 * MINUTE_NS, n))
+    xs = rng.normal(100, 8, n)
+    xs[::17] = np.nan
+    steps = np.arange(n)
+    one, many = db.DynamicState(), db.DynamicState()
+    for st in (one, many):
+        db.observe(st, cfg, "rank:0", "tokens_per_s", 100.0, T0 - MINUTE_NS, 0, 0)
+        db.apply(st, {db.key_of("rank:0", "tokens_per_s"): _band(T0, 20, 100.0, 8.0)})
+    a = [
+        s
+        for i in range(n)
+        for s in db.on_steps(
+            one, cfg, 0, steps[i : i + 1], times[i : i + 1], {"tokens_per_s": xs[i : i + 1]}
+        )
+    ]
+    b = [
+        s
+        for k in range(0, n, 100)
+        for s in db.on_steps(
+            many, cfg, 0, steps[k : k + 100], times[k : k + 100], {"tokens_per_s": xs[k : k + 100]}
+        )
+    ]
+    assert len(a) == len(b) == 9  # ten minutes: nine closed
+    assert np.allclose([s.value[0] for s in a], [s.value[0] for s in b])
+    assert [s.severity[0] for s in a] == [s.severity[0] for s in b]

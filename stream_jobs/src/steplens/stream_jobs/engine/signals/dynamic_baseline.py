@@ -20,6 +20,7 @@ kept.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -202,23 +203,37 @@ def on_steps(  # noqa: PLR0917
     times_ns: Any,
     columns: Columns,
 ) -> list[Signals]:
-    """A rank's step time and tokens/s of a batch of rows (row ``i`` at ``times_ns[i]``)."""
+    """A rank's step time and tokens/s of a batch of rows (row ``i`` at ``times_ns[i]``): one
+    ``observe`` per minute the rows open, the rest of the minute's values summed at once."""
     out: list[Signals] = []
     scope = f"rank:{rank}"
+    minutes = None
     for metric in STEP_METRICS:
         cells = columns.get(metric)
         if cells is None:
             continue
         xs, has = floats_of(cells)
-        for i in range(len(xs)):
-            if has is not None and not has[i]:
-                continue
-            step = int(steps[i])
-            sig = observe(
-                state, cfg, scope, metric, float(xs[i]), int(times_ns[i]), rank, step, row=i
-            )
+        ok = np.isfinite(xs) if has is None else has & np.isfinite(xs)
+        rows = np.flatnonzero(ok)
+        if not len(rows):
+            continue
+        if minutes is None:
+            minutes = np.asarray(times_ns, np.int64) // MINUTE_NS
+        mins = minutes[rows]
+        cuts = [0, *(np.flatnonzero(np.diff(mins)) + 1).tolist(), len(rows)]
+        for a, b in itertools.pairwise(cuts):
+            i = int(rows[a])
+            t = int(minutes[i]) * MINUTE_NS
+            sig = observe(state, cfg, scope, metric, float(xs[i]), t, rank, int(steps[i]), i)
             if sig is not None:
                 out.append(sig)
+            tail = state.series.get(key_of(scope, metric))
+            if b - a > 1 and tail is not None:
+                if tail.minute == mins[a]:
+                    tail.total += float(xs[rows[a + 1 : b]].sum())
+                    tail.count += b - a - 1
+                else:
+                    state.late += b - a - 1
     return out
 
 
