@@ -20,6 +20,11 @@ Also printed: the held-out healthy minutes (SMD label 0) inside their band (nomi
 the healthy minutes that would warn (``DynamicConfig.persist`` outside in a row).
 
     python bench/bench_baseline_fit.py             # about a minute
+    python bench/bench_baseline_fit.py --influx    # also through the real rollup bucket
+
+``--influx`` writes the same rows into the stack's rollup bucket (under a run id of its own,
+deleted afterwards) and adds ``influx``: the worker's own read (``read_rollups``) and fit in
+one process, as a pool job does.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import resource
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +139,63 @@ def stage_arima(path: str, n: int) -> dict[str, Any]:
     return {"s": time.perf_counter() - t0, "mb": _peak_mb(), "n": n}
 
 
+def stage_influx(run: str, since_ns: int, until_ns: int) -> dict[str, Any]:
+    from steplens.sinks.settings import InfluxSettings
+    from steplens.stream_jobs.engine.signals.seasonal_baseline import BaselineConfig, fit_bands
+    from steplens.stream_jobs.worker.baseline_history import read_rollups
+
+    influx = InfluxSettings.from_env()
+    t0 = time.perf_counter()
+    series = read_rollups(influx, run, since_ns, until_ns)
+    loaded = time.perf_counter() - t0
+    bands = fit_bands(series, BaselineConfig(horizon=HELD))
+    took = time.perf_counter() - t0
+    return {
+        "s": took,
+        "load_s": loaded,
+        "mb": _peak_mb(),
+        "bands": sum(b is not None for b in bands.values()),
+    }
+
+
+def write_influx(path: Path, run: str) -> None:
+    """The rows into the rollup bucket, as the rollup task writes them."""
+    from influxdb_client.client.write_api import SYNCHRONOUS
+
+    from steplens.sinks.influx import make_client
+    from steplens.sinks.settings import InfluxSettings
+
+    s = InfluxSettings.from_env()
+    frame = pd.read_parquet(path)
+    lines = [
+        f"gpu,gpu={g},host={h},run_id={run} util_gpu_mean={v!r} {t}"
+        for t, v, h, g in zip(
+            frame["time_ns"], frame["_value"], frame["host"], frame["gpu"], strict=True
+        )
+    ]
+    with make_client(s) as client:
+        api = client.write_api(write_options=SYNCHRONOUS)
+        for i in range(0, len(lines), 50_000):
+            api.write(s.rollup_bucket, s.org, lines[i : i + 50_000])
+
+
+def delete_influx(run: str, since_ns: int, until_ns: int) -> None:
+    from datetime import datetime, timezone
+
+    from steplens.sinks.influx import make_client
+    from steplens.sinks.settings import InfluxSettings
+
+    s = InfluxSettings.from_env()
+    with make_client(s) as client:
+        client.delete_api().delete(
+            datetime.fromtimestamp(since_ns / 1e9, tz=timezone.utc),
+            datetime.fromtimestamp(until_ns / 1e9 + 60, tz=timezone.utc),
+            f'run_id="{run}"',
+            bucket=s.rollup_bucket,
+            org=s.org,
+        )
+
+
 def fresh(fn: Any, *args: Any) -> dict[str, Any]:
     """``fn(*args)`` in a fresh spawned process."""
     ctx = multiprocessing.get_context("spawn")
@@ -144,6 +207,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", type=int, default=64)
     ap.add_argument("--arima-series", type=int, default=3)
+    ap.add_argument("--influx", action="store_true", help="also through the stack's InfluxDB")
     args = ap.parse_args()
     from steplens.stream_jobs.engine.signals.dynamic_baseline import DynamicConfig, key_of
 
@@ -155,10 +219,27 @@ def main() -> int:
         read = fresh(stage_read, str(path))
         fit = fresh(stage_fit, str(path))
         arima = fresh(stage_arima, str(path), args.arima_series)
+        influx = None
+        if args.influx:
+            run = f"bench-baseline-{uuid.uuid4().hex[:8]}"
+            since, until = (end_min - WEEK) * MINUTE_NS, (end_min + 1) * MINUTE_NS
+            t0 = time.perf_counter()
+            write_influx(path, run)
+            wrote = time.perf_counter() - t0
+            try:
+                influx = fresh(stage_influx, run, since, until)
+            finally:
+                delete_influx(run, since, until)
     print(f"data: SMD (real machine telemetry), {args.gpus} series x {WEEK} minutes = {points:,}")
     print(f"{'stage':<8}{'time s':>9}{'peak RSS MB':>13}")
-    for name, r in (("read", read), ("fit", fit), ("arima", arima)):
-        print(f"{name:<8}{r['s']:>9.2f}{r['mb']:>13.0f}")
+    for name, r in (("read", read), ("fit", fit), ("arima", arima), ("influx", influx)):
+        if r is not None:
+            print(f"{name:<8}{r['s']:>9.2f}{r['mb']:>13.0f}")
+    if influx is not None:
+        print(
+            f"influx: written in {wrote:.1f} s; read {influx['load_s']:.2f} s"
+            f" ({influx['load_s'] / read['s']:.1f}x the file read), {influx['bands']} bands"
+        )
     per_fit = (fit["s"] - read["s"]) / args.gpus
     per_arima = arima["s"] / arima["n"]
     print(
@@ -195,7 +276,7 @@ def main() -> int:
         f"(nominal 0.999); minutes that would warn ({persist} outside in a row): "
         f"{warned} of {healthy}"
     )
-    ok = fit["s"] <= LIMIT_S and fit["mb"] <= LIMIT_MB
+    ok = all(r["s"] <= LIMIT_S and r["mb"] <= LIMIT_MB for r in (fit, influx) if r is not None)
     print(f"limit {LIMIT_S:.0f} s, {LIMIT_MB:.0f} MB: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 

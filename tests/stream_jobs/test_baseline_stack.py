@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import numpy as np
@@ -40,7 +41,7 @@ def test_a_fit_job_reads_the_rollups_and_fits_the_seven_day_band(stack_env, monk
     from steplens.sinks.rollup import run_rollup
     from steplens.sinks.settings import InfluxSettings
 
-    s = InfluxSettings.from_env()
+    s = replace(InfluxSettings.from_env(), timeout_ms=60_000)  # a shared, busy InfluxDB
     run = f"base-{uuid.uuid4().hex[:8]}"
     rng = np.random.default_rng(4)
     now_min = time.time_ns() // MINUTE_NS

@@ -11,7 +11,6 @@ Runs in the worker's fit pool (``baseline_fits``), never on its event loop; need
 
 from __future__ import annotations
 
-import warnings
 from datetime import datetime, timezone
 from typing import Any
 
@@ -37,21 +36,21 @@ WANTED: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 
-def flux(bucket: str, run: str, since_ns: int, until_ns: int) -> str:
-    """The rollup points of ``WANTED`` for ``run`` in [since_ns, until_ns), long form."""
+def flux(bucket: str, run: str, measurement: str, since_ns: int, until_ns: int) -> str:
+    """The rollup points of ``measurement``'s ``WANTED`` fields for ``run`` in
+    [since_ns, until_ns), long form, as one table (one CSV header)."""
     from steplens.sinks.rollup import flux_string, flux_time
 
-    parts = []
-    for measurement, (_, fields) in WANTED.items():
-        names = " or ".join(f"r._field == {flux_string(f)}" for f in fields)
-        parts.append(f"(r._measurement == {flux_string(measurement)} and ({names}))")
-    tags = ["host", *(tag for tag, _ in WANTED.values())]
-    keep = ", ".join(flux_string(c) for c in ["_time", "_value", "_field", "_measurement", *tags])
+    tag, fields = WANTED[measurement]
+    names = " or ".join(f"r._field == {flux_string(f)}" for f in fields)
+    keep = ", ".join(flux_string(c) for c in ["_time", "_value", "_field", "host", tag])
     return (
         f"from(bucket: {flux_string(bucket)})\n"
         f"  |> range(start: {flux_time(_utc(since_ns))}, stop: {flux_time(_utc(until_ns))})\n"
-        f"  |> filter(fn: (r) => r.run_id == {flux_string(run)} and ({' or '.join(parts)}))\n"
+        f"  |> filter(fn: (r) => r._measurement == {flux_string(measurement)}"
+        f" and r.run_id == {flux_string(run)} and ({names}))\n"
         f"  |> keep(columns: [{keep}])\n"
+        "  |> group()\n"
     )
 
 
@@ -61,24 +60,38 @@ def _utc(ns: int) -> datetime:
 
 def read_rollups(influx: Any, run: str, since_ns: int, until_ns: int) -> Series:
     """``run``'s series from the rollup bucket (``influx``: ``InfluxSettings``); raises when
-    InfluxDB cannot be read (the caller falls back to the in-run minutes)."""
+    InfluxDB cannot be read (the caller falls back to the in-run minutes). Each measurement's
+    rows come as plain CSV, parsed by pandas as they stream in (the client's own frame
+    builder makes a Python object of every row: 3x slower and 2x the memory for 645k)."""
     import pandas as pd
-    from influxdb_client.client.warnings import MissingPivotFunction
+    from influxdb_client import Dialect
 
     from steplens.sinks.influx import make_client
 
-    with make_client(influx) as client, warnings.catch_warnings():
-        warnings.simplefilter("ignore", MissingPivotFunction)  # long form on purpose
-        got = client.query_api().query_data_frame(
-            flux(influx.rollup_bucket, run, since_ns, until_ns), org=influx.org
-        )
-    frames = got if isinstance(got, list) else [got]
-    frames = [f for f in frames if len(f)]
-    if not frames:
-        return {}
-    frame = pd.concat(frames, ignore_index=True)
-    frame["time_ns"] = pd.to_datetime(frame["_time"], utc=True).dt.as_unit("ns").astype("int64")
-    return series_of(frame)
+    plain = Dialect(header=True, annotations=[], date_time_format="RFC3339")
+    out: Series = {}
+    with make_client(influx) as client:
+        api = client.query_api()
+        for measurement, (tag, _) in WANTED.items():
+            query = flux(influx.rollup_bucket, run, measurement, since_ns, until_ns)
+            body = api.query_raw(query, org=influx.org, dialect=plain)
+            try:
+                frame = pd.read_csv(
+                    body,
+                    usecols=["_time", "_value", "_field", "host", tag],
+                    dtype={"_field": "category", "host": "category", tag: "category"},
+                )
+            except pd.errors.EmptyDataError:  # no rows: an empty body
+                continue
+            finally:
+                body.release_conn()
+            if frame.empty:
+                continue
+            times = pd.to_datetime(frame.pop("_time"), utc=True, format="ISO8601")
+            frame["time_ns"] = times.dt.as_unit("ns").astype("int64")
+            frame["_measurement"] = measurement
+            out.update(series_of(frame))
+    return out
 
 
 def series_of(frame: Any) -> Series:
