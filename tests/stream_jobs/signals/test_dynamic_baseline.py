@@ -95,12 +95,11 @@ def test_a_run_gets_in_run_bands_and_alerts_on_a_gpu_that_drops_not_on_healthy_o
     tail = dyn.series[db.key_of("gpu:localhost/0", "gpu_util")]
     assert tail.band is not None and tail.band.baseline == "in-run"
     assert db.key_of("net:localhost/ib0", "net_mb_s") in dyn.series
-    # a checkpoint keeps the bands
+    # a checkpoint leaves the bands and minutes out (the stores have them): a small head
     head, ranks = det.dump(det.take_touched())
     back = RunDetector.load(head, ranks.get)
-    assert back is not None
-    got = back.run_states["baseline"].series[db.key_of("gpu:localhost/0", "gpu_util")]
-    assert got.band is not None and np.allclose(got.band.upper, tail.band.upper)
+    assert back is not None and back.run_states["baseline"].series == {}
+    assert len(head) < 20_000
     alerts = _run(det, 15, lambda m, s: 35.0 + noise[m, s], start=120)
     fired = [a for a in alerts if a.state == "firing"]
     rules = {a.rule for a in fired}

@@ -84,8 +84,6 @@ CODEC = Codec(
     (
         *(e.state for e in ENTRIES),
         ArimaParams,
-        Band,
-        dynamic_baseline.Tail,
         Bloom,
         Distinct,
         JudgeState,

@@ -15,7 +15,8 @@ side only (slower steps, fewer tokens). Every signal's detail says which baselin
 (``{"baseline": "7d" | "in-run", "order", "seasonal", ...}``).
 
 Bounded: at most ``max_series`` series per run; a further one is counted (``overflow``), not
-kept.
+kept. Not checkpointed (``DynamicState.series``): bands and minutes are derived from what the
+stores keep, and are fitted again from them after a restart.
 """
 
 from __future__ import annotations
@@ -89,7 +90,10 @@ class Tail:
 
 @dataclass
 class DynamicState:
-    series: dict[Key, Tail] = field(default_factory=dict)
+    # not in the stored form (``init=False``): a run's bands and minute means would make its
+    # checkpoint head megabytes (a GPU series holds about 7 KB); after a restart or a move each
+    # series asks for its band at its first minute, fitted from the stores, which hold them
+    series: dict[Key, Tail] = field(default_factory=dict, init=False)
     overflow: int = 0  # series refused past max_series
     late: int = 0  # values of a minute already closed (not learnt)
     checked_ns: int = 0  # when ``due`` last looked (it looks once a minute at most)
