@@ -17,7 +17,8 @@ own (``resource.getrusage``):
   series: the per-series cost of the obvious alternative.
 
 Also printed: the held-out healthy minutes (SMD label 0) inside their band (nominal 0.999), and
-the healthy minutes that would warn (``DynamicConfig.persist`` outside in a row).
+the healthy minutes that would warn (``dynamic_baseline.outside``, ``DynamicConfig.persist``
+minutes in a row) and the alerts they would be.
 
     python bench/bench_baseline_fit.py             # about a minute
     python bench/bench_baseline_fit.py --influx    # also through the real rollup bucket
@@ -115,7 +116,7 @@ def stage_fit(path: str) -> dict[str, Any]:
     bands = fit_bands(series, BaselineConfig(horizon=HELD))
     took = time.perf_counter() - t0
     out = {
-        k: (b.start_ns, b.lower, b.upper, b.baseline, b.order, b.seasonal)
+        k: (b.expected, b.lower, b.upper, b.baseline, b.order, b.seasonal)
         for k, b in bands.items()
         if b is not None
     }
@@ -209,7 +210,11 @@ def main() -> int:
     ap.add_argument("--arima-series", type=int, default=3)
     ap.add_argument("--influx", action="store_true", help="also through the stack's InfluxDB")
     args = ap.parse_args()
-    from steplens.stream_jobs.engine.signals.dynamic_baseline import DynamicConfig, key_of
+    from steplens.stream_jobs.engine.signals.dynamic_baseline import (
+        DynamicConfig,
+        key_of,
+        outside,
+    )
 
     wins = windows(args.gpus)
     end_min = time.time_ns() // MINUTE_NS
@@ -251,15 +256,15 @@ def main() -> int:
         f" ({per_arima / max(per_fit, 1e-9):.1f}x faster)"
     )
     bands = fit["bands"]
-    persist = DynamicConfig().persist
-    inside = healthy = warned = 0
+    dyn = DynamicConfig()
+    inside = healthy = warned = episodes = 0
     orders: dict[str, int] = {}
     seasonal = 0
     for i, (values, labels) in enumerate(wins):
         got = bands.get(key_of(f"gpu:node-{i // 8}/{i % 8}", "gpu_util"))
         if got is None:
             continue
-        _, lower, upper, _, order, is_seasonal = got
+        expected, lower, upper, _, order, is_seasonal = got
         orders[str(order)] = orders.get(str(order), 0) + 1
         seasonal += bool(is_seasonal)
         held, ok = values[WEEK:], labels[WEEK:] == 0
@@ -267,14 +272,17 @@ def main() -> int:
         inside += int(np.sum(~out & ok))
         healthy += int(np.sum(ok))
         run = 0
-        for bad, good in zip(out, ok, strict=True):
+        for k in range(HELD):
+            e, lo, up = float(expected[k]), float(lower[k]), float(upper[k])
+            bad = outside(dyn, "gpu_util", float(held[k]), e, lo, up)
             run = run + 1 if bad else 0
-            warned += int(run >= persist and good)
+            warned += int(run >= dyn.persist and bool(ok[k]))
+            episodes += int(run == dyn.persist and bool(ok[k]))
     print(f"bands: {len(bands)} of {args.gpus}; seasonal {seasonal}; orders {orders}")
     print(
         f"held-out healthy minutes inside their band: {inside / max(healthy, 1):.4f} "
-        f"(nominal 0.999); minutes that would warn ({persist} outside in a row): "
-        f"{warned} of {healthy}"
+        f"(nominal 0.999); would warn ({dyn.persist} minutes outside and "
+        f"{dyn.min_change:.0%} off in a row): {warned} minutes of {healthy}, {episodes} alerts"
     )
     ok = all(r["s"] <= LIMIT_S and r["mb"] <= LIMIT_MB for r in (fit, influx) if r is not None)
     print(f"limit {LIMIT_S:.0f} s, {LIMIT_MB:.0f} MB: {'PASS' if ok else 'FAIL'}")

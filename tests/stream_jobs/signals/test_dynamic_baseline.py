@@ -136,3 +136,12 @@ def test_a_batch_of_steps_judges_as_its_steps_one_by_one() -> None:
     assert len(a) == len(b) == 9  # ten minutes: nine closed
     assert np.allclose([s.value[0] for s in a], [s.value[0] for s in b])
     assert [s.severity[0] for s in a] == [s.severity[0] for s in b]
+
+
+def test_a_minute_must_also_move_ten_percent_to_count() -> None:
+    cfg = db.DynamicConfig()
+    # a quiet week's narrow band (90 +- 1): 92 is outside it but 2 % off, 80 is 11 % off
+    assert not db.outside(cfg, "gpu_util", 92.0, 90.0, 89.0, 91.0)
+    assert db.outside(cfg, "gpu_util", 80.0, 90.0, 89.0, 91.0)
+    assert not db.outside(cfg, "tokens_per_s", 200.0, 90.0, 89.0, 91.0)  # more tokens: fine
+    assert not db.outside(cfg, "gpu_util", 90.5, 90.0, 89.0, 91.0)

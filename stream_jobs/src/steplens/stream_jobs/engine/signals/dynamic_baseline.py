@@ -9,7 +9,8 @@ fallback is fitted on when the stores cannot be read. Bands come from outside (`
 worker's fit pool reads the stores and fits; ``fit_inline`` offline): ``due`` says which
 series want one.
 
-A minute outside its band ``persist`` times in a row (ten) warns (``baseline:<metric>``: the
+A minute outside its band (and ``min_change``, 10 %, off its expected value) ``persist``
+times in a row (ten) warns (``baseline:<metric>``: the
 "hardware" topic, step time and tokens/s the "throughput" one); throughput warns on its bad
 side only (slower steps, fewer tokens). Every signal's detail says which baseline judged it
 (``{"baseline": "7d" | "in-run", "order", "seasonal", ...}``).
@@ -66,6 +67,9 @@ def split_key(key: Key) -> tuple[str, str]:
 @dataclass
 class DynamicConfig:
     persist: int = 10  # minutes outside the band in a row that warn (a hardware 'for: 10m')
+    # ... each also this share off its expected value (as the ARIMA detector's change of
+    # regime): a band narrowed by a quiet week does not make a small move a page
+    min_change: float = 0.1
     in_run_window: int = 256  # minute means kept per series (the in-run fallback's input)
     max_series: int = 4096  # per run
     refit_s: float = 3600.0  # a series' band is refitted this often (event time)
@@ -149,9 +153,8 @@ def _close(  # noqa: PLR0917
         tail.outside = 0
         return None
     expected, lower, upper = got
-    side = BAD_SIDE.get(metric, 0)
     above, below = mean > upper, mean < lower
-    bad = (above and side >= 0) or (below and side <= 0)
+    bad = outside(cfg, metric, mean, expected, lower, upper)
     tail.outside = tail.outside + 1 if bad else 0
     half = (upper - lower) / 2
     ratio = abs(mean - expected) / half if half > 0 else (math.inf if mean != expected else 0.0)
@@ -170,6 +173,16 @@ def _close(  # noqa: PLR0917
         detail={**tail.band.detail(), "minute_ns": start},
         row=row,
     )
+
+
+def outside(  # noqa: PLR0917
+    cfg: DynamicConfig, metric: str, value: float, expected: float, lower: float, upper: float
+) -> bool:
+    """Whether a minute counts towards a warning: outside its band on the metric's bad side,
+    and ``min_change`` off its expected value."""
+    side = BAD_SIDE.get(metric, 0)
+    out = (value > upper and side >= 0) or (value < lower and side <= 0)
+    return out and abs(value - expected) >= cfg.min_change * abs(expected)
 
 
 def on_record(state: DynamicState, cfg: DynamicConfig, rec: Record, run: Run) -> list[Signals]:
