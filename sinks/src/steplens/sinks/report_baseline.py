@@ -38,7 +38,11 @@ def fig_baseline(data: RunData) -> Any:
     df = data.baselines
     metrics = [m for m in UNITS if not df.empty and (df["metric"] == m).any()]
     fig, axes = plt.subplots(
-        max(1, len(metrics)), 1, figsize=(10, 0.6 + 2.2 * max(1, len(metrics))), squeeze=False
+        max(1, len(metrics)),
+        1,
+        figsize=(10, 0.6 + 2.2 * max(1, len(metrics))),
+        squeeze=False,
+        sharex=True,
     )
     if not metrics:
         nothing(axes[0][0], "no baseline signals (a run's first band comes after 32 minutes)")
@@ -48,19 +52,20 @@ def fig_baseline(data: RunData) -> Any:
         for scope in worst(rows):
             one = rows[rows["scope"] == scope].sort_values("time")
             kinds = sorted({str(b) for b in one["baseline"].dropna()})
+            when = pd.to_datetime(one["time"], utc=True).dt.tz_localize(None)
             (line,) = ax.plot(
-                one["time"], one["value"], lw=1, label=f"{scope} ({', '.join(kinds) or '?'})"
+                when, one["value"], lw=1, label=f"{scope} ({', '.join(kinds) or '?'})"
             )
             ax.fill_between(
-                one["time"].to_numpy(),
+                when,
                 one["lower"].to_numpy(dtype=float),
                 one["upper"].to_numpy(dtype=float),
                 color=line.get_color(),
                 alpha=0.18,
                 lw=0,
             )
-            out = one[(one["value"] < one["lower"]) | (one["value"] > one["upper"])]
-            ax.scatter(out["time"], out["value"], s=10, color="#e45756", zorder=3)
+            out = (one["value"] < one["lower"]) | (one["value"] > one["upper"])
+            ax.scatter(when[out], one["value"][out], s=10, color="#e45756", zorder=3)
         ax.set_ylabel(UNITS[metric], fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(loc="upper right", fontsize=7)
