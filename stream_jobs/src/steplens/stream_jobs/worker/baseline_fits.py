@@ -1,13 +1,15 @@
 """The 7-day baselines' refits: a run's series that want a band (``RunDetector.baselines_due``:
 none yet, or refitted ``--baseline-refit-s`` ago, hourly by default) go to the fit pool as one
-job, which reads the run's last ``days`` of rollups from InfluxDB (``baseline_history``), adds
-the in-run minutes and fits every band (``seasonal_baseline.fit_bands``); the bands are applied
-on the event loop when the job comes back. One job at a time: the fits are background work,
-behind the ARIMA fits, never on the event loop.
+jobs of ``SERIES_PER_JOB`` series, each of which reads their last ``days`` of rollups from
+InfluxDB (``baseline_history``), adds the in-run minutes and fits every band
+(``seasonal_baseline.fit_bands``); the bands are applied on the event loop when the job comes
+back. One job at a time, of a few seconds: the fits are background work, the ARIMA fits wait
+at most one job, and none runs on the event loop.
 
 Fails soft: a store that cannot be read (none configured, down, slower than ``timeout_s``)
 leaves the job with the in-run minutes, so the series get the in-run baseline (their signals
-say ``"baseline": "in-run"``); each kind of failure is logged once and every one is counted
+say ``"baseline": "in-run"``), and the next jobs for ``STORES_RETRY_S`` do not ask it; each kind
+of failure is logged once and every job without the stores is counted
 (``steplens_worker_baseline_loads{outcome}``).
 """
 
@@ -46,7 +48,7 @@ def load_and_fit(
     """A pool job: ``run``'s stored minutes of the series in ``live`` (its in-run minutes)
     joined to them, and every band fitted; the reason the stores were not read, if any."""
     stored: baseline_history.Series = {}
-    why = None if read else "history off"
+    why = None if read else "not asked (history off, or the stores failed lately)"
     if read:
         try:
             from steplens.sinks.query import Stores
@@ -58,10 +60,22 @@ def load_and_fit(
                 influx = replace(influx, timeout_ms=max(1, int(timeout_s * 1000)))
                 now = time.time_ns()
                 since = now - int(days * DAY_NS)
-                stored = baseline_history.read_rollups(influx, run, since, now)
+                stored = baseline_history.read_rollups(influx, run, since, now, live)
         except Exception as exc:  # slow or down: the in-run minutes alone
             why = f"{type(exc).__name__}: {exc}"[:300]
     return fit_bands(baseline_history.merged(stored, live), cfg), why
+
+
+# series per pool job at most (a run's due series go in several, of the same hosts and ranks
+# where they can): a job takes seconds, and the ARIMA fits queued behind it wait that long
+SERIES_PER_JOB = 16
+STORES_RETRY_S = 600.0  # a store that failed (down, or slower than timeout_s) is left alone
+
+
+def chunks(live: baseline_history.Series, n: int = SERIES_PER_JOB) -> list[baseline_history.Series]:
+    """``live`` cut into parts of ``n`` series, in key order (a host's or rank's together)."""
+    keys = sorted(live)
+    return [{k: live[k] for k in keys[i : i + n]} for i in range(0, len(keys), n)]
 
 
 class BaselineFits:
@@ -84,8 +98,10 @@ class BaselineFits:
         self.pool: concurrent.futures.Executor | None = None
         self.queue: deque[str] = deque()
         self.queued: set[str] = set()
+        self.parts: deque[tuple[str, baseline_history.Series]] = deque()  # due, not yet sent
         self.in_flight: str | None = None
         self.logged: set[str] = set()  # kinds of load failure already logged
+        self.down_until = 0.0  # monotonic: the stores failed; not read again before this
 
     def tick(self, runs: Mapping[str, RunDetector]) -> None:
         """Queue every run (those with series due are fitted, one job at a time)."""
@@ -99,13 +115,14 @@ class BaselineFits:
         if self.pool is None or self.in_flight is not None:
             return
         now = time.time_ns()
-        while self.queue:
+        while not self.parts and self.queue:
             run = self.queue.popleft()
             self.queued.discard(run)
             det = runs.get(run)
             live = det.baselines_due(now) if det is not None else {}
-            if not live:
-                continue
+            self.parts.extend((run, part) for part in chunks(live))
+        if self.parts:
+            run, live = self.parts.popleft()
             job = functools.partial(
                 load_and_fit,
                 run,
@@ -113,17 +130,17 @@ class BaselineFits:
                 self.cfg,
                 days=self.days,
                 timeout_s=self.timeout_s,
-                read=self.read,
+                read=self.read and time.monotonic() >= self.down_until,
             )
             try:
                 fut = asyncio.get_running_loop().run_in_executor(self.pool, job)
             except Exception:  # a broken or closed pool: asked again at the next retry
                 log.warning("baseline fit pool refused a job", exc_info=True)
                 self.count("refused", 1)
+                self.parts.clear()
                 return
             self.in_flight = run
             fut.add_done_callback(functools.partial(self._finished, run, runs))
-            return
 
     def _finished(
         self, run: str, runs: Mapping[str, RunDetector], fut: asyncio.Future[Any]
@@ -140,6 +157,8 @@ class BaselineFits:
                 self.count("loaded", 1)
             else:
                 self.count("load_failed", 1)
+                if self.read and time.monotonic() >= self.down_until:  # not read for a while
+                    self.down_until = time.monotonic() + STORES_RETRY_S
                 kind = why.split(":", 1)[0]
                 if kind not in self.logged:
                     self.logged.add(kind)

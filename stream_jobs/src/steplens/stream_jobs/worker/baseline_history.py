@@ -11,6 +11,7 @@ Runs in the worker's fit pool (``baseline_fits``), never on its event loop; need
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -23,6 +24,7 @@ from steplens.stream_jobs.engine.signals.dynamic_baseline import (
     STEP_METRICS,
     Key,
     key_of,
+    split_key,
 )
 
 Series = dict[Key, tuple[np.ndarray, np.ndarray]]  # key -> (minute starts, means)
@@ -36,13 +38,38 @@ WANTED: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 
-def flux(bucket: str, run: str, measurement: str, since_ns: int, until_ns: int) -> str:
+def wanted_items(keys: Iterable[Key]) -> dict[str, set[str]]:
+    """Per measurement, the hosts (``gpu``, ``disk``, ``net``) or ranks (``step``) whose rows
+    the series ``keys`` need."""
+    out: dict[str, set[str]] = {}
+    for key in keys:
+        scope = split_key(key)[0]
+        kind, _, item = scope.partition(":")
+        if kind == "rank":
+            out.setdefault("step", set()).add(item)
+        elif kind in WANTED:
+            out.setdefault(kind, set()).add(item.rpartition("/")[0])
+    return out
+
+
+def flux(  # noqa: PLR0917
+    bucket: str,
+    run: str,
+    measurement: str,
+    since_ns: int,
+    until_ns: int,
+    items: Iterable[str] | None = None,
+) -> str:
     """The rollup points of ``measurement``'s ``WANTED`` fields for ``run`` in
-    [since_ns, until_ns), long form, as one table (one CSV header)."""
+    [since_ns, until_ns) (of the hosts or ranks ``items`` only, when given), long form, as one
+    table (one CSV header)."""
     from steplens.sinks.rollup import flux_string, flux_time
 
     tag, fields = WANTED[measurement]
     names = " or ".join(f"r._field == {flux_string(f)}" for f in fields)
+    if items is not None:
+        by = "rank" if measurement == "step" else "host"
+        names += ") and (" + " or ".join(f"r.{by} == {flux_string(i)}" for i in sorted(items))
     keep = ", ".join(flux_string(c) for c in ["_time", "_value", "_field", "host", tag])
     return (
         f"from(bucket: {flux_string(bucket)})\n"
@@ -58,9 +85,12 @@ def _utc(ns: int) -> datetime:
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc)
 
 
-def read_rollups(influx: Any, run: str, since_ns: int, until_ns: int) -> Series:
-    """``run``'s series from the rollup bucket (``influx``: ``InfluxSettings``); raises when
-    InfluxDB cannot be read (the caller falls back to the in-run minutes). Each measurement's
+def read_rollups(
+    influx: Any, run: str, since_ns: int, until_ns: int, keys: Iterable[Key] | None = None
+) -> Series:
+    """``run``'s series from the rollup bucket (``influx``: ``InfluxSettings``): those of the
+    hosts and ranks of ``keys`` when given, else all; raises when InfluxDB cannot be read (the
+    caller falls back to the in-run minutes). Each measurement's
     rows come as plain CSV, parsed by pandas as they stream in (the client's own frame
     builder makes a Python object of every row: 3x slower and 2x the memory for 645k)."""
     import pandas as pd
@@ -72,8 +102,12 @@ def read_rollups(influx: Any, run: str, since_ns: int, until_ns: int) -> Series:
     out: Series = {}
     with make_client(influx) as client:
         api = client.query_api()
+        items = None if keys is None else wanted_items(keys)
         for measurement, (tag, _) in WANTED.items():
-            query = flux(influx.rollup_bucket, run, measurement, since_ns, until_ns)
+            only = None if items is None else items.get(measurement)
+            if items is not None and not only:
+                continue
+            query = flux(influx.rollup_bucket, run, measurement, since_ns, until_ns, only)
             body = api.query_raw(query, org=influx.org, dialect=plain)
             try:
                 frame = pd.read_csv(
