@@ -73,13 +73,24 @@ def test_series_are_capped_with_a_count() -> None:
     assert len(st.series) == 2 and st.overflow == 3
 
 
-def _run(det: RunDetector, minutes: int, util, start: int = 0) -> list:
+def _run(det: RunDetector, minutes: int, util, start: int = 0, stepping: bool = True) -> list:
+    """hw samples every 10 s (and, ``stepping``, a step record with each)."""
     alerts = []
     for m in range(start, start + minutes):
         for s in range(0, 60, 10):
             t = T0 + m * MINUTE_NS + s * 10**9
+            if stepping:
+                data = {"loss": 2.0, "step_time_s": 0.5 + 0.01 * (s % 3), "tokens_per_s": 8e3}
+                step = m * 6 + s // 10
+                alerts += det.process(make_record("step", data, run_id="r", step=step, time_ns=t))[
+                    1
+                ]
             alerts += det.process(_hw(t, float(util(m, s))))[1]
     return alerts
+
+
+def _baseline_rules(alerts: list) -> set[str]:
+    return {a.rule for a in alerts if a.state == "firing" and a.rule.startswith("baseline")}
 
 
 def test_a_run_gets_in_run_bands_and_alerts_on_a_gpu_that_drops_not_on_healthy_ones() -> None:
@@ -89,22 +100,28 @@ def test_a_run_gets_in_run_bands_and_alerts_on_a_gpu_that_drops_not_on_healthy_o
     def healthy(m: int, s: int) -> float:
         return 92.0 + noise[m, s]
 
-    det = RunDetector("r", fit_inline=True)
-    assert _run(det, 120, healthy) == []
-    dyn = det.run_states["baseline"]
+    def dropped(m: int, s: int) -> float:
+        return 35.0 + noise[m, s]
+
+    busy, idle = RunDetector("r", fit_inline=True), RunDetector("r", fit_inline=True)
+    for det in (busy, idle):
+        assert _baseline_rules(_run(det, 120, healthy)) == set()
+    dyn = busy.run_states["baseline"]
     tail = dyn.series[db.key_of("gpu:localhost/0", "gpu_util")]
     assert tail.band is not None and tail.band.baseline == "in-run"
+    assert dyn.series[db.key_of("rank:0", "tokens_per_s")].band is not None
     assert db.key_of("net:localhost/ib0", "net_mb_s") in dyn.series
     # a checkpoint leaves the bands and minutes out (the stores have them): a small head
-    head, ranks = det.dump(det.take_touched())
+    head, ranks = busy.dump(busy.take_touched())
     back = RunDetector.load(head, ranks.get)
     assert back is not None and back.run_states["baseline"].series == {}
     assert len(head) < 20_000
-    alerts = _run(det, 15, lambda m, s: 35.0 + noise[m, s], start=120)
-    fired = [a for a in alerts if a.state == "firing"]
-    rules = {a.rule for a in fired}
-    assert "baseline:gpu_util" in rules
-    assert all(topic_of(r) in ("hardware", "throughput") for r in rules if r.startswith("base"))
+    # the GPU drops while the run steps: a hardware alert; while it does not (an evaluation,
+    # a stall: the hang detector's case): none of the baseline's
+    rules = _baseline_rules(_run(busy, 15, dropped, start=120))
+    assert rules == {"baseline:gpu_util"} and topic_of("baseline:gpu_util") == "hardware"
+    assert _baseline_rules(_run(idle, 15, dropped, start=120, stepping=False)) == set()
+    assert topic_of("baseline:tokens_per_s") == "throughput"
 
 
 def test_a_batch_of_steps_judges_as_its_steps_one_by_one() -> None:

@@ -10,10 +10,11 @@ worker's fit pool reads the stores and fits; ``fit_inline`` offline): ``due`` sa
 series want one.
 
 A minute outside its band (and ``min_change``, 10 %, off its expected value) ``persist``
-times in a row (ten) warns (``baseline:<metric>``: the
-"hardware" topic, step time and tokens/s the "throughput" one); throughput warns on its bad
-side only (slower steps, fewer tokens). Every signal's detail says which baseline judged it
-(``{"baseline": "7d" | "in-run", "order", "seasonal", ...}``).
+times in a row (ten) warns (``baseline:<metric>``: the "hardware" topic, step time and
+tokens/s the "throughput" one); throughput warns on its bad side only (slower steps, fewer
+tokens); a minute of hardware samples taken mostly while the run was not stepping (an
+evaluation, a checkpoint save) never counts. Every signal's detail says which baseline judged
+it (``{"baseline": "7d" | "in-run", "order", "seasonal", ...}``).
 
 Bounded: at most ``max_series`` series per run; a further one is counted (``overflow``), not
 kept. Not checkpointed (``DynamicState.series``): bands and minutes are derived from what the
@@ -53,6 +54,7 @@ STEP_METRICS = ("step_time_s", "tokens_per_s")
 BAD_SIDE = {"step_time_s": 1, "tokens_per_s": -1}
 
 Key = str  # "<scope>|<metric>"
+IDLE_AFTER_NS = 30 * 10**9  # a hw sample this long after the run's last step: not stepping
 
 
 def key_of(scope: str, metric: str) -> Key:
@@ -85,6 +87,7 @@ class Tail:
     minute: int = -1  # the open minute (minutes since the epoch)
     total: float = 0.0
     count: int = 0
+    idle: int = 0  # values of the open minute taken while the run was not stepping
     times: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # minute starts
     values: np.ndarray = field(default_factory=lambda: np.empty(0))
     outside: int = 0  # minutes outside the band in a row
@@ -113,8 +116,10 @@ def observe(  # noqa: PLR0917
     rank: int,
     step: int | None,
     row: int = 0,
+    idle: bool = False,
 ) -> Signals | None:
-    """Add a value; the signal of the minute it closes (None: none closed, or no band)."""
+    """Add a value (``idle``: taken while the run was not stepping); the signal of the minute
+    it closes (None: none closed, or no band)."""
     if not math.isfinite(value):
         return None
     key = key_of(scope, metric)
@@ -128,12 +133,13 @@ def observe(  # noqa: PLR0917
     if minute == tail.minute:
         tail.total += value
         tail.count += 1
+        tail.idle += idle
         return None
     if minute < tail.minute:
         state.late += 1
         return None
     out = _close(tail, cfg, scope, metric, step, row)
-    tail.minute, tail.total, tail.count = minute, value, 1
+    tail.minute, tail.total, tail.count, tail.idle = minute, value, 1, int(idle)
     return out
 
 
@@ -154,7 +160,9 @@ def _close(  # noqa: PLR0917
         return None
     expected, lower, upper = got
     above, below = mean > upper, mean < lower
-    bad = outside(cfg, metric, mean, expected, lower, upper)
+    # a minute mostly idle (evaluation, a checkpoint save, a stall: the stall detectors' case)
+    # is judged but never counts towards a warning: its hardware is expected to differ
+    bad = outside(cfg, metric, mean, expected, lower, upper) and 2 * tail.idle < tail.count
     tail.outside = tail.outside + 1 if bad else 0
     half = (upper - lower) / 2
     ratio = abs(mean - expected) / half if half > 0 else (math.inf if mean != expected else 0.0)
@@ -186,13 +194,15 @@ def outside(  # noqa: PLR0917
 
 
 def on_record(state: DynamicState, cfg: DynamicConfig, rec: Record, run: Run) -> list[Signals]:
-    """An ``hw`` record's GPUs, disks and network interfaces."""
+    """An ``hw`` record's GPUs, disks and network interfaces (idle when the run has not
+    stepped in ``IDLE_AFTER_NS``, as the GPU utilisation threshold judges it)."""
     out: list[Signals] = []
     data, host, t, step, rank = rec.data, rec.host, rec.time_ns, rec.step, rec.rank
+    idle = not run.last_step_ns or t - run.last_step_ns >= IDLE_AFTER_NS
 
     def add(scope: str, metric: str, value: Any) -> None:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            sig = observe(state, cfg, scope, metric, float(value), t, rank, step)
+            sig = observe(state, cfg, scope, metric, float(value), t, rank, step, idle=idle)
             if sig is not None:
                 out.append(sig)
 
