@@ -92,3 +92,52 @@ def test_a_fit_job_reads_the_rollups_and_fits_the_seven_day_band(stack_env, monk
     many = {KEY: (np.arange(60, dtype=np.int64) * MINUTE_NS, 50 + rng.normal(size=60))}
     bands, why = load_and_fit(run, many, BaselineConfig(), days=7.0, timeout_s=2.0)
     assert why is not None and bands[KEY] is not None and bands[KEY].baseline == IN_RUN
+
+
+def test_a_ranks_throughput_comes_from_its_steps_and_windows(stack_env):
+    """Step records (1 % raw in the producer's default mode) and step windows, written by the
+    sink and rolled up: a minute's series value is the mean of both rollups."""
+    from steplens.sinks.influx import InfluxSink, make_client
+    from steplens.sinks.rollup import run_rollup
+    from steplens.sinks.settings import InfluxSettings
+    from steplens.stream_jobs.worker.baseline_history import read_rollups
+
+    s = replace(InfluxSettings.from_env(), timeout_ms=60_000)
+    run = f"base-{uuid.uuid4().hex[:8]}"
+    now_min = time.time_ns() // MINUTE_NS
+    minutes = range(now_min - 6, now_min - 1)
+    recs = []
+    for k, m in enumerate(minutes):
+        t = m * MINUTE_NS + 10 * 10**9
+        step = {"loss": 2.0, "tokens_per_s": 1000.0 + k, "step_time_s": 0.5}
+        recs.append(
+            make_record("step", step, run_id=run, rank=1, step=100 * k, seq=2 * k, time_ns=t)
+        )
+        window = {
+            "step_first": 100 * k,
+            "step_last": 100 * k + 99,
+            "count": 100,
+            "metrics": {"tokens_per_s": {"count": 100, "mean": 1100.0 + k, "last": 1.0}},
+        }
+        recs.append(
+            make_record(
+                "step_window",
+                window,
+                run_id=run,
+                rank=1,
+                step=100 * k + 99,
+                seq=2 * k + 1,
+                time_ns=t + 10**9,
+            )
+        )
+    with make_client(s) as client:
+        assert InfluxSink(client, s).export(recs).accepted == len(recs)
+        start = datetime.fromtimestamp(minutes[0] * 60, tz=timezone.utc)
+        stop = datetime.fromtimestamp((minutes[-1] + 1) * 60, tz=timezone.utc)
+        run_rollup(client, s, start, stop, run)
+    key = key_of("rank:1", "tokens_per_s")
+    got = read_rollups(s, run, minutes[0] * MINUTE_NS, now_min * MINUTE_NS, [key])
+    times, values = got[key]
+    assert times.tolist() == [m * MINUTE_NS for m in minutes]
+    assert values.tolist() == [1050.0 + k for k in range(len(minutes))]
+    assert key_of("rank:1", "step_time_s") in got  # from the steps alone

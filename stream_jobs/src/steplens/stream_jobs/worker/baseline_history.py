@@ -3,7 +3,8 @@ rollup task) of its GPUs, disks and network interfaces (``gpu``, ``disk``, ``net
 measurements) and of its ranks' step time and tokens/s (``step``), as the series
 ``dynamic_baseline`` keys them. The rollups keep 30 days, so 7 are always there when the run
 is that old; raw S3 records would have to be aggregated first, so they are not read here.
-Step windows (windowed mode) are not read: their ranks' bands come from the in-run minutes.
+A rank's step time and tokens/s come from both its step rollups and its step windows' (the
+producer's default mode sends windows of 100 steps and 1 % of the steps raw).
 
 Runs in the worker's fit pool (``baseline_fits``), never on its event loop; needs
 ``steplens-sinks`` (imported on use).
@@ -99,39 +100,76 @@ def read_rollups(
     from steplens.sinks.influx import make_client
 
     plain = Dialect(header=True, annotations=[], date_time_format="RFC3339")
-    out: Series = {}
+    frames = []
     with make_client(influx) as client:
         api = client.query_api()
+
+        def rows(query: str, tags: list[str]) -> Any:
+            body = api.query_raw(query, org=influx.org, dialect=plain)
+            try:
+                wanted = {"_time", "_value", "_field", *tags}
+                return pd.read_csv(
+                    body,
+                    usecols=lambda c: c in wanted,
+                    dtype={"_field": "category", **dict.fromkeys(tags, "category")},
+                )
+            except pd.errors.EmptyDataError:  # no rows: an empty body
+                return None
+            finally:
+                body.release_conn()
+
         items = None if keys is None else wanted_items(keys)
         for measurement, (tag, _) in WANTED.items():
             only = None if items is None else items.get(measurement)
             if items is not None and not only:
                 continue
-            query = flux(influx.rollup_bucket, run, measurement, since_ns, until_ns, only)
-            body = api.query_raw(query, org=influx.org, dialect=plain)
-            try:
-                frame = pd.read_csv(
-                    body,
-                    usecols=["_time", "_value", "_field", "host", tag],
-                    dtype={"_field": "category", "host": "category", tag: "category"},
+            got = rows(
+                flux(influx.rollup_bucket, run, measurement, since_ns, until_ns, only),
+                ["host", tag],
+            )
+            if got is not None and len(got):
+                frames.append(got.assign(_measurement=measurement))
+            if measurement == "step":  # and the windows' means (the producer's default mode)
+                got = rows(
+                    windows_flux(influx.rollup_bucket, run, since_ns, until_ns, only),
+                    ["rank", "metric"],
                 )
-            except pd.errors.EmptyDataError:  # no rows: an empty body
-                continue
-            finally:
-                body.release_conn()
-            if frame.empty:
-                continue
-            times = pd.to_datetime(frame.pop("_time"), utc=True, format="ISO8601")
-            frame["time_ns"] = times.dt.as_unit("ns").astype("int64")
-            frame["_measurement"] = measurement
-            out.update(series_of(frame))
-    return out
+                if got is not None and len(got):
+                    field = got.pop("metric").astype(str) + "_mean"
+                    frames.append(got.assign(_measurement="step", _field=field))
+    if not frames:
+        return {}
+    frame = pd.concat(frames, ignore_index=True)
+    times = pd.to_datetime(frame.pop("_time"), utc=True, format="ISO8601")
+    frame["time_ns"] = times.dt.as_unit("ns").astype("int64")
+    return series_of(frame)
+
+
+def windows_flux(
+    bucket: str, run: str, since_ns: int, until_ns: int, ranks: Iterable[str] | None = None
+) -> str:
+    """The rollups of the step windows' means of ``STEP_METRICS`` (``mean_mean``: a minute's
+    windows' mean) for ``run``, of ``ranks`` when given."""
+    from steplens.sinks.rollup import flux_string, flux_time
+
+    which = " or ".join(f"r.metric == {flux_string(m)}" for m in STEP_METRICS)
+    if ranks is not None:
+        which += ") and (" + " or ".join(f"r.rank == {flux_string(i)}" for i in sorted(ranks))
+    keep = ", ".join(flux_string(c) for c in ["_time", "_value", "_field", "rank", "metric"])
+    return (
+        f"from(bucket: {flux_string(bucket)})\n"
+        f"  |> range(start: {flux_time(_utc(since_ns))}, stop: {flux_time(_utc(until_ns))})\n"
+        f'  |> filter(fn: (r) => r._measurement == "step_window"'
+        f' and r.run_id == {flux_string(run)} and r._field == "mean_mean" and ({which}))\n'
+        f"  |> keep(columns: [{keep}])\n"
+        "  |> group()\n"
+    )
 
 
 def series_of(frame: Any) -> Series:
     """Long-form rollup rows (``time_ns``, ``_measurement``, ``_field``, ``_value``, ``host``
     and the item tags) as the baselines' series; a disk's read and write (an interface's rx
-    and tx) of a minute summed."""
+    and tx) of a minute summed, a rank's step and window rollups of a minute averaged."""
     out: Series = {}
     for measurement, (tag, fields) in WANTED.items():
         part = frame[(frame["_measurement"] == measurement) & frame["_field"].isin(list(fields))]
@@ -139,7 +177,9 @@ def series_of(frame: Any) -> Series:
             continue
         part = part.assign(metric=part["_field"].map(fields), value=part["_value"].astype(float))
         by = ["metric", tag] if measurement == "step" else ["metric", "host", tag]
-        summed = part.groupby([*by, "time_ns"], sort=True)["value"].sum(min_count=1)
+        grouped = part.groupby([*by, "time_ns"], sort=True, observed=True)["value"]
+        # a minute's step rollup and windows' rollup: their mean; a disk's read and write: sum
+        summed = grouped.mean() if measurement == "step" else grouped.sum(min_count=1)
         for ident, values in summed.groupby(level=list(range(len(by))), sort=False):
             metric, *item = ident
             if measurement == "step":
