@@ -103,7 +103,8 @@ def test_a_run_gets_in_run_bands_and_alerts_on_a_gpu_that_drops_not_on_healthy_o
     def dropped(m: int, s: int) -> float:
         return 35.0 + noise[m, s]
 
-    busy, idle = RunDetector("r", fit_inline=True), RunDetector("r", fit_inline=True)
+    busy = RunDetector("r", baselines_inline=True)
+    idle = RunDetector("r", baselines_inline=True)
     for det in (busy, idle):
         assert _baseline_rules(_run(det, 120, healthy)) == set()
     dyn = busy.run_states["baseline"]

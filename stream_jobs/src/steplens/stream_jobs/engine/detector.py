@@ -129,6 +129,9 @@ class RunDetector:
     cfg: DetectorConfig = field(default_factory=DetectorConfig)
     fit_inline: bool = True
     generic: bool = False  # score unknown metrics too (offline CSVs)
+    # fit the 7-day baselines' bands here from the in-run minutes (tests, benches); the worker
+    # fits them in its pool from the stores (``baselines_due``, ``apply_baselines``)
+    baselines_inline: bool = False
     # rank -> series detector (registry key) -> metric -> its state
     series: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     # record detector (registry key) -> its state, one per run
@@ -190,7 +193,7 @@ class RunDetector:
                 batch += e.on_record(
                     self.run_states[e.key], getattr(self.cfg, e.key), rec, self.run
                 )
-        if kind == "hw" and self.fit_inline:
+        if kind == "hw" and self.baselines_inline:
             dynamic_baseline.fit_inline(self.run_states["baseline"], self.cfg.baseline, rec.time_ns)
         self._annotate(batch, rec.rank, None)
         alerts = self.evaluate(batch, 1, [rec.time_ns])
@@ -314,10 +317,13 @@ class RunDetector:
                 behind,
                 windowed=firsts is not None,
             )
-            dyn = self.run_states["baseline"]
-            batch += dynamic_baseline.on_steps(dyn, cfg.baseline, rank, step_a, times_ns, columns)
-            if self.fit_inline and n:
-                dynamic_baseline.fit_inline(dyn, cfg.baseline, int(times_ns[-1]))
+            if not self.generic:  # an offline CSV's columns are judged by the generic detectors
+                dyn = self.run_states["baseline"]
+                batch += dynamic_baseline.on_steps(
+                    dyn, cfg.baseline, rank, step_a, times_ns, columns
+                )
+                if self.baselines_inline:
+                    dynamic_baseline.fit_inline(dyn, cfg.baseline, int(times_ns[-1]))
         self._mark_baseline(rank, batch, n)
         return batch
 

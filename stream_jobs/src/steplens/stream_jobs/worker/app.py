@@ -158,7 +158,7 @@ class Worker:
     async def _startup(self) -> None:
         compat.raise_producer_buffer(self.app, PRODUCER_BUFFER_MESSAGES)
         compat.quiet_root_logger(self.s.log_level)
-        if self.s.detector.arima_enabled and self.s.fit_workers > 0:
+        if self.s.fit_workers > 0:  # the ARIMA fits (unless --no-arima) and the baselines
             ctx = multiprocessing.get_context("spawn")
             self.pool = concurrent.futures.ProcessPoolExecutor(
                 self.s.fit_workers,
@@ -169,7 +169,7 @@ class Worker:
             # each pool process loads statsmodels (seconds) now, not at the first run's first fit
             for _ in range(self.s.fit_workers):
                 self.pool.submit(arima.warm_up)
-            self.fits.pool = self.pool
+            self.fits.pool = self.pool if self.s.detector.arima_enabled else None
             self.baselines.pool = self.pool
         if self.history is not None:
             self.history.start()

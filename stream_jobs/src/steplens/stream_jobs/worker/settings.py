@@ -166,7 +166,9 @@ class WorkerSettings:
             "are acknowledged only by its next checkpoint (after a crash they are scored again)"
         ),
     ] = 5.0
-    fit_workers: Annotated[NonNegativeInt, about("processes for ARIMA fits")] = 1
+    fit_workers: Annotated[
+        NonNegativeInt, about("processes for ARIMA fits and the 7-day baselines' (0: neither)")
+    ] = 1
     max_pending_fits: Annotated[
         PositiveInt,
         about("ARIMA fits queued or running at most; past it a fit is skipped (asked again)"),
