@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 import pytest
+from test_stream_worker import alerts_matching, sample
 
 from steplens.schema import make_record
 from steplens.stream_jobs.engine.signals.dynamic_baseline import key_of
@@ -141,3 +142,86 @@ def test_a_ranks_throughput_comes_from_its_steps_and_windows(stack_env):
     assert times.tolist() == [m * MINUTE_NS for m in minutes]
     assert values.tolist() == [1050.0 + k for k in range(len(minutes))]
     assert key_of("rank:1", "step_time_s") in got  # from the steps alone
+
+
+def _rollup_points(run: str, minutes: range, rng: np.random.Generator) -> list:
+    from influxdb_client import Point
+
+    return [
+        Point("gpu")
+        .tag("run_id", run)
+        .tag("host", "node-a")
+        .tag("gpu", "0")
+        .field("util_gpu_mean", _util(m, rng))
+        .time(m * MINUTE_NS)
+        for m in minutes
+    ]
+
+
+def test_the_worker_judges_live_gpu_minutes_against_their_seven_day_band(kafka, workers):
+    """Three days of a GPU's rollups in the store; the run's live hw records reach the worker,
+    whose hourly refit (its first at once) fits the band in its pool: the live minutes are
+    published with it (``detail.baseline`` "7d"), and a drop while the run steps alerts in the
+    hardware topic."""
+    from influxdb_client.client.write_api import SYNCHRONOUS
+
+    from steplens.sinks.influx import make_client
+    from steplens.sinks.settings import InfluxSettings
+
+    s = replace(InfluxSettings.from_env(), timeout_ms=60_000)
+    run = f"base-{uuid.uuid4().hex[:8]}"
+    rng = np.random.default_rng(6)
+    now_min = time.time_ns() // MINUTE_NS
+    with make_client(s) as client:
+        points = _rollup_points(run, range(now_min - 3 * DAY_MIN, now_min - 2), rng)
+        client.write_api(write_options=SYNCHRONOUS).write(s.rollup_bucket, s.org, points)
+    w = workers("--no-arima").start()
+    w.wait_metrics()
+    seq = iter(range(10**6))
+
+    def minute(m: int, util: float) -> list:
+        out = []
+        for sec in (5, 35):
+            t = m * MINUTE_NS + sec * 10**9
+            step = {"loss": 2.0, "tokens_per_s": 5e3}
+            common = {"run_id": run, "host": "node-a", "time_ns": t}
+            out.append(make_record("step", step, step=next(seq), seq=next(seq), **common))
+            gpus = [{"index": 0, "util_gpu": util}]
+            out.append(make_record("hw", {"gpus": gpus}, seq=next(seq), **common))
+        return out
+
+    # the in-run minutes: the worker keeps them and asks for the band at its next minute tick
+    in_run = minute(now_min - 2, _util(now_min - 2, rng))
+    kafka.send(in_run + minute(now_min - 1, _util(now_min - 1, rng)))
+    deadline = time.monotonic() + 150
+    # one band: the GPU's (the run's tokens/s has one minute, too few for any)
+    while sample(w.metrics(), "steplens_worker_baseline_loads_total", outcome="bands") < 1:
+        lines = [x for x in w.metrics().splitlines() if "baseline" in x]
+        assert time.monotonic() < deadline, (lines, w.log.read_text()[-3000:])
+        time.sleep(1.0)
+    text = w.metrics()
+    assert sample(text, "steplens_worker_baseline_loads_total", outcome="loaded") >= 1
+    assert sample(text, "steplens_worker_baseline_loads_total", outcome="load_failed") == 0
+    # live minutes on the daily cycle, then 12 minutes of a GPU at 5 % while the run steps
+    live = [r for m in range(now_min, now_min + 3) for r in minute(m, _util(m, rng))]
+    drop = [r for m in range(now_min + 3, now_min + 16) for r in minute(m, 5.0)]
+    kafka.send(live + drop)
+    sigs = kafka.collect(
+        kafka.topics.signals,
+        lambda got: (
+            sum(g.data["name"] == "baseline" and g.data["metric"] == "gpu_util" for g in got) >= 14
+        ),
+        timeout_s=60,
+    )
+    util = [g for g in sigs if g.data["name"] == "baseline" and g.data["metric"] == "gpu_util"]
+    first = util[0].data
+    assert first["detail"]["baseline"] == "7d" and first["detail"]["seasonal"] is True
+    assert first["detail"]["scope"] == "gpu:node-a/0"
+    assert first["lower"] < first["value"] < first["upper"]
+    alerts = kafka.collect(
+        kafka.topics.alerts,
+        lambda got: bool(alerts_matching(got, rule="baseline:gpu_util", state="firing")),
+        timeout_s=60,
+    )
+    fired = alerts_matching(alerts, rule="baseline:gpu_util", state="firing")
+    assert fired and fired[0].data["severity"] == "warning"

@@ -537,6 +537,8 @@ class RunDetector:
             return
         detail = got[0]
         for sigs in batch:
+            if sigs.name == dynamic_baseline.NAME:  # says its own baseline (7d or in-run)
+                continue
             d = sigs.detail  # one dict shared: the outputs copy it
             if d is None:
                 sigs.detail = [detail] * len(sigs)
