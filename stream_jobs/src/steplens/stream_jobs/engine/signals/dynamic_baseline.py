@@ -74,7 +74,9 @@ class DynamicConfig:
     min_change: float = 0.1
     in_run_window: int = 256  # minute means kept per series (the in-run fallback's input)
     max_series: int = 4096  # per run
-    refit_s: float = 3600.0  # a series' band is refitted this often (event time)
+    # a series' band is refitted this often, by the clock ``due`` is asked with (the worker's
+    # wall clock; the records' time inline)
+    refit_s: float = 3600.0
     retry_s: float = 600.0  # ... and sooner while it has none
     fit: BaselineConfig = field(default_factory=BaselineConfig)
 
@@ -92,7 +94,7 @@ class Tail:
     values: np.ndarray = field(default_factory=lambda: np.empty(0))
     outside: int = 0  # minutes outside the band in a row
     band: Band | None = None
-    asked_ns: int = 0  # when it last asked for a band (event time)
+    asked_ns: int = 0  # when it last asked for a band (``due``'s clock)
 
 
 @dataclass
