@@ -1,24 +1,42 @@
-"""Detection quality on real public data, beside a rolling z-score baseline run in the same process.
+"""Detection quality on real public data, beside two baselines run in the same process.
 
 Corpora (``bench/data/quality``, licenses and sources in its README and MANIFEST.json):
 
-* ``smd``: labelled server-machine telemetry (SMD, 5 machines, 6 metrics each, 66 events);
+* labelled machine and service telemetry, one row per minute (``smd``: SMD, 5 machines;
+  ``psm``: eBay's Pooled Server Metrics, 6 days in two files) or per 5 minutes (``asd``: ASD,
+  12 application servers; ``js2``, ``js3``: JumpStarter's Dataset2 and Dataset3, 8 services
+  each, raw counters); every file is ``tune`` or ``holdout``;
 * ``healthy``: 7 real training runs without a reported incident (false alarms per 10,000 steps);
-* ``documented``: real training logs around documented incidents (loss spikes, a divergence, a
-  NaN, a throughput drop; BigScience's chronicles and a nanoGPT issue), onsets from the source;
-* ``log-evident``: 4 real runs with loss spikes plain in their logs (Megatron-LM's Mixtral
-  release test), onsets labelled by a fixed rule (see the data's README).
+* ``documented``: real training logs around documented incidents, onsets from the source;
+* ``log-evident``: 4 real runs with loss spikes plain in their logs, onsets by a fixed rule.
 
-Every corpus is scored by steplens' detectors (the code ``steplens detect`` and the worker run,
-default settings) and by a plain rolling z-score: per metric, the mean and standard deviation of
-the previous ``--z-window`` values; a row breaches when any metric is ``--z`` deviations away; an
-alert starts at a breach and ends after 10 rows without one (steplens' own resolve time).
-Event-level precision, recall and F1 without point adjustment, the median delay in rows, alert
-onsets per 10,000 healthy steps, and the threshold-free average precision of the per-row score
-(``event_scoring``). The bench downloads nothing.
+Detectors, all in this process:
 
-    python bench/bench_detect_quality.py                  # every corpus, about a minute
-    python bench/bench_detect_quality.py --corpus smd
+* ``steplens``: its detectors and alerts with default settings, as ``steplens detect`` runs them;
+* ``steplens@T``: the same detectors' per-row ``anomaly_score`` (a calibrated rarity: 0.9999
+  is "once in 10,000 values of this series") with one threshold ``T`` for every corpus, chosen
+  once on the ``tune`` files (the best mean F1 over the labelled corpora); beside it, each
+  corpus' own best threshold, to show what one threshold costs;
+* ``z-score``: per metric, ``|x - mean| / std`` over the previous ``--z-window`` values;
+* ``arima``: per metric, statsmodels' ARIMA(1,1,1) fitted (Hannan-Rissanen) on the file's
+  first ``--arima-fit`` rows, then run over the whole file with those parameters (a rolling
+  one-step forecast, Kalman filter); the score is the standardized one-step forecast error.
+
+A row's score is its largest over the metrics; an alert starts at a row at or above the
+threshold and ends after 10 rows without one (steplens' own resolve time). Each baseline gets its
+best threshold per corpus, swept over a grid on all that corpus' files (on ``healthy`` and
+``documented``: the one best on ``log-evident``), so the baselines are shown at their best.
+
+Scores, per corpus: event-level precision, recall and F1 **without point adjustment** (an alert
+starting inside an event, or up to 10 rows after it, detects it once; every other alert is a
+false one). Point adjustment (counting every row of an event as found once any row is) inflates
+scores: one lucky alert in a long event counts as hundreds of true rows, so a detector that
+fires at random scores well on data with long events. Also: the share of series-days (one file,
+one day) with at least one false alert, the threshold-free average precision (AP) of the
+per-row score, the median delay, and the seconds each part took. The bench downloads nothing.
+
+    python bench/bench_detect_quality.py                  # every corpus, a few minutes
+    python bench/bench_detect_quality.py --corpus asd
 """
 
 from __future__ import annotations
@@ -30,7 +48,9 @@ import io
 import json
 import math
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +61,7 @@ from event_scoring import (
     Quality,
     average_precision,
     events_of,
+    false_onsets,
     onsets_of,
     score,
 )
@@ -59,6 +80,8 @@ class Series:
     missing: dict[str, np.ndarray]  # bool: no value in the source (an empty cell)
     labels: np.ndarray | None = None  # per row (SMD)
     onsets: list[int] = field(default_factory=list)  # labelled onset steps (training incidents)
+    split: str = "tune"  # labelled telemetry: "tune" or "holdout"
+    rows_per_day: int = 0  # labelled telemetry: rows in a day
 
     def rows(self) -> tuple[list[str], list[list[str]]]:
         names = ["step", *self.columns]
@@ -94,71 +117,97 @@ def load(entry: dict) -> Series:
     missing = {n: np.array([not c for c in cells[header.index(n)]]) for n in names}
     onsets = [o["step"] for o in entry.get("onsets", entry.get("labelled_onsets", []))]
     name = Path(entry["path"]).name.split(".")[0]
-    return Series(name, steps, columns, missing, labels, onsets)
+    split, per_day = entry.get("split", "tune"), entry.get("rows_per_day", 0)
+    return Series(name, steps, columns, missing, labels, onsets, split, per_day)
 
 
-KINDS = {
-    "smd": "labelled_machine_telemetry",
+LABELLED = ("smd", "asd", "js2", "js3", "psm")  # MANIFEST "corpus" of labelled telemetry
+TRAINING = {
     "healthy": "healthy",
     "documented": "incident_documented",
     "log-evident": "incident_log_evident",
-}
+}  # MANIFEST "kind" of training logs
+CORPORA = (*LABELLED, *TRAINING)
 
 
-def corpus(kind: str) -> list[tuple[dict, Series]]:
-    """The files of one corpus (``KINDS``; "incidents": documented and log-evident ones)."""
+def corpus(name: str) -> list[Series]:
+    """The files of one corpus (``CORPORA``)."""
     manifest = json.loads((DATA / "MANIFEST.json").read_text())
-    want = {KINDS["documented"], KINDS["log-evident"]} if kind == "incidents" else {KINDS[kind]}
-    return [(entry, load(entry)) for entry in manifest["files"] if entry["kind"] in want]
+    if name in LABELLED:
+        return [load(e) for e in manifest["files"] if e.get("corpus") == name]
+    return [load(e) for e in manifest["files"] if e["kind"] == TRAINING[name]]
 
 
 # ---------------------------------------------------------------------------------------- detectors
-@dataclass
-class Verdict:
-    score: np.ndarray  # per row
-    onsets: list[int]  # rows where an alert starts
-
-
-def rolling_z(s: Series, window: int, z: float) -> Verdict:
-    """The baseline: per metric, |x - mean| / std over the previous ``window`` values."""
+def rolling_z(s: Series, window: int) -> np.ndarray:
+    """Per row, the largest over metrics of ``|x - mean| / std`` of the previous ``window``."""
     n = len(s.steps)
     top = np.zeros(n)
     for x in s.columns.values():
-        filled = np.where(np.isnan(x), np.nan, x)
-        zs = np.zeros(n)
-        if n > window:
-            win = np.lib.stride_tricks.sliding_window_view(filled[:-1], window)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                mu = np.nanmean(win, axis=1)
-                sd = np.nanstd(win, axis=1)
-                zz = np.abs(filled[window:] - mu) / sd
-            zz[~np.isfinite(zz)] = 0.0
-            zs[window:] = zz
-        top = np.maximum(top, zs)
-    return Verdict(top, onsets_of(_hold(top >= z, RESOLVE_ROWS)))
+        if n <= window:
+            continue
+        win = np.lib.stride_tricks.sliding_window_view(x[:-1], window)
+        with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows
+            zz = np.abs(x[window:] - np.nanmean(win, axis=1)) / np.nanstd(win, axis=1)
+        zz[~np.isfinite(zz)] = 0.0
+        top[window:] = np.maximum(top[window:], zz)
+    return top
 
 
-def _hold(breach: np.ndarray, rows: int) -> list[bool]:
-    """Firing from a breach until ``rows`` rows without one."""
-    out, quiet, on = [], 0, False
-    for b in breach.tolist():
-        if b:
-            on, quiet = True, 0
-        elif on:
-            quiet += 1
-            on = quiet < rows
-        out.append(on)
-    return out
+def arima(s: Series, fit_rows: int) -> np.ndarray:
+    """Per row, the largest over metrics of the standardized one-step forecast error of an
+    ARIMA(1,1,1) fitted (statsmodels) on the first ``fit_rows`` rows, then run over all."""
+    from statsmodels.tsa.arima.model import ARIMA
+
+    n = len(s.steps)
+    top = np.zeros(n)
+    for x in s.columns.values():
+        head = x[:fit_rows]
+        head = head[np.isfinite(head)]  # the estimator needs no gaps; the filter handles them
+        if len(head) < 30 or not np.std(head) > 0:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            # Hannan-Rissanen: a tenth of the exact likelihood fit's time, near its estimates
+            model = ARIMA(
+                head, order=(1, 1, 1), enforce_stationarity=False, enforce_invertibility=False
+            )
+            try:
+                res = model.fit(method="hannan_rissanen")
+            except (ValueError, np.linalg.LinAlgError):
+                res = model.fit()
+            err = res.apply(x).filter_results.standardized_forecasts_error[0]
+        err = np.abs(err)
+        err[:2] = 0.0  # the diffuse start of the differenced series
+        err[~np.isfinite(err)] = 0.0
+        top = np.maximum(top, err)
+    return top
 
 
-def steplens(s: Series) -> Verdict:
+@dataclass
+class Steplens:
+    score: np.ndarray  # per row: the largest calibrated anomaly score (0..1)
+    onsets: list[int]  # rows where an incident opens (its alerts)
+
+
+def steplens(s: Series) -> Steplens:
     """steplens' detectors with default settings, as ``steplens detect`` runs them."""
     from steplens.stream_jobs.offline.cli import score_rows
 
     names, rows = s.rows()
     results, _ = score_rows(rows, names, None, io.StringIO())
     res = np.asarray(results)
-    return Verdict(res[:, 0], onsets_of(res[:, 1].astype(bool).tolist()))
+    return Steplens(np.nan_to_num(res[:, 0]), onsets_of(res[:, 1].astype(bool).tolist()))
+
+
+def alerts_at(top: np.ndarray, threshold: float) -> list[int]:
+    """Onsets of alerts that fire from a row at or above ``threshold`` until ``RESOLVE_ROWS``
+    rows without one: a breach opens an alert when the previous one is that far back."""
+    at = np.flatnonzero(top >= threshold)
+    if not len(at):
+        return []
+    return [int(at[0]), *at[1:][np.diff(at) >= RESOLVE_ROWS].tolist()]
 
 
 # ---------------------------------------------------------------------------------------- scoring
@@ -171,83 +220,220 @@ def events_in_rows(s: Series) -> list[tuple[int, int]]:
 
 @dataclass
 class Tally:
+    """One detector's result over some files."""
+
     quality: Quality = NO_QUALITY
     onsets: int = 0
     steps: int = 0  # iterations spanned
     points: int = 0  # logged rows
+    days: int = 0  # series-days (labelled telemetry)
+    false_days: int = 0  # ... with at least one false alert
     ap: list[float] = field(default_factory=list)
-    seconds: float = 0.0
 
-
-def run(kind: str, detectors: dict[str, Callable[[Series], Verdict]], tolerance: int) -> None:
-    items = corpus(kind)
-    tallies = {name: Tally() for name in detectors}
-    per_file: list[str] = []
-    for _, s in items:
+    def add(self, s: Series, onsets: list[int], score_row: np.ndarray | None, tol: int) -> None:
         events = events_in_rows(s)
-        line = [f"  {s.name[:46]:<46}"]
-        for name, detect in detectors.items():
-            t0 = time.perf_counter()
-            v = detect(s)
-            t = tallies[name]
-            t.seconds += time.perf_counter() - t0
-            q = score(events, v.onsets, tolerance, 0 if s.labels is not None else tolerance)
-            t.quality = t.quality + q
-            t.onsets += len(v.onsets)
-            t.points += len(s.steps)
-            t.steps += int(s.steps[-1] - s.steps[0]) + 1 if len(s.steps) else 0
-            if s.labels is not None:
-                t.ap.append(average_precision(v.score.tolist(), s.labels.tolist()))
-            line.append(f"{name}: {q.detected}/{q.events} ev, {len(v.onsets)} onsets")
-        per_file.append("  ".join(line))
-    around = "after its end" if kind == "smd" else "before or after it"
+        before = 0 if s.labels is not None else tol
+        self.quality = self.quality + score(events, onsets, tol, before)
+        self.onsets += len(onsets)
+        self.points += len(s.steps)
+        self.steps += int(s.steps[-1] - s.steps[0]) + 1 if len(s.steps) else 0
+        if s.rows_per_day:
+            self.days += -(-len(s.steps) // s.rows_per_day)
+            false = false_onsets(events, onsets, tol, before)
+            self.false_days += len({t // s.rows_per_day for t in false})
+        if s.labels is not None and score_row is not None:
+            self.ap.append(average_precision(score_row.tolist(), s.labels.tolist()))
+
+    def line(self) -> str:
+        q = self.quality
+        if not q.events:
+            return (
+                f"{self.onsets} alert onsets in {self.steps:,} steps ({self.points:,} points): "
+                f"{1e4 * self.onsets / max(self.steps, 1):.2f} per 10,000 steps, "
+                f"{1e4 * self.onsets / max(self.points, 1):.2f} per 10,000 points"
+            )
+        msg = (
+            f"P {q.precision:.3f} R {q.recall:.3f} F1 {q.f1:.3f} "
+            f"({q.detected}/{q.events} ev, {q.onsets} alerts, delay {q.median_delay:.0f})"
+        )
+        if self.days:
+            share = self.false_days / self.days
+            msg += f" false-alert days {self.false_days}/{self.days} ({share:.1%})"
+        if self.ap:
+            msg += f" AP {np.nanmean(self.ap):.3f}"
+        return msg
+
+
+Z_GRID = (2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 12.0, 15.0, 20.0, 30.0, 50.0, 100.0)
+SCORE_GRID = (0.99, 0.995, 0.999, 0.9995, 0.9999, 0.99995, 0.99999, 0.999995, 0.999999)
+
+
+def tally(files: list[tuple[Series, np.ndarray]], threshold: float, tol: int) -> Tally:
+    t = Tally()
+    for s, top in files:
+        t.add(s, alerts_at(top, threshold), top, tol)
+    return t
+
+
+def f1_at(files: list[tuple[Series, np.ndarray]], threshold: float, tol: int) -> float:
+    q = NO_QUALITY
+    for s, top in files:
+        before = 0 if s.labels is not None else tol
+        q = q + score(events_in_rows(s), alerts_at(top, threshold), tol, before)
+    return q.f1
+
+
+def best(files: list[tuple[Series, np.ndarray]], grid: tuple[float, ...], tol: int) -> float:
+    """The threshold of ``grid`` with the best F1 on ``files`` (the lowest on a tie)."""
+    return max(grid, key=lambda g: (f1_at(files, g, tol), -g))
+
+
+@contextmanager
+def timed(clock: dict[str, float], key: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    yield
+    clock[key] = clock.get(key, 0.0) + time.perf_counter() - t0
+
+
+@dataclass
+class Scored:
+    """One corpus' files and every detector's per-row scores."""
+
+    name: str
+    files: list[Series]
+    steplens: list[Steplens]
+    z: list[np.ndarray]
+    arima: list[np.ndarray]
+    clock: dict[str, float]
+
+    def pairs(self, which: str, split: str | None = None) -> list[tuple[Series, np.ndarray]]:
+        tops = {"z": self.z, "arima": self.arima, "score": [v.score for v in self.steplens]}
+        return [
+            (s, t) for s, t in zip(self.files, tops[which], strict=True) if split in (None, s.split)
+        ]
+
+
+def scored(name: str, z_window: int, arima_fit: int) -> Scored:
+    clock: dict[str, float] = {}
+    with timed(clock, "load"):
+        files = corpus(name)
+    with timed(clock, "steplens"):
+        sl = [steplens(s) for s in files]
+    with timed(clock, "z-score"):
+        zs = [rolling_z(s, z_window) for s in files]
+    with timed(clock, "arima"):
+        ar = [arima(s, arima_fit) for s in files]
+    return Scored(name, files, sl, zs, ar, clock)
+
+
+def tolerance(name: str) -> int:
+    return RESOLVE_ROWS if name in LABELLED else 2
+
+
+def report(
+    c: Scored, single: float | None, z_at: float | None, arima_at: float | None
+) -> dict[str, Tally]:
+    """Print one corpus' results; returns each detector's tally (the baselines at their best
+    threshold here, or ``z_at`` / ``arima_at`` when given)."""
+    tol = tolerance(c.name)
+    out: dict[str, Tally] = {}
+    ev = sum(len(events_in_rows(s)) for s in c.files)
+    held = sum(s.split == "holdout" for s in c.files) if c.name in LABELLED else 0
+    around = "after its end" if c.name in LABELLED else "before or after it"
     print(
-        f"\n== {kind} ({len(items)} files; an onset counts for an event up to {tolerance} rows "
-        f"{around})"
+        f"\n== {c.name}: {len(c.files)} files ({held} holdout), {ev} events; an alert counts "
+        f"for an event from its start to {tol} rows {around}"
     )
-    print("\n".join(per_file))
-    for name, t in tallies.items():
-        q = t.quality
-        msg = [f"{name:>10}:"]
-        if q.events:
-            msg.append(
-                f"recall {q.recall:.3f} precision {q.precision:.3f} F1 {q.f1:.3f} "
-                f"median delay {q.median_delay:.1f} rows ({q.detected}/{q.events} events, "
-                f"{q.onsets} onsets)"
-            )
-        else:
-            msg.append(
-                f"{t.onsets} alert onsets in {t.steps:,} steps ({t.points:,} logged points): "
-                f"{1e4 * t.onsets / max(t.steps, 1):.2f} per 10,000 steps, "
-                f"{1e4 * t.onsets / max(t.points, 1):.2f} per 10,000 points"
-            )
-        if t.ap:
-            msg.append(f"AP {np.nanmean(t.ap):.3f}")
-        msg.append(f"[{t.seconds:.1f} s]")
-        print(" ".join(msg))
-    names = list(tallies)
-    if len(names) == 2 and tallies[names[0]].quality.events:
-        a, b = (tallies[n].quality.f1 for n in names)
-        print(f"F1 ratio {names[0]} / {names[1]}: {a / b if b else math.inf:.2f}x")
+    t = Tally()
+    for s, v in zip(c.files, c.steplens, strict=True):
+        t.add(s, v.onsets, v.score, tol)
+    out["steplens"] = t
+    lines = [("steplens", "alerts", t)]
+    if single is not None:
+        t = tally(c.pairs("score"), single, tol)
+        out["steplens@T"] = t
+        lines.append(("steplens@T", f"T={single:g}", t))
+        own = best(c.pairs("score"), SCORE_GRID, tol)
+        lines.append(("", f"own best {own:g}", tally(c.pairs("score"), own, tol)))
+    for key, at, label in (("z", z_at, "z-score"), ("arima", arima_at, "arima")):
+        th = at if at is not None else best(c.pairs(key), Z_GRID, tol)
+        t = tally(c.pairs(key), th, tol)
+        out[label] = t
+        lines.append((label, f"{'at' if at is not None else 'best'} {th:g}", t))
+    for label, th, t in lines:
+        print(f"  {label:>10} {th:>16}: {t.line()}")
+    if held:
+        for split in ("tune", "holdout"):
+            t = Tally()
+            for s, v in zip(c.files, c.steplens, strict=True):
+                if s.split == split:
+                    t.add(s, v.onsets, v.score, tol)
+            print(f"  {'steplens':>10} {split:>16}: {t.line()}")
+    print("  time: " + ", ".join(f"{k} {v:.1f} s" for k, v in c.clock.items()))
+    return out
+
+
+def single_threshold(labelled: list[Scored]) -> tuple[float, dict[float, float]]:
+    """The anomaly-score threshold with the best mean F1 over the labelled corpora' ``tune``
+    files; and that mean per threshold."""
+    mean = {
+        g: float(np.mean([f1_at(c.pairs("score", "tune"), g, tolerance(c.name)) for c in labelled]))
+        for g in SCORE_GRID
+    }
+    return max(mean, key=lambda g: (mean[g], -g)), mean
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--corpus", choices=[*KINDS, "incidents", "all"], default="all")
-    ap.add_argument("--z", type=float, default=3.0, help="baseline threshold (deviations)")
-    ap.add_argument("--z-window", type=int, default=100, help="baseline window (rows)")
-    ap.add_argument("--tolerance", type=int, default=None, help="rows after an event's end")
+    ap.add_argument("--corpus", choices=[*CORPORA, "labelled", "training", "all"], default="all")
+    ap.add_argument("--z-window", type=int, default=100, help="z-score window (rows)")
+    ap.add_argument("--arima-fit", type=int, default=600, help="ARIMA fitted on these rows")
+    ap.add_argument("--threshold", type=float, default=None, help="steplens@T (default: tuned)")
     args = ap.parse_args()
-    detectors = {
-        "steplens": steplens,
-        "z-score": lambda s: rolling_z(s, args.z_window, args.z),
-    }
-    kinds = list(KINDS) if args.corpus == "all" else [args.corpus]
-    for kind in kinds:
-        tol = (
-            args.tolerance if args.tolerance is not None else (RESOLVE_ROWS if kind == "smd" else 2)
+    t0 = time.perf_counter()
+    names = {"all": CORPORA, "labelled": LABELLED, "training": tuple(TRAINING)}.get(
+        args.corpus, (args.corpus,)
+    )
+    done = {n: scored(n, args.z_window, args.arima_fit) for n in names}
+    labelled = [done[n] for n in LABELLED if n in done]
+    single = args.threshold
+    if labelled and single is None:
+        single, mean = single_threshold(labelled)
+        print(
+            "steplens@T: one anomaly-score threshold for every corpus, the best mean F1 on the "
+            "tune files: " + ", ".join(f"{g:g} {f:.3f}" for g, f in mean.items())
         )
-        run(kind, detectors, tol)
+    results: dict[str, dict[str, Tally]] = {}
+    for c in labelled:
+        results[c.name] = report(c, single, None, None)
+    # training logs: the baselines at the threshold best on log-evident
+    z_at = arima_at = None
+    if "log-evident" in done:
+        c = done["log-evident"]
+        z_at, arima_at = (best(c.pairs(k), Z_GRID, tolerance(c.name)) for k in ("z", "arima"))
+    for n in TRAINING:
+        if n in done:
+            at = (None, None) if n == "log-evident" else (z_at, arima_at)
+            results[n] = report(done[n], None, *at)
+    with_events = [n for n in results if results[n]["steplens"].quality.events]
+    if with_events:
+        print("\n== F1 per corpus (event-level, no point adjustment)")
+        dets = ["steplens", "steplens@T", "z-score", "arima"]
+        print(f"  {'corpus':<16}" + "".join(f"{d:>12}" for d in dets))
+        pooled = dict.fromkeys(dets, NO_QUALITY)
+        for n in with_events:
+            row = []
+            for d in dets:
+                t = results[n].get(d)
+                row.append(f"{t.quality.f1:>12.3f}" if t else f"{'-':>12}")
+                if t and n in LABELLED:
+                    pooled[d] = pooled[d] + t.quality
+            print(f"  {n:<16}" + "".join(row))
+        print(
+            f"  {'labelled pooled':<16}"
+            + "".join(f"{pooled[d].f1:>12.3f}" if pooled[d].events else f"{'-':>12}" for d in dets)
+        )
+    print(f"\ntotal {time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":

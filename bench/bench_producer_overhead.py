@@ -14,6 +14,10 @@
     python bench/bench_producer_overhead.py --watch-against OLD_CHECKOUT
         # watch(every=10) and watch(every=1): this watcher against OLD_CHECKOUT's, A/B/B/A in
         # one process (the old watcher.py loaded from its file)
+    python bench/bench_producer_overhead.py --advice-against OLD_CHECKOUT
+        # the advice channel's cost: log_step here (remedies off, and on: the worker thread
+        # polls for advice) against OLD_CHECKOUT's producer, each in child processes,
+        # alternated; and an empty sl.advice() against a no-op call
 """
 
 from __future__ import annotations
@@ -322,12 +326,97 @@ def bench_import_and_memory() -> None:
     )
 
 
+def log_step_child(rounds: int, n: int, remedies: bool) -> None:
+    """One checkout's ``log_step`` per-call p50/p99 (medians of ``rounds``), as JSON."""
+    import json
+
+    import steplens.producer as sl
+    from steplens.producer.transport import MemoryTransport
+
+    extra = {"remedies": ["skip_samples"]} if remedies else {}
+    sl.init("bench", transport=MemoryTransport(), hw_interval_s=0, spool_dir=tempfile.mkdtemp(),
+            **extra)  # fmt: skip
+
+    def call(i: int) -> None:
+        sl.log_step(i, loss=1.0, lr=1e-4, grad_norm=0.5, tokens=4096, **SCALARS)
+
+    got = [time_calls(lambda i, r=r: call(r * n + i), n) for r in range(rounds)]
+    sl.shutdown()
+    print(json.dumps([statistics.median(p for p, _ in got), statistics.median(q for _, q in got)]))
+
+
+def bench_advice_against(old_root: str, quartets: int, rounds: int, n: int) -> None:
+    """``log_step`` of this checkout (remedies off, on) against ``old_root``'s, in children
+    alternated A/B/C/C/B/A; then an empty ``sl.advice()`` against a no-op call."""
+    import json
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def child(root: str, remedies: bool) -> tuple[float, float]:
+        path = os.pathsep.join(os.path.join(root, p, "src") for p in ("schema", "producer"))
+        argv = [sys.executable, __file__, "--log-step-child", str(rounds), str(n)]
+        out = subprocess.run(
+            [*argv, *(["--remedies"] if remedies else [])],
+            env={**os.environ, "PYTHONPATH": path},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        p50, p99 = json.loads(out.strip().splitlines()[-1])
+        return float(p50), float(p99)
+
+    names = ("before (OLD_CHECKOUT)", "after, no remedies", "after, remedies on")
+    runs = ((old_root, False), (here, False), (here, True))
+    got: dict[str, list[tuple[float, float]]] = {k: [] for k in names}
+    for q in range(quartets):
+        order = list(zip(names, runs, strict=True))
+        for name, (root, rem) in order if q % 2 == 0 else order[::-1]:
+            got[name].append(child(root, rem))
+    med = {k: (statistics.median(p for p, _ in v), statistics.median(p for _, p in v)) for k, v in
+           got.items()}  # fmt: skip
+    print(f"\nlog_step with 10 values, medians of {quartets} child runs x {rounds} rounds (us)")
+    base = med[names[0]]
+    for name, (p50, p99) in med.items():
+        print(f"   {name:<22} p50 {p50:7.3f}  p99 {p99:7.3f}   x{p50 / base[0]:.2f} p50, "
+              f"x{p99 / base[1]:.2f} p99 vs before")  # fmt: skip
+
+    import steplens.producer as sl
+    from steplens.producer.transport import MemoryTransport
+
+    sl.init("bench", transport=MemoryTransport(), hw_interval_s=0, spool_dir=tempfile.mkdtemp(),
+            remedies=["skip_samples"])  # fmt: skip
+
+    def noop() -> tuple[()]:
+        return ()
+
+    calls = {"no-op call": noop, "sl.advice(), empty": sl.advice}
+    res: dict[str, list[tuple[float, float]]] = {k: [] for k in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            res[name].append(time_calls(lambda i, fn=fn: fn(), n))
+    sl.shutdown()
+    print(f"\nper call at a step boundary, medians of {rounds} rounds (us, perf_counter_ns in)")
+    ref = statistics.median(p for p, _ in res["no-op call"])
+    for name, v in res.items():
+        p50, p99 = statistics.median(p for p, _ in v), statistics.median(q for _, q in v)
+        print(f"   {name:<22} p50 {p50:7.3f}  p99 {p99:7.3f}   x{p50 / ref:.2f} p50 vs no-op")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--long", action="store_true", help="more rounds and steps")
     ap.add_argument("--calls", action="store_true", help="only the per-call table (1)")
     ap.add_argument("--watch-against", metavar="CHECKOUT", help="only watch(): this against that")
+    ap.add_argument("--advice-against", metavar="CHECKOUT", help="only the advice channel's cost")
+    ap.add_argument("--log-step-child", nargs=2, type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--remedies", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.log_step_child:
+        log_step_child(*args.log_step_child, remedies=args.remedies)
+        return 0
+    if args.advice_against:
+        bench_advice_against(args.advice_against, 6 if args.long else 4, 5, 20_000)
+        return 0
     if args.watch_against:
         bench_watch_against(args.watch_against, 60 if args.long else 24, 20 if args.long else 10)
         return 0

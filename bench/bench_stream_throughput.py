@@ -39,11 +39,7 @@ from steplens.schema import Record, decode, encode, make_record
 from steplens.stream_jobs.engine import rules
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.signals import arima
-
-try:
-    from steplens.stream_jobs.engine.signals.registry import DetectorConfig
-except ImportError:  # a checkout with engine/config.py (``--before``-style runs of its code)
-    from steplens.stream_jobs.engine.config import DetectorConfig  # type: ignore[no-redef]
+from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 
 
 def step_records(n: int, runs: int, ranks: int, seed: int = 0) -> list[bytes]:
@@ -313,11 +309,19 @@ def compare(before: str, records: int, repeat: int) -> None:
 
 
 def run_side(root: Path, records: int) -> dict[str, float]:
-    """This bench's figures for the code under ``root``, in a process of its own."""
-    path = os.pathsep.join(str(root / p / "src") for p in ("producer", "stream_jobs", "sinks"))
+    """The figures of the code under ``root``, measured by that checkout's own copy of this
+    bench (each layout imports its modules from their own places), in a process of its own."""
+    parts = ("schema", "producer", "stream_jobs", "sinks")
+    path = os.pathsep.join(str(root / p / "src") for p in parts if (root / p / "src").is_dir())
     env = {**os.environ, "PYTHONPATH": path}
     out = subprocess.run(
-        [sys.executable, __file__, "--json", "--records", str(records)],
+        [
+            sys.executable,
+            str(root / "bench" / Path(__file__).name),
+            "--json",
+            "--records",
+            str(records),
+        ],
         env=env,
         check=True,
         capture_output=True,

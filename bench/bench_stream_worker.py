@@ -605,11 +605,18 @@ def traffic(boot: str, topics: Topics, args: argparse.Namespace) -> None:
     )
     wait_idle(port)
     before = worker_counter(port)
+    start = CpuShares.now(args.worker_pid)
     n = prefill_batched(boot, topics.raw, args.records * 5, 100)
     rate = drain_rate(port, before + n, since=before)
+    spent = CpuShares.now(args.worker_pid)
+    cpu_s = (spent.loop - start.loop) + (spent.pool - start.pool)
+    drained = worker_counter(port) - before
     print(
         f"  a backlog of {n:,} step records in step_batches of 100: drained at {rate:,.0f} step "
-        f"records/s; target 20,000 -> {rate / 20000:.2f}x"
+        f"records/s; target 20,000 -> {rate / 20000:.2f}x; the worker's CPU "
+        f"{cpu_s / max(drained, 1) * 1e5:.2f} s per 100k steps (loop "
+        f"{(spent.loop - start.loop) / max(drained, 1) * 1e5:.2f} s; a busy machine slows the "
+        f"rate more than this)"
     )
 
 

@@ -129,3 +129,19 @@ def average_precision(scores: Sequence[float], labels: Sequence[int | bool]) -> 
     precision = tp_at / (last + 1)
     recall_gain = np.diff(np.r_[0, tp_at]) / positives
     return float(np.sum(precision * recall_gain))
+
+
+def false_onsets(
+    events: Iterable[tuple[int, int]], onsets: Iterable[int], tolerance: int = 0, before: int = 0
+) -> list[int]:
+    """The ``onsets`` that belong to no event (the false alarms of ``score``)."""
+    windows = sorted((s - before, e + tolerance) for s, e in events)
+    starts = [s for s, _ in windows]
+    reach = max((e - s for s, e in windows), default=0)
+    out = []
+    for t in onsets:
+        lo = bisect.bisect_left(starts, t - reach)
+        hi = bisect.bisect_right(starts, t)
+        if not any(windows[k][1] >= t for k in range(lo, hi)):
+            out.append(t)
+    return out

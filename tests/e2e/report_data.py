@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 
@@ -64,43 +66,7 @@ def synthetic_run(n_steps: int = 300, ranks: int = 2, seed: int = 0) -> RunData:
             "rank": -1,
         }
     )
-    alerts = pd.DataFrame(
-        [
-            {
-                "step": 152,
-                "started_step": 151,
-                "rule": "loss_spike",
-                "severity": "critical",
-                "state": "firing",
-                "scope": "run",
-                "hint": "check the learning rate",
-                "rank": -1,
-                "fingerprint": "a",
-            },
-            {
-                "step": 170,
-                "started_step": 151,
-                "rule": "loss_spike",
-                "severity": "critical",
-                "state": "resolved",
-                "scope": "run",
-                "hint": "",
-                "rank": -1,
-                "fingerprint": "a",
-            },
-            {
-                "step": 205,
-                "started_step": 201,
-                "rule": "straggler",
-                "severity": "warning",
-                "state": "firing",
-                "scope": "rank:1",
-                "hint": "rank 1 is slow",
-                "rank": 1,
-                "fingerprint": "b",
-            },
-        ]
-    )
+    alerts = pd.DataFrame(_incident_records(t0))
     times = t0 + pd.to_timedelta(np.arange(60) * 2, unit="s")
     host = pd.DataFrame(
         {
@@ -157,6 +123,7 @@ def synthetic_run(n_steps: int = 300, ranks: int = 2, seed: int = 0) -> RunData:
             "latency_ms": rng.uniform(1, 80, 120),
         }
     )
+    signals = pd.concat([signals, _quality_signals(n_steps)], ignore_index=True)
     return RunData(
         "synthetic",
         steps_df,
@@ -174,7 +141,87 @@ def synthetic_run(n_steps: int = 300, ranks: int = 2, seed: int = 0) -> RunData:
         lr_events=pd.DataFrame(
             {"step": [20.0, 150.0], "text": ["warm-up ended", "lr 30x the declared schedule"]}
         ),
+        checks=pd.DataFrame(
+            [
+                {"rank": r, "check": "loss volatility", "state": "on use", "needs": "log_step"}
+                for r in range(ranks)
+            ]
+            + [
+                {
+                    "rank": r,
+                    "check": "inter-rank communication latency",
+                    "state": "off",
+                    "why": "a probe adds collectives",
+                    "enable": "sl.probe_comm(every=100)",
+                }
+                for r in range(ranks)
+            ]
+        ),
     )
+
+
+ADVICE = "evaluate every 62 steps instead of every 250 and judge the mean of the last 4 results"
+
+
+def _incident_records(t0: pd.Timestamp) -> list[dict]:
+    """Three incidents in six records, as the stream jobs report them: a loss spike that
+    opens, escalates and resolves; a straggler still open; an unstable evaluation metric that
+    opens and resolves, its member's evidence advising an interval."""
+
+    def rec(step, started, rule, sev, state, fp, hint, members, seconds, **evidence):
+        listed = [{"rule": m, "scope": "run", "severity": sev} for m in members]
+        return {
+            "time_ns": (t0 + pd.Timedelta(seconds=seconds)).value,
+            "step": step,
+            "started_step": started,
+            "rule": rule,
+            "severity": sev,
+            "state": state,
+            "scope": "incident",
+            "hint": hint,
+            "rank": -1,
+            "fingerprint": fp,
+            "summary": f"incident since step {started}: {', '.join(members)}",
+            "evidence": json.dumps({"members": [{**m, **evidence} for m in listed]}),
+        }
+
+    spike = ("correlation:loss_grad", "check the learning rate", "a")
+    unstable = ("eval_unstable:eval_accuracy", "evaluate more often", "c")
+    return [
+        rec(152, 151, spike[0], "warning", "firing", spike[2], spike[1], ["spike:loss"], 30),
+        rec(153, 151, spike[0], "critical", "firing", "a", spike[1], ["spike:loss", "x:y"], 31),
+        rec(170, 151, spike[0], "critical", "resolved", "a", spike[1], ["spike:loss", "x:y"], 40),
+        rec(205, 201, "straggler", "warning", "firing", "b", "rank 1 is slow", ["straggler"], 70),
+        rec(250, 250, unstable[0], "warning", "firing", "c", unstable[1], ["u"], 90, advice=ADVICE),
+        rec(
+            275, 250, unstable[0], "warning", "resolved", "c", unstable[1], ["u"], 99, advice=ADVICE
+        ),
+    ]
+
+
+def _quality_signals(n_steps: int) -> pd.DataFrame:
+    """The stream jobs' loss-volatility, gap and data-rate signals: duplicates on one stretch."""
+    steps = np.arange(0, n_steps, 10)
+    rows = []
+    for s in steps:
+        rows.append(
+            {
+                "step": s,
+                "name": "volatility",
+                "metric": "loss",
+                "value": 0.03,
+                "expected": 0.1 if s >= 50 else np.nan,
+                "rank": -1,
+            }
+        )
+        dup = 0.6 if 240 <= s < 260 else 0.0
+        rows.append(
+            {"step": s, "name": "data", "metric": "duplicate_rate", "value": dup, "rank": 0}
+        )
+        rows.append(
+            {"step": s, "name": "data", "metric": "repeat_rate", "value": dup / 3, "rank": 1}
+        )
+    return pd.DataFrame(rows)
 
 
 def _evals(n_steps: int) -> pd.DataFrame:
@@ -211,6 +258,8 @@ def _batches(n_steps: int, ranks: int, rng: np.random.Generator) -> pd.DataFrame
                     "over_length": over,
                     "over_length_share": over / 16,
                     "supervised_share": 0.8,
+                    "label_cat": 12 if step < 150 else 15,
+                    "label_dog": 4 if step < 150 else 1,
                 }
             )
     return pd.DataFrame(rows)

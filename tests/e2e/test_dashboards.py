@@ -292,8 +292,9 @@ def _hardware_records(run_id: str, now_ns: int) -> list[Any]:
 
 
 def _health_and_incident_records(run_id: str, now_ns: int) -> list[Any]:
-    """A producer that dropped and failed (the demo's never does), and an alert record of the
-    shape incidents will have (scope "incident", the member alerts in its evidence)."""
+    """A producer that dropped and failed (the demo's never does), an alert record of the
+    shape incidents will have (scope "incident", the member alerts in its evidence), the
+    advice given for it and a rank's answer."""
     from steplens.schema import make_record
 
     health = {
@@ -320,17 +321,25 @@ def _health_and_incident_records(run_id: str, now_ns: int) -> list[Any]:
         "started_step": 96,
         "evidence": {"members": members},
     }
+    advice = {"action": "rewind", "fingerprint": "e2e-incident-1", "reason": "a spike"}
+    advice |= {"checkpoint": "/ck/50", "checkpoint_step": 50, "skip_batches": 246}
+    acted = {"action": "rewind", "fingerprint": "e2e-incident-1", "outcome": "acted"}
+    acted["detail"] = "reloaded /ck/50"
     return [
         make_record("health", health, run_id=run_id, rank=0, host="gpu-node-e2e", time_ns=now_ns),
         make_record("alert", incident, run_id=run_id, rank=-1, step=97, time_ns=now_ns),
+        make_record("advice", advice, run_id=run_id, rank=-1, step=97, time_ns=now_ns),
+        make_record("acted", acted, run_id=run_id, rank=0, step=98, time_ns=now_ns + 1000),
     ]
 
 
 def _training_records(run_id: str, now_ns: int) -> list[Any]:
     """What the quick demo does not log: BLEU, ROUGE and F1, a language-model batch (its
-    supervised share), a stalled rank's stacks, the worker's lr event, a communication probe
-    (off at the README's defaults) and a loss ARIMA band (240 steps in windows are too few
-    for a fit); built by the producer's own batch statistics and stack dump."""
+    supervised share), a classifier's batch (its label counts), a stalled rank's stacks, the
+    worker's lr event, a communication probe (off at the README's defaults), a loss ARIMA band
+    (240 steps in windows are too few for a fit), the loss-volatility, gap and data-rate
+    signals (quiet ones are thinned out) and a rank's checks; built by the producer's own
+    batch statistics and stack dump."""
     import numpy as np
 
     from steplens.producer.batch_stats import batch_payload
@@ -366,8 +375,28 @@ def _training_records(run_id: str, now_ns: int) -> list[Any]:
         )
     ]
     common = {"run_id": run_id, "time_ns": now_ns, "step": 96}
+    classified = {"n_samples": 34, "label_counts": {"cat": 32, "dog": 2}}
+    judged = [
+        ("volatility", "loss", 0.12),
+        ("generalization_gap", "eval_loss", 0.3),
+        ("data", "duplicate_rate", 0.5),
+        ("data", "repeat_rate", 0.1),
+        ("data", "repeat_share", 0.05),
+    ]
+    signals = [
+        make_record("signal", {"name": n, "metric": m, "value": v, "score": 0.6}, rank=1, **common)
+        for n, m, v in judged
+    ]
+    checks = [
+        {"check": "loss volatility", "state": "on use", "needs": "log_step(step, loss=loss)"},
+        {"check": "stragglers", "state": "off", "why": "one rank", "enable": "torchrun"},
+    ]
+    meta = {"world_size": 2, "checks": checks}
     return [
         make_record("batch", batch, rank=0, **common),
+        make_record("batch", classified, rank=1, **common),
+        make_record("run_meta", meta, rank=0, **common),
+        *signals,
         make_record("eval", evaluation, rank=0, **common),
         make_record("signal", event, rank=-1, **common),
         make_record("stacks", stacks, rank=1, host="n1", **common),

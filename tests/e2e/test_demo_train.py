@@ -97,6 +97,7 @@ def test_the_demo_instruments_itself_as_the_readme_shows():
     ours = _steplens_calls(snippet.group(1))
     theirs = _steplens_calls(inspect.getsource(demo))
     assert [c[0] for c in ours] == [
-        "init", "log_eval", "log_step", "shutdown", "timed", "watch"
+        "act", "checkpoint", "init", "log_eval", "log_step", "shutdown", "skipping", "timed",
+        "watch",
     ]  # fmt: skip
     assert theirs == ours

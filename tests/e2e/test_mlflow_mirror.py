@@ -97,6 +97,7 @@ def test_mirror_consumes_evals_and_alerts_from_kafka(stack_env, tracking_uri):
         signals=f"e2e-{tag}.sig",
         alerts=f"e2e-{tag}.alerts",
         dead_letters=f"e2e-{tag}.dl",
+        advice=f"e2e-{tag}.advice",
     )
     bootstrap = stack_env["STEPLENS_KAFKA_BOOTSTRAP"]
     ensure_topics(bootstrap, topics)
@@ -113,6 +114,10 @@ def test_mirror_consumes_evals_and_alerts_from_kafka(stack_env, tracking_uri):
     producer.produce(topics.raw, encode(window), key=window.key)
     spike = _signal(run_id, 31, 4.0, 2.5, "warning")
     producer.produce(topics.signals, encode(spike), key=spike.key)
+    advice = make_record(
+        "advice", {"action": "lower_lr", "fingerprint": "fp01", "lr_factor": 0.5}, run_id=run_id
+    )
+    producer.produce(topics.advice, encode(advice), key=run_id.encode())
     assert producer.flush(15) == 0
 
     mirror = MlflowMirror(tracking_uri, "kafka")
@@ -123,7 +128,7 @@ def test_mirror_consumes_evals_and_alerts_from_kafka(stack_env, tracking_uri):
             run_mirror(
                 mirror,
                 bootstrap,
-                [topics.raw, topics.signals, topics.alerts],
+                [topics.raw, topics.signals, topics.alerts, topics.advice],
                 group=f"g-{tag}",
                 stop=stop,
                 max_s=60,
@@ -139,7 +144,13 @@ def test_mirror_consumes_evals_and_alerts_from_kafka(stack_env, tracking_uri):
             history = mirror.client.get_metric_history(runs[0].info.run_id, "val/loss")
             alerts = mirror.client.get_metric_history(runs[0].info.run_id, "alert/spike:loss")
             peak = runs[0].data.tags.get("steplens.summary.loss_spike_peak", "")
-            if len(history) == 5 and alerts and peak.startswith("step 31"):
+            state = runs[0].data.tags.get("steplens.summary.state", "")
+            if (
+                len(history) == 5
+                and alerts
+                and peak.startswith("step 31")
+                and '"advice":1' in state
+            ):
                 break
         time.sleep(0.5)
     stop.set()
@@ -158,6 +169,7 @@ def test_mirror_consumes_evals_and_alerts_from_kafka(stack_env, tracking_uri):
     assert metrics["summary/mfu_mean"] == pytest.approx(0.45)
     assert metrics["summary/loss_spike_peak_rise"] == pytest.approx(0.6)
     assert metrics["summary/incidents"] == 1.0
+    assert metrics["summary/advice"] == 1.0
     assert tags["steplens.summary.loss_spike_peak"].startswith("step 31: loss 4")
 
 
@@ -275,6 +287,58 @@ def test_the_run_summary_lands_as_metrics_and_tags(tracking_uri):
         "critical resolved incident step 180: loss spike: inspect the batch "
         "[rules: spike:loss, spike:grad_norm]"
     )
+
+
+def test_advice_and_answers_land_as_a_tag_and_counts(tracking_uri):
+    run = "adv-1"
+    opened = _incident(run, "inc-a", 120, "firing", "critical")
+    rewind = {"action": "rewind", "rank": -1, "step": 120, "checkpoint": "/ck/100"}
+    rewind |= {"checkpoint_step": 100, "skip_batches": 220, "answers": []}
+    skip = {"action": "skip_samples", "rank": -1, "step": 120, "n_samples": 4, "answers": []}
+    advised = make_record(
+        "alert",
+        {**opened.data, "evidence": {**opened.data["evidence"], "remedies": [skip, rewind]}},
+        run_id=run,
+        rank=-1,
+        step=120,
+        time_ns=opened.time_ns,
+    )
+    acted = {"outcome": "acted", "n": 1, "ranks": [0], "details": ["reloaded /ck/100"]}
+    answered = make_record(
+        "alert",
+        {
+            **advised.data,
+            "evidence": {
+                **advised.data["evidence"],
+                "remedies": [skip, {**rewind, "answers": [acted]}],
+            },
+        },
+        run_id=run,
+        rank=-1,
+        step=125,
+        time_ns=opened.time_ns + 1,
+    )
+    advice = [
+        make_record("advice", {"action": a["action"], "fingerprint": "inc-a"}, run_id=run, step=120)
+        for a in (skip, rewind)
+    ]
+    answer = make_record(
+        "acted",
+        {"action": "rewind", "fingerprint": "inc-a", "outcome": "acted"},
+        run_id=run,
+        rank=0,
+        step=125,
+    )
+    mirror = MlflowMirror(tracking_uri, "t")
+    mirror.handle([advised, *advice, answered, answer])
+    mirror.flush_summaries(force=True)
+    metrics, tags = _summary_of(mirror, run)
+    assert tags["steplens.advice.inc-a"] == (
+        "skip 4 samples, to every rank at step 120 -> no answer yet\n"
+        "rewind to /ck/100 (step 100), skip 220 batches, to every rank at step 120 -> "
+        "acted: rank 0 (reloaded /ck/100)"
+    )
+    assert (metrics["summary/advice"], metrics["summary/answers_acted"]) == (2.0, 1.0)
 
 
 def test_a_full_resolution_run_counts_every_step(tracking_uri):

@@ -68,7 +68,8 @@ def test_report_is_readable_by_its_owner_only(tmp_path):
 
 def _producer_records(run_id: str) -> list:
     """What a real Monitor sends for a short run: watched steps (lr from the scheduler, clipping,
-    per-layer norms), batches and evaluations scored from texts; and the worker's lr event."""
+    per-layer norms), batches and evaluations scored from texts; the worker's lr event, its
+    advice to rewind and two ranks' answers."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("sacrebleu")
     from steplens.producer.monitor import Monitor
@@ -112,7 +113,22 @@ def _producer_records(run_id: str) -> list:
         step=6,
         time_ns=tx.records("step")[6].time_ns,
     )
-    return [*tx.records(), event]
+    at = tx.records("step")[7].time_ns
+    rewind = {"action": "rewind", "fingerprint": "inc-7", "checkpoint": "/ck/3"}
+    rewind |= {"checkpoint_step": 3, "skip_batches": 204}
+    advice = make_record("advice", rewind, run_id=run_id, rank=-1, step=7, time_ns=at)
+    answers = [
+        make_record(
+            "acted",
+            {"action": "rewind", "fingerprint": "inc-7", "outcome": outcome, "detail": detail},
+            run_id=run_id,
+            rank=rank,
+            step=8,
+            time_ns=at + 1000 + rank,
+        )
+        for rank, outcome, detail in ((0, "acted", "reloaded /ck/3"), (1, "failed", "no file"))
+    ]
+    return [*tx.records(), event, advice, *answers]
 
 
 @pytest.mark.stack
@@ -163,6 +179,14 @@ def test_figures_are_drawn_from_the_stored_run(stack_env, monkeypatch):
     assert layers == {"0", "2"} and len(data.layers) == 24
     lay_fig = FIGURES["layers"][1](data)
     assert {ln.get_label() for ln in lay_fig.axes[0].get_lines()} == {"0", "2"}
+
+    from steplens.sinks.report_incidents import remedies_of
+
+    (given,) = remedies_of(data.advice, data.acted)["inc-7"]
+    assert given["line"] == (
+        "rewind to /ck/3 (step 3), skip 204 batches, to every rank at step 7 -> "
+        "acted: rank 0 (reloaded /ck/3); failed: rank 1 (no file)"
+    )
 
 
 def _labels(ax) -> list[str]:
@@ -232,3 +256,29 @@ def test_device_lists_of_stored_hw_records_become_rows():
         "io_latency_ms": 2.0,
     }
     assert _explode(hw, "nets", "iface").empty
+
+
+def test_other_ranks_allocator_records_leave_nvml_and_host_series_whole():
+    """A rank other than local rank 0 sends hw records with its allocator's GPU figures only:
+    the report draws the host-wide samples, without gaps or zeros at those times."""
+    import pandas as pd
+
+    from steplens.sinks.report_data import _explode_gpus, _host_wide
+
+    t = pd.Timestamp("2026-01-01T00:00:00Z")
+    hw = pd.DataFrame(
+        {
+            "time": [t, t + pd.Timedelta(seconds=0.5), t + pd.Timedelta(seconds=1)],
+            "host": ["n1"] * 3,
+            "cpu_percent": [10.0, None, 12.0],
+            "gpu_status": ["ok", None, "ok"],
+            "gpus": [
+                '[{"index": 0, "mem_used_bytes": 9, "mem_total_bytes": 10}]',
+                '[{"index": 1, "torch_allocated_bytes": 4, "torch_reserved_bytes": 6}]',
+                '[{"index": 0, "mem_used_bytes": 9, "mem_total_bytes": 10}]',
+            ],
+        }
+    )
+    host = _host_wide(hw)
+    assert host["cpu_percent"].tolist() == [10.0, 12.0]
+    assert _explode_gpus(host)["mem_used_pct"].tolist() == [90.0, 90.0]

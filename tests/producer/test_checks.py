@@ -29,13 +29,19 @@ def test_the_docs_table_lists_every_check():
     assert [d for d in documented if not d.startswith("---")] == list(_states())
 
 
-def test_at_the_readmes_init_only_the_communication_probe_is_off():
-    off = {name for name, c in _states(**README_INIT).items() if c["state"] == OFF}
-    assert off <= {"inter-rank communication latency over 50 ms", "BLEU/ROUGE"} | {
+def test_at_the_readmes_init_every_check_is_on_where_its_packages_are():
+    got = _states(**README_INIT)
+    off = {name for name, c in got.items() if c["state"] == OFF}
+    assert off <= {"BLEU/ROUGE"} | {
         "GPU util/memory/temperature/errors",  # where nvidia-ml-py is not installed
         "host CPU/disk/network",
     }
-    assert "inter-rank communication latency over 50 ms" in off
+    comm = got["inter-rank communication latency over 50 ms"]
+    assert comm["state"] == ON_USE and "watch(ddp_model" in comm["needs"]
+    memory = got["GPU memory toward out-of-memory (allocator growth, retries, fragmentation)"]
+    assert memory["state"] == "on"  # torch is installed here
+    comm = _states(comm_every=0)["inter-rank communication latency over 50 ms"]
+    assert comm["state"] == OFF and "sl.probe_comm(every=100)" in comm["enable"]
 
 
 def test_an_off_check_says_why_and_the_line_that_turns_it_on():

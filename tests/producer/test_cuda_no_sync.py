@@ -4,6 +4,7 @@ Skipped without CUDA."""
 from __future__ import annotations
 
 import pytest
+from tests.waiting import wait_until
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -102,4 +103,52 @@ def test_the_readme_loop_at_the_defaults_never_syncs(memory_monitor) -> None:  #
     assert stats["grad_norm"]["count"] == 40 and stats["loss"]["count"] == 40
     assert stats["grad_norm_preclip"]["count"] == 4
     assert len(tx.records("batch")) == 40
+    assert m.stats()["caller_errors"] == 0
+
+
+def test_remedies_on_the_gpu_never_sync_in_the_loop(memory_monitor) -> None:  # type: ignore[no-untyped-def]
+    """With every remedy on: skipping() over device batches (named hashes cannot be read
+    there: passed through and counted), act() each step, and lowering the lr of a CUDA
+    optimizer: no host sync."""
+    import time as _time
+
+    from steplens.schema import RUN_RANK, encode, make_record
+
+    m, tx = memory_monitor(remedies=["skip_samples", "rewind", "lower_lr", "profile"])
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 32), torch.nn.Linear(32, 100)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    m.watch(model, opt, sched, every=10)
+    batches = [{"input_ids": torch.randint(0, 100, (8, 16), device="cuda")} for _ in range(30)]
+    loader = m.skipping(batches)
+    m.remedies.skips.add(hashes=["0123456789abcdef"])
+    rec = make_record(
+        "advice",
+        {"action": "lower_lr", "fingerprint": "f", "lr_factor": 0.5},
+        run_id=m.run_id,
+        rank=RUN_RANK,
+        time_ns=_time.time_ns(),
+    )
+    tx.advise(encode(rec), key=m.run_id.encode())
+    assert wait_until(lambda: m.stats()["advice_received"] == 1, timeout_s=10)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step, batch in enumerate(loader):
+            ids = batch["input_ids"]
+            logits = model[1](model[0](ids[:, :-1]))
+            targets = ids[:, 1:].reshape(-1)
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 100), targets)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            m.log_step(step, loss=loss)
+            m.act(step)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    m.flush(5)
+    assert loader.unreadable == 30
+    assert opt.param_groups[0]["lr"] == pytest.approx(5e-4)
+    assert [r.data["outcome"] for r in tx.records("acted")] == ["acted"]
     assert m.stats()["caller_errors"] == 0

@@ -19,6 +19,7 @@ import pytest
 from notify_helpers import HookServer, alert_record, incident_story, member
 from sinks_helpers import wait_for
 
+from steplens.schema import make_record
 from steplens.sinks.alertmanager import MAX_BATCH, AlertmanagerOutput
 from steplens.sinks.notify import Answer
 
@@ -78,6 +79,42 @@ def test_transitions_become_alerts_labelled_for_routing() -> None:
     (last,) = post.last()
     assert last["labels"] == now["labels"] and last["endsAt"] == "2023-11-14T22:15:12.000+00:00"
     assert out.open == {}
+    out.shutdown()
+
+
+def _advised(rec: Any, *answers: dict[str, Any]) -> Any:
+    """``rec`` with a rewind advised for its incident and ``answers`` (grouped), as the worker
+    reports it."""
+    rewind = {"action": "rewind", "rank": -1, "step": 100, "checkpoint": "/ck/90"}
+    rewind |= {"checkpoint_step": 90, "skip_batches": 210, "answers": list(answers)}
+    evidence = {**rec.data["evidence"], "remedies": [rewind]}
+    return make_record(
+        "alert",
+        {**rec.data, "evidence": evidence},
+        run_id=rec.run_id,
+        rank=rec.rank,
+        step=rec.step,
+        time_ns=rec.time_ns + 1,
+    )
+
+
+def test_the_advice_and_its_answers_are_annotated_and_posted_again() -> None:
+    opened, _, _ = incident_story("run-adv")
+    post = Recorder()
+    out = output(post)
+    out.export([_advised(opened)])
+    (first,) = post.last()
+    advice = "rewind to /ck/90 (step 90), skip 210 batches, to every rank at step 100"
+    assert first["annotations"]["advice"] == f"{advice} -> no answer yet"
+    acted = {"outcome": "acted", "n": 2, "ranks": [0, 1], "details": ["reloaded /ck/90"]}
+    out.export([_advised(opened, acted)])  # the same labels and state, an answer: news
+    (now,) = post.last()
+    assert now["labels"] == first["labels"] and now["startsAt"] == first["startsAt"]
+    assert now["annotations"]["advice"].endswith("-> acted: ranks 0, 1 (reloaded /ck/90)")
+    resent = out.open[opened.data["fingerprint"]].annotations  # what the resends carry
+    assert resent["advice"] == now["annotations"]["advice"]
+    again = out.export([_advised(opened, acted)])
+    assert len(post.requests) == 2 and again.skipped == 1
     out.shutdown()
 
 
@@ -246,6 +283,10 @@ def test_round_trip_through_a_real_alertmanager(tmp_path: Path, monkeypatch) -> 
         assert _time(alert["endsAt"]) > time.time() + 60  # held while it fires
         firing = lambda: any(b["status"] == "firing" for b in hook.bodies())  # noqa: E731
         wait_for(firing, 20, "the firing notification")
+        acted = {"outcome": "acted", "n": 1, "ranks": [0], "details": ["reloaded /ck/90"]}
+        assert out.export([_advised(escalated, acted)]).accepted == 1  # an answer: news
+        (alert,) = active(url, run)
+        assert alert["annotations"]["advice"].endswith("-> acted: rank 0 (reloaded /ck/90)")
         assert out.export([resolved]).accepted == 1
         assert active(url, run) == []  # resolved: no longer active
         resolved_note = lambda: any(b["status"] == "resolved" for b in hook.bodies())  # noqa: E731

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pyarrow.dataset as ds
@@ -100,3 +101,31 @@ def test_step_payloads_decode_to_the_steps_of_the_batch() -> None:
     assert [decode(p).step for p in payloads] == [1, 2]
     assert b"null" not in payloads[1] and b'"kind":"step"' in payloads[0]
     assert math.isnan(decode(payloads[0]).data["loss"])
+
+
+def test_advice_acted_and_checkpoint_rows_keep_their_fields() -> None:
+    recs = {
+        "advice": make_record(
+            "advice",
+            {"action": "skip_samples", "fingerprint": "f", "sample_ids": ["a", "b"]},
+            run_id="r",
+            rank=-1,
+            time_ns=T,
+            step=9,
+        ),
+        "acted": make_record(
+            "acted",
+            {"action": "skip_samples", "fingerprint": "f", "outcome": "acted"},
+            run_id="r",
+            time_ns=T,
+            step=10,
+        ),
+        "checkpoint": make_record("checkpoint", {"path": "/c/8"}, run_id="r", time_ns=T, step=8),
+    }
+    for kind, rec in recs.items():
+        table = read_parquet(rows_to_parquet(kind, [record_row(rec, "t", 0, 1, encode(rec))]))
+        [got] = table.to_pylist()
+        assert decode(got["payload"]) == rec, kind
+    table = read_parquet(rows_to_parquet("advice", [record_row(recs["advice"], "t", 0, 1, b"")]))
+    row = table.to_pylist()[0]
+    assert row["action"] == "skip_samples" and json.loads(row["sample_ids"]) == ["a", "b"]

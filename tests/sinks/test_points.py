@@ -258,3 +258,52 @@ def test_stacks_and_window_std() -> None:
     window = {"step_first": 1, "step_last": 3, "count": 3, "metrics": {"loss": stats}}
     (w,) = record_builders(make_record("step_window", window, run_id="r", time_ns=1))
     assert w.fields["std"] == 0.25
+
+
+def test_run_meta_writes_a_point_per_check() -> None:
+    checks = [
+        {"check": "loss volatility", "state": "on use", "needs": "log_step(step, loss=loss)"},
+        {"check": "stragglers", "state": "off", "why": "one rank", "enable": "torchrun"},
+        {"check": "", "state": "on"},  # nameless: left out
+    ]
+    rec = make_record("run_meta", {"world_size": 1, "checks": checks}, run_id="r", rank=0)
+    meta, *points = record_builders(rec)
+    assert meta.measurement == "run_meta" and json.loads(meta.fields["checks"]) == checks
+    assert {p.measurement for p in points} == {"check"}
+    got = {p.tags["check"]: (p.tags["rank"], p.fields) for p in points}
+    assert set(got) == {"loss volatility", "stragglers"}
+    rank, fields = got["stragglers"]
+    assert rank == "0" and fields["on"] == 0 and fields["why"] == "one rank"
+    assert fields["enable"] == "torchrun" and got["loss volatility"][1]["on"] == 1
+
+
+ADVICE = {
+    "action": "skip_samples",
+    "fingerprint": "inc-1",
+    "rule": "spike:loss",
+    "reason": "loss spike",
+    "onset_step": 250,
+    "sample_ids": ["doc-1", "doc-2"],
+}
+
+
+def test_advice_acted_and_checkpoints_are_points() -> None:
+    advice = make_record("advice", ADVICE, run_id="r", rank=-1, time_ns=5, step=250)
+    [line] = record_lines(advice)
+    assert line.startswith("advice,action=skip_samples,fingerprint=inc-1,run_id=r ")
+    assert "rank=-1i" in line and "onset_step=250i" in line and "n_sample_ids=2i" in line
+    assert 'sample_ids="[\\"doc-1\\", \\"doc-2\\"]"' in line
+    rewind = {"action": "rewind", "fingerprint": "inc-2", "checkpoint": "/c/200"}
+    rewind |= {"checkpoint_step": 200, "skip_batches": 250}
+    [line] = record_lines(make_record("advice", rewind, run_id="r", rank=-1, time_ns=5))
+    assert 'checkpoint="/c/200"' in line and "skip_batches=250i" in line
+    acted = {"action": "rewind", "fingerprint": "inc-2", "outcome": "acted", "detail": "ok"}
+    [line] = record_lines(make_record("acted", acted, run_id="r", rank=3, time_ns=6, step=260))
+    assert line.startswith("acted,action=rewind,outcome=acted,rank=3,run_id=r ")
+    assert 'fingerprint="inc-2"' in line and "step=260i" in line
+    ckpt = make_record("checkpoint", {"path": "/c/200"}, run_id="r", rank=0, time_ns=7, step=200)
+    [line] = record_lines(ckpt)
+    assert line.startswith("checkpoint,rank=0,run_id=r ") and 'path="/c/200"' in line
+    meta = {"world_size": 1, "remedies": ["rewind"]}
+    [line] = record_lines(make_record("run_meta", meta, run_id="r", time_ns=8))
+    assert 'remedies="[\\"rewind\\"]"' in line

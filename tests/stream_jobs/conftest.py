@@ -93,6 +93,7 @@ def kafka(stack_env: dict[str, str]) -> Kafka:
         signals=f"t.{tag}.signals",
         alerts=f"t.{tag}.alerts",
         dead_letters=f"t.{tag}.dead",
+        advice=f"t.{tag}.advice",
     )
     ensure_topics(stack_env["STEPLENS_KAFKA_BOOTSTRAP"], topics)
     return Kafka(stack_env, topics)
@@ -128,6 +129,7 @@ class WorkerProc:
             "STEPLENS_TOPIC_SIGNALS": t.signals,
             "STEPLENS_TOPIC_ALERTS": t.alerts,
             "STEPLENS_TOPIC_DEADLETTER": t.dead_letters,
+            "STEPLENS_TOPIC_ADVICE": t.advice,
         }
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(

@@ -14,11 +14,19 @@ class Reference:
         self.warm: list[float] = []
         self.u = self.m1 = self.m2 = 0.0
         self.seen = 0
+        self.sat = 0.0  # share of saturated raw scores
+        self.counted = 0
 
     def update(self, r: float) -> float:
         cfg = self.cfg
-        if not math.isfinite(r):
-            return 1.0 if r > 0 else math.nan
+        if math.isnan(r) or r == -math.inf:
+            return math.nan
+        self.counted = min(self.counted + 1, cfg.horizon)
+        if r == math.inf:  # saturated: as rare as saturation has been, then learnt
+            out = 1 - max(self.sat, 1.0 / (cfg.reach * (self.seen + 1)))
+            self.sat += (1 - self.sat) / self.counted
+            return out if self.seen >= cfg.warmup else math.nan
+        self.sat -= self.sat / self.counted
         r = max(r, 0.0)
         if self.seen < cfg.warmup:
             self.warm.append(r)
@@ -48,6 +56,7 @@ class Reference:
             p = 1 - cfg.q * r / u
         else:
             p = 1.0
+        p = self.sat + (1 - self.sat) * p
         p = max(p, 1.0 / (cfg.reach * (self.seen + 1)))
         self.u = max(0.0, u + cfg.eta * beta * ((1.0 if r > u else 0.0) - tail))
         if r > self.u:

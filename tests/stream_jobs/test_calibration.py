@@ -94,3 +94,26 @@ def test_the_same_score_means_the_same_rarity_on_light_and_heavy_tails():
         for level, lo, hi in ((0.99, 0.7, 1.3), (0.999, 0.5, 2.0), (0.9999, 0.1, 5.0)):
             ratio = _exceedance(xs, level) / (1 - level)
             assert lo <= ratio <= hi, (name, level, ratio)
+
+
+def test_routine_saturated_scores_are_learnt_not_alerted():
+    """An idle series with bursts (disk bytes: zeros, then a burst): its detector's noise scale
+    is at its floor, so every burst's raw score saturates (inf). Bursting in 2 % of values is
+    routine: after a few bursts they score about 0.98, far from an alert."""
+    rng = np.random.default_rng(3)
+    raw = np.where(rng.random(5000) < 0.02, math.inf, rng.exponential(1.0, 5000))
+    scores = calibrate(CalibrationState(), CalibrationConfig(), raw)
+    late = scores[2000:][raw[2000:] == math.inf]
+    assert len(late) > 30
+    assert late.max() < 0.99, late.max()
+
+
+def test_a_first_saturated_score_is_as_rare_as_the_series_can_tell():
+    """The first burst after 10,000 quiet values: rarer than 1 in 10,000; the same burst
+    50 values into the series is not (it has not seen enough values to say)."""
+    cfg = CalibrationConfig()
+    quiet = np.random.default_rng(4).exponential(1.0, 10_000)
+    late = calibrate(CalibrationState(), cfg, np.append(quiet, math.inf))[-1]
+    assert late > 0.9999
+    early = calibrate(CalibrationState(), cfg, np.append(quiet[:100], math.inf))[-1]
+    assert 0.99 < early < 0.999

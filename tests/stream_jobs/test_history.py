@@ -178,7 +178,7 @@ def test_a_warm_start_scores_on_as_a_detector_that_never_stopped():
     job = WarmJob("r", DetectorConfig(), HistorySettings(), live[0].time_ns)
     result = warm_job(job, Store({"r": past}))
     assert result.points == {0: 2000, 1: 2000}
-    warm = RunDetector.load(result.head, result.ranks.get)  # as the worker gets it
+    warm = RunDetector.load(result.head, lambda r, _s: result.ranks.get(r))  # as the worker gets it
     assert warm is not None
     for rank, n in result.points.items():
         warm.warmed(rank, {"baseline": "history", "history_points": n})
@@ -205,7 +205,7 @@ def test_a_checkpoint_keeps_saying_where_the_baselines_came_from():
     cut = MARK_VALUES // 2
     first, _ = scored(warm, live[:cut])
     head, ranks = warm.dump(warm.series)
-    again = RunDetector.load(head, ranks.get)
+    again = RunDetector.load(head, lambda r, _s: ranks.get(r))
     assert again is not None
     rest, _ = scored(again, live[cut:])
     marked = {s.step for s in [*first, *rest] if s.detail and s.detail.get("baseline")}
@@ -213,7 +213,7 @@ def test_a_checkpoint_keeps_saying_where_the_baselines_came_from():
 
 
 def _restored(result):
-    return result.head, result.ranks.get
+    return result.head, lambda r, _s: result.ranks.get(r)
 
 
 def test_a_replayed_history_is_never_alerted_on():
@@ -224,7 +224,7 @@ def test_a_replayed_history_is_never_alerted_on():
     det.replay(History(rows=rows_of(past)), T0 + 1600 * STEP_NS)
     assert not det.rules.firing and not det.incidents.open
     head, ranks = det.dump(det.series)
-    assert RunDetector.load(head, ranks.get) is not None
+    assert RunDetector.load(head, lambda r, _s: ranks.get(r)) is not None
 
 
 def test_windows_and_raw_samples_replay_as_they_were_scored():

@@ -97,7 +97,9 @@ def test_a_run_holding_messages_or_in_memory_is_retired_with_all_its_state() -> 
     det = store.cache["r"]
     det.series.update({0: {}, 5: {}})
     det.touched.update((0, 5))
-    store.hold(0, "r", ev)  # scored, waiting for its checkpoint
+    for due, _acknowledged in store.hold(0, "r", ev):  # a run's first message: at once
+        store.checkpoint(due)
+    store.hold(0, "r", message())  # scored, waiting for its checkpoint
     clock.now += 120
     assert store.idle_runs() == []  # busy: its messages wait for a checkpoint
     assert store.admit("r", message(NUDGE))  # ... so its nudge goes on (to a checkpoint)

@@ -84,7 +84,7 @@ def write_blob() -> None:
 
 def restore(blob: bytes) -> RunDetector | None:
     stored = msgpack.unpackb(blob, strict_map_key=False)
-    det = RunDetector.load(stored["head"], stored["ranks"].get)
+    det = RunDetector.load(stored["head"], lambda r, _s: stored["ranks"].get(r))
     if det is not None:
         det.fit_inline = True  # as the never-stopped one (``steplens detect``'s)
     return det
@@ -124,7 +124,7 @@ def test_dump_and_load_round_trip_every_detector_state():
     det = RunDetector("r")
     replay(det, recs[:CUT])
     head, ranks = det.dump(det.series)
-    back = RunDetector.load(head, ranks.get)
+    back = RunDetector.load(head, lambda r, _s: ranks.get(r))
     assert back is not None
     back.fit_inline = True
     assert_close(replay(back, recs[CUT:]), replay(det, recs[CUT:]), rel=0, abs_=0)  # one CPU
@@ -138,8 +138,8 @@ def test_a_state_of_another_format_or_a_pickle_is_refused_and_the_run_starts_afr
     newer = MAGIC + bytes([FORMAT + 1]) + head[len(MAGIC) + 1 :]
     pickled = pickle.dumps((det, []))  # how earlier releases stored a run
     with caplog.at_level(logging.WARNING, logger="steplens.stream_jobs"):
-        assert RunDetector.load(newer, lambda r: None) is None
-        assert RunDetector.load(pickled, lambda r: None) is None
+        assert RunDetector.load(newer, lambda r, s: None) is None
+        assert RunDetector.load(pickled, lambda r, s: None) is None
     assert sum("starts afresh" in r.message for r in caplog.records) == 2
 
 
@@ -156,3 +156,43 @@ def test_a_class_outside_the_state_is_neither_written_nor_built():
 
 if __name__ == "__main__":
     write_blob()
+
+
+class TornTable(dict):
+    """A table whose next write of ``key`` fails: a worker killed between its writes."""
+
+    fail_on: bytes | None = None
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        if key == self.fail_on:
+            self.fail_on = None
+            raise KeyboardInterrupt("killed")
+        super().__setitem__(key, value)
+
+
+def test_a_checkpoint_cut_before_its_head_restores_the_previous_one_whole():
+    """The ranks' values of a checkpoint are written before its head; killed in between, the
+    stored run is the previous checkpoint: its series with its offsets, not newer series
+    paired with the older head (which would apply the steps since then a second time)."""
+    from steplens.stream_jobs.engine.signals.registry import DetectorConfig
+    from steplens.stream_jobs.worker.store import RunStore
+
+    recs = records()
+    table = TornTable()
+    store = RunStore(table, DetectorConfig(), checkpoint_s=0.0)
+    det = store.cache["r"] = RunDetector("r", fit_inline=True)
+    replay(det, recs[:300])
+    store.checkpoint("r")
+    replay(det, recs[300:CUT])
+    table.fail_on = b"r"  # the head of the second checkpoint
+    with pytest.raises(KeyboardInterrupt):
+        store.checkpoint("r")
+
+    again = RunStore(table, DetectorConfig(), checkpoint_s=0.0)
+    assert again.ready("r", "event") == ["event"]
+    back = again.cache["r"]
+    back.fit_inline = True
+    reference = RunDetector("r")
+    replay(reference, recs[:300])
+    assert back.records == reference.records
+    assert_close(replay(back, recs[300:CUT]), replay(reference, recs[300:CUT]), rel=0, abs_=0)

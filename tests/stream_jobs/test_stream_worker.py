@@ -47,7 +47,7 @@ def stored_state(msgs: list, run: str):
     latest = {k.decode(): v for k, v in msgs if k and v}
     if run not in latest:
         return None
-    return RunDetector.load(latest[run], lambda r: latest.get(rank_key(run, r)))
+    return RunDetector.load(latest[run], lambda r, slot: latest.get(rank_key(run, r, slot)))
 
 
 def sample(text: str, name: str, **labels: str) -> float:
@@ -184,7 +184,7 @@ def test_the_state_of_a_run_with_many_ranks_reaches_the_changelog(kafka, workers
 
     msgs = kafka.collect(f"{w.app_id}-runs-changelog", restored, 90, raw=True)
     latest = {k.decode(): v for k, v in msgs if k and v}
-    det = RunDetector.load(latest[run], lambda r: latest.get(rank_key(run, r)))
+    det = RunDetector.load(latest[run], lambda r, slot: latest.get(rank_key(run, r, slot)))
     assert det is not None
     assert sum(len(v) for k, v in latest.items() if k.startswith(run)) > 1 << 20
     assert all(len(s["arima"]["loss"].history) == 100 for s in det.series.values())
@@ -367,7 +367,9 @@ def test_sigkill_resumes_state_and_two_workers_share_partitions(kafka, workers):
     def checkpointed(msgs):
         latest = {k.decode(): v for k, v in msgs if k and v}
         states = {
-            run: RunDetector.load(latest[run], lambda r, run=run: latest.get(rank_key(run, r)))
+            run: RunDetector.load(
+                latest[run], lambda r, slot, run=run: latest.get(rank_key(run, r, slot))
+            )
             for run in runs
             if run in latest
         }

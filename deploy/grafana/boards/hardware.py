@@ -17,6 +17,10 @@ PRODUCER = ("rank", "host")  # one producer per process
 COMM_LATENCY_MS = 50.0
 DISK_LATENCY_MS = 10.0
 GPU_MEM_PCT = 90.0
+# the report's judgement (sinks/.../report_bandwidth.py): waiting below both
+LOW_UTIL = 40.0
+LOW_MEM_BW = 30.0
+WAITING = "waiting: input pipeline or parallel strategy (see the network)"
 
 
 def gpu(*fields: str) -> Read:
@@ -77,6 +81,95 @@ def _memory_used_pct() -> str:
             f"group(columns: {names(('host', 'gpu', '_field'))})",
         ],
     )
+
+
+def _gpu_waiting() -> str:
+    """Per node, GPU and interval: "busy", or waiting (low utilisation with low memory
+    bandwidth, or without a bandwidth figure)."""
+    waiting = (
+        f"r.util_gpu < {LOW_UTIL} and (not exists r.mem_bw_util or r.mem_bw_util < {LOW_MEM_BW})"
+    )
+    return per_interval(
+        gpu("util_gpu", "mem_bw_util"),
+        "mean",
+        after=[
+            'pivot(rowKey: ["_time", "host", "gpu"], columnKey: ["_field"], valueColumn: "_value")',
+            "filter(fn: (r) => exists r.util_gpu)",
+            'map(fn: (r) => ({_time: r._time, host: r.host, gpu: r.gpu, _field: "gpu_waiting", '
+            f'_value: if {waiting} then "{WAITING}" else "busy"}}))',
+            f"group(columns: {names(('host', 'gpu', '_field'))})",
+        ],
+    )
+
+
+def bandwidth_panels() -> list[dict[str, Any]]:
+    """Memory and network bandwidth beside GPU utilisation, and the judgement per GPU."""
+    per_host = ("host",)
+    return [
+        panel(
+            "Memory and network bandwidth against GPU utilisation (mean per node)",
+            "timeseries",
+            [
+                per_interval(
+                    Read("gpu", ("util_gpu", "mem_bw_util"), keep=per_host),
+                    "mean",
+                    group=["host", "_field"],
+                ),
+                per_interval(
+                    Read("net", ("rx_mb_s", "tx_mb_s"), keep=per_host),
+                    "mean",
+                    group=["host", "_field"],
+                ),
+            ],
+            ["util_gpu", "mem_bw_util", "rx_mb_s", "tx_mb_s"],
+            description="GPU utilisation and memory bandwidth (% of peak, left) with the "
+            "network (MB/s per interface, right). Low utilisation with low memory bandwidth "
+            "means the GPUs wait: with a quiet network on the input pipeline (nothing "
+            "arrives), with a busy one on the parallel strategy (communication the "
+            "computation does not hide).",
+            unit="percent",
+            w=24,
+            overrides=[
+                {
+                    "matcher": {"id": "byFrameRefID", "options": "B"},
+                    "properties": [
+                        {"id": "unit", "value": "MBs"},
+                        {"id": "custom.axisPlacement", "value": "right"},
+                    ],
+                }
+            ],
+        ),
+        panel(
+            "GPUs waiting: low utilisation with low memory bandwidth, per node and GPU",
+            "state-timeline",
+            [_gpu_waiting()],
+            ["gpu_waiting"],
+            description=f"Per interval: waiting when utilisation is under {LOW_UTIL:g} % and "
+            f"memory bandwidth under {LOW_MEM_BW:g} % of peak; the panel above tells the input "
+            "pipeline (quiet network) from the parallel strategy (busy network).",
+            w=24,
+            h=6,
+            overrides=[
+                {
+                    "matcher": {"id": "byName", "options": "gpu_waiting"},
+                    "properties": [
+                        {
+                            "id": "mappings",
+                            "value": [
+                                {
+                                    "type": "value",
+                                    "options": {
+                                        "busy": {"color": "green", "index": 0},
+                                        WAITING: {"color": "red", "index": 1},
+                                    },
+                                }
+                            ],
+                        }
+                    ],
+                }
+            ],
+        ),
+    ]
 
 
 def _throttle_reasons() -> str:
@@ -329,5 +422,6 @@ def hardware() -> dict[str, Any]:
             "error. Text is kept in the hot bucket only.",
             hot_only=["gpu_status"],
         ),
+        *bandwidth_panels(),
     ]
     return board("steplens-hardware", "steplens: hardware", panels)

@@ -1,18 +1,54 @@
 """The training board: loss, lr and its events, throughput, gradients and clipping, per-layer
-norms, step time, evaluation scores, input lengths, the stacks of a stalled rank, signals."""
+norms, step time, evaluation scores, input lengths, the stacks of a stalled rank, signals; the
+loss's volatility and the train-validation gap, label balance, duplicated and repeated samples,
+and which checks each rank runs."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .flux import Read, latest, per_interval, stitched
-from .layout import COLD, INFLUX, board, panel
+from .flux import Read, latest, names, per_interval, stitched
+from .layout import COLD, INFLUX, board, panel, threshold_line
 
 RANK = ("rank",)
 LAYER = ("layer",)
 # length bins (len_lt_<upper edge>) the panel names; every bin is read (a pattern)
 LENGTH_BINS = ("len_lt_16", "len_lt_32")
 STACKS_LIMIT = 100
+# the stream jobs' defaults (DataConfig.duplicate_rate, VolatilityConfig.threshold)
+DUPLICATE_RATE = 0.05
+VOLATILITY = 0.10
+CHECK_ROW = ("rank", "check", "on", "state", "needs", "why", "enable")
+
+
+def signal_values(where: str, keep: tuple[str, ...] = ()) -> Read:
+    """The ``value`` of the stream jobs' signals that match ``where``."""
+    return Read("signal", ("value",), where=where, keep=keep)
+
+
+def checks_table() -> str:
+    """Each rank's checks, newest report of each: on (1) or off (0), and the words (the hot
+    bucket only: the rollups keep ``on`` alone)."""
+    read = Read("check", ("on", "state", "needs", "why", "enable"), rolled_fields=("on",))
+    pivot = (
+        'pivot(rowKey: ["_time", "rank", "check"], columnKey: ["_field"], valueColumn: "_value")'
+    )
+    return stitched(
+        read,
+        "last",
+        reduce_hot=["last()"],
+        reduce_rolled=["last()"],
+        shape_hot=[pivot],
+        shape_rolled=["toInt()", pivot],
+        after=[
+            'group(columns: ["rank", "check"])',
+            'sort(columns: ["_time"], desc: true)',
+            "limit(n: 1)",
+            "group()",
+            f"keep(columns: {names(CHECK_ROW)})",
+            'sort(columns: ["on", "check", "rank"])',
+        ],
+    )
 
 
 def step(*fields: str) -> Read:
@@ -299,5 +335,86 @@ def training() -> dict[str, Any]:
             description="A corrupted or mis-packed batch shows as rows above the maximum "
             "length (max_len).",
         ),
+        *quality_panels(),
     ]
     return board("steplens-training", "steplens: training", panels, [lr_events()])
+
+
+def quality_panels() -> list[dict[str, Any]]:
+    """The loss's volatility and the train-validation gap, label balance, duplicated and
+    repeated samples, and the checks each rank runs."""
+    rates = " or ".join(
+        f'r.metric == "{m}"' for m in ("duplicate_rate", "repeat_rate", "repeat_share")
+    )
+    return [
+        panel(
+            "Loss volatility (relative noise, worst rank per interval)",
+            "timeseries",
+            [
+                per_interval(
+                    signal_values('r.name == "volatility" and r.metric == "loss"'),
+                    "max",
+                    group=["_field"],
+                )
+            ],
+            ["value"],
+            description="The standard deviation of the loss's recent changes over its mean "
+            f"(the stream jobs' volatility signal); they warn above {VOLATILITY:g} (dashed). "
+            "0 until a rank's window is full.",
+            unit="percentunit",
+            defaults=threshold_line(VOLATILITY),
+        ),
+        panel(
+            "Train-validation gap (validation loss - training loss)",
+            "timeseries",
+            [
+                per_interval(
+                    signal_values('r.name == "generalization_gap"', keep=("scope",)), "last"
+                )
+            ],
+            ["value"],
+            description="At each evaluation, its loss minus the training loss (an average of "
+            "the recent steps): a gap that keeps widening is overfitting (the stream jobs "
+            "note it as generalization_gap).",
+        ),
+        panel(
+            "Label balance (labels per batch, share per interval)",
+            "timeseries",
+            [per_interval(Read("batch", pattern="label_.+"), "mean", group=["_field"])],
+            ["label_cat", "label_dog"],
+            description="A classifier's batches: one series per class label (log_batch's "
+            "label_<name> counts, mean per interval over all ranks), stacked to 100 %. The "
+            "stream jobs warn when the most frequent label outnumbers the least 100:1.",
+            defaults={"custom": {"drawStyle": "bars", "stacking": {"mode": "percent"}}},
+        ),
+        panel(
+            "Duplicated and repeated samples (worst rank per interval)",
+            "timeseries",
+            [
+                per_interval(
+                    signal_values(f'r.name == "data" and ({rates})', keep=("metric",)),
+                    "max",
+                    group=["_field", "metric"],
+                )
+            ],
+            ["value", "metric"],
+            description="duplicate_rate: samples that another rank (or the same batch) also "
+            "had in the same step (a sharding bug); repeat_rate: samples seen before in the "
+            "epoch, over the recent batches; repeat_share: over the whole epoch. The stream "
+            f"jobs warn above {DUPLICATE_RATE:.0%} (dashed).",
+            unit="percentunit",
+            defaults=threshold_line(DUPLICATE_RATE),
+        ),
+        panel(
+            "Checks each rank runs",
+            "table",
+            [checks_table()],
+            ["check", "on", "state", "why", "enable"],
+            description="What the producer said at init (run_meta): on, on use (once the call "
+            "in needs is made) or off, with why and the one line that turns it on. Off "
+            "first. Before the hot window only on (1) / off (0). " + COLD,
+            w=24,
+            h=10,
+            hot_only=["state", "why", "enable"],
+        ),
+    ]

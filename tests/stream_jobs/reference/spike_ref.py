@@ -51,6 +51,11 @@ def _scale_of(
     copy ``ordered`` for the level's MAD when ``trend_tolerant`` is off."""
     mid = _median(diffs)
     mad_diff = _median(list(map(abs, map(sub, diffs, repeat(mid))))) / math.sqrt(2.0)
+    if mad_diff == 0.0:  # most differences 0: their mean absolute deviation, as a MAD
+        total = 0.0
+        for d in sorted(diffs):
+            total += abs(d - mid)
+        mad_diff = total / len(diffs) * (math.sqrt(math.pi / 2) / 1.4826) / math.sqrt(2.0)
     if cfg.trend_tolerant is False:
         # the smaller is the noise when the series trends, the larger when it is heavy-tailed
         # around a level; a spike must clear both to matter

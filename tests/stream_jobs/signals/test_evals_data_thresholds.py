@@ -102,7 +102,7 @@ def test_hw_thresholds_and_sustained_low_util():
         }
         st, sigs = rows(thresholds.hw(st, cfg, data, "n1", None, 0, True))
         seen.append(sorted(s.metric for s in sigs if s.severity))
-    assert seen[0] == ["gpu_mem_pct", "host_mem_available_pct"]
+    assert seen[0] == ["host_mem_available_pct"]  # GPU memory: test_gpu_memory.py
     assert "gpu_util" in seen[2] and "disk_io_latency_ms" not in seen[3]
     comm = rows(thresholds.comm(cfg, {"op": "all_reduce", "latency_ms": 80.0}, 3, 1))
     assert comm[0].severity == "warning" and comm[0].scope == "rank:1"
@@ -132,3 +132,45 @@ def test_update_share_below_five_percent_warns_once_it_persists_and_param_norm_i
         st, sigs = one(st, cfg, "param_norm", 100.0 if i < 25 else 100.0 * 1.5 ** (i - 24), i)
         flags += [s.step for s in sigs if s.severity]
     assert flags and 25 < flags[0] < 32
+
+
+def test_eval_interval_from_the_cadence_and_the_noise():
+    """Results 500 steps apart that swing by 0.03 around 0.515: one result's noise is the
+    spread of the changes over sqrt(2); four results average it below the 5 % change."""
+    got = evals.eval_interval([0, 500, 1000, 1500, 2000], [0.50, 0.53, 0.50, 0.53, 0.50], 0.05)
+    assert got is not None
+    noise = math.sqrt(4 * 0.03**2 / 3) / math.sqrt(2)
+    assert got.every == 500 and math.isclose(got.noise, noise, rel_tol=1e-9)
+    assert math.isclose(got.change, 0.05 * 0.512, rel_tol=1e-9)
+    assert got.factor == math.ceil((2 * noise / (0.05 * 0.512)) ** 2) == 4
+    assert got.suggested == 125
+    assert 2 * got.noise / math.sqrt(got.factor) <= got.change  # the mean tells the change
+    assert "evaluate every 125 steps instead of every 500" in got.advice()
+    # fewer than four results, or no step between them: nothing to say
+    assert evals.eval_interval([0, 500, 1000], [0.5, 0.53, 0.5], 0.05) is None
+    assert evals.eval_interval([7, 7, 7, 7], [0.5, 0.53, 0.5, 0.53], 0.05) is None
+
+
+def test_eval_interval_reads_the_noise_of_a_drifting_metric():
+    """Gaussian noise of known size on a metric that improves: the estimate recovers it
+    (within sampling error), the drift is the change worth seeing, and the factor is capped."""
+    rng = np.random.default_rng(3)
+    steps = np.arange(0, 200 * 250, 250)
+    values = 2.0 - 1e-5 * steps + rng.normal(0, 0.02, len(steps))
+    got = evals.eval_interval(list(steps), list(values), 0.001, max_factor=64)
+    assert got is not None and math.isclose(got.noise, 0.02, rel_tol=0.15)
+    assert math.isclose(got.change, 250 * 1e-5, rel_tol=0.5)
+    assert got.factor == 64 and got.suggested == 4  # (2 * 0.02 / 0.0025)^2 = 256: capped
+    quiet = evals.eval_interval(list(steps), list(2.0 - 1e-4 * steps), 0.001)
+    assert quiet is not None and quiet.factor == 2  # no noise: twice as often at least
+
+
+def test_an_unstable_metric_says_how_often_to_evaluate():
+    st, cfg = evals.EvalState(), evals.EvalConfig()
+    found = []
+    for i, acc in enumerate([0.5, 0.8, 0.4, 0.85, 0.3]):
+        st, sigs = rows(evals.update(st, cfg, "val", {"accuracy": acc}, None, 1000 * i))
+        found += [s.detail for s in sigs if s.name == "eval_unstable" and s.severity]
+    (detail,) = found
+    assert detail["eval_every"] == 1000 and detail["eval_every_suggested"] == round(1000 / 16)
+    assert detail["advice"].startswith("evaluate every 62 steps instead of every 1000")

@@ -113,3 +113,21 @@ def test_median_matches_statistics_median_for_odd_and_even_lengths():
     for n in (1, 2, 5, 64, 65):
         values = [rng.gauss(0, 1) for _ in range(n)]
         assert _median(list(values)) == statistics.median(values)
+
+
+def test_a_quantized_series_one_step_is_no_spike_a_jump_is():
+    """Values on a grid of 0.01 that repeat more often than they move (an ASD-like server
+    metric): the differences' MAD is 0, so the noise scale used to fall to its relative floor
+    and a single 0.01 step looked like a spike. Their mean absolute deviation sees the steps:
+    one step stays inside the band, a jump of half the range does not."""
+    rng = np.random.default_rng(5)
+    moves = rng.choice([-0.01, 0.0, 0.0, 0.0, 0.01], 300)
+    values = list(np.round(0.49 + np.clip(np.cumsum(moves), -0.03, 0.03), 2))
+    cfg = SpikeConfig(direction="both")
+    last = values[-1]
+    base = run(values, cfg, "col0")
+    step = run([*values, last + 0.01], cfg, "col0")[-1]
+    jump = run([*values, last + 0.5], cfg, "col0")[-1]
+    assert np.mean(np.diff(values) == 0) > 0.5 and base
+    assert step.score < 0.5, step.score
+    assert jump.score > 0.9, jump.score

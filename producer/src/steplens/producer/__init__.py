@@ -12,6 +12,15 @@
         sl.log_step(step, loss=loss, grad_norm=grad_norm, tokens=batch["input_ids"].numel())
     sl.shutdown()
 
+With ``init(remedies=["skip_samples", "rewind", "lower_lr", "profile"])`` (each off by default)
+the stream jobs may advise the run's ranks; the loop reads the advice at a step boundary,
+without waiting, and says what it did::
+
+    for advice in sl.advice():  # sl.Advice: .action, .fingerprint, .step, the payload
+        ...
+        sl.acted(advice, "acted", detail="reloaded ckpt-900")
+    sl.checkpoint(step, path)  # a checkpoint a rewind may name
+
 Every function here is safe to call before ``init`` or after ``shutdown`` (it does nothing and
 counts the call) and never raises into the training loop; only ``init`` raises ``ValueError`` for
 an invalid keyword. Settings: keyword first, then ``STEPLENS_<NAME>``, then the default.
@@ -23,12 +32,18 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from steplens.producer.advice_inbox import Advice
     from steplens.producer.monitor import Monitor
     from steplens.producer.transport import MemoryTransport
 
 __all__ = [
+    "Advice",
     "MemoryTransport",
     "Monitor",
+    "act",
+    "acted",
+    "advice",
+    "checkpoint",
     "flush",
     "get_monitor",
     "init",
@@ -37,6 +52,7 @@ __all__ = [
     "log_step",
     "probe_comm",
     "shutdown",
+    "skipping",
     "timed",
     "watch",
 ]
@@ -50,6 +66,10 @@ def __getattr__(name: str) -> Any:  # lazy: `import steplens.producer` stays che
         from steplens.producer.monitor import Monitor
 
         return Monitor
+    if name == "Advice":
+        from steplens.producer.advice_inbox import Advice
+
+        return Advice
     if name == "MemoryTransport":
         from steplens.producer.transport import MemoryTransport
 
@@ -135,6 +155,24 @@ def watch(
     return None
 
 
+def skipping(iterable: Iterable[Any], ids: Any = None) -> Any:
+    """Wrap a DataLoader, sampler or dataset so the samples a remedy names, and a rewind's
+    batches, are skipped (see ``Monitor.skipping``; plain iteration without init)."""
+    m = _monitor
+    if m is None:
+        return iterable
+    return m.skipping(iterable, ids)
+
+
+def act(step: int, **targets: Any) -> int:
+    """Carry out the advice that arrived (see ``Monitor.act``); the step the model is at."""
+    m = _monitor
+    if m is None:
+        _missing()
+        return step
+    return m.act(step, **targets)
+
+
 def probe_comm(every: int = 100) -> None:
     m = _monitor
     if m is None:
@@ -149,6 +187,33 @@ def timed(iterable: Iterable[Any]) -> Iterator[Any]:
     if m is None:
         return iter(iterable)
     return m.timed(iterable)
+
+
+def advice() -> tuple[Advice, ...]:
+    """The advice that arrived since the last call (see ``Monitor.advice``); never waits."""
+    m = _monitor
+    if m is None:
+        _missing()
+        return ()
+    return m.advice()
+
+
+def acted(advice: Advice, outcome: str, detail: str | None = None, step: int | None = None) -> None:
+    """What this rank did with ``advice`` (see ``Monitor.acted``)."""
+    m = _monitor
+    if m is None:
+        return _missing()
+    m.acted(advice, outcome, detail, step)
+    return None
+
+
+def checkpoint(step: int, path: Any) -> None:
+    """A checkpoint saved at ``path`` (see ``Monitor.checkpoint``)."""
+    m = _monitor
+    if m is None:
+        return _missing()
+    m.checkpoint(step, path)
+    return None
 
 
 def flush(timeout_s: float = 10.0) -> bool:

@@ -24,6 +24,6 @@ class CallerCounts:
             errors["caller"] = self.caller
         if self.refused:
             errors["not_running"] = errors.get("not_running", 0) + self.refused
-        if hw is not None and (hw.errors or hw.gpu.errors):
-            errors["hw"] = hw.errors + hw.gpu.errors
+        if hw is not None and (hw.errors or hw.gpu.errors or hw.allocator.errors):
+            errors["hw"] = hw.errors + hw.gpu.errors + hw.allocator.errors
         return dropped, errors

@@ -10,6 +10,7 @@ psutil); ``docs/checks.md`` is the same table at the defaults.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from typing import Any
 
 from steplens.producer.config import ProducerConfig
@@ -93,20 +94,39 @@ def design_checks(config: ProducerConfig, identity: Identity) -> list[dict[str, 
         hw_enable if not hw_on else ("" if nvml else 'pip install "steplens-producer[gpu]"')
     )
     out.append(_check("GPU util/memory/temperature/errors", gpu_state, gpu_why, gpu_enable))
+    torch = _installed("torch")
+    out.append(
+        _check(
+            "GPU memory toward out-of-memory (allocator growth, retries, fragmentation)",
+            ON if hw_on and torch else OFF,
+            hw_why if not hw_on else ("" if torch else "torch not installed"),
+            hw_enable if not hw_on else "",
+        )
+    )
     ps = _installed("psutil")
     host_why = hw_why if not hw_on else ("" if ps else "psutil not installed")
     host_enable = (
         hw_enable if not hw_on else ("" if ps else 'pip install "steplens-producer[host]"')
     )
     out.append(_check("host CPU/disk/network", ON if hw_on and ps else OFF, host_why, host_enable))
+    timed = multi and c.comm_every > 0 and torch
+    if timed:
+        comm_why = (
+            "watch(ddp_model, optimizer): its all-reduce is timed (other parallelisms: "
+            "sl.probe_comm(every=100))"
+        )
+    elif not multi:
+        comm_why = "one rank"
+    else:
+        comm_why = "comm_every is 0" if torch else "torch not installed"
     out.append(
         _check(
             "inter-rank communication latency over 50 ms",
-            OFF,
-            "a probe adds collectives every rank must reach at the same steps"
-            if multi
-            else "one rank",
-            "sl.probe_comm(every=100)" if multi else "",
+            ON_USE if timed else OFF,
+            comm_why,
+            "STEPLENS_COMM_EVERY=100, or sl.probe_comm(every=100)"
+            if multi and torch and not timed
+            else "",
         )
     )
     out += [
@@ -152,8 +172,9 @@ def design_checks(config: ProducerConfig, identity: Identity) -> list[dict[str, 
     return out
 
 
-def summary(checks: list[dict[str, Any]]) -> str:
-    """The one log line: what runs, what waits for a call, what is off and how to turn it on."""
+def summary(checks: list[dict[str, Any]], remedies: Sequence[str] = ()) -> str:
+    """The one log line: what runs, what waits for a call, what is off and how to turn it on,
+    and the remedies the run opted into (advice read with ``sl.advice()``)."""
     on = [c["check"] for c in checks if c["state"] == ON]
     use = [c["check"] for c in checks if c["state"] == ON_USE]
     # names may hold commas (the ARIMA forecasts'): the lists are joined with " | "
@@ -167,5 +188,6 @@ def summary(checks: list[dict[str, Any]]) -> str:
     return (
         f"steplens checks: on: {' | '.join(on) or 'none'}; "
         f"on with their calls: {' | '.join(use) or 'none'}; "
-        f"off: {' | '.join(off) or 'none'} (docs/checks.md)"
+        f"off: {' | '.join(off) or 'none'} (docs/checks.md); "
+        f"remedies: {', '.join(remedies) or 'none'}"
     )

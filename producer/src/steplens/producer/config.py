@@ -17,6 +17,7 @@ from msgspec import Meta
 
 from steplens.producer.identity import Identity
 from steplens.schema import MAX_BATCH_ENTRIES
+from steplens.schema.kinds import AdviceAction
 from steplens.schema.settings import (
     DEFAULT_KAFKA_BOOTSTRAP,
     NonEmptyStr,
@@ -43,9 +44,14 @@ def _default_topic() -> str:
     return Topics.from_env().raw
 
 
+def _default_advice_topic() -> str:
+    return Topics.from_env().advice
+
+
 Share = Annotated[float, Meta(ge=0, le=1)]
 BatchSize = Annotated[int, Meta(ge=1, le=MAX_BATCH_ENTRIES)]
 JsonObject = dict[str, Any]
+Remedies = list[AdviceAction]
 
 
 @dataclass(frozen=True)
@@ -114,12 +120,23 @@ class ProducerConfig:
     ] = 1024
     hw_interval_s: Annotated[
         NonNegativeFloat,
-        about("hardware sampler period (local rank 0 only); 0 turns it off"),
+        about(
+            "hardware sampler period (NVML and host: local rank 0; each rank's PyTorch "
+            "allocator); 0 turns it off"
+        ),
     ] = 1.0
     hw_slow_every: Annotated[
         PositiveInt,
         about("PCIe throughput and energy every N samples (slow NVML calls)"),
     ] = 10
+    comm_every: Annotated[
+        NonNegativeInt,
+        about(
+            "`watch` on a DistributedDataParallel model: its gradient all-reduce is timed at "
+            "one optimizer step in N (a DDP communication hook running the default "
+            "all-reduce; no host sync) and sent as a `comm` record; 0: off"
+        ),
+    ] = 100
     exporter_port: Annotated[
         Port,
         about(
@@ -197,6 +214,25 @@ class ProducerConfig:
     model_info: Annotated[
         JsonObject | None, about("model facts, sent in `run_meta` (env: JSON)")
     ] = None
+    remedies: Annotated[
+        Remedies,
+        about(
+            "what the stream jobs may advise this run's ranks to do, read with `sl.advice()`: "
+            "`skip_samples`, `rewind`, `lower_lr`, `profile` (env: JSON list); none: no "
+            "advice, no consumer"
+        ),
+    ] = field(default_factory=list)
+    advice_topic: Annotated[
+        NonEmptyStr,
+        about(
+            "topic the advice comes on",
+            env_doc="`STEPLENS_ADVICE_TOPIC`, then `STEPLENS_TOPIC_ADVICE`",
+            default_doc="`steplens.advice`",
+        ),
+    ] = field(default_factory=_default_advice_topic)
+    advice_queue_max: Annotated[
+        PositiveInt, about("advice waiting for `sl.advice()` (drop-oldest, counted)")
+    ] = 64
     kafka_config: Annotated[
         JsonObject,
         about(
@@ -240,6 +276,8 @@ class ProducerConfig:
             data["lr_schedule"] = dict(self.lr_schedule)
         if self.peak_flops is not None:
             data["peak_flops"] = float(self.peak_flops)
+        if self.remedies:
+            data["remedies"] = list(self.remedies)
         return data
 
 

@@ -69,6 +69,11 @@ class Delivery:
             self.transport = self._make_transport()
         return self.transport
 
+    def send_aside(self, topic: str, key: bytes, value: bytes, on_result: OnResult) -> bool:
+        """One message to another topic than the raw one (a dead letter), best effort: no
+        spool; False when the local buffer is full."""
+        return self._tx().produce(key, value, on_result, topic=topic)
+
     def send(self, key: bytes, value: bytes) -> None:
         if self.state != LIVE:
             self._to_spool(key, value)

@@ -1,6 +1,10 @@
-"""The per-host hardware sampler: a daemon thread that reads host and GPU statistics every
+"""The hardware sampler: a daemon thread that reads host and GPU statistics every
 ``interval_s`` and hands each sample (a ``hw`` payload) to a callback, and to ``listeners``
-(the node exporter), which must not modify it."""
+(the node exporter), which must not modify it.
+
+One per host (``host_wide``, local rank 0) reads NVML and the host; every process adds its
+own PyTorch allocator's figures to its GPUs' entries (``allocator.py``): the other ranks' samplers
+(``host_wide=False``) send only those, a ``hw`` record with ``gpus`` alone, when they have any."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from steplens.producer.allocator import AllocatorReader, merge
 from steplens.producer.gpu_stats import GpuSampler
 from steplens.producer.host_stats import HostSampler
 
@@ -24,12 +29,16 @@ class HardwareSampler:
         slow_every: int = 10,
         gpu: GpuSampler | None = None,
         host: HostSampler | None = None,
+        *,
+        host_wide: bool = True,
     ) -> None:
         self._emit = emit
         self.interval_s = interval_s
         self.slow_every = max(1, slow_every)
         self.gpu = gpu or GpuSampler()
         self.host = host or HostSampler()
+        self.host_wide = host_wide
+        self.allocator = AllocatorReader()
         self.errors = 0
         self.samples = 0
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
@@ -41,29 +50,38 @@ class HardwareSampler:
         self._thread.start()
 
     def sample_once(self) -> dict[str, Any]:
-        """One ``hw`` payload (host + every GPU)."""
-        data = self.host.sample(time.monotonic())
-        data["gpus"] = self.gpu.sample(slow=self.samples % self.slow_every == 0)
-        data["gpu_status"] = self.gpu.status
+        """One ``hw`` payload (host + every GPU; not host-wide: this process's GPUs' allocator
+        figures, or nothing)."""
         self.samples += 1
+        if not self.host_wide:
+            own = self.allocator.read()
+            return {"gpus": own} if own else {}
+        data = self.host.sample(time.monotonic())
+        gpus = self.gpu.sample(slow=(self.samples - 1) % self.slow_every == 0)
+        data["gpus"] = merge(gpus, self.allocator.read())
+        data["gpu_status"] = self.gpu.status
         return data
 
     def _run(self) -> None:
-        try:
-            self.gpu.start()
-        except Exception as exc:  # never let NVML trouble escape the thread
-            log.info("steplens: GPU sampler disabled: %s", exc)
-        self.host.sample(time.monotonic())  # baseline for the first rates
+        if self.host_wide:
+            try:
+                self.gpu.start()
+            except Exception as exc:  # never let NVML trouble escape the thread
+                log.info("steplens: GPU sampler disabled: %s", exc)
+            self.host.sample(time.monotonic())  # baseline for the first rates
         while not self._stop.wait(self.interval_s):
             try:
                 data = self.sample_once()
+                if not data:
+                    continue
                 for listener in self.listeners:
                     listener(data)
                 self._emit(data)
             except Exception:
                 self.errors += 1
         try:
-            self.gpu.close()
+            if self.host_wide:
+                self.gpu.close()
         except Exception:
             self.errors += 1
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from steplens.producer import values as V
-from steplens.producer.items import BatchItem, CommItem, EvalItem, HwItem
+from steplens.producer.items import BatchItem, CommItem, EvalItem, HwItem, MetaItem
 from steplens.producer.loader_batches import token_fields
 
 log = logging.getLogger("steplens")
@@ -23,9 +24,11 @@ _EVAL_FIELDS = ("loss", "perplexity", "accuracy", "f1", "bleu", "rouge")
 
 class Instruments:
     config: Any
+    identity: Any  # Identity
     _watchers: list[Any]
     _watch_pending: dict[str, Any] | None
     _comm: Any
+    _comm_timers: list[Any]  # DdpCommTimer of each DDP model watched
     _data_ns: int | None
     _loader_batch: tuple[Any, Any, Any] | None  # a timed batch's token fields, for its step
     _loader_batches: int  # batches timed() has handed over
@@ -33,6 +36,7 @@ class Instruments:
     _hw: Any
     pid: int
     _accepting: bool
+    _remedies: Any  # Remedies, made on first use
 
     def _put(self, item: Any) -> None:
         raise NotImplementedError  # pragma: no cover - the Monitor's
@@ -41,10 +45,20 @@ class Instruments:
         raise NotImplementedError
 
     def _start_hw(self) -> None:
+        """The host-wide sampler on local rank 0; on the others, one for the PyTorch
+        allocator's figures where torch is installed."""
+        import importlib.util
+
         from steplens.producer.hardware import HardwareSampler
 
+        host_wide = self.identity.local_rank == 0
+        if not host_wide and importlib.util.find_spec("torch") is None:
+            return
         self._hw = HardwareSampler(
-            self._enqueue_hw, self.config.hw_interval_s, self.config.hw_slow_every
+            self._enqueue_hw,
+            self.config.hw_interval_s,
+            self.config.hw_slow_every,
+            host_wide=host_wide,
         )
         self._hw.start()
 
@@ -52,7 +66,7 @@ class Instruments:
         if self._accepting and self.pid == os.getpid():
             self._put(HwItem(time.monotonic_ns(), data))
 
-    def _enqueue_comm(self, step: int, data: dict[str, Any], pending: Any) -> None:
+    def _enqueue_comm(self, step: int | None, data: dict[str, Any], pending: Any) -> None:
         if self._accepting:
             self._put(CommItem(step, time.monotonic_ns(), data, pending))
 
@@ -158,6 +172,38 @@ class Instruments:
         except Exception as exc:
             self.counts.caller += 1
             log.warning("steplens: watch() disabled: %s", exc)
+        try:
+            self._time_collectives(model)
+        except Exception as exc:
+            self.counts.caller += 1
+            log.warning("steplens: the DDP all-reduce is not timed: %s", exc)
+
+    def _time_collectives(self, model: Any) -> None:
+        """A DistributedDataParallel model's gradient all-reduce, timed at one step in
+        ``comm_every`` (``ddp_comm.py``); a model with a communication hook of its own is left
+        as it is (``probe_comm`` measures the interconnect instead)."""
+        torch = sys.modules.get("torch")
+        every = self.config.comm_every
+        if torch is None or not every or any(t.model is model for t in self._comm_timers):
+            return
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return
+        if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            return
+        from steplens.producer.ddp_comm import DdpCommTimer
+
+        timer = DdpCommTimer(self._enqueue_comm, every)
+        try:
+            timer.attach(model)
+        except Exception as exc:  # DDP takes one hook: the model has its own
+            log.info(
+                "steplens: the DDP all-reduce is not timed (%s); sl.probe_comm(every=100) "
+                "times a small all_reduce instead",
+                exc,
+            )
+            return
+        self._comm_timers.append(timer)
 
     def _watch_result(self, result: dict[str, Any]) -> None:
         self._watch_pending = result
@@ -226,3 +272,56 @@ class Instruments:
         info = self.config.model_info or {}
         max_len = info.get("seq_len", info.get("max_len"))
         return BatchItem(step, t_ns, *got, max_len if isinstance(max_len, int) else None)
+
+    # ------------------------------------------------------------------ remedies
+    @property
+    def remedies(self) -> Any:
+        """The remedies this run opted into (``init(remedies=[...])``): ``remedies.Remedies``."""
+        if self._remedies is None:
+            from steplens.producer.remedies import Remedies
+
+            self._remedies = Remedies(self, getattr(self.config, "remedies", None) or ())
+        return self._remedies
+
+    def skipping(self, iterable: Iterable[Any], ids: Any = None) -> Any:
+        """Wrap a DataLoader, sampler or dataset so the samples a remedy names are skipped
+        for the rest of the run, and a rewind's batches after it (``skipping.Skipping``).
+        Plain iteration when something goes wrong here."""
+        try:
+            return self.remedies.skipping(iterable, ids)
+        except Exception:
+            self.counts.caller += 1
+            return iterable
+
+    def act(self, step: int, **targets: Any) -> int:
+        """Carry out the advice that arrived, at the end of ``step``; the step the model is at
+        after it (a rewind's checkpoint step, else ``step``). ``targets``: ``model``,
+        ``optimizer``, ``scheduler`` (default: the watched ones), ``load(path)``."""
+        try:
+            return int(self.remedies.act(step, **targets))
+        except Exception:
+            self.counts.caller += 1
+            return step
+
+    def watched(self) -> tuple[Any, Any, Any]:
+        """(model, optimizer, scheduler) of the first ``watch()`` (Nones without one)."""
+        for w in self._watchers:
+            return w.model, w.optimizer, w.scheduler
+        return None, None, None
+
+    def scale_declared_lr(self, from_step: int, factor: float) -> None:
+        """The lr was multiplied by ``factor`` from ``from_step`` on (a remedy): send the
+        declared schedule again with the factor in it (``lr_scale``), so the schedule check
+        follows the new level and the change is an lr event. Nothing without a schedule."""
+        if not self.config.lr_schedule:
+            return
+        import dataclasses
+
+        from steplens.producer import checks
+        from steplens.producer.lower_lr import scaled_schedule
+
+        schedule = scaled_schedule(self.config.lr_schedule, from_step, factor)
+        self.config = dataclasses.replace(self.config, lr_schedule=schedule)
+        meta = self.config.run_meta(self.identity)
+        meta["checks"] = checks.design_checks(self.config, self.identity)
+        self._put(MetaItem(time.monotonic_ns(), meta))

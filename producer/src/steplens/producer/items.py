@@ -54,7 +54,7 @@ class HwItem(NamedTuple):
 
 
 class CommItem(NamedTuple):
-    step: int
+    step: int | None  # None: the DDP all-reduce's timing, taken outside log_step
     t_ns: int
     data: dict[str, Any]
     pending: Any  # a probe's result still on the device, or None
@@ -65,10 +65,19 @@ class MetaItem(NamedTuple):
     data: dict[str, Any]
 
 
+class RecordItem(NamedTuple):
+    """A record the caller composed itself (``acted``, ``checkpoint``): sent as it is."""
+
+    kind: str
+    step: Any  # None: the last step logged
+    t_ns: int
+    data: dict[str, Any]
+
+
 class FlushItem(NamedTuple):
     done: Any  # threading.Event set once handled
     deadline: float  # monotonic
     result: list[bool]
 
 
-Item = StepItem | EvalItem | BatchItem | HwItem | CommItem | MetaItem | FlushItem
+Item = StepItem | EvalItem | BatchItem | HwItem | CommItem | MetaItem | RecordItem | FlushItem

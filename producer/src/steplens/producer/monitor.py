@@ -21,6 +21,7 @@ from typing import Any
 
 from steplens.producer import checks
 from steplens.producer import values as V
+from steplens.producer.advice_inbox import Advice, AdviceDesk, AdviceInbox, AdviceSource
 from steplens.producer.caller_counts import CallerCounts
 from steplens.producer.config import ProducerConfig
 from steplens.producer.delivery import Delivery
@@ -30,13 +31,15 @@ from steplens.producer.items import (
     FlushItem,
     Item,
     MetaItem,
+    RecordItem,
     StepItem,
     new_item,
 )
 from steplens.producer.pipeline import Pipeline
 from steplens.producer.sender import Sender
 from steplens.producer.spool import Spool
-from steplens.producer.transport import Transport, kafka_transport
+from steplens.producer.transport import Transport, kafka_advice_source, kafka_transport
+from steplens.schema import MAX_STR_LEN
 
 log = logging.getLogger("steplens")
 
@@ -96,16 +99,21 @@ class Monitor(Instruments):
         self._loader_batches = 0
         self._watch_pending: dict[str, Any] | None = None
         self._watchers: list[Any] = []
+        self._remedies: Any = None  # made by the first skipping() or act()
         self._comm: Any = None
+        self._comm_timers: list[Any] = []
         self._hw: Any = None
         self._exporter: Any = None
         self._closed = False
         self._wall_offset_ns = time.time_ns() - time.monotonic_ns()
+        self._started_ms = time.time_ns() // 1_000_000  # advice from then on
+        self._creator_pid = os.getpid()  # the process that may act on advice (no forked child)
         self._init_process_state()
         self._put(MetaItem(_monotonic_ns(), self._run_meta()))
-        if self.identity.local_rank == 0 and self.config.hw_interval_s > 0:
-            self._start_hw()
-            self._start_exporter()
+        if self.config.hw_interval_s > 0:
+            self._start_hw()  # host-wide on local rank 0; the allocator's figures on the others
+            if self.identity.local_rank == 0:
+                self._start_exporter()
         _LIVE.add(self)
         atexit.register(_shutdown_at_exit, weakref.ref(self))
 
@@ -117,7 +125,8 @@ class Monitor(Instruments):
         meta["checks"] = found
         if self.rank == 0:
             off = any(c["state"] == checks.OFF for c in found)
-            log.log(logging.WARNING if off else logging.INFO, "%s", checks.summary(found))
+            summary = checks.summary(found, self.config.remedies)
+            log.log(logging.WARNING if off else logging.INFO, "%s", summary)
         return meta
 
     # ------------------------------------------------------------------ process state
@@ -138,7 +147,30 @@ class Monitor(Instruments):
         sender = Sender(self.identity, self.pid, self.delivery, self._wall_offset_ns)
         self._pipeline = Pipeline(c, self._q, sender, self._wake)
         self._pipeline.health_extra = self._caller_counters
+        self._advice: deque[Advice] = deque()  # stays empty without remedies
+        if c.remedies and self.pid == self._creator_pid and self._advice_source_kind():
+            inbox = AdviceInbox(
+                self.run_id,
+                self.rank,
+                frozenset(c.remedies),
+                queue_max=c.advice_queue_max,
+                dead_letter=self._pipeline.dead_letter_advice,
+                refused=self._pipeline.refuse_advice,
+            )
+            self._pipeline.advice = AdviceDesk(inbox, self._make_advice_source)
+            self._advice = inbox.queue
         self._update_plain_path()
+
+    def _advice_source_kind(self) -> bool:
+        """Whether advice can come: from Kafka, or from a given transport that is a source."""
+        given = self._given_transport
+        return given is None or hasattr(given, "take_advice")
+
+    def _make_advice_source(self) -> AdviceSource:
+        given = self._given_transport
+        if given is not None:
+            return given  # type: ignore[return-value]  # a MemoryTransport: see there
+        return kafka_advice_source(self.config, self.identity, self._started_ms)
 
     def _start_exporter(self) -> None:
         """The node exporter (opt-in: ``exporter_port``), serving the sampler's samples."""
@@ -158,6 +190,9 @@ class Monitor(Instruments):
         """A forked child never reuses the parent's queue, thread or Kafka client."""
         if self.delivery.transport is not None and self._given_transport is None:
             _ABANDONED_AFTER_FORK.append(self.delivery.transport)
+        desk = self._pipeline.advice
+        if desk is not None and desk.source is not None and self._given_transport is None:
+            _ABANDONED_AFTER_FORK.append(desk.source)
         self._hw = None  # one sampler per host: the parent's
         if self._exporter is not None:
             self._exporter.forget_in_child()
@@ -266,6 +301,54 @@ class Monitor(Instruments):
             and self._comm is None
         )
 
+    # ------------------------------------------------------------------ advice
+    def advice(self) -> tuple[Advice, ...]:
+        """The advice that arrived since the last call (``init(remedies=[...])``), oldest
+        first; never waits. Call it at a step boundary: ``for a in sl.advice(): ...``."""
+        q = self._advice
+        if not q:
+            return ()
+        try:
+            return tuple([q.popleft() for _ in range(len(q))])
+        except Exception:
+            self.counts.caller += 1
+            return ()
+
+    def acted(
+        self, advice: Advice, outcome: str, detail: str | None = None, step: int | None = None
+    ) -> None:
+        """Say what this rank did with ``advice``: ``acted``, ``declined``, ``failed`` or
+        ``refused``, with ``detail`` (what was done, or why not); at ``step`` or the last
+        step logged. An ``acted`` record."""
+        try:
+            if not self._accepting:
+                self.counts.refused += 1
+                return
+            data: dict[str, Any] = {
+                "action": advice.action,
+                "fingerprint": advice.fingerprint,
+                "outcome": outcome,
+            }
+            if detail is not None:
+                data["detail"] = str(detail)[:MAX_STR_LEN]
+            self._put(RecordItem("acted", step, _monotonic_ns(), data))
+        except Exception:
+            self.counts.caller += 1
+
+    def checkpoint(self, step: int, path: Any) -> None:
+        """Say that a checkpoint of ``step`` was saved at ``path`` (which a rewind may name).
+        A ``checkpoint`` record."""
+        try:
+            if not self._accepting:
+                self.counts.refused += 1
+                return
+            data = {"path": os.fspath(path)}
+            self._put(RecordItem("checkpoint", step, _monotonic_ns(), data))
+            if "rewind" in self.config.remedies:  # the checkpoints a rewind may reload
+                self.remedies.reported(step, data["path"])
+        except Exception:
+            self.counts.caller += 1
+
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until everything logged so far is delivered; False when ``timeout_s`` ran out."""
         try:
@@ -293,6 +376,8 @@ class Monitor(Instruments):
             timeout = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
             for w in self._watchers:
                 w.remove()
+            if self._remedies is not None:
+                self._remedies.close()
             if self._hw is not None:
                 self._hw.stop(min(1.0, timeout))
             if self._exporter is not None:

@@ -15,7 +15,10 @@ import time
 from collections import deque
 from typing import Any
 
+import msgspec
+
 from steplens.producer import values as V
+from steplens.producer.advice_inbox import Advice, AdviceDesk, Message
 from steplens.producer.config import ProducerConfig
 from steplens.producer.delivery import Delivery
 from steplens.producer.items import (
@@ -26,12 +29,15 @@ from steplens.producer.items import (
     HwItem,
     Item,
     MetaItem,
+    RecordItem,
     StepItem,
 )
 from steplens.producer.sender import Sender
 from steplens.producer.stall import StallWatch, thread_stacks
 from steplens.producer.steps import Counters, StepStage
-from steplens.schema import MAX_STR_LEN
+from steplens.schema import KINDS, MAX_STR_LEN
+from steplens.schema.dead_letter import dead_letter_bytes
+from steplens.schema.topics import Topics
 
 log = logging.getLogger("steplens")
 
@@ -56,6 +62,8 @@ class Pipeline:
         self.stopping = False
         self.deadline = float("inf")
         self.health_extra: Any = None  # callable -> (dropped, errors) of the caller's side
+        self.advice: AdviceDesk | None = None  # set by the Monitor of a run with remedies
+        self.dead_letters_sent = 0
         self._next_health = time.monotonic() + config.health_interval_s
         self.thread = threading.Thread(target=self._run, name="steplens-producer", daemon=True)
 
@@ -89,6 +97,8 @@ class Pipeline:
         self._finish()
 
     def _finish(self) -> None:
+        if self.advice is not None:
+            self.advice.close()
         try:
             now_ns = time.monotonic_ns()
             self.steps.emit_all(now_ns)
@@ -137,6 +147,8 @@ class Pipeline:
         stalled = self.stall.stalled_s(now_ns)
         if stalled is not None:
             self.emit_stacks(stalled, now_ns)
+        if self.advice is not None:
+            self.advice.poll(now)
         if now >= self._next_health:
             self._next_health = now + self.config.health_interval_s
             self.emit_health(now_ns)
@@ -159,6 +171,8 @@ class Pipeline:
         elif type(item) is CommItem:
             data = item.data if item.pending is None else item.pending.resolve(item.data)
             send("comm", item.step, item.t_ns, data)
+        elif type(item) is RecordItem:
+            self._on_record(item)
         elif type(item) is FlushItem:
             self.steps.emit_all(time.monotonic_ns())
             left = self.delivery.flush(max(0.0, item.deadline - time.monotonic()))
@@ -264,6 +278,55 @@ class Pipeline:
             data["epoch"] = epoch
         self.sender.send("batch", step, item.t_ns, data)
 
+    def _on_record(self, item: RecordItem) -> None:
+        """An ``acted`` or ``checkpoint`` record; without a step, at the last step logged."""
+        step = self.stall.last_step if item.step is None else self._step_of(item.kind, item.step)
+        if step is None and item.step is not None:
+            return
+        try:  # the encoder's fast path does not check every declared value: these are rare
+            msgspec.convert(item.data, KINDS[item.kind])
+        except msgspec.ValidationError as exc:
+            self._refuse(item.kind, "record", f"not a valid {item.kind} record: {exc}")
+            return
+        if not self.sender.send(item.kind, step, item.t_ns, item.data, count_drop=False):
+            self._refuse(item.kind, "record", f"not a valid {item.kind} record")
+
+    # ------------------------------------------------------------------ advice
+    def refuse_advice(self, advice: Advice, why: str) -> None:
+        """Answer advice this rank will not act on (an ``acted`` record ``refused``)."""
+        data = {
+            "action": advice.action,
+            "fingerprint": advice.fingerprint,
+            "outcome": "refused",
+            "detail": why,
+        }
+        self.sender.send("acted", self.stall.last_step, time.monotonic_ns(), data)
+
+    def dead_letter_advice(self, reason: str, message: Message) -> None:
+        """A message of the advice topic no rank can use, to the dead-letter topic."""
+        key, value, partition, offset = message
+        ident = self.sender.identity
+        raw = dead_letter_bytes(
+            reason,
+            value,
+            source_topic=self.config.advice_topic,
+            partition=partition,
+            offset=offset,
+            consumer=f"steplens-producer {ident.run_id} rank {ident.rank}",
+            run_id=ident.run_id,
+            rank=ident.rank,
+        )
+
+        def done(ok: bool, _key: bytes, _value: bytes) -> None:
+            if ok:
+                self.dead_letters_sent += 1
+            else:
+                self.counters.error("advice_dead_letter")
+
+        topic = Topics.from_env().dead_letters
+        if not self.delivery.send_aside(topic, key or b"", raw, done):
+            self.counters.error("advice_dead_letter")
+
     def emit_stacks(self, stalled_s: float, now_ns: int) -> None:
         """The stacks of every thread of this process, but this one (the producer's)."""
         data: dict[str, Any] = {
@@ -290,6 +353,8 @@ class Pipeline:
             "errors": dict(self.counters.errors),
             "queue_len": len(self.queue),
             "seq": self.sender.seq,
+            "advice": None if self.advice is None else dict(self.advice.inbox.counts),
+            "advice_received": 0 if self.advice is None else self.advice.inbox.received,
         }
 
     def emit_health(self, now_ns: int) -> None:
@@ -302,6 +367,8 @@ class Pipeline:
             errors.update(more_errors)
         if d.spool.dropped_records:
             dropped["spool_full"] = d.spool.dropped_records
+        if self.advice is not None:
+            dropped.update({f"advice_{k}": n for k, n in self.advice.inbox.counts.items()})
         data = {
             "dropped": dropped,
             "sent": d.sent,

@@ -9,12 +9,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from steplens.producer.advice_inbox import Message
 from steplens.schema import Record
 from steplens.schema.codec import decode
-from steplens.schema.kafka_config import producer_config
+from steplens.schema.kafka_config import consumer_config, producer_config
 
 log = logging.getLogger("steplens")
 
@@ -27,8 +29,11 @@ logging.getLogger("steplens.kafka").addHandler(logging.NullHandler())
 
 
 class Transport(Protocol):
-    def produce(self, key: bytes, value: bytes, on_result: OnResult) -> bool:
-        """Queue one message; False when the local buffer is full (poll, then try again)."""
+    def produce(
+        self, key: bytes, value: bytes, on_result: OnResult, topic: str | None = None
+    ) -> bool:
+        """Queue one message (to the raw topic, or ``topic``); False when the local buffer is
+        full (poll, then try again)."""
         ...
 
     def poll(self, timeout_s: float = 0.0) -> None:
@@ -61,19 +66,44 @@ class Transport(Protocol):
 
 class MemoryTransport:
     """Keeps every delivered message in memory. ``available = False`` simulates an outage:
-    queued messages then fail on the next poll, as they would after a Kafka timeout."""
+    queued messages then fail on the next poll, as they would after a Kafka timeout.
+
+    It is also a Monitor's advice source: ``advise(value)`` hands it the bytes of a message
+    of the advice topic (``steplens.schema.encode(make_record("advice", ...))``), which the
+    Monitor's worker takes on its next wake-up. Messages to another topic than the raw one
+    (dead letters) land in ``aside``."""
 
     def __init__(self) -> None:
         self.messages: list[tuple[bytes, bytes]] = []
+        self.aside: list[tuple[str, bytes, bytes]] = []  # (topic, key, value)
         self.available = True
         self._pending: list[tuple[bytes, bytes, OnResult]] = []
         self._lock = threading.Lock()
         self._down_signal = False
+        self._advice: deque[Message] = deque()
+        self._advice_offset = 0
 
-    def produce(self, key: bytes, value: bytes, on_result: OnResult) -> bool:
+    def produce(
+        self, key: bytes, value: bytes, on_result: OnResult, topic: str | None = None
+    ) -> bool:
+        if topic is not None:
+            self.aside.append((topic, key, value))
+            return True
         with self._lock:
             self._pending.append((key, value, on_result))
         return True
+
+    def advise(self, value: bytes | None, key: bytes | None = None) -> None:
+        """One message of the advice topic for the Monitor to take (``key``: the run id)."""
+        self._advice.append((key, value, 0, self._advice_offset))
+        self._advice_offset += 1
+
+    def take_advice(self, max_n: int) -> list[Message]:
+        q = self._advice
+        return [q.popleft() for _ in range(min(max_n, len(q)))]
+
+    def close_advice(self) -> None:
+        return None
 
     def poll(self, timeout_s: float = 0.0) -> None:
         with self._lock:
@@ -165,12 +195,14 @@ class KafkaTransport:
         elif code in (self._kafka_error._ALL_BROKERS_DOWN, self._kafka_error._AUTHENTICATION):
             self._down_signal = True
 
-    def produce(self, key: bytes, value: bytes, on_result: OnResult) -> bool:
+    def produce(
+        self, key: bytes, value: bytes, on_result: OnResult, topic: str | None = None
+    ) -> bool:
         def done(err: Any, msg: Any) -> None:
             on_result(err is None, msg.key() or key, msg.value() or value)
 
         try:
-            self._producer.produce(self.topic, value, key, on_delivery=done)
+            self._producer.produce(topic or self.topic, value, key, on_delivery=done)
         except BufferError:
             return False
         return True
@@ -234,3 +266,56 @@ def kafka_transport(config: Any, identity: Any) -> KafkaTransport:
         config.kafka_config,
     )
     return KafkaTransport(config.topic, conf)
+
+
+class KafkaAdviceSource:
+    """The advice topic, every partition of it, from ``start_ms`` on: assigned, not subscribed
+    (no group to join, no offsets committed), so each rank reads its run's advice itself
+    from the moment it started. Created in the worker thread; raises when Kafka or the topic
+    does not answer within ``timeout_s`` (the worker tries again later)."""
+
+    def __init__(self, topic: str, conf: dict[str, Any], start_ms: int, timeout_s: float) -> None:
+        from confluent_kafka import Consumer
+
+        self._consumer = Consumer(conf)
+        try:
+            _assign_from(self._consumer, topic, start_ms, timeout_s)
+        except Exception:
+            self._consumer.close()
+            raise
+
+    def take_advice(self, max_n: int) -> list[Message]:
+        out: list[Message] = []
+        for msg in self._consumer.consume(max_n, timeout=0):
+            if msg.error() is None:
+                out.append((msg.key(), msg.value(), msg.partition() or 0, msg.offset() or 0))
+        return out
+
+    def close_advice(self) -> None:
+        self._consumer.close()
+
+
+def _assign_from(consumer: Any, topic: str, start_ms: int, timeout_s: float) -> None:
+    """Assign every partition of ``topic`` to ``consumer`` at its first message from
+    ``start_ms`` on (its end where there is none yet)."""
+    from confluent_kafka import TopicPartition
+
+    meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    if meta is None or meta.error is not None or not meta.partitions:
+        raise ConnectionError(f"advice topic {topic!r}: {meta and meta.error}")
+    wanted = [TopicPartition(topic, p, start_ms) for p in sorted(meta.partitions)]
+    found = consumer.offsets_for_times(wanted, timeout=timeout_s)
+    consumer.assign(found)  # where none is that recent: -1, which is OFFSET_END
+
+
+def kafka_advice_source(config: Any, identity: Any, start_ms: int) -> KafkaAdviceSource:
+    """The advice source of a Monitor (``config``: its ProducerConfig): the security settings
+    of ``kafka_config`` apply, its producer settings do not."""
+    security = {
+        k: v for k, v in config.kafka_config.items() if k.startswith(("security.", "sasl.", "ssl."))
+    }
+    name = f"steplens-advice-{identity.run_id}-r{identity.rank}"[:200]
+    conf = consumer_config(
+        name, config.kafka_bootstrap, offset_reset="latest", extra={"client.id": name, **security}
+    )
+    return KafkaAdviceSource(config.advice_topic, conf, start_ms, timeout_s=2.0)

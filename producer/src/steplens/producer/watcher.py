@@ -51,6 +51,7 @@ class Watcher:
             if inner is None or hasattr(optimizer, "_optimizer_step_pre_hooks"):
                 break
             optimizer = inner
+        self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.every = every

@@ -209,7 +209,7 @@ class Batch(Payload, kw_only=True):
 
 
 class Hw(Payload, kw_only=True):
-    """Host + all its GPUs, from the per-host sampler."""
+    """Host + all its GPUs, from the per-host sampler (or one rank's allocator figures)."""
 
     mem_available_bytes: Int | None = None
     mem_total_bytes: Int | None = None
@@ -218,7 +218,13 @@ class Hw(Payload, kw_only=True):
     nets: FlatObjs | None = None  # [{"iface", "rx_mb_s", "tx_mb_s"}]
     # [{"index", "uuid", "name", "mem_used_bytes", "mem_total_bytes", "util_gpu", "util_mem",
     #   "power_w", "temp_c", "sm_clock_mhz", "throttle_reasons", "ecc_corrected",
-    #   "ecc_uncorrected", "xid_count", "xid_last", "pcie_tx_mb_s", "pcie_rx_mb_s", "energy_j"}]
+    #   "ecc_uncorrected", "xid_count", "xid_last", "pcie_tx_mb_s", "pcie_rx_mb_s", "energy_j",
+    #   "mem_bw_util", "mem_bw_source",
+    #   the PyTorch allocator's of the sending process (bytes; the counters cumulative):
+    #   "torch_allocated_bytes", "torch_reserved_bytes", "torch_peak_bytes" (allocated's
+    #   high-water mark), "torch_alloc_retries", "torch_ooms", "torch_limit_bytes" (reserved +
+    #   the device's free memory)}]; a rank other than local rank 0 sends only these, with
+    #   "index" and "uuid", in a record without NVML's or the host's fields
     gpus: FlatObjs | None = None
     gpu_status: Str | None = None  # "ok" | "no_nvml" | "no_gpu" | error text
 
@@ -232,9 +238,11 @@ class Stacks(Payload, kw_only=True):
 
 
 class Comm(Payload, kw_only=True):
-    """Inter-rank communication probe."""
+    """Inter-rank communication: the probe's, or the run's own gradient all-reduce."""
 
-    op: Str  # "all_reduce" | "send_recv"
+    # "all_reduce" | "send_recv" (the probe); "ddp_all_reduce" (a DDP step's gradient buckets:
+    # latency_ms their median all-reduce time, bytes their median size)
+    op: Str
     peer: Int | None = None
     latency_ms: Num
     bytes: Int | None = None

@@ -5,7 +5,9 @@ An incident transition becomes an Alertmanager alert with the labels ``alertname
 ``rule`` (both the rule of its lead member when it opened: an incident keeps its name),
 ``run_id``, ``severity``, ``fingerprint`` (the incident's id) and ``topic``, and the
 annotations ``summary``, ``hint``, ``lead_rule`` (the lead member's rule now), ``members``,
-``started_step`` and ``step``; its ``startsAt`` is the time of the record it fired on.
+``started_step``, ``step`` and ``advice`` (the advice the stream jobs gave for it and the
+ranks' answers so far, one line each: the worker reports the incident again when an answer is
+news); its ``startsAt`` is the time of the record it fired on.
 Alertmanager identifies an alert by its labels and keeps a firing one until its ``endsAt``:
 
 * a firing incident is posted with ``endsAt`` ``hold_s`` ahead (4 resends) and posted again
@@ -16,8 +18,8 @@ Alertmanager identifies an alert by its labels and keeps a firing one until its 
   labels is resolved in the same post (else it would linger until its ``endsAt``); a better
   hint (a new lead member) only updates the annotations.
 
-A transition already posted (the same fingerprint, state, severity and lead rule: an incident
-scored again after a worker restart) is not posted again (the last ``remember`` are
+A transition already posted (the same fingerprint, state, severity, lead rule and advice: an
+incident scored again after a worker restart) is not posted again (the last ``remember`` are
 remembered); a repeat is harmless anyway, since Alertmanager merges alerts of the same labels.
 An export posts what its batch changed, each alert (label set) once in its latest state (counted
 ``superseded``): Alertmanager takes in the alerts of one request on parallel workers, and an
@@ -31,6 +33,7 @@ firing incidents are kept for resends (the oldest go first, counted ``evicted``)
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections import OrderedDict
@@ -43,11 +46,13 @@ from steplens.sinks import metrics
 from steplens.sinks.contract import ExportResult, Rejection
 from steplens.sinks.notify import JsonPoster, Post, Remembered, alert_of
 from steplens.sinks.periodic import Every
+from steplens.sinks.remedies import advice_text
 
 MAX_BATCH = 100  # alerts in one POST
 MAX_ANNOTATION = 2000  # characters of one annotation
 
-Transition = tuple[str, str, str, str]  # fingerprint, state, severity, rule
+# fingerprint, state, severity, rule, a digest of the advice annotation
+Transition = tuple[str, str, str, str, str]
 
 
 def rfc3339(t_s: float) -> str:
@@ -78,6 +83,7 @@ def annotations_of(alert: dict[str, Any]) -> dict[str, str]:
         "members": ", ".join(rules),
         "started_step": "" if alert["started_step"] is None else str(alert["started_step"]),
         "step": "" if alert["step"] is None else str(alert["step"]),
+        "advice": advice_text(alert["evidence"]),
     }
     return {k: v[:MAX_ANNOTATION] for k, v in out.items() if v}
 
@@ -147,7 +153,13 @@ class AlertmanagerOutput:
             if rec.kind != "alert":
                 continue
             alert = alert_of(rec)
-            key = (alert["fingerprint"], alert["state"], alert["severity"], alert["rule"])
+            key = (
+                alert["fingerprint"],
+                alert["state"],
+                alert["severity"],
+                alert["rule"],
+                hashlib.blake2b(advice_text(alert["evidence"]).encode(), digest_size=8).hexdigest(),
+            )
             if key in self.seen or key in plan.transitions:
                 plan.repeated += 1
                 continue

@@ -4,6 +4,9 @@ A partition's messages are buffered into a chunk; a chunk rolls by size or age, 
 the last offset of the range a crashed roller was uploading (its state marker, read through
 ``marker``), so a retry after a crash covers the same offsets and writes the same object keys.
 
+Time: a step stamped further ahead of the clock than ``TimeBounds`` allows is not stored; its
+message is dead-lettered with the reason, as the InfluxDB sink does.
+
 Duplicates: a record the producer sent twice (a re-send after a broker freeze: the same bytes,
 so the same run, rank, host, pid, ``seq``, time and data) is stored once, and so is a worker's
 alert or signal scored again after a worker restart (the same point; see ``identity``). A record
@@ -24,9 +27,10 @@ from dataclasses import dataclass, field
 
 from steplens import schema
 from steplens.schema import DecodeError, Record
+from steplens.sinks import metrics
 from steplens.sinks.cold import GroupKey, group_of, record_row
 from steplens.sinks.kafka_io import Consumed
-from steplens.sinks.settings import RollSettings
+from steplens.sinks.settings import RollSettings, TimeBounds
 
 TopicPart = tuple[str, int]
 Marker = Callable[[TopicPart], "tuple[int, int] | None"]
@@ -102,8 +106,10 @@ class Chunker:
         max_bytes: int = RollSettings.max_bytes,
         max_age_s: float = RollSettings.max_age_s,
         dedupe_window: int = RollSettings.dedupe_window,
+        bounds: TimeBounds | None = None,
     ) -> None:
         self.marker = marker
+        self.bounds = bounds or TimeBounds.from_env()
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
         self.dedupe_window = dedupe_window
@@ -145,6 +151,13 @@ class Chunker:
         if not recent.first_time(identity(rec, item.value)):
             chunk.duplicates += len(steps)
             return
+        now_ns = time.time_ns()
+        newest_ns = self.bounds.newest_ns(now_ns)
+        future = [s for s in steps if s.time_ns > newest_ns]
+        if future:  # dead-lettered whole, as InfluxDB refuses it; the steps in time are kept
+            chunk.dead.append((item, self.bounds.future_reason(future[0].time_ns, now_ns)))
+            metrics.OUT_OF_TIME.labels("s3", "future").inc(len(future))
+            steps = [s for s in steps if s.time_ns <= newest_ns]
         batched = rec.kind == "step_batch"
         for step in steps:
             # each step row keeps its own step record's bytes, so replay re-sends steps

@@ -27,6 +27,7 @@ from steplens.sinks.settings import (
     RollSettings,
     S3Settings,
     SinkSettings,
+    TimeBounds,
     WebhookSettings,
 )
 
@@ -36,6 +37,7 @@ NOTIFIERS = {"webhook": WebhookSettings, "alertmanager": AlertmanagerSettings}
 def _parser(prog: str) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     add_options(common, SinkSettings)
+    add_options(common, TimeBounds)
     common.add_argument(
         "-X",
         dest="kafka_options",
@@ -74,7 +76,7 @@ def main(argv: list[str], prog: str = "steplens sink") -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     topics = Topics.from_env()
-    default = [topics.alerts] if url else [topics.raw, topics.signals, topics.alerts]
+    default = [topics.alerts] if url else [topics.raw, topics.signals, topics.alerts, topics.advice]
     names = s.topics.split(",") if s.topics else default
     dl_topic = s.dead_letter_topic or topics.dead_letters
     ensure_topics(s.bootstrap, topics)
@@ -113,7 +115,7 @@ def _run_influx(
     if s.setup:
         ensure_buckets(client, settings)
         ensure_rollup_task(client, settings)
-    sink = InfluxSink(client, settings)
+    sink = InfluxSink(client, settings, bounds=resolve(TimeBounds, given(TimeBounds, args)))
     consumer.subscribe(names)
     try:
         SinkLoop(consumer, sink, dead, stop=stop, batch_size=s.batch_size).run()
@@ -149,6 +151,7 @@ def _run_s3(
         max_bytes=roll.max_bytes,
         max_age_s=roll.max_age_s,
         dedupe_window=roll.dedupe_window,
+        bounds=resolve(TimeBounds, given(TimeBounds, args)),
     )
     loop = RollerLoop(consumer, roller, dead, chunker=chunker, stop=stop, batch_size=s.batch_size)
     consumer.subscribe(names, on_revoke=loop.on_revoke)

@@ -29,7 +29,7 @@ from steplens.sinks.contract import ExportResult, Rejection
 from steplens.sinks.name_limits import NameBudget, NameLimits, refusal_reason
 from steplens.sinks.points import UnwritableRecord, record_builders
 from steplens.sinks.rollup import flux_string
-from steplens.sinks.settings import InfluxSettings
+from steplens.sinks.settings import InfluxSettings, TimeBounds
 
 log = logging.getLogger("steplens.sinks")
 
@@ -69,11 +69,6 @@ def split_by_time(
     return kept, len(steps) - len(kept) - len(future), future
 
 
-def _future_reason(step: Record, now_ns: int, skew_s: int) -> str:
-    ahead = (step.time_ns - now_ns) / 1e9
-    return f"time is {ahead:.0f} s in the future (more than the {skew_s} s clock skew allowed)"
-
-
 class _Refused(Exception):
     pass
 
@@ -88,8 +83,10 @@ class InfluxSink:
         *,
         write_chunk: int = 1000,
         limits: NameLimits | None = None,
+        bounds: TimeBounds | None = None,
     ) -> None:
         self.settings = settings
+        self.bounds = bounds or TimeBounds.from_env()
         self.limits = limits or NameLimits(
             per_run=settings.max_names_per_run, per_measurement=settings.max_names_per_measurement
         )
@@ -117,7 +114,7 @@ class InfluxSink:
         now_ns = time.time_ns()
         hot_s = self.settings.hot_retention_s
         oldest_ns = now_ns - (hot_s - RETENTION_MARGIN_S) * 1e9 if hot_s > 0 else -math.inf
-        newest_ns = now_ns + self.settings.max_future_skew_s * 1e9
+        newest_ns = self.bounds.newest_ns(now_ns)
         out_of_time: Counter[str] = Counter()
         chunk: list[tuple[int, list[str]]] = []
         pending: list[Future[list[Rejection]]] = []
@@ -128,7 +125,7 @@ class InfluxSink:
             out_of_time["past_retention"] += past
             out_of_time["future"] += len(future)
             if future:
-                why = _future_reason(future[0], now_ns, self.settings.max_future_skew_s)
+                why = self.bounds.future_reason(future[0].time_ns, now_ns)
                 rejected.setdefault(i, _reason_of(rec, future[0], why))
             if not steps:
                 if past and not future:

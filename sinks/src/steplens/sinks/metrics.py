@@ -46,8 +46,9 @@ FIELDS_DROPPED = Counter(
 
 OUT_OF_TIME = Counter(
     "steplens_sink_out_of_time",
-    "Steps not stored in InfluxDB for their time, by reason: future (later than the allowed "
-    "clock skew; dead-lettered), past_retention (older than the hot window; S3 keeps them)",
+    "Steps not stored for their time, by sink and reason: future (later than the allowed "
+    "clock skew; dead-lettered), past_retention (InfluxDB: older than the hot window; S3 keeps "
+    "them)",
     ["sink", "reason"],
 )
 

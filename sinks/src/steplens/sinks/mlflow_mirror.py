@@ -2,17 +2,21 @@
 (optional).
 
 A sink-side consumer, never part of the training process: it reads the raw topic (evaluations,
-steps), the signals topic and the alerts topic, and writes to one MLflow run per steplens run
+steps, the ranks' answers to advice), the signals topic, the alerts topic and the advice topic,
+and writes to one MLflow run per steplens run
 (found by the tag ``steplens.run_id``, created when missing):
 
 - eval metric ``loss`` of split ``val`` -> MLflow metric ``val/loss`` at the record's step;
 - an alert (an incident) -> metric ``alert/<rule>`` (severity level 1 info, 2 warning, 3
   critical; 0 when resolved) at its step, and tag ``steplens.alert.<fingerprint>`` with
   severity, state, scope, step, hint and the incident's member rules, so the MLflow UI lists
-  what fired next to the evaluation results;
+  what fired next to the evaluation results; an incident the stream jobs gave advice for also
+  tag ``steplens.advice.<fingerprint>``: each piece of advice and the ranks' answers so far,
+  one line each (the worker reports the incident again as answers come in);
 - the run's summary (``mlflow_summary.py``): metrics ``summary/loss_spike_peak_rise``,
   ``summary/clip_rate``, ``summary/mfu_mean``, ``summary/incidents``,
-  ``summary/incidents_critical``, ``summary/incidents_open`` at the run's last step, and tag
+  ``summary/incidents_critical``, ``summary/incidents_open``, ``summary/advice``,
+  ``summary/answers_<outcome>`` at the run's last step, and tag
   ``steplens.summary.loss_spike_peak`` (its step, loss and baseline). The metrics are written
   at most every ``summary_interval_s`` per run and when the mirror stops; the tag
   ``steplens.summary.state`` (the counts and the offsets they hold) with every batch, so a
@@ -42,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from steplens.schema import Record
 from steplens.sinks.contract import ExportResult, Rejection
 from steplens.sinks.mlflow_summary import RunSummary
+from steplens.sinks.remedies import advice_text
 
 if TYPE_CHECKING:  # the Kafka client is imported only when the mirror consumes
     from steplens.sinks.kafka_io import Consumed
@@ -57,7 +62,9 @@ MAX_TAG_LEN = 5000
 MAX_RUNS = 1000  # summaries kept in memory; an older one is read back from its tag if needed
 STATE_TAG = "steplens.summary.state"
 PEAK_TAG = "steplens.summary.loss_spike_peak"
-SUMMARY_KINDS = frozenset(("step", "step_window", "step_batch", "signal", "alert"))
+SUMMARY_KINDS = frozenset(
+    ("step", "step_window", "step_batch", "signal", "alert", "advice", "acted")
+)
 KINDS = SUMMARY_KINDS | {"eval"}  # what the mirror reads
 Position = tuple[str, int, int]  # topic, partition, offset
 
@@ -233,6 +240,11 @@ class MlflowMirror:
                 tags.setdefault(rec.run_id, []).append(
                     RunTag(f"steplens.alert.{d['fingerprint']}", text)
                 )
+                given = advice_text(d.get("evidence") or {})
+                if given:
+                    tags[rec.run_id].append(
+                        RunTag(f"steplens.advice.{d['fingerprint']}", given[:MAX_TAG_LEN])
+                    )
                 used += 1
         saving = set(self._unsaved)  # also what a failed attempt before this one did not save
         for run_id in saving:
@@ -350,7 +362,7 @@ def main(argv: list[str], prog: str = "steplens mlflow") -> int:
         used = run_mirror(
             mirror,
             kafka_bootstrap(args.bootstrap),
-            [topics.raw, topics.signals, topics.alerts],
+            [topics.raw, topics.signals, topics.alerts, topics.advice],
             group=args.group,
             stop=stop,
             dead_letter_topic=topics.dead_letters,

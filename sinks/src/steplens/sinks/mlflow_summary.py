@@ -7,7 +7,9 @@ and the incidents, accumulated from the records the mirror reads (pure; no MLflo
   over the steps that carry one;
 - the peak loss spike: the largest rise over its baseline of a loss spike the worker reported
   (``spike`` signals on ``loss`` with a severity, ``(value - expected) / |expected|``);
-- incidents: how many opened (and how many reached critical), how many are open.
+- incidents: how many opened (and how many reached critical), how many are open;
+- advice: how many pieces the stream jobs gave (the advice topic), and the ranks' answers by
+  outcome (``acted`` records).
 
 The state travels as JSON (``dumps``/``loads``, kept in a run tag) with the last offset
 counted per topic and partition, so a mirror that restarts, or reads a batch again after a
@@ -22,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from steplens.schema import Record
+from steplens.schema.kinds import ADVICE_OUTCOMES
 
 # open incidents remembered per run (past it, counted in open_overflow): the state must fit in
 # an MLflow tag (8,000 characters)
@@ -58,6 +61,8 @@ class RunSummary:
     open: list[str] = field(default_factory=list)  # fingerprints of firing incidents
     open_overflow: int = 0
     critical: list[str] = field(default_factory=list)  # open ones already counted critical
+    advice: int = 0
+    answers: dict[str, int] = field(default_factory=dict)  # outcome -> acted records
     offsets: dict[str, int] = field(default_factory=dict)  # "topic:partition" -> offset
 
     def add(self, rec: Record, position: tuple[str, int, int] | None = None) -> bool:
@@ -88,6 +93,10 @@ class RunSummary:
             self._spike(rec)
         elif kind == "alert":
             self._incident(d)
+        elif kind == "advice":
+            self.advice += 1
+        elif kind == "acted" and d.get("outcome") in ADVICE_OUTCOMES:
+            self.answers[d["outcome"]] = self.answers.get(d["outcome"], 0) + 1
         return True
 
     def _spike(self, rec: Record) -> None:
@@ -137,6 +146,8 @@ class RunSummary:
             "summary/incidents": float(self.incidents),
             "summary/incidents_critical": float(self.incidents_critical),
             "summary/incidents_open": float(len(self.open)),
+            "summary/advice": float(self.advice),
+            **{f"summary/answers_{k}": float(v) for k, v in self.answers.items()},
         }
         if s.steps:
             out["summary/clip_rate"] = s.clipped / s.steps

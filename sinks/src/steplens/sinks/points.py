@@ -68,6 +68,9 @@ MEASUREMENT: Final = {
     "alert": "alert",
     "run_meta": "run_meta",
     "stacks": "stacks",
+    "advice": "advice",
+    "acted": "acted",
+    "checkpoint": "checkpoint",
 }
 LENGTH_BIN: Final = "len_lt_"  # batch: samples shorter than the bin's upper edge (and not shorter
 # than the previous edge), one integer field per bin: len_lt_1, len_lt_2, len_lt_4, ...
@@ -283,9 +286,62 @@ def _run_meta(rec: Record) -> list[PointBuilder]:
     d = rec.data
     b = PointBuilder("run_meta", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
     b.integer("world_size", d["world_size"]).num("peak_flops", d.get("peak_flops"))
-    for name in ("hosts", "model", "optimizer", "lr_schedule", "config", "checks"):
+    for name in ("hosts", "model", "optimizer", "lr_schedule", "config", "checks", "remedies"):
         b.text(name, d.get(name))
+    return [b, *_checks(rec)]
+
+
+MAX_CHECKS: Final = 64  # check points of one run_meta (the design has about 25)
+
+
+def _checks(rec: Record) -> list[PointBuilder]:
+    """One ``check`` point per check the rank reports (run_meta's ``checks``), for the boards:
+    ``on`` 1 (on, or on once its call is made) or 0 (off), which the rollups keep, and the
+    words (state, what feeds it or why it is off, the line that turns it on)."""
+    found = rec.data.get("checks")
+    points = []
+    for c in found[:MAX_CHECKS] if isinstance(found, list) else []:
+        if not isinstance(c, dict) or not isinstance(c.get("check"), str) or not c["check"]:
+            continue
+        b = PointBuilder("check", rec, name_tag="check").tag("run_id", rec.run_id)
+        b.tag("rank", rec.rank).tag("check", c["check"]).text("state", c.get("state"))
+        b.integer("on", int(c.get("state") != "off"))
+        for name in ("needs", "why", "enable"):
+            b.text(name, c.get(name))
+        points.append(b)
+    return points
+
+
+def _advice(rec: Record) -> list[PointBuilder]:
+    """Advice to a run's ranks (``rank`` -1: every rank); the incident's fingerprint is a tag:
+    two incidents may advise the same action in one report."""
+    d = rec.data
+    b = PointBuilder("advice", rec).tag("run_id", rec.run_id).tag("action", d["action"])
+    b.tag("fingerprint", d["fingerprint"]).integer("rank", rec.rank).integer("step", rec.step)
+    b.text("rule", d.get("rule")).text("reason", d.get("reason"))
+    b.integer("onset_step", d.get("onset_step")).text("checkpoint", d.get("checkpoint"))
+    b.integer("checkpoint_step", d.get("checkpoint_step"))
+    b.integer("skip_batches", d.get("skip_batches")).num("lr_factor", d.get("lr_factor"))
+    b.num("duration_s", d.get("duration_s"))
+    for name in ("sample_ids", "sample_hashes"):
+        if d.get(name):
+            b.integer(f"n_{name}", len(d[name])).text(name, json_list(d[name]))
     return [b]
+
+
+def _acted(rec: Record) -> list[PointBuilder]:
+    """What a rank did with a piece of advice."""
+    d = rec.data
+    b = PointBuilder("acted", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b.tag("action", d["action"]).tag("outcome", d["outcome"]).integer("step", rec.step)
+    b.text("fingerprint", d["fingerprint"]).text("detail", d.get("detail"))
+    return [b]
+
+
+def _checkpoint(rec: Record) -> list[PointBuilder]:
+    d = rec.data
+    b = PointBuilder("checkpoint", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    return [b.integer("step", rec.step).text("path", d["path"])]
 
 
 _BUILDERS: Final = {
@@ -301,6 +357,9 @@ _BUILDERS: Final = {
     "alert": _alert,
     "run_meta": _run_meta,
     "stacks": _stacks,
+    "advice": _advice,
+    "acted": _acted,
+    "checkpoint": _checkpoint,
 }
 
 

@@ -38,6 +38,9 @@ IDENTITY: Final = {
     "alert": ("rule", "severity", "state", "scope"),
     "run_meta": ("rank",),
     "stacks": ("rank", "host"),
+    "advice": ("action", "fingerprint"),
+    "acted": ("rank", "action", "outcome"),
+    "checkpoint": ("rank",),
 }
 # kind -> (map field in the record, field-name prefix in InfluxDB when a name is taken)
 MAP_FIELDS: Final = {

@@ -43,6 +43,10 @@ class RunData:
     ``gpu``, ``host``, ``disks``, ``nets``: hardware samples (``time``, ``host``, the device
     (``gpu``, ``device``, ``iface``) and its fields as columns).
     ``comm``: the inter-rank communication probe, one row per record.
+    ``checks``: the checks of the design each rank runs (``run_meta``'s ``checks``): one row
+    per rank and check (``rank``, ``check``, ``state``, ``needs``, ``why``, ``enable``).
+    ``advice``, ``acted``: the advice the stream jobs gave the run's ranks and their answers,
+    one row per record (``fingerprint``, ``action``, the kind's fields).
     """
 
     run_id: str
@@ -59,9 +63,13 @@ class RunData:
     disks: pd.DataFrame = field(default_factory=pd.DataFrame)
     nets: pd.DataFrame = field(default_factory=pd.DataFrame)
     comm: pd.DataFrame = field(default_factory=pd.DataFrame)
+    checks: pd.DataFrame = field(default_factory=pd.DataFrame)
+    advice: pd.DataFrame = field(default_factory=pd.DataFrame)
+    acted: pd.DataFrame = field(default_factory=pd.DataFrame)
     baselines: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
+CHECK_COLUMNS = ["rank", "check", "state", "needs", "why", "enable"]
 SIGNAL_FIELDS = ("value", "expected", "lower", "upper", "score")
 
 
@@ -86,7 +94,7 @@ def load_run(run_id: str) -> RunData:
         steps = pd.DataFrame(columns=["rank", "step", "loss", "lr"])
     alerts = _records(query, run_id, "alert")
     meta = _records(query, run_id, "run_meta")
-    hw = _records(query, run_id, "hw")
+    hw = _host_wide(_records(query, run_id, "hw"))
     return RunData(
         run_id=run_id,
         steps=steps,
@@ -102,6 +110,9 @@ def load_run(run_id: str) -> RunData:
         disks=_explode(hw, "disks", "device"),
         nets=_explode(hw, "nets", "iface"),
         comm=_records(query, run_id, "comm"),
+        checks=checks_of(meta),
+        advice=_records(query, run_id, "advice"),
+        acted=_records(query, run_id, "acted"),
         baselines=_baselines(query.query_records(run_id, "signal", where={"name": "baseline"})),
     )
 
@@ -197,6 +208,8 @@ def _with_steps(alerts: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     if "step" not in out:
         out["step"] = np.nan
     missing = out["step"].isna() & out["time_ns"].notna()
+    if not missing.any():
+        return out
     idx = np.searchsorted(times, out.loc[missing, "time_ns"].to_numpy(dtype="int64"), "right")
     out.loc[missing, "step"] = [float(reached[i - 1]) if i > 0 else np.nan for i in idx]
     return out
@@ -205,6 +218,31 @@ def _with_steps(alerts: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
 def _records(query: Any, run_id: str, kind: str) -> pd.DataFrame:
     df = query.query_records(run_id, kind)
     return df if df is not None else pd.DataFrame()
+
+
+def checks_of(meta: pd.DataFrame) -> pd.DataFrame:
+    """``CHECK_COLUMNS`` from ``run_meta`` records: each rank's newest list of checks."""
+    if meta.empty or "checks" not in meta.columns:
+        return pd.DataFrame(columns=CHECK_COLUMNS)
+    order = [c for c in ("time_ns", "time") if c in meta.columns]
+    newest = meta.sort_values(order) if order else meta
+    if "rank" in newest.columns:
+        newest = newest.groupby("rank", sort=True).tail(1)
+    rows = []
+    for rec in newest.to_dict("records"):
+        found = rec.get("checks")
+        if isinstance(found, str):
+            try:
+                found = json.loads(found)
+            except ValueError:
+                continue
+        if not isinstance(found, (list, tuple, np.ndarray)):
+            continue
+        for c in found:
+            if isinstance(c, dict) and c.get("check"):
+                rows.append({"rank": rec.get("rank"), **{k: c.get(k) for k in CHECK_COLUMNS[1:]}})
+    out = pd.DataFrame(rows, columns=CHECK_COLUMNS)
+    return out.sort_values(["rank"], kind="stable").reset_index(drop=True)
 
 
 def _schedule(meta: pd.DataFrame) -> dict[str, Any] | None:
@@ -245,6 +283,15 @@ def _explode(hw: pd.DataFrame, column: str, key: str) -> pd.DataFrame:
     return out
 
 
+def _host_wide(hw: pd.DataFrame) -> pd.DataFrame:
+    """The host-wide samples (local rank 0's, with ``gpu_status``): the other ranks' ``hw``
+    records carry only their PyTorch allocator's GPU figures, which would read as gaps in
+    NVML's and the host's series."""
+    if hw.empty or "gpu_status" not in hw.columns:
+        return hw
+    return hw[hw["gpu_status"].notna()].reset_index(drop=True)
+
+
 def _explode_gpus(hw: pd.DataFrame) -> pd.DataFrame:
     """One row per (time, host, gpu) with every field of the GPU entry, and mem_used_pct."""
     gpu = _explode(hw, "gpus", "index").rename(columns={"index": "gpu"})
@@ -267,3 +314,26 @@ def wait_for_steps(run_id: str, last_step: int, timeout_s: float) -> bool:
             return True
         time.sleep(1.0)
     return False
+
+
+def checks_by_name(checks: pd.DataFrame) -> pd.DataFrame:
+    """One row per check, in the producer's order: ``state`` (one state, or each rank's when
+    they differ: ``"off on ranks 1, 2; on on rank 0"``), ``detail`` (what feeds it, or why it is
+    off) and ``enable`` (the line that turns it on)."""
+    cols = ["check", "state", "detail", "enable"]
+    if checks.empty:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for name, g in checks.groupby("check", sort=False):
+        states = g.groupby("state", sort=False)["rank"].apply(list)
+        if len(states) == 1:
+            state = str(states.index[0])
+        else:
+            state = "; ".join(
+                f"{s} on rank{'s' if len(r) > 1 else ''} {', '.join(str(x) for x in r)}"
+                for s, r in states.items()
+            )
+        detail = [d for col in ("why", "needs") for d in g[col].dropna().unique() if d]
+        enable = [e for e in g["enable"].dropna().unique() if e]
+        rows.append([name, state, "; ".join(map(str, detail)), "; ".join(map(str, enable))])
+    return pd.DataFrame(rows, columns=cols)

@@ -12,16 +12,21 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from steplens.sinks.report_bandwidth import fig_bandwidth
 from steplens.sinks.report_baseline import fig_baseline
 from steplens.sinks.report_data import RunData
 from steplens.sinks.report_figures_data import fig_clipping, fig_eval, fig_layers, fig_lengths
+from steplens.sinks.report_incidents import run_incidents
 from steplens.sinks.report_node import fig_gpu_node, fig_io
 from steplens.sinks.report_plot import column, first_rank, log_scale_if_wide
+from steplens.sinks.report_quality import fig_data_quality, fig_loss_noise
 
 __all__ = ["FIGURES", "column", "declared_lr", "first_rank"]
 
 SEVERITY_COLOURS = {"info": "#4c78a8", "warning": "#f58518", "critical": "#e45756"}
 SEVERITY_LEVEL = {"info": 0, "warning": 1, "critical": 2}
+# incidents drawn on the gradient-norm figure: those with a member of these rules
+GRAD_TOPICS = ("grad", "spike", "lr", "clipping", "vanishing", "nonfinite")
 
 
 def declared_lr(schedule: dict[str, Any], steps: np.ndarray) -> np.ndarray:
@@ -48,22 +53,45 @@ def declared_lr(schedule: dict[str, Any], steps: np.ndarray) -> np.ndarray:
     return np.asarray(lr, dtype=float)
 
 
-def _mark_alerts(ax: Any, alerts: pd.DataFrame, words: tuple[str, ...] = ()) -> None:
-    """Vertical lines where alerts fired (optionally only rules containing one of ``words``)."""
-    if alerts.empty or "step" not in alerts.columns:
-        return
-    firing = alerts[column(alerts, "state").fillna("firing") == "firing"]
-    for _, a in firing.iterrows():
-        rule = str(a.get("rule", ""))
-        if words and not any(w in rule for w in words):
+def _mark_alerts(ax: Any, data: RunData) -> None:
+    """A dashed line where each incident opened, coloured by its peak severity."""
+    for inc in run_incidents(data).itertuples(index=False):
+        if math.isfinite(inc.opened_step):
+            colour = SEVERITY_COLOURS.get(inc.severity, "grey")
+            ax.axvline(inc.opened_step, color=colour, alpha=0.6, lw=1, ls="--")
+
+
+def _incidents_about(data: RunData, topics: tuple[str, ...]) -> pd.DataFrame:
+    found = run_incidents(data)
+    if not topics or found.empty:
+        return found
+    about = [any(t in r for r in inc.members for t in topics) for inc in found.itertuples()]
+    return found[about]
+
+
+def _incident_spans(ax: Any, data: RunData, topics: tuple[str, ...]) -> int:
+    """Each incident as a band from opened to resolved (or the last step), coloured by its
+    peak severity; returns how many were drawn."""
+    found = _incidents_about(data, topics)
+    last = float(data.steps["step"].max()) if not data.steps.empty else 0.0
+    drawn = 0
+    for inc in found.itertuples(index=False):
+        if not math.isfinite(inc.opened_step):
             continue
-        step = a.get("started_step")
-        if step is None or pd.isna(step):
-            step = a.get("step")
-        if step is None or pd.isna(step):
-            continue
-        colour = SEVERITY_COLOURS.get(str(a.get("severity")), "grey")
-        ax.axvline(float(step), color=colour, alpha=0.5, lw=1, ls="--")
+        end = inc.resolved_step if math.isfinite(inc.resolved_step) else last
+        colour = SEVERITY_COLOURS.get(inc.severity, "grey")
+        label = None if drawn else "incident (opened to resolved)"
+        ax.axvspan(
+            inc.opened_step,
+            max(end, inc.opened_step + 1),
+            color=colour,
+            alpha=0.18,
+            label=label,
+            zorder=1,
+        )
+        ax.axvline(inc.opened_step, color=colour, lw=1.2, zorder=2)
+        drawn += 1
+    return drawn
 
 
 def fig_loss(data: RunData) -> Any:
@@ -104,7 +132,7 @@ def fig_loss(data: RunData) -> Any:
             ax.scatter(
                 out["step"], out["value"], color="#e45756", zorder=5, s=22, label="outside band"
             )
-    _mark_alerts(ax, data.alerts)
+    _mark_alerts(ax, data)
     ax.set(title=f"Loss - run {data.run_id}", xlabel="step", ylabel="loss")
     log_scale_if_wide(ax, data.steps["loss"])
     ax.legend(loc="upper right", fontsize=8)
@@ -134,21 +162,23 @@ def fig_grad_norm(data: RunData) -> Any:
         )
     sig = data.signals
     if not sig.empty and {"name", "metric"} <= set(sig.columns):
-        spikes = sig[
+        loud = sig[
             (sig["metric"].isin(["grad_norm", "grad_norm_preclip"]))
             & (column(sig, "score").fillna(0) >= 0.5)
         ]
-        if not spikes.empty:
+        if not loud.empty:  # a detector's score at its threshold, not an alert: faint
             ax.scatter(
-                spikes["step"],
-                spikes["value"],
-                marker="x",
-                s=40,
-                color="#e45756",
-                label="spike signal",
-                zorder=5,
+                loud["step"],
+                loud["value"],
+                marker=".",
+                s=8,
+                color="#888888",
+                alpha=0.35,
+                lw=0,
+                label=f"detector signals, no alert ({len(loud)})",
+                zorder=3,
             )
-    _mark_alerts(ax, data.alerts, ("grad", "spike", "lr"))
+    _incident_spans(ax, data, GRAD_TOPICS)
     log_scale_if_wide(ax, norm)
     ax.set(title="Gradient norm", xlabel="step", ylabel="L2 norm")
     ax.legend(loc="upper right", fontsize=8)
@@ -293,61 +323,42 @@ def fig_hardware(data: RunData) -> Any:
 
 
 def fig_alerts(data: RunData) -> Any:
-    """Incident timeline: one row per rule that led an incident (the alert records are the
-    worker's incidents), a bar from opened to resolved, coloured by severity."""
+    """Incident timeline: one row per incident (its lead rule), a bar from opened to resolved
+    (or the last step, hatched: still open), coloured by its peak severity."""
     import matplotlib.pyplot as plt
 
-    alerts = data.alerts
-    rules = sorted(alerts["rule"].unique()) if not alerts.empty and "rule" in alerts else []
-    fig, ax = plt.subplots(figsize=(10, 1.8 + 0.4 * max(1, len(rules))))
-    if not rules:
+    found = run_incidents(data)
+    fig, ax = plt.subplots(figsize=(10, 1.8 + 0.4 * max(1, len(found))))
+    if found.empty:
         ax.text(0.5, 0.5, "no incidents", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
         return fig
     last_step = float(data.steps["step"].max()) if not data.steps.empty else 0.0
-    for y, rule in enumerate(rules):
-        rows = alerts[alerts["rule"] == rule]
-        for _, episode in _episodes(rows, last_step):
-            start, end, sev = episode
-            colour = SEVERITY_COLOURS.get(sev, "grey")
-            width = max(end - start, last_step / 200)
-            ax.barh(y, width, left=start, height=0.6, color=colour, alpha=0.8)
-            ax.plot([start], [y], marker="|", color="black", ms=12)
-    ax.set_yticks(range(len(rules)))
-    ax.set_yticklabels(rules, fontsize=8)
+    labels = []
+    for y, inc in enumerate(found.itertuples(index=False)):
+        start = inc.opened_step if math.isfinite(inc.opened_step) else 0.0
+        end = inc.resolved_step if inc.state == "resolved" else last_step
+        end = end if math.isfinite(end) else start
+        colour = SEVERITY_COLOURS.get(inc.severity, "grey")
+        width = max(end - start, max(last_step, 1.0) / 200)
+        hatch = None if inc.state == "resolved" else "//"
+        ax.barh(y, width, left=start, height=0.6, color=colour, alpha=0.85, hatch=hatch)
+        ax.plot([start], [y], marker="|", color="black", ms=12)
+        more = len(inc.members) - 1
+        labels.append(f"{inc.rule}" + (f" (+{more})" if more > 0 else ""))
+    ax.set_yticks(range(len(found)))
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.invert_yaxis()
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in SEVERITY_COLOURS.values()]
     ax.legend(handles, list(SEVERITY_COLOURS), loc="lower right", fontsize=8)
     ax.set(
-        title="Incidents by the rule that leads them (bar: open until resolved)",
+        title="Incidents by lead rule (+ other member rules; bar: open until resolved)",
         xlabel="step",
-        xlim=(0, max(1.0, last_step)),
+        xlim=(0, max(1.0, last_step) * 1.02),  # an incident opened at the last step shows
     )
     ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     return fig
-
-
-def _episodes(rows: pd.DataFrame, last_step: float) -> list[tuple[str, tuple[float, float, str]]]:
-    """(scope, (start, end, severity)) per firing episode: a firing until the next resolved
-    transition of the same scope, or the end of the run."""
-    out = []
-    order = [c for c in ("time_ns", "step") if c in rows.columns]
-    for scope, g in rows.groupby(column(rows, "scope").fillna("run")):
-        start: float | None = None
-        severity = "info"
-        for _, a in g.sort_values(order).iterrows():
-            step = a.get("step")
-            step = float(step) if step is not None and not pd.isna(step) else None
-            if a.get("state") == "firing" and start is None:
-                begun = a.get("started_step")
-                start = float(begun) if begun is not None and not pd.isna(begun) else step
-                severity = str(a.get("severity", "info"))
-            elif a.get("state") == "resolved" and start is not None:
-                out.append((str(scope), (start, step if step is not None else start, severity)))
-                start = None
-        if start is not None:
-            out.append((str(scope), (start, last_step, severity)))
-    return out
 
 
 FIGURES: dict[str, tuple[str, Callable[[RunData], Any]]] = {
@@ -355,9 +366,11 @@ FIGURES: dict[str, tuple[str, Callable[[RunData], Any]]] = {
     "grad_norm": ("Gradient norm, spikes and clipping", fig_grad_norm),
     "clipping": ("Clipping rate", fig_clipping),
     "layers": ("Per-layer norms: the layers that moved most", fig_layers),
+    "loss_noise": ("Loss volatility and the train-validation gap", fig_loss_noise),
     "lr": ("Learning rate against the declared schedule", fig_lr),
     "eval": ("Evaluation", fig_eval),
     "lengths": ("Input lengths per window", fig_lengths),
+    "data_quality": ("Label balance, duplicated and repeated samples", fig_data_quality),
     "step_time": ("Step time per rank", fig_step_time),
     "hardware": ("GPU and host utilisation and memory", fig_hardware),
     "gpu_node": (
@@ -365,6 +378,10 @@ FIGURES: dict[str, tuple[str, Callable[[RunData], Any]]] = {
         fig_gpu_node,
     ),
     "io": ("Disk, network and inter-rank communication", fig_io),
+    "bandwidth": (
+        "Memory and network bandwidth against GPU utilisation: what the GPUs wait on",
+        fig_bandwidth,
+    ),
     "baseline": ("Hardware and throughput against their 7-day baselines", fig_baseline),
     "alerts": ("Incidents by severity", fig_alerts),
 }

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import html
+import json
 import math
 import os
 from pathlib import Path
@@ -11,8 +12,11 @@ from typing import Any, BinaryIO
 
 import pandas as pd
 
-from steplens.sinks.report_data import RunData
-from steplens.sinks.report_figures import FIGURES, column, first_rank
+from steplens.sinks.report_data import RunData, checks_by_name
+from steplens.sinks.report_figures import FIGURES, first_rank
+from steplens.sinks.report_incidents import duration_text, run_incidents
+
+EVIDENCE_CHARS = 6000  # of one incident's evidence shown on the page
 
 
 def write_report(data: RunData, out_dir: Path) -> Path:
@@ -34,7 +38,8 @@ def write_report(data: RunData, out_dir: Path) -> Path:
     page = _PAGE.format(
         run=html.escape(data.run_id),
         summary=_summary_html(data),
-        alerts=_alerts_html(data.alerts),
+        alerts=_incidents_html(data),
+        checks=_checks_html(data),
         figures="\n".join(sections),
     )
     index = out_dir / "index.html"
@@ -59,28 +64,106 @@ def _summary_html(data: RunData) -> str:
         "ranks": int(s["rank"].nunique()),
         "steps": int(s["step"].max()) + 1,
         "last loss": f"{float(last.get('loss', math.nan)):.4f}",
-        "incidents": int(column(data.alerts, "fingerprint").nunique())
-        if "fingerprint" in data.alerts
-        else 0,
+        "incidents": len(run_incidents(data)),
     }
     return "<ul>" + "".join(f"<li><b>{k}</b>: {v}</li>" for k, v in items.items()) + "</ul>"
 
 
-def _alerts_html(alerts: pd.DataFrame) -> str:
-    if alerts.empty:
+def _incidents_html(data: RunData) -> str:
+    """One row per incident, each with a link to its evidence (below the table)."""
+    found = run_incidents(data)
+    if found.empty:
         return "<p>No incidents.</p>"
-    cols = [
-        c
-        for c in ("step", "started_step", "rank", "severity", "state", "rule", "scope", "hint")
-        if c in alerts.columns
-    ]
-    rows = alerts.sort_values("step")[cols]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in r) + "</tr>"
-        for r in rows.itertuples(index=False)
+    head = "".join(
+        f"<th>{c}</th>"
+        for c in (
+            "opened",
+            "severity",
+            "state",
+            "duration",
+            "lead rule",
+            "hint",
+            "members",
+            "advice given and answers",
+            "loss after",
+            "",
+        )
     )
-    return f"<table><tr>{head}</tr>{body}</table>"
+    rows, details = [], []
+    for i, inc in enumerate(found.itertuples(index=False)):
+        anchor = f"incident-{i + 1}"
+        when = f"step {_fmt(inc.opened_step)}"
+        if math.isfinite(inc.opened_ns):
+            stamp = pd.Timestamp(int(inc.opened_ns), unit="ns", tz="UTC")
+            when += f"<br><small>{stamp:%H:%M:%S} UTC</small>"
+        state = inc.state if inc.state == "open" else f"resolved at step {_fmt(inc.resolved_step)}"
+        hint = html.escape(inc.hint) + "".join(
+            f"<br><b>advice</b>: {html.escape(a)}" for a in inc.advice
+        )
+        cells = [
+            when,
+            f'<span class="sev-{html.escape(inc.severity)}">{html.escape(inc.severity)}</span>',
+            html.escape(state),
+            html.escape(duration_text(inc.duration_steps, inc.duration_s)),
+            f"<code>{html.escape(inc.rule)}</code>",
+            hint,
+            html.escape(", ".join(inc.members)),
+            _remedies_html(inc.remedies),
+            html.escape(inc.recovery),
+            f'<a href="#{anchor}">evidence</a>',
+        ]
+        rows.append(f'<tr class="incident">{"".join(f"<td>{c}</td>" for c in cells)}</tr>')
+        text = json.dumps(inc.evidence, indent=1, default=str)
+        if len(text) > EVIDENCE_CHARS:
+            text = text[:EVIDENCE_CHARS] + f"\n... ({len(text) - EVIDENCE_CHARS} more characters)"
+        details.append(
+            f'<details id="{anchor}"><summary>incident {i + 1}: <code>{html.escape(inc.rule)}'
+            f"</code> from step {_fmt(inc.opened_step)} ({inc.records} records, fingerprint "
+            f"<code>{html.escape(inc.fingerprint)}</code>)</summary>"
+            f"<pre>{html.escape(text)}</pre></details>"
+        )
+    table = f'<table class="incidents"><tr>{head}</tr>{"".join(rows)}</table>'
+    return table + "\n<h3>Evidence</h3>\n" + "\n".join(details)
+
+
+def _remedies_html(remedies: list[dict[str, Any]]) -> str:
+    """Each piece of advice (what, to whom, when) and the ranks' answers below it."""
+    if not remedies:
+        return "none"
+    items = []
+    for r in remedies:
+        at = "" if r["step"] is None else f" at step {_fmt(r['step'])}"
+        items.append(
+            f'<span class="advice"><b>{html.escape(r["advice"])}</b> to '
+            f"{html.escape(r['to'] + at)}<br>&rarr; "
+            f'<span class="answers">{html.escape(r["answered"])}</span></span>'
+        )
+    return "<br>".join(items)
+
+
+def _checks_html(data: RunData) -> str:
+    """Each check of the design: on, on use (and the call that feeds it) or off (why, and the
+    one line that turns it on)."""
+    table = checks_by_name(data.checks)
+    if table.empty:
+        return "<p>The run did not say which checks it runs (no checks in run_meta).</p>"
+    head = "<tr><th>check</th><th>state</th><th>fed by / why off</th><th>turn it on</th></tr>"
+    body = "".join(
+        f'<tr class="check state-{html.escape(r.state.split()[0])}"><td>{html.escape(r.check)}'
+        f"</td><td>{html.escape(r.state)}</td><td>{html.escape(r.detail)}</td>"
+        f"<td><code>{html.escape(r.enable)}</code></td></tr>"
+        for r in table.itertuples(index=False)
+    )
+    off = [r for r in table.itertuples(index=False) if "off" in r.state]
+    lead = f"<p>{len(table) - len(off)} of {len(table)} checks run"
+    lead += (", these do not:</p><ul>" if off else ".</p>") + "".join(
+        f"<li><b>{html.escape(r.check)}</b> ({html.escape(r.state)}): {html.escape(r.detail)}"
+        f"; turn it on: <code>{html.escape(r.enable)}</code></li>"
+        for r in off
+    )
+    lead += "</ul>" if off else ""
+    table_html = f'<table class="checks">{head}{body}</table>'
+    return f"{lead}\n<details><summary>every check</summary>{table_html}</details>"
 
 
 def _fmt(value: Any) -> str:
@@ -95,13 +178,31 @@ _PAGE = """<!doctype html>
 body {{ font-family: sans-serif; max-width: 1120px; margin: 2em auto; color: #222; }}
 img {{ max-width: 100%; border: 1px solid #ddd; }}
 table {{ border-collapse: collapse; font-size: 13px; }}
-td, th {{ border: 1px solid #ccc; padding: 3px 6px; text-align: left; }}
+td, th {{ border: 1px solid #ccc; padding: 3px 6px; text-align: left; vertical-align: top; }}
+.sev-critical {{ color: #b2182b; font-weight: bold; }}
+.sev-warning {{ color: #d46a00; font-weight: bold; }}
+.sev-info {{ color: #4c78a8; }}
+tr.state-off td {{ background: #fff4e5; }}
+details {{ margin: 0.3em 0; }}
+details:target {{ outline: 2px solid #f58518; }}
+pre {{ font-size: 11px; max-height: 24em; overflow: auto; background: #f7f7f7; padding: 6px; }}
 </style></head>
 <body>
 <h1>steplens report: run {run}</h1>
 {summary}
-<h2>Alerts</h2>
+<h2>Incidents</h2>
 {alerts}
+<h2>Checks</h2>
+{checks}
 {figures}
+<script>
+// a link to an incident's evidence opens it
+function openTarget() {{
+  const target = document.getElementById(decodeURIComponent(location.hash.slice(1)));
+  if (target && target.tagName === "DETAILS") target.open = true;
+}}
+addEventListener("hashchange", openTarget);
+openTarget();
+</script>
 </body></html>
 """

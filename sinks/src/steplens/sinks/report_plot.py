@@ -38,3 +38,12 @@ def step_windows(steps: pd.Series, n: int = 12) -> pd.Series:
 
 def nothing(ax: Any, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+
+
+def signal_rows(signals: pd.DataFrame, name: str, metric: str) -> pd.DataFrame:
+    """The stored signals of detector ``name`` on ``metric`` with a step, in step order."""
+    if signals.empty or not {"name", "metric", "step"} <= set(signals.columns):
+        return pd.DataFrame(columns=["step", "rank", "value", "expected"])
+    rows = signals[(signals["name"] == name) & (signals["metric"] == metric)]
+    rows = rows.dropna(subset=["step"])
+    return rows.sort_values("step", kind="stable")

@@ -45,17 +45,36 @@ class InfluxSettings:
         PositiveInt,
         about("InfluxDB: distinct metric names per measurement in the hot bucket"),
     ] = 5000
-    max_future_skew_s: Annotated[
-        PositiveInt,
-        about(
-            "InfluxDB: a record stamped later than now + this is refused (a dead letter)",
-            env="STEPLENS_MAX_FUTURE_SKEW_S",
-        ),
-    ] = 300
 
     @classmethod
     def from_env(cls) -> InfluxSettings:
         return resolve(cls)
+
+
+@dataclass(frozen=True)
+class TimeBounds:
+    """How far ahead of the sink's clock a record may be stamped, in every store."""
+
+    ENV_PREFIX: ClassVar[str] = "STEPLENS_"
+
+    max_future_skew_s: Annotated[
+        PositiveInt,
+        about("a step stamped later than now + this is refused by InfluxDB and S3 (a dead letter)"),
+    ] = 300
+
+    @classmethod
+    def from_env(cls) -> TimeBounds:
+        return resolve(cls)
+
+    def newest_ns(self, now_ns: int) -> float:
+        return now_ns + self.max_future_skew_s * 1e9
+
+    def future_reason(self, time_ns: int, now_ns: int) -> str:
+        ahead = (time_ns - now_ns) / 1e9
+        return (
+            f"time is {ahead:.0f} s in the future (more than the {self.max_future_skew_s} s "
+            "clock skew allowed)"
+        )
 
 
 @dataclass(frozen=True)
@@ -140,8 +159,8 @@ class SinkSettings:
         str | None,
         about(
             "comma-separated topics",
-            default_doc="raw, signals, alerts (from `STEPLENS_TOPIC_*`); the alerts topic for "
-            "webhook and alertmanager",
+            default_doc="raw, signals, alerts, advice (from `STEPLENS_TOPIC_*`); the alerts "
+            "topic for webhook and alertmanager",
         ),
     ] = None
     dead_letter_topic: Annotated[

@@ -5,6 +5,10 @@ output while the stack's Alertmanager runs), trains a small transformer LM as 2 
 under torchrun (``demo_train``) with scripted incidents, waits for the stream jobs to catch
 up, prints what steplens caught next to what was injected, and writes the report (``steplens
 report``). The stack stays up; `steplens stack down` stops it.
+
+With ``--act`` the run opts into every remedy, and the same run from the same seed trains again
+without them (its stall and straggler left out: they change no loss) for the scorecard's
+remedies lines (``demo_recovery``).
 """
 
 from __future__ import annotations
@@ -46,8 +50,12 @@ def run_training(
     plan_file: Path,
     log_dir: Path,
     children: Children,
+    *,
+    run_id: str | None = None,
+    extra: tuple[str, ...] = (),
 ) -> int:
-    """torchrun with 2 ranks; its lines are shown as they come (they carry the progress)."""
+    """torchrun with 2 ranks; its lines are shown as they come (they carry the progress).
+    ``run_id`` (default: the demo's) and ``extra`` arguments of the training script."""
     cmd = [
         sys.executable,
         "-m",
@@ -63,7 +71,7 @@ def run_training(
         "-m",
         "steplens.stack.demo_train",
         "--run-id",
-        args.run_id,
+        run_id or args.run_id,
         "--steps",
         str(args.steps),
         "--stall-s",
@@ -72,9 +80,10 @@ def run_training(
         str(args.slow_s),
         "--incidents-file",
         str(plan_file),
+        *extra,
     ]
     train_env = {**env, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    log = open_private(log_dir / "train.log")
+    log = open_private(log_dir / f"train-{run_id}.log" if run_id else log_dir / "train.log")
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
@@ -110,6 +119,35 @@ def run_training(
             proc.wait(timeout=10)
 
 
+def compare_without_remedies(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    run_dir: Path,
+    children: Children,
+    plan: list[Any],
+) -> int:
+    """Train the same run again without remedies and print the remedies lines."""
+    from steplens.stack.demo_recovery import read_run, remedy_lines
+
+    say("[demo] the same run without remedies, for the comparison ...")
+    base = run_dir / "losses-base.jsonl"
+    rc = run_training(
+        args,
+        env,
+        run_dir / "incidents-base.json",
+        run_dir,
+        children,
+        run_id=f"{args.run_id}-base",
+        extra=("--no-timing-incidents", "--loss-file", str(base)),
+    )
+    if rc != 0:
+        say(f"[demo] the run without remedies failed (exit {rc})")
+        return 1
+    with_ = read_run(run_dir / "losses-act.jsonl")
+    say("\n".join(remedy_lines(plan, with_, read_run(base))))
+    return 0
+
+
 def parse_args(argv: list[str], prog: str) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=500, help="training steps (default 500)")
@@ -135,6 +173,11 @@ def parse_args(argv: list[str], prog: str) -> argparse.Namespace:
         help="topics of its own (steplens.<run>.*), so other runs on the stack are not read",
     )
     p.add_argument("--no-report", action="store_true")
+    p.add_argument(
+        "--act",
+        action="store_true",
+        help="opt into the remedies; compare the loss incidents with the same run without",
+    )
     p.add_argument(
         "--settle-s",
         type=float,
@@ -238,8 +281,10 @@ def _run(
 
     tail = RunTail(env["STEPLENS_KAFKA_BOOTSTRAP"], [topics.signals, topics.alerts], args.run_id)
     plan_file = run_dir / "incidents.json"
+    losses, ckpts = str(run_dir / "losses-act.jsonl"), str(run_dir / "checkpoints")
+    act = ("--act", "--loss-file", losses, "--checkpoint-dir", ckpts) if args.act else ()
     t0 = time.monotonic()
-    rc = run_training(args, env, plan_file, run_dir, children)
+    rc = run_training(args, env, plan_file, run_dir, children, extra=act)
     say(f"[demo] training finished in {time.monotonic() - t0:.0f} s (exit {rc})")
     if rc != 0:
         say(f"[demo] training failed; see {run_dir / 'train.log'}")
@@ -255,6 +300,8 @@ def _run(
     card = score(plan, alerts, slack=max(10, args.steps // 40), started_ns=starts)
     say(format_scorecard(plan, card))
     say(f"({n_signals} signal records, {len(alerts)} alert records for this run)")
+    if args.act and compare_without_remedies(args, env, run_dir, children, plan) != 0:
+        return 1
 
     if args.no_report:
         return 0

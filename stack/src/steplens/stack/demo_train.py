@@ -11,21 +11,29 @@ injected at their steps and announced in the log as they start.
 It instruments itself exactly as the README's snippet shows, at the producer's defaults
 (windows of 100 steps, one step in 100 raw): ``init``, ``watch(every=10)``, ``timed(loader)``
 (whose dict batches also give the data-quality checks), ``log_step`` with the loss and the
-gradient norm ``clip_grad_norm_`` returns, ``log_eval`` and ``shutdown``; a test holds the two
-to the same calls.
+gradient norm ``clip_grad_norm_`` returns, ``log_eval`` and ``shutdown``; and the README's
+opt-in remedies: ``init(remedies=...)``, ``skipping(loader)``, ``checkpoint`` and ``act``
+(inert without ``--act``). A test holds the two to the same calls.
+
+Incidents follow the training step, not the batches read, so a run that skips batches (a
+rewind) meets them at the same steps as one that does not. ``--loss-file``: rank 0 writes
+each step's loss and what the remedies did (JSON lines), for the demo's comparison.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,6 +45,9 @@ from steplens.stack.demo_incidents import Incident, plan_incidents, save_plan
 
 # Nominal peak of one CPU core for the MFU figure (the demo runs one thread per rank).
 CPU_PEAK_FLOPS = 5.0e10
+REMEDIES = ["skip_samples", "rewind", "lower_lr", "profile"]
+KEEP_CHECKPOINTS = 8
+TIMING_INCIDENTS = ("stall", "straggler")  # they change no number of the run
 
 
 class TinyLM(nn.Module):
@@ -86,15 +97,20 @@ def cosine_lr(step: int, peak: float, floor: float, warmup: int, total: int) -> 
 
 
 class Incidents:
-    """Decides, step by step, what goes wrong on this rank; announces each incident once."""
+    """Decides, step by step, what goes wrong on this rank; announces each incident once.
+    A step trained again after a rewind meets no incident: they happen once, as a bad batch
+    or a bad moment does."""
 
     def __init__(self, plan: list[Incident], rank: int, log_file: Path | None) -> None:
         self.plan = plan
         self.rank = rank
         self.log_file = log_file
         self.announced: set[str] = set()
+        self.trained = -1  # the highest step trained so far
 
     def active(self, kind: str, step: int) -> Incident | None:
+        if step <= self.trained:
+            return None
         for inc in self.plan:
             if inc.kind == kind and inc.covers(step):
                 return inc
@@ -125,6 +141,23 @@ def corrupted_batch(rng: np.random.Generator, batch: int, seq_len: int) -> np.nd
     return rng.integers(3, len(VOCAB), size=(batch, 2 * seq_len), dtype=np.int64)
 
 
+def save_checkpoint(folder: Path, step: int, state: tuple[Any, Any, Any], rank: int) -> str:
+    """Rank 0 saves the model, optimizer and scheduler (replicas are identical); every rank
+    reports the same path. The last ``KEEP_CHECKPOINTS`` are kept."""
+    path = folder / f"step-{step}.pt"
+    if rank == 0:
+        tmp = path.with_suffix(".tmp")
+        model, optimizer, scheduler = state
+        saved = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
+        torch.save({k: v.state_dict() for k, v in saved.items()}, tmp)
+        tmp.replace(path)
+        for old in sorted(folder.glob("step-*.pt"), key=lambda p: int(p.stem[5:]))[
+            :-KEEP_CHECKPOINTS
+        ]:
+            old.unlink(missing_ok=True)
+    return str(path)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--run-id", default=os.environ.get("STEPLENS_RUN_ID") or "")
@@ -137,6 +170,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stall-s", type=float, default=75.0)
     p.add_argument("--slow-s", type=float, default=0.5)
     p.add_argument("--no-incidents", action="store_true")
+    p.add_argument(
+        "--no-timing-incidents",
+        action="store_true",
+        help="leave out the stall and the straggler (the losses are the same without them)",
+    )
+    p.add_argument("--act", action="store_true", help="opt into every remedy (init remedies)")
+    p.add_argument("--checkpoint-every", type=int, default=25)
+    p.add_argument("--checkpoint-dir", type=Path, default=None)
+    p.add_argument("--loss-file", type=Path, default=None, help="rank 0: each step's loss")
     p.add_argument(
         "--incidents-file",
         type=Path,
@@ -183,6 +225,7 @@ def evaluate(model: nn.Module, batches: list[torch.Tensor]) -> dict[str, float]:
 
 def train(args: argparse.Namespace) -> int:
     import steplens.producer as sl
+    from steplens.producer import get_monitor
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -193,6 +236,8 @@ def train(args: argparse.Namespace) -> int:
     run_id = args.run_id or f"demo-{uuid.uuid4().hex[:8]}"
 
     plan = [] if args.no_incidents else plan_incidents(args.steps, args.stall_s, args.slow_s)
+    if args.no_timing_incidents:
+        plan = [i for i in plan if i.kind not in TIMING_INCIDENTS]
     starts_log = None
     if args.incidents_file is not None:
         starts_log = args.incidents_file.with_suffix(".starts.jsonl")
@@ -223,10 +268,14 @@ def train(args: argparse.Namespace) -> int:
             "total_steps": args.steps,
         },
         model_info={"seq_len": args.seq_len},
+        remedies=REMEDIES if args.act else [],
     )
     sl.watch(model, optimizer, scheduler, every=10, max_grad_norm=1.0)
     # ----------------------------------------------------------------------------------------
-
+    ckpt_dir = args.checkpoint_dir or Path(tempfile.gettempdir()) / f"steplens-{run_id}"
+    if args.act and rank == 0:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+    losses = open(args.loss_file, "w") if args.loss_file and rank == 0 else None  # noqa: SIM115
     grammar = Grammar(np.random.default_rng(args.seed + 1 + rank))
     eval_grammar = Grammar(np.random.default_rng(args.seed + 10_000))
     eval_batches = [
@@ -241,12 +290,16 @@ def train(args: argparse.Namespace) -> int:
             flush=True,
         )
 
+    at = [0]  # the step the next batch is for: incidents follow it, not the batches read
+
     def batches() -> Iterator[dict[str, torch.Tensor]]:
         """This rank's batches, as a collator gives them, incidents included.
 
         A straggler's delay happens here, so it shows as data loading time (``sl.timed``); a
         corrupted batch has over-length rows, of which the model reads the first ``seq_len``."""
-        for step in range(args.steps):
+        slept = -1
+        for _ in itertools.count():
+            step = at[0]
             ids_np, mask_np = make_batch(grammar, args.batch_size, args.seq_len)
             if incidents.active("duplicates", step):
                 rows = noise.integers(0, 4, size=args.batch_size)
@@ -256,15 +309,19 @@ def train(args: argparse.Namespace) -> int:
                 ids_np = corrupted_batch(noise, args.batch_size, args.seq_len)
                 mask_np = np.ones_like(ids_np)
             slow = incidents.active("straggler", step)
-            if slow is not None and slow.rank == rank:
+            if slow is not None and slow.rank == rank and slept != step:
                 time.sleep(slow.params["slow_s"])
+                slept = step
             yield {
                 "input_ids": torch.from_numpy(ids_np),
                 "attention_mask": torch.from_numpy(mask_np),
             }
 
     t_begin = time.perf_counter()
-    for step, batch in enumerate(sl.timed(batches())):
+    step = 0
+    for batch in sl.timed(sl.skipping(batches())):
+        if step >= args.steps:
+            break
         incidents.announce(step)
         stall = incidents.active("stall", step)
         if stall is not None and stall.rank == rank:
@@ -288,6 +345,11 @@ def train(args: argparse.Namespace) -> int:
         sl.log_step(step, loss=loss, grad_norm=grad_norm, tokens=n_tokens)
         if rank == 0 and args.eval_every and (step + 1) % args.eval_every == 0:
             sl.log_eval(step, **evaluate(model, eval_batches))
+        if args.act and step % args.checkpoint_every == 0:
+            path = save_checkpoint(ckpt_dir, step, (model, optimizer, scheduler), rank)
+            sl.checkpoint(step, path)
+        if losses is not None:
+            losses.write(json.dumps({"step": step, "loss": float(loss.detach())}) + "\n")
         if rank == 0 and args.log_every and (step % args.log_every == 0 or step == args.steps - 1):
             elapsed = time.perf_counter() - t_begin
             print(
@@ -295,7 +357,18 @@ def train(args: argparse.Namespace) -> int:
                 f"lr {lr:.2e}  grad {float(grad_norm):.2f}  {elapsed:.0f}s",
                 flush=True,
             )
+        incidents.trained = max(incidents.trained, step)
+        # what the stream jobs advised (run-wide: every rank at the same step); a rewind
+        # goes back to its checkpoint's step, as a restart from it would
+        step = sl.act(step) + 1
+        at[0] = step
 
+    if losses is not None:
+        monitor = get_monitor()  # the remedies' answers, for the comparison (no instrumentation)
+        for answer in monitor.remedies.answers if monitor is not None else ():
+            keys = ("action", "fingerprint", "outcome", "detail", "step")
+            losses.write(json.dumps({"acted": dict(zip(keys, answer, strict=True))}) + "\n")
+        losses.close()
     sl.shutdown()
     if world > 1:
         dist.barrier()

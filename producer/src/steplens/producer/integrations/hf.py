@@ -6,9 +6,11 @@ trainer = Trainer(..., callbacks=[SteplensCallback(watch_every=50)])
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from steplens.producer.integrations._common import monitor_for, numeric, split_eval
 
@@ -42,7 +44,13 @@ class SteplensCallback(TrainerCallback):
     ``get_last_lr()`` convention, which the schedule check allows for), not the Trainer's
     logged one: the Trainer numbers its steps from 1 and logs the lr step ``g`` used, the
     schedule's value at index ``g - 1`` (0.0 at step 1 in a warmup), one step behind the
-    declared schedule's convention (step ``s`` at index ``s``)."""
+    declared schedule's convention (step ``s`` at index ``s``).
+
+    Every checkpoint the Trainer saves is reported (``checkpoint``). With remedies
+    (``init(remedies=[...])``) the advice is carried out after each optimizer step
+    (``Monitor.act``): a rewind reloads a ``checkpoint-N`` folder into the model, optimizer and
+    scheduler and, when ``train_dataset`` is a ``skipping()`` dataset, skips the next
+    batches' samples; the Trainer's step count goes on (the run keeps its length)."""
 
     def __init__(self, monitor: Any = None, watch_every: int | None = None, **init_kwargs: Any):
         self._monitor = monitor
@@ -69,8 +77,36 @@ class SteplensCallback(TrainerCallback):
                     every=self._watch_every,
                     max_grad_norm=limit if limit else None,
                 )
+            self._monitor.remedies.read_ahead = 1  # accelerate's loader reads one batch ahead
+            ds: Any = getattr(kwargs.get("train_dataloader"), "dataset", None)
+            if hasattr(ds, "items_per_batch"):  # a skipping() dataset of samples
+                # an iterable dataset is read by one process for all (accelerate dispatches)
+                world = max(1, int(getattr(args, "world_size", 1) or 1))
+                per_rank = args.per_device_train_batch_size * args.gradient_accumulation_steps
+                ds.items_per_batch = per_rank * world
         except Exception:  # never break training
             self._monitor = None
+
+    def on_step_end(
+        self,
+        args: Any,
+        state: Any,
+        control: Any,
+        model: Any = None,
+        optimizer: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        m = self._monitor
+        if m is None or not m.config.remedies:
+            return
+        scheduler = kwargs.get("lr_scheduler")
+        m.act(state.global_step, model=model, optimizer=optimizer, scheduler=scheduler)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        m = self._monitor
+        if m is not None:
+            name = f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            m.checkpoint(state.global_step, os.path.join(args.output_dir, name))
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
@@ -112,4 +148,5 @@ class SteplensCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._monitor is not None:
+            self._monitor.remedies.close(state.global_step)
             self._monitor.flush(10.0)

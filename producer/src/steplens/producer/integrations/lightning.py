@@ -6,6 +6,7 @@ trainer = L.Trainer(..., callbacks=[SteplensCallback(watch_every=50)])
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 try:
@@ -22,16 +23,25 @@ class SteplensCallback(Callback):
     Every ``watch_every`` optimizer steps (default 10; None: never) ``watch()`` adds the
     gradient norm before clipping, clipping (against the Trainer's ``gradient_clip_val`` when
     it clips by norm), the parameter and per-layer norms and the update ratio: Lightning
-    clips inside its loop and keeps no norm, so these come from the watcher."""
+    clips inside its loop and keeps no norm, so these come from the watcher.
+
+    Every checkpoint a ``ModelCheckpoint`` saves is reported (``checkpoint``), at the step it
+    was saved at. With remedies (``init(remedies=[...])``) the advice is carried out after each
+    training batch (``Monitor.act``): a rewind reloads a Lightning checkpoint into the module,
+    the first optimizer and scheduler and skips the next batches of a ``skipping()`` loader;
+    the Trainer's step count goes on."""
 
     def __init__(self, monitor: Any = None, watch_every: int | None = 10, **init_kwargs: Any):
         self._monitor = monitor
         self._watch_every = watch_every
         self._init_kwargs = init_kwargs
+        self._saving_at: int | None = None  # the step of a checkpoint being saved
+        self._reported: set[str] = set()
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         try:
             self._monitor = monitor_for(self._monitor, self._init_kwargs)
+            self._monitor.remedies.read_ahead = 1  # the fit loop's fetcher reads one ahead
             if self._watch_every and trainer.optimizers:
                 limit = trainer.gradient_clip_val
                 by_norm = trainer.gradient_clip_algorithm in (None, "norm")
@@ -59,6 +69,33 @@ class SteplensCallback(Callback):
         if trainer.optimizers:
             lr = trainer.optimizers[0].param_groups[0].get("lr")
         m.log_step(trainer.global_step, loss=loss, lr=lr)
+        self._report_checkpoints(m, trainer)
+        if m.config.remedies:
+            schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]
+            m.act(
+                trainer.global_step,
+                model=pl_module,
+                optimizer=trainer.optimizers[0] if trainer.optimizers else None,
+                scheduler=schedulers[0] if schedulers else None,
+            )
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
+        self._saving_at = trainer.global_step  # the path is known once it is written
+
+    def _report_checkpoints(self, m: Any, trainer: Any) -> None:
+        """Report the checkpoints written since the last call (ModelCheckpoint's paths)."""
+        if self._saving_at is None:
+            return
+        try:
+            for cb in trainer.checkpoint_callbacks:
+                paths = [*getattr(cb, "best_k_models", {})]
+                paths += [getattr(cb, "best_model_path", ""), getattr(cb, "last_model_path", "")]
+                for path in paths:
+                    if path and path not in self._reported and os.path.exists(path):
+                        self._reported.add(path)
+                        m.checkpoint(self._saving_at, path)
+        finally:
+            self._saving_at = None
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         m = self._monitor
@@ -70,4 +107,6 @@ class SteplensCallback(Callback):
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         if self._monitor is not None:
+            self._report_checkpoints(self._monitor, trainer)
+            self._monitor.remedies.close(trainer.global_step)
             self._monitor.flush(10.0)

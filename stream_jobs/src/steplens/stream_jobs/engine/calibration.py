@@ -30,9 +30,17 @@ scoring 0.99 and above is 0.78-1.05 % on half-normal, exponential, log-normal an
 at 0.9999 it is 0.2-0.8 times the nominal 0.01 % on light tails and 2.3-3.7 times on heavy ones.
 
 What a score means: 0.99, a raw score this large comes about once in 100 values of this series
-(recently); 0.9999, about once in 10,000: at one value per step, once in 10,000 steps. A
-non-finite raw score (a non-finite value) scores 1 and teaches nothing; a NaN (the detector has
-no score yet) has none either.
+(recently); 0.9999, about once in 10,000: at one value per step, once in 10,000 steps. A NaN (the
+detector has no score yet) has none.
+
+An infinite raw score is a *saturated* one: the detector's noise scale sits at its floor (a
+series idle most of the time, whose bursts are infinitely many of its zero noise away: disk or
+network bytes, request counts). It is rarer than any finite score, and as rare as saturation is
+on this series: the series keeps the share ``sat`` of its values that saturated (a running mean
+over its last ``horizon`` values), a saturated score's tail probability is ``max(sat, 1 / (reach
+n))`` and a finite score's ``sat + (1 - sat) P``. A series whose bursts are routine learns them
+(2 % of values bursting: 0.98, no alert); the first burst after a long quiet stretch is still as
+rare as the series can tell. Non-finite *values* never get here (they are signals of their own).
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ class CalibrationConfig:
     alpha: float = 0.02  # EMA weight of the excesses' moments
     xi_max: float = 0.45  # the heaviest tail followed (the moments need xi < 0.5)
     reach: float = 4.0  # rarity claimed at most 1 in ``reach`` x the values seen
+    horizon: int = 4096  # values over which the share of saturated scores is kept
 
 
 @dataclass
@@ -63,6 +72,8 @@ class CalibrationState:
     m2: float = 0.0  # mean squared excess
     seen: int = 0  # finite raw scores learnt
     warm: np.ndarray = field(default_factory=lambda: np.empty(0))  # the first ``warmup``
+    sat: float = 0.0  # share of saturated (infinite) raw scores among the last ``horizon``
+    counted: int = 0  # raw scores in ``sat`` (at most ``horizon``)
 
 
 def calibrate(state: CalibrationState, cfg: CalibrationConfig, raw: np.ndarray) -> np.ndarray:
@@ -71,21 +82,25 @@ def calibrate(state: CalibrationState, cfg: CalibrationConfig, raw: np.ndarray) 
         warm = np.empty(cfg.warmup)
         warm[: len(state.warm)] = state.warm
         state.warm = warm
-    out, u, m1, m2, seen = _calibrate(
+    out, u, m1, m2, seen, sat, counted = _calibrate(
         np.asarray(raw, dtype=float),
         state.warm,
         float(state.u),
         float(state.m1),
         float(state.m2),
         int(state.seen),
+        float(state.sat),
+        int(state.counted),
         float(cfg.q),
         int(cfg.warmup),
         float(cfg.eta),
         float(cfg.alpha),
         float(cfg.xi_max),
         float(cfg.reach),
+        int(cfg.horizon),
     )
     state.u, state.m1, state.m2, state.seen = u, m1, m2, seen
+    state.sat, state.counted = sat, counted
     if seen >= cfg.warmup:
         state.warm = np.empty(0)  # only needed until the model is set
     else:
@@ -101,20 +116,33 @@ def _calibrate(  # noqa: PLR0917
     m1: float,
     m2: float,
     seen: int,
+    sat: float,
+    counted: int,
     q: float,
     warmup: int,
     eta: float,
     alpha: float,
     xi_max: float,
     reach: float,
-) -> tuple[np.ndarray, float, float, float, int]:
+    horizon: int,
+) -> tuple[np.ndarray, float, float, float, int, float, int]:
     out = np.zeros(len(raw))
     tail = 1.0 - q
     for i in range(len(raw)):
         r = raw[i]
-        if not math.isfinite(r):
-            out[i] = 1.0 if r > 0 else math.nan  # +inf: a non-finite value; NaN: no score
+        if math.isnan(r) or r == -math.inf:
+            out[i] = math.nan  # no score
             continue
+        saturated = r == math.inf
+        if saturated:
+            # as rare as saturation on this series, then learnt into its share
+            floor = 1.0 / (reach * (seen + 1))
+            out[i] = 1.0 - max(sat, floor) if seen >= warmup else math.nan
+            counted = min(counted + 1, horizon)
+            sat += (1.0 - sat) / counted
+            continue
+        counted = min(counted + 1, horizon)
+        sat -= sat / counted
         r = max(r, 0.0)
         if seen < warmup:
             warm[seen] = r
@@ -133,6 +161,7 @@ def _calibrate(  # noqa: PLR0917
             p = 1.0 - q * r / u
         else:
             p = 1.0
+        p = sat + (1.0 - sat) * p  # a saturated score is more extreme than any finite one
         floor = 1.0 / (reach * (seen + 1))  # no rarer than the values seen can tell
         out[i] = 1.0 - max(p, floor)
         u += eta * beta * ((1.0 if r > u else 0.0) - tail)
@@ -142,7 +171,7 @@ def _calibrate(  # noqa: PLR0917
             m1 += alpha * (e - m1)
             m2 += alpha * (e * e - m2)
         seen += 1
-    return out, u, m1, m2, seen
+    return out, u, m1, m2, seen, sat, counted
 
 
 @_jit

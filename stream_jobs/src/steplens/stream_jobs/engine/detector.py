@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from steplens.schema import RUN_RANK, Record
+from steplens.stream_jobs.engine import advice as advising
 from steplens.stream_jobs.engine import batch_rules, fits, incidents, rules, step_tail
 from steplens.stream_jobs.engine.calibration import CalibrationState
 from steplens.stream_jobs.engine.columns import (
@@ -92,6 +93,7 @@ CODEC = Codec(
         incidents.IncidentsState,
         incidents.Incident,
         incidents.Member,
+        advising.AdviceState,
         rules.Firing,
         Run,
     )
@@ -108,6 +110,8 @@ _HEAD = (
     "offsets",
     "raw_seen",
     "baseline",  # which ranks' signals still say their baselines came from history
+    "slots",  # which of its two table values holds each rank's stored series
+    "advice",  # the remedies, checkpoints and advice given (``engine.advice``)
 )
 
 # the signals of a warmed rank say so for this many of its values: by then the detectors'
@@ -149,6 +153,9 @@ class RunDetector:
     touched: set[int] = field(default_factory=set)  # ranks whose series changed (take_touched)
     # rank -> [detail, values left]: its signals say where its baselines came from (``warmed``)
     baseline: dict[int, list[Any]] = field(default_factory=dict)
+    # rank -> the slot (0 or 1) of its series as the last ``dump`` stored it (``dump``)
+    slots: dict[int, int] = field(default_factory=dict)
+    advice: advising.AdviceState = field(default_factory=advising.AdviceState)
 
     def __post_init__(self) -> None:
         for e in RECORDS:
@@ -173,6 +180,7 @@ class RunDetector:
         # a batch record or stacks, kept for the evidence; firing alerts it completes
         amended = self._keep_record(rec) if kind in EVIDENCE_KINDS else None
         batch: list[Signals] = []
+        answers: list[Alert] = []
         if kind == "step_window":
             step, first, metrics, peaks, wait, spreads = window_columns(data, rec.step)
             _drop_probed(self.raw_seen.pop(rec.rank, None), first, step, peaks)
@@ -188,6 +196,19 @@ class RunDetector:
             )
         elif kind == "run_meta":
             self._run_meta(data)
+        elif kind == "checkpoint":
+            advising.keep_checkpoint(self.advice, self.cfg.advice, rec.step, data["path"])
+        elif kind == "acted":  # a rank's answer to advice: its incident reported again if news
+            answer = {"rank": rec.rank, "outcome": data["outcome"], "detail": data.get("detail")}
+            answers = incidents.answered(
+                self.incidents,
+                self.cfg.incidents,
+                data["fingerprint"],
+                data["action"],
+                {**answer, "step": rec.step},
+                self.ranks.world_size,
+                rec.time_ns,
+            )
         for e in RECORDS:
             if kind in e.kinds:
                 batch += e.on_record(
@@ -199,7 +220,7 @@ class RunDetector:
         alerts = self.evaluate(batch, 1, [rec.time_ns])
         if amended:
             alerts += incidents.update(self.incidents, self.cfg.incidents, amended, rec.time_ns)
-        return batch, alerts
+        return batch, alerts + answers
 
     def process_steps(self, recs: list[Record]) -> tuple[list[Signals], list[Alert]]:
         """``step`` records of one rank, in order, scored as one batch (a record is a batch of
@@ -370,9 +391,23 @@ class RunDetector:
         got, self.touched = self.touched, set()
         return got
 
+    def advise(self, alerts: list[Alert]) -> tuple[list[advising.Advised], list[advising.Advised]]:
+        """The advice the incident reports among ``alerts`` call for, for the remedies the run
+        opted into: (given, held back by the storm limit), the given noted on their incidents
+        (``with_remedies``). See ``engine.advice``."""
+        given, held = advising.advise(self.advice, self.cfg.advice, alerts)
+        for adv in given:
+            incidents.note_advice(self.incidents, adv.data, adv.rank, adv.step)
+        return given, held
+
+    def with_remedies(self, alerts: list[Alert]) -> list[Alert]:
+        """``alerts`` with their incidents' advice and answers so far in the evidence."""
+        return incidents.with_remedies(self.incidents, alerts)
+
     def _run_meta(self, data: dict[str, Any]) -> None:
-        """A ``run_meta`` record: the world size, and a declared lr schedule for every detector
-        that reads it."""
+        """A ``run_meta`` record: the world size, the remedies the rank opted into, and a
+        declared lr schedule for every detector that reads it."""
+        advising.opt_in(self.advice, data.get("remedies"))
         state = self.ranks
         state.world_size = max(state.world_size, int(data.get("world_size", 0)))
         if data.get("lr_schedule") is not None:
@@ -601,21 +636,29 @@ class RunDetector:
     # ------------------------------------------------------------------ stored form
     def dump(self, ranks: Iterable[int]) -> tuple[bytes, dict[int, bytes]]:
         """The run's state as table values: its head, and the series of ``ranks`` (those that
-        changed), each a value of its own."""
+        changed), each a value of its own, to be written under ``slots[rank]`` before the head.
+
+        Each rank has two slots and a changed one goes to the slot its stored head does not
+        name, so a checkpoint cut short (some ranks written, the head not) leaves the stored
+        head pointing at the series it was written with: restored, it never pairs a newer
+        series with older offsets."""
+        parts = {r: CODEC.pack(self.series[r]) for r in ranks if r in self.series}
+        for r in parts:  # a rank never stored starts in slot 0
+            self.slots[r] = 1 - self.slots[r] if r in self.slots else 0
         head = {k: getattr(self, k) for k in _HEAD}
         head["ranks"] = sorted(self.series)
-        parts = {r: CODEC.pack(self.series[r]) for r in ranks if r in self.series}
         return CODEC.pack(head), parts
 
     @classmethod
     def load(
         cls,
         blob: bytes,
-        rank_blob: Callable[[int], bytes | None],
+        rank_blob: Callable[[int, int], bytes | None],
         cfg: DetectorConfig | None = None,
     ) -> RunDetector | None:
-        """A run's detector from its head and its ranks' values (``rank_blob(rank)``); None,
-        with a warning, for a head this release cannot read."""
+        """A run's detector from its head and its ranks' values (``rank_blob(rank, slot)``,
+        slot 0 for a head stored before slots); None, with a warning, for a head this release
+        cannot read."""
         try:
             head = CODEC.unpack(blob)
             det = cls(head["run_id"], cfg or DetectorConfig(), fit_inline=False)
@@ -627,7 +670,7 @@ class RunDetector:
             log.warning("a stored run state cannot be restored (%s); the run starts afresh", exc)
             return None
         for rank in head.get("ranks", []):
-            part = rank_blob(rank)
+            part = rank_blob(rank, det.slots.setdefault(rank, 0))
             try:
                 det.series[rank] = CODEC.unpack(part) if part else _missing()
             except Exception as exc:

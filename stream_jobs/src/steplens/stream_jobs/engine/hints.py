@@ -30,10 +30,29 @@ HINTS: dict[str, str] = {
     "underflow or a stuck loss scale, a detached or frozen graph, saturated "
     "activations); the layers that moved are in the evidence",
     # record detectors
-    "threshold:gpu_mem_pct": "GPU memory above 90 %: a leak or growing activations; "
-    "check caches, retained graphs and sequence lengths",
-    "threshold:gpu_mem_growth": "GPU memory grows at every sample: a leak (tensors kept across "
-    "steps, a growing cache); it will run out",
+    "threshold:gpu_mem_pct": "NVML's used memory above 90 % for a GPU whose process reports "
+    "no allocator (a PyTorch run's caching allocator keeps freed memory reserved, so this alone "
+    "is no sign of trouble there): check that process's memory use",
+    "threshold:gpu_mem_growth": "NVML's used memory drifts up and reaches 90 % within 30 "
+    "minutes at this rate, on a GPU whose process reports no allocator: a leak (tensors kept "
+    "across steps, a growing cache); it will run out",
+    "threshold:gpu_temp_c": "GPU temperature above 85 C: clocks throttle soon; check cooling "
+    "(fans, airflow, the node's neighbours)",
+    "threshold:gpu_temp_drift": "GPU temperature drifts up and reaches 85 C within 30 minutes "
+    "at this rate: failing cooling; the GPU will throttle",
+    "memory:alloc_growth": "allocated GPU memory climbs toward the limit: a leak (tensors kept "
+    "across steps: losses or outputs stored without .item()/.detach(), a growing cache) or "
+    "inputs that keep growing; the time and steps left before the out-of-memory error are in "
+    "the evidence (eta_min, eta_steps)",
+    "memory:alloc_retries": "the allocator is out of memory and retries after freeing its "
+    "cache (each retry synchronizes the device): lower the micro-batch or sequence length, "
+    "use activation checkpointing, or shard optimizer state",
+    "memory:fragmentation": "the allocator retries although much of its reserved memory is "
+    "free (fragmentation: blocks of changing sizes): set "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, keep tensor shapes fixed (pad to a few "
+    "lengths), or lower the micro-batch",
+    "memory:ooms": "the allocator raised an out-of-memory error: see the allocated, reserved "
+    "and limit bytes in the evidence; lower the micro-batch or use activation checkpointing",
     "threshold:gpu_util": "GPU mostly idle: the input pipeline or communication is starving it",
     "threshold:comm_latency_ms": "slow collective: check the interconnect and the peer ranks",
     "threshold:disk_io_latency_ms": "slow storage: data loading or checkpointing waits on disk",
@@ -56,7 +75,9 @@ HINTS: dict[str, str] = {
     "plateau": "the validation metric stopped improving: consider early stopping or the lr",
     "perplexity": "perplexity does not match exp(validation loss): check the evaluation script",
     "generalization_gap": "validation loss pulls away from training loss: overfitting",
-    "eval_unstable": "unstable validation metrics: check for leakage and the evaluation script",
+    "eval_unstable": "unstable validation metrics: evaluate more often and judge the mean of "
+    "several results (the interval the results support is the evidence's advice), then check "
+    "for leakage and the evaluation script",
     "straggler": "one rank is consistently slower: check its GPU, host and data loading",
     "hang": "no progress while records still arrive: a hang (collective or data "
     "loader); the stuck rank's stacks are in the evidence when it sent them",
@@ -74,8 +95,9 @@ HINTS: dict[str, str] = {
     "pipeline first, then the optimizer state, then lower the learning rate",
     "correlation:data_bottleneck": "low GPU util with high data-loading time or I/O latency: "
     "data loading is the bottleneck",
-    "correlation:eval_unstable": "unstable validation metrics: check for leakage and the "
-    "evaluation script",
+    "correlation:eval_unstable": "unstable validation metrics: evaluate more often and judge "
+    "the mean of several results (the interval the results support is the evidence's advice), "
+    "then check for leakage and the evaluation script",
 }
 
 

@@ -20,18 +20,30 @@ several topics); otherwise it opens an incident. An incident:
 
 Its identity (``fingerprint``) derives from the run, the topic and the step it started at, and
 its time from the record it opened on, so a replay after a restart reports the same incident.
+
+The advice given for an incident (``note_advice``) and the ranks' answers to it (``answered``)
+travel in its reports' evidence as ``remedies``: one entry per action, with the answers
+grouped by outcome (``n`` ranks, the first ``MAX_RANKS`` named, ``MAX_DETAILS`` distinct
+details). An answer reports the incident again (in its state: firing, or resolved while it is
+remembered) when it brings an outcome the advice had not had, or is the last rank's.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from steplens.stream_jobs.engine.core import CRITICAL, INFO, WARNING, Alert
 
 RANK = {INFO: 0, WARNING: 1, CRITICAL: 2}
+MAX_RANKS = 8  # ranks named per outcome of an answer
+MAX_DETAILS = 2  # distinct details kept per outcome
+DETAIL_CHARS = 200
+MAX_ANSWERED = 1024  # ranks remembered per advice, so a repeated answer counts once
+# what the evidence of a piece of advice keeps (the rest is on the advice topic)
+ADVICE_FIELDS = ("checkpoint", "checkpoint_step", "skip_batches", "lr_factor", "duration_s")
 
 # rule (or its detector's name) -> topic
 TOPICS: Mapping[str, str] = {
@@ -60,6 +72,7 @@ TOPICS: Mapping[str, str] = {
     "threshold:gpu_mem_pct": "memory",
     "threshold:gpu_mem_growth": "memory",
     "threshold:host_mem_available_pct": "memory",
+    "memory": "memory",
     "data": "data",
     "plateau": "evaluation",
     "perplexity": "evaluation",
@@ -82,6 +95,7 @@ SPECIFIC: Mapping[str, int] = {
     "straggler": 3,
     "threshold": 3,
     "hardware": 3,
+    "memory": 3,
     "training": 3,
     "clipping": 3,
     "vanishing": 3,
@@ -128,6 +142,8 @@ class Incident:
     members: dict[str, Member] = field(default_factory=dict)
     last_step: int | None = None
     episode: int = 0  # times it opened again after resolving
+    # the advice given for it and its answers (see the module's docstring), one per action
+    remedies: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def lead(self) -> Member:
@@ -329,6 +345,94 @@ def _report(inc: Incident, cfg: IncidentsConfig, st: str, step: int | None, time
             "members": members,
             "member_count": len(inc.members),
             "episode": inc.episode,
+            **({"remedies": _remedies(inc)} if inc.remedies else {}),
         },
         time_ns,
     )
+
+
+def _remedies(inc: Incident) -> list[dict[str, Any]]:
+    """The evidence's copy of the incident's remedies (without the ranks that answered)."""
+    return [
+        {
+            **{k: v for k, v in r.items() if k not in ("answers", "answered")},
+            "answers": [
+                {**g, "ranks": list(g["ranks"]), "details": list(g["details"])}
+                for g in r["answers"]
+            ],
+        }
+        for r in inc.remedies
+    ]
+
+
+def _of(state: IncidentsState, fingerprint: str) -> tuple[Incident | None, str]:
+    """The incident of ``fingerprint`` and its state, while it is open or remembered."""
+    if fingerprint in state.open:
+        return state.open[fingerprint], "firing"
+    return state.closed.get(fingerprint), "resolved"
+
+
+def note_advice(state: IncidentsState, data: dict[str, Any], rank: int, step: int | None) -> bool:
+    """Advice given for an incident (an ``advice`` payload, for ``rank`` at ``step``); whether
+    the incident was found. Its next report carries it (``with_remedies`` for this one)."""
+    inc, _ = _of(state, str(data.get("fingerprint")))
+    action = data.get("action")
+    if inc is None or any(r["action"] == action for r in inc.remedies):
+        return inc is not None
+    entry: dict[str, Any] = {"action": action, "rank": rank, "step": step}
+    entry.update((k, data[k]) for k in ADVICE_FIELDS if data.get(k) is not None)
+    samples = data.get("sample_ids") or data.get("sample_hashes")
+    if samples:
+        entry["n_samples"] = len(samples)
+    inc.remedies.append({**entry, "answers": [], "answered": []})
+    return True
+
+
+def with_remedies(state: IncidentsState, alerts: list[Alert]) -> list[Alert]:
+    """``alerts`` with the incidents' reports carrying their remedies as they are now."""
+    out = []
+    for a in alerts:
+        inc, _ = _of(state, a.fingerprint) if a.scope == "incident" else (None, "")
+        if inc is not None and inc.remedies:
+            out.append(replace(a, evidence={**a.evidence, "remedies": _remedies(inc)}))
+        else:
+            out.append(a)
+    return out
+
+
+def answered(  # noqa: PLR0917
+    state: IncidentsState,
+    cfg: IncidentsConfig,
+    fingerprint: str,
+    action: str,
+    answer: dict[str, Any],
+    world_size: int,
+    time_ns: int,
+) -> list[Alert]:
+    """A rank's answer (``rank``, ``outcome``, ``detail``, ``step``) to the incident's advice
+    ``action`` (for one rank, or every rank of ``world_size``). Returns the incident's report
+    again when the answer is news (a new outcome, or the last rank's), else nothing."""
+    inc, st = _of(state, fingerprint)
+    entry = next((r for r in inc.remedies if r["action"] == action), None) if inc else None
+    rank = answer.get("rank")
+    if inc is None or entry is None or rank in entry["answered"]:
+        return []
+    if len(entry["answered"]) < MAX_ANSWERED:
+        entry["answered"].append(rank)
+    outcome = str(answer.get("outcome"))
+    group = next((g for g in entry["answers"] if g["outcome"] == outcome), None)
+    news = group is None
+    if group is None:
+        group = {"outcome": outcome, "n": 0, "ranks": [], "details": []}
+        entry["answers"].append(group)
+    group["n"] += 1
+    if len(group["ranks"]) < MAX_RANKS:
+        group["ranks"].append(rank)
+    detail = str(answer.get("detail") or "")[:DETAIL_CHARS]
+    if detail and len(group["details"]) < MAX_DETAILS and detail not in group["details"]:
+        group["details"].append(detail)
+    expected = 1 if entry["rank"] is not None and entry["rank"] >= 0 else world_size
+    if not news and sum(g["n"] for g in entry["answers"]) != expected:
+        return []
+    step = answer.get("step") if st == "firing" else inc.last_step
+    return [_report(inc, cfg, st, step, time_ns)]

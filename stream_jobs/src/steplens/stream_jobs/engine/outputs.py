@@ -1,4 +1,4 @@
-"""Wire records for the worker's outputs: signals and alerts (schema v1)."""
+"""Wire records for the worker's outputs: signals, alerts and advice (schema v1)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,11 @@ import os
 import socket
 import time
 
+import msgspec
+
 from steplens.schema import RUN_RANK, encode
+from steplens.schema.kinds import Advice
+from steplens.stream_jobs.engine.advice import Advised
 from steplens.stream_jobs.engine.core import Alert, Signal
 
 HOST = socket.gethostname()
@@ -81,3 +85,13 @@ def alert_bytes(a: Alert, seq: int = 0) -> bytes:
     return _envelope(
         "alert", a.run_id, rank if isinstance(rank, int) else RUN_RANK, a.step, data, seq, a.time_ns
     )
+
+
+def advice_bytes(run_id: str, adv: Advised, seq: int = 0) -> bytes:
+    """A piece of advice at the time of the incident report it came from; checked against
+    the schema first (rare, and read by training processes): ``ValueError`` when it fails."""
+    try:
+        msgspec.convert(adv.data, Advice)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"advice {adv.data.get('action')}: {exc}") from None
+    return _envelope("advice", run_id, adv.rank, adv.step, adv.data, seq, adv.time_ns)

@@ -9,7 +9,8 @@ releases), is refused (``ValueError``).
 
 A run is stored as a head under the run id and each rank's series as a value of its own
 (``rank_key``: one value for a whole run grew with its ranks past what Kafka takes in one
-message); ``RunDetector.dump`` and ``RunDetector.load`` say what a head holds.
+message), in one of two slots the head names; ``RunDetector.dump`` and ``RunDetector.load``
+say what a head holds.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ FORMAT = 1  # raise it when a change cannot be read by the rule above; keep read
 RANK_SEP = "\x1f"  # in a rank's table key only (a run id is printable)
 
 
-def rank_key(run: str, rank: int) -> str:
-    """The table key of one rank's series of ``run``."""
-    return f"{run}{RANK_SEP}rank:{rank}"
+def rank_key(run: str, rank: int, slot: int = 0) -> str:
+    """The table key of one rank's series of ``run`` in ``slot`` (0 or 1; 0 is the key of the
+    heads stored before slots)."""
+    key = f"{run}{RANK_SEP}rank:{rank}"
+    return key if slot == 0 else f"{key}{RANK_SEP}{slot}"
 
 
 class Codec:

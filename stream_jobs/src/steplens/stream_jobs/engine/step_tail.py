@@ -55,6 +55,7 @@ def tail(  # noqa: PLR0917
     ranks.progress(state, rank, int(steps[top]), times_ns[top])
     if times_ns:
         run.last_step_ns = max(run.last_step_ns, *times_ns)
+    run.last_step = max(run.last_step, int(steps[top]))
     timed: list[tuple[int, float]] = []
     if cells is not None and step_times is not None:
         timed = [

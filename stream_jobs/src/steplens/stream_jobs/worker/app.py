@@ -17,6 +17,7 @@ when they come back. The 7-day baselines are refitted in the same pool (``Baseli
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -27,6 +28,7 @@ from typing import Any, cast
 import faust
 
 from steplens.schema.settings import kafka_security_config
+from steplens.stream_jobs.engine.advice import AdviceConfig
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.publish_limit import QuietLimiter
 from steplens.stream_jobs.engine.signals import arima, registry
@@ -58,8 +60,11 @@ def detector_config(options: DetectorOptions) -> DetectorConfig:
     ranks = RanksConfig()
     if options.hang_after_s is not None:
         ranks = RanksConfig(hang_after_s=options.hang_after_s)
+    advice = AdviceConfig(**dataclasses.asdict(options.advice))
     baseline = DynamicConfig(refit_s=options.baseline_refit_s)
-    return DetectorConfig(arima_enabled=options.arima_enabled, ranks=ranks, baseline=baseline)
+    return DetectorConfig(
+        arima_enabled=options.arima_enabled, ranks=ranks, advice=advice, baseline=baseline
+    )
 
 
 class Worker:

@@ -304,7 +304,7 @@ class HistoryLoads:
             await self.wake(load.run)
 
     def _built(self, result: WarmResult) -> RunDetector | None:
-        det = RunDetector.load(result.head, result.ranks.get, self.cfg)
+        det = RunDetector.load(result.head, lambda r, _slot: result.ranks.get(r), self.cfg)
         if det is not None:
             det.touched.update(det.series)
             det.resume_fits()

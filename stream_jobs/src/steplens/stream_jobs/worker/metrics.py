@@ -26,6 +26,12 @@ class WorkerMetrics:
             ["state", "severity"],
             registry=r,
         )
+        self.advice = Counter(
+            "steplens_worker_advice",
+            "advice to runs' ranks: sent, or held back by the storm limit (held)",
+            ["action", "outcome"],
+            registry=r,
+        )
         self.lag = Gauge(
             "steplens_worker_consumer_lag", "records behind the raw topic's end", registry=r
         )

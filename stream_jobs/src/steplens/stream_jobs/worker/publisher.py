@@ -1,19 +1,23 @@
 """What the worker sends: signals (thinned out by the quiet limiter), alert transitions (to the
-alert topic, which the notifier outputs read), dead letters; with the worker's metrics of
-each."""
+alert topic, which the notifier outputs read), advice to a run's ranks (the advice topic, keyed
+by run), dead letters; with the worker's metrics of each."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from steplens.schema.dead_letter import dead_letter_bytes
 from steplens.schema.topics import Topics
+from steplens.stream_jobs.engine.advice import Advised
 from steplens.stream_jobs.engine.core import Alert, Signals
-from steplens.stream_jobs.engine.outputs import alert_bytes, signal_bytes
+from steplens.stream_jobs.engine.outputs import advice_bytes, alert_bytes, signal_bytes
 from steplens.stream_jobs.engine.publish_limit import QuietLimiter
 from steplens.stream_jobs.worker.metrics import WorkerMetrics, reason_class
+
+log = logging.getLogger("steplens.stream_jobs")
 
 # (topic, key, value) -> the send's delivery
 Send = Callable[[str, bytes | None, bytes], Awaitable[Any]]
@@ -59,6 +63,21 @@ class Publisher:
         last = max(times_ns, default=0)
         if (n or alerts) and last:
             self.metrics.latency.observe(max(0.0, time.time() - last / 1e9))
+
+    async def advise(self, run: str, given: list[Advised], held: list[Advised]) -> None:
+        """Advice to ``run``'s ranks (keyed by run: a rank reads its run's only), and the
+        advice the storm limit held back, counted."""
+        for adv in held:
+            self.metrics.advice.labels(adv.action, "held").inc()
+        for adv in given:
+            try:
+                body = advice_bytes(run, adv)
+            except ValueError as exc:
+                log.warning("advice not sent (run %s): %s", run, exc)
+                self.metrics.advice.labels(adv.action, "invalid").inc()
+                continue
+            await self.send(self.topics.advice, run.encode(), body)
+            self.metrics.advice.labels(adv.action, "sent").inc()
 
     async def dead(  # noqa: PLR0917
         self,

@@ -106,7 +106,7 @@ class Scorer:
             return
         self.consumed += len(recs)
         self.metrics.records.labels("step").inc(len(recs))
-        await self.out.publish(run, batch, alerts, [rec.time_ns for rec in recs])
+        await self._publish(det, run, batch, alerts, [rec.time_ns for rec in recs])
 
     async def _one(  # noqa: PLR0917
         self, det: RunDetector, run: str, partition: int, offset: int, text: str, rec: Record
@@ -132,4 +132,16 @@ class Scorer:
             if rec.kind == "step_batch"
             else [rec.time_ns]
         )
+        await self._publish(det, run, batch, alerts, times)
+
+    async def _publish(
+        self, det: RunDetector, run: str, batch: list[Any], alerts: list[Any], times: list[int]
+    ) -> None:
+        """The signals and alerts of a record, then the advice its incident reports call for
+        (only for a run that opted in), decided first so that the reports carry it."""
+        given, held = det.advise(alerts) if alerts and det.advice.remedies else ([], [])
+        if given:
+            alerts = det.with_remedies(alerts)
         await self.out.publish(run, batch, alerts, times)
+        if given or held:
+            await self.out.advise(run, given, held)

@@ -13,6 +13,8 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
+from msgspec import Meta
+
 from steplens.schema.settings import (
     DEFAULT_KAFKA_BOOTSTRAP,
     NonEmptyStr,
@@ -85,6 +87,40 @@ class LimitSettings:
 
 
 @dataclass(frozen=True)
+class AdviceOptions:
+    """What incidents advise a run's ranks, for the remedies it opted into (``engine.advice``;
+    ``steplens worker --advice-*``)."""
+
+    lr_factor: Annotated[
+        Annotated[float, Meta(gt=0, le=1)],
+        about("`lower_lr`: the factor a recurring loss and gradient correlation lowers the lr by"),
+    ] = 0.5
+    lower_lr_repeats: Annotated[
+        PositiveInt,
+        about("`lower_lr`: ... on the correlation's Nth incident within `lower_lr_window` steps"),
+    ] = 2
+    lower_lr_window: Annotated[PositiveInt, about("`lower_lr`: ... steps")] = 2000
+    rewind_skip_after: Annotated[
+        NonNegativeInt,
+        about(
+            "`rewind`: batches skipped past the incident's onset after reloading the checkpoint "
+            "before it (PaLM: 200-500 batches around a spike)"
+        ),
+    ] = 200
+    rewind_max_skip: Annotated[PositiveInt, about("`rewind`: batches skipped at most")] = 1000
+    profile_s: Annotated[
+        PositiveFloat, about("`profile`: seconds a straggler or idle GPU is profiled")
+    ] = 30.0
+    burst: Annotated[
+        PositiveInt, about("pieces of advice a run may get at once (storm limit) ...")
+    ] = 4
+    refill_s: Annotated[
+        NonNegativeFloat,
+        about("... and one more every this many seconds; the rest is counted, not sent"),
+    ] = 300.0
+
+
+@dataclass(frozen=True)
 class DetectorOptions:
     """The detector settings ``steplens worker`` takes; the rest keep the engine's defaults
     (``app.detector_config``). Declared apart from the engine: parsing options loads no
@@ -110,6 +146,7 @@ class DetectorOptions:
             default_doc="the engine's (`RanksConfig.hang_after_s`, 60)",
         ),
     ] = None
+    advice: Annotated[AdviceOptions, nested()] = field(default_factory=AdviceOptions)
 
 
 def default_state_dir() -> str:

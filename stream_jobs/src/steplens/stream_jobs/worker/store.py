@@ -21,6 +21,7 @@ How many runs it keeps, and when an idle one is retired: ``run_limits``.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import MutableMapping
 from typing import Any, Protocol
@@ -102,7 +103,7 @@ class RunStore:
         det = self.cache.pop(run, None)
         head = self.table.get(run.encode())
         ranks = list(det.series) if det is not None else RunDetector.stored_ranks(head)
-        for key in [*(rank_key(run, r) for r in ranks), run]:
+        for key in [*(rank_key(run, r, slot) for r in ranks for slot in (0, 1)), run]:
             if key.encode() in self.table:
                 del self.table[key.encode()]
         self.saved_at.pop(run, None)
@@ -142,7 +143,9 @@ class RunStore:
         blob = self.table.get(run.encode())
         if not blob:
             return None
-        det = RunDetector.load(blob, lambda r: self.table.get(rank_key(run, r).encode()), self.cfg)
+        det = RunDetector.load(
+            blob, lambda r, slot: self.table.get(rank_key(run, r, slot).encode()), self.cfg
+        )
         if det is not None:
             det.touched.update(det.series)
             det.resume_fits()
@@ -174,17 +177,22 @@ class RunStore:
         held.setdefault(run, []).append(event)
         self.partition_of[run] = partition
         now = time.monotonic()
-        due = [r for r in held if now - self.saved_at.get(r, 0.0) >= self.checkpoint_s]
+        due = [r for r in held if now - self.saved_at.get(r, -math.inf) >= self.checkpoint_s]
         return [(r, held.pop(r)) for r in due]
 
     def checkpoint(self, run: str) -> None:
-        """Write ``run``'s changed state to the table (each changed rank before the head that
-        lists it)."""
+        """Write ``run``'s changed state to the table: each changed rank in its other slot,
+        then the head that names those slots (a checkpoint cut short before the head leaves
+        the stored run as it was), then the ranks' previous slots are cleared."""
         det = self.cache[run]
         head, ranks = det.dump(det.take_touched())
         for rank, blob in ranks.items():
-            self.table[rank_key(run, rank).encode()] = blob
+            self.table[rank_key(run, rank, det.slots[rank]).encode()] = blob
         self.table[run.encode()] = head
+        for rank in ranks:
+            old = rank_key(run, rank, 1 - det.slots[rank]).encode()
+            if old in self.table:
+                del self.table[old]
         self.saved_at[run] = time.monotonic()
 
     def quiet_runs(self) -> list[str]:
@@ -195,7 +203,7 @@ class RunStore:
             run
             for held in self.held.values()
             for run in held
-            if now - self.saved_at.get(run, 0.0) >= self.checkpoint_s
+            if now - self.saved_at.get(run, -math.inf) >= self.checkpoint_s
         ]
 
     def revoked(self) -> None:

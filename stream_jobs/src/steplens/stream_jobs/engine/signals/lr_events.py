@@ -6,8 +6,10 @@ published.
 With a declared schedule (``run_meta``'s ``lr_schedule``) the events are its points, each
 recorded at the first logged lr past it: the end of the warmup (the lr reached its peak), each
 milestone of a step schedule (the lr fell below the geometric middle of the levels around it),
-and the end of a linear or cosine decay (the lr reached its floor). A point the run was already
-past when first seen (its lr, or its declared step: a resumed run) is not an event. Without a
+the end of a linear or cosine decay (the lr reached its floor), and each step a remedy lowered
+the lr from (``lr_scale``; the schedule is declared again with it). A point the run was already
+past when first seen (its lr, or its declared step: a resumed run) is not an event; a schedule
+declared again mid-run keeps the points still ahead of the steps seen. Without a
 schedule, an lr that changes by more than ``factor`` from one value to the next, after two
 values within ``steady`` of each other (a step schedule, a plateau scheduler, a restart), is an
 event.
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steplens.stream_jobs.engine.core import NO_STEP, Column, Signals
-from steplens.stream_jobs.engine.signals.lr_schedule import expected_lr, warmup_end
+from steplens.stream_jobs.engine.signals.lr_schedule import expected_lr, lr_scale, warmup_end
 
 NAN = math.nan
 RISE, FALL = 1, -1
@@ -66,17 +68,28 @@ def points(schedule: dict[str, Any] | None, tol: float) -> list[tuple[str, int, 
             if before and after and 0 < after < before:
                 out.append(("decay", m, FALL, math.sqrt(before * after)))
     elif kind in ("linear", "cosine") and total > warm:
-        out.append(("decay_end", total, FALL, floor + tol * (peak - floor)))
-    return out
+        at = (floor + tol * (peak - floor)) * lr_scale(schedule, total)
+        out.append(("decay_end", total, FALL, at))
+    for step, _ in schedule.get("lr_scale") or ():
+        before, after = expected_lr(schedule, step - 1), expected_lr(schedule, step)
+        if before and after and 0 < after < before:
+            out.append(("lowered", step, FALL, math.sqrt(before * after)))
+    return sorted(out, key=lambda p: p[1])
 
 
 def update(state: LrEventState, cfg: LrEventConfig, metric: str, col: Column) -> Signals | None:
     """The events among the column's lrs (None: none, the common case)."""
     if col.rank > cfg.rank:
         return None
-    if state.schedule != state.read_from:  # a new declared schedule: its points from the start
+    if state.schedule != state.read_from:  # a new declared schedule: its points
         state.points = points(state.schedule, cfg.tolerance)
-        state.read_from, state.next_point, state.armed = state.schedule, 0, False
+        first = next((s for s in col.steps.tolist() if s != NO_STEP), None)
+        if state.last and first is not None:  # declared again mid-run: those ahead of it
+            state.next_point = sum(1 for p in state.points if p[1] < first)
+            state.armed = True
+        else:
+            state.next_point, state.armed = 0, False
+        state.read_from = state.schedule
     pts = state.points
     rows: list[int] = []
     details: list[dict[str, Any] | None] = []
@@ -132,6 +145,9 @@ def _declared(kind: str, step: int, declared: int, x: float, last: list[float]) 
         if last
         else f"lr decayed at step {step} (to {x:.3g})",
         "decay_end": f"lr decay ended at step {step}: the lr reached its floor ({x:.3g})",
+        "lowered": f"lr lowered at step {step} by a remedy ({last[-1]:.3g} -> {x:.3g})"
+        if last
+        else f"lr lowered at step {step} by a remedy (to {x:.3g})",
     }[kind]
     label = "milestone" if kind == "decay" else "step"
     return {"text": f"{what}; declared {label} {declared}", "kind": kind, "declared_step": declared}

@@ -7,6 +7,10 @@ window's mean stands for every step of the window. Between those steps the decla
 except across the warmup peak, so the range of the declared values at the ends (and at the peak)
 bounds every value the logged lr may rightly take.
 
+A schedule may carry ``lr_scale``, ``[[from_step, factor], ...]``: the lr a remedy lowered
+(``lower_lr``), multiplied by each factor from its step on; the producer sends the schedule
+again with it, so a lowered lr is no deviation.
+
 Without a declared schedule the lr may only rise smoothly: a jump above ``jump`` x the largest
 recent lr is a deviation. The signal carries the step where the deviation started.
 """
@@ -68,6 +72,41 @@ def check_schedule(raw: Any) -> dict[str, Any]:
     ms = out.get("milestones")
     if ms is not None and not (isinstance(ms, list) and all(_count(m) for m in ms)):
         raise ValueError(f"lr_schedule.milestones: must be a list of step numbers, got {ms!r}")
+    scale = out.get("lr_scale")
+    if scale is not None:
+        out["lr_scale"] = _check_scale(scale)
+    return out
+
+
+MAX_SCALES = 64  # ``lr_scale`` entries
+
+
+def _check_scale(scale: Any) -> list[list[Any]]:
+    """``[[step, factor], ...]`` by step (lists, as the state stores them)."""
+    ok = isinstance(scale, list) and len(scale) <= MAX_SCALES
+    pairs: list[list[Any]] = []
+    for p in scale if ok else ():
+        if not (isinstance(p, (list, tuple)) and len(p) == 2 and _count(p[0]) and _real(p[1])):
+            ok = False
+            break
+        if not 0 < p[1] <= 1:
+            ok = False
+            break
+        pairs.append([int(p[0]), float(p[1])])
+    if not ok:
+        raise ValueError(
+            f"lr_schedule.lr_scale: must be at most {MAX_SCALES} [step, factor in (0, 1]] "
+            f"pairs, got {scale!r}"
+        )
+    return sorted(pairs)
+
+
+def lr_scale(schedule: dict[str, Any], step: int) -> float:
+    """The product of the ``lr_scale`` factors in force at ``step`` (1.0: none)."""
+    out = 1.0
+    for from_step, factor in schedule.get("lr_scale") or ():
+        if step >= from_step:
+            out *= factor
     return out
 
 
@@ -88,7 +127,15 @@ def warmup_end(schedule: dict[str, Any] | None) -> int:
 
 
 def expected_lr(schedule: dict[str, Any], step: int) -> float | None:
-    """The declared lr at ``step``: linear warmup, then constant / linear / cosine / step decay."""
+    """The declared lr at ``step``: linear warmup, then constant / linear / cosine / step decay,
+    times the ``lr_scale`` factors in force."""
+    lr = _declared_lr(schedule, step)
+    if lr is None or not schedule.get("lr_scale"):
+        return lr
+    return lr * lr_scale(schedule, step)
+
+
+def _declared_lr(schedule: dict[str, Any], step: int) -> float | None:
     peak = schedule.get("peak_lr")
     if not isinstance(peak, (int, float)):
         return None
@@ -114,6 +161,14 @@ def expected_lr(schedule: dict[str, Any], step: int) -> float | None:
     return None
 
 
+def _drops(schedule: dict[str, Any]) -> list[int]:
+    """The steps where the declared lr drops at once: a step schedule's milestones and the
+    steps a remedy lowered it from (``lr_scale``)."""
+    out = [m for m in schedule.get("milestones") or [] if isinstance(m, int)]
+    out.extend(int(p[0]) for p in schedule.get("lr_scale") or ())
+    return out
+
+
 def expected_range(
     schedule: dict[str, Any], first: int, last: int, offset: int
 ) -> tuple[float, float] | None:
@@ -124,8 +179,8 @@ def expected_range(
     for s in (warm - 1, warm):  # the peak, where warmup turns into decay
         if lo_step <= s <= hi_step:
             probes.add(s)
-    for m in schedule.get("milestones") or []:  # both sides of each drop of a step schedule
-        if isinstance(m, int) and lo_step < m <= hi_step:
+    for m in _drops(schedule):  # both sides of each drop
+        if lo_step < m <= hi_step:
             probes.update((m - 1, m))
     values = [v for v in (expected_lr(schedule, s) for s in probes) if v is not None]
     return (min(values), max(values)) if values else None
@@ -212,9 +267,8 @@ def _against_schedule(
     extra: list[tuple[np.ndarray, tuple[int, ...]]] = [
         ((lo_at <= p) & (p <= hi_at), (p,)) for p in (warm - 1, warm)
     ]
-    for m in schedule.get("milestones") or []:
-        if isinstance(m, int):
-            extra.append(((lo_at < m) & (m <= hi_at), (m - 1, m)))
+    for m in _drops(schedule):
+        extra.append(((lo_at < m) & (m <= hi_at), (m - 1, m)))
     for inside, points in extra:
         if inside.any():
             for p in points:

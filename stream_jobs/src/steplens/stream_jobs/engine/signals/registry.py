@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from steplens.stream_jobs.engine.advice import AdviceConfig
 from steplens.stream_jobs.engine.calibration import CalibrationConfig
 from steplens.stream_jobs.engine.columns import FLAGS
 from steplens.stream_jobs.engine.incidents import IncidentsConfig
@@ -36,6 +37,7 @@ from steplens.stream_jobs.engine.signals import (
     dynamic_baseline,
     evals,
     gpu_errors,
+    gpu_memory,
     layers,
     lengths,
     lr_events,
@@ -200,6 +202,13 @@ RECORDS: tuple[Records, ...] = (
         frozenset({"hw", "comm"}),
     ),
     Records(
+        "gpu_memory",
+        gpu_memory.GpuMemoryConfig,
+        gpu_memory.GpuMemoryState,
+        gpu_memory.on_record,
+        frozenset({"hw"}),
+    ),
+    Records(
         "data",
         data_quality.DataConfig,
         data_quality.DataState,
@@ -295,14 +304,16 @@ class DetectorConfig:
     """``cfg.spike``, ``cfg.ranks.hang_after_s``, ...: each registry entry's settings under its
     key (a statistical detector's alert policy is its ``policy``); ``arima_enabled`` (and any
     other entry's ``enabled`` flag) turns a detector on or off; ``rules``; ``calibration``,
-    how raw scores become anomaly scores; ``train_loss_alpha``, the EMA weight of the training
-    loss (for the train/validation gap). Keyword arguments replace any of them."""
+    how raw scores become anomaly scores; ``advice``, what incidents advise the ranks
+    (``engine.advice``); ``train_loss_alpha``, the EMA weight of the training loss (for the
+    train/validation gap). Keyword arguments replace any of them."""
 
     def __init__(self, **given: Any) -> None:
         self.rules: RulesConfig = given.pop("rules", None) or RulesConfig()
         self.train_loss_alpha: float = given.pop("train_loss_alpha", 0.1)
         self.calibration: CalibrationConfig = given.pop("calibration", None) or CalibrationConfig()
         self.incidents: IncidentsConfig = given.pop("incidents", None) or IncidentsConfig()
+        self.advice: AdviceConfig = given.pop("advice", None) or AdviceConfig()
         for e in ENTRIES:
             setattr(self, e.key, given.pop(e.key, None) or e.config())
         for e in SERIES:

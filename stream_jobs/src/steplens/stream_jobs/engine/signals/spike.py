@@ -2,7 +2,9 @@
 
 The baseline is the median of the last ``window`` finite values; the noise scale is the MAD of
 their first differences (insensitive to a trend, so drifting series do not look like spikes),
-floored relative to the baseline and absolutely so constant series stay quiet. The score rises
+or, when most differences are 0 (a quantized series, one mostly idle), their mean absolute
+deviation, so a one-quantum step is not a spike; floored relative to the baseline and
+absolutely so constant series stay quiet. The score rises
 with the robust z-score ``(x - median) / scale`` (0.5 at ``z``, the band ``median +- z
 scale``); with ``direction`` "up" only rises score. Whether a spike alerts, and how severely, is
 the alert policy's call (``policy``): the score's rarity on its series, and the rise (or ratio)
@@ -31,6 +33,7 @@ from steplens.stream_jobs.engine.signals.kernels import (
 
 NAN = math.nan
 _EMPTY = np.empty(0)
+_MEAN_ABS_TO_MAD = math.sqrt(math.pi / 2) / 1.4826  # both then scaled by 1.4826 to a sigma
 
 
 @dataclass
@@ -207,6 +210,13 @@ def _spike(  # noqa: PLR0917
             else:
                 mid = _median_sorted(sd, nd)
                 scale = _mad_sorted(sd[:nd], mid) / root2
+                if scale == 0.0:
+                    # most differences are 0 (a quantized or mostly idle series): the mean
+                    # absolute deviation still sees the steps (sqrt(pi / 2): its sigma)
+                    total = 0.0
+                    for k in range(nd):
+                        total += abs(sd[k] - mid)
+                    scale = total / nd * _MEAN_ABS_TO_MAD / root2
                 if not trend_tolerant:
                     # the smaller is the noise when the series trends, the larger when it is
                     # heavy-tailed around a level

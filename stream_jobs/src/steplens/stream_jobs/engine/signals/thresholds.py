@@ -1,7 +1,15 @@
-"""Static thresholds on hardware, communication and per-step ratios.
+"""Static thresholds on hardware, communication and per-step ratios, and drifts toward them.
 
 ``Sustained`` counts consecutive breaches so a single low sample (GPU util between two
-kernels) does not alert; everything else breaches on the sample itself.
+kernels) does not alert; everything else breaches on the sample itself. GPU memory and
+temperature also warn *before* their limit when they drift toward it (``headroom``): a leak or a
+failing fan is seen while there is time to act.
+
+NVML's GPU memory (``gpu_mem_pct``, ``gpu_mem_growth``) counts what PyTorch's caching allocator
+keeps reserved after tensors are freed, so a healthy run often sits above 90 % and its cache
+fills toward it: both are kept as signals, and warn only for a GPU whose allocator no rank
+reports (``gpu_memory.py`` judges the allocator's figures where one does); the share warns
+once sustained.
 """
 
 from __future__ import annotations
@@ -24,11 +32,14 @@ from steplens.stream_jobs.engine.core import (
     score_of,
     scores_of,
 )
+from steplens.stream_jobs.engine.signals.gpu_memory import ALLOCATED
+from steplens.stream_jobs.engine.signals.headroom import HeadroomConfig, headroom
 
 
 @dataclass
 class ThresholdConfig:
-    gpu_mem_pct: float = 90.0
+    gpu_mem_pct: float = 90.0  # NVML used share, judged for GPUs without allocator reports
+    gpu_mem_sustain: int = 3  # consecutive hw samples over it
     gpu_util_low: float = 60.0
     gpu_util_sustain: int = 3  # consecutive hw samples
     comm_latency_ms: float = 50.0
@@ -36,14 +47,19 @@ class ThresholdConfig:
     host_mem_available_pct: float = 5.0
     data_wait_share: float = 0.3  # data_time_s / step_time_s
     data_wait_steps: int = 3  # consecutive steps over the share that warn (a window warns alone)
-    mem_growth_samples: int = 6  # GPU memory rising at every one of this many samples
-    mem_growth_pct: float = 2.0  # ... by at least this share of the total in all
+    gpu_temp_c: float = 85.0  # GPU temperature (clocks throttle near 90 C)
+    # a drift toward the memory or temperature limit that reaches it within 30 minutes
+    drift: HeadroomConfig = field(default_factory=HeadroomConfig)
+    max_gpus: int = 4096  # GPU scopes remembered as reporting their allocator (bounded)
 
 
 @dataclass
 class ThresholdState:
     low_util: dict[str, int] = field(default_factory=dict)  # gpu scope -> consecutive low samples
-    mem: dict[str, deque[float]] = field(default_factory=dict)  # gpu scope -> recent used %
+    # "<gpu scope> <metric>" -> recent (seconds, value) samples, for the drift toward the limit
+    drift: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    mem_over: dict[str, int] = field(default_factory=dict)  # gpu scope -> samples over the pct
+    allocator: set[str] = field(default_factory=set)  # gpu scopes with allocator reports
 
 
 def above(  # noqa: PLR0917
@@ -54,7 +70,7 @@ def above(  # noqa: PLR0917
     step: int | None,
     rank: int,
     scope: str,
-    severity: str = WARNING,
+    severity: str | None = WARNING,
 ) -> Signals:
     """A signal that breaches when ``value > limit``."""
     breach = math.isfinite(value) and value > limit
@@ -105,16 +121,54 @@ def hw(  # noqa: PLR0917
     step: int | None,
     rank: int,
     training: bool,
+    at_s: float = math.nan,
 ) -> tuple[ThresholdState, list[Signals]]:
-    """GPU memory and utilisation, disk latency, host memory from one ``hw`` record."""
+    """GPU memory, temperature and utilisation, disk latency, host memory from one ``hw``
+    record taken at ``at_s`` (seconds; NaN: no drift is judged)."""
     out: list[Signals] = []
     for gpu in data.get("gpus") or []:
         scope = f"gpu:{host}/{gpu.get('index', 0)}"
+        if ALLOCATED in gpu and len(state.allocator) < cfg.max_gpus:
+            state.allocator.add(scope)
         used, total = gpu.get("mem_used_bytes"), gpu.get("mem_total_bytes")
         if isinstance(used, (int, float)) and isinstance(total, (int, float)) and total > 0:
             pct = 100.0 * used / total
-            out.append(above("threshold", "gpu_mem_pct", pct, cfg.gpu_mem_pct, step, rank, scope))
-            out.append(_growth(state, cfg, scope, pct, step, rank))
+            judged = scope not in state.allocator
+            over = state.mem_over.get(scope, 0) + 1 if pct > cfg.gpu_mem_pct else 0
+            state.mem_over[scope] = over
+            warns = judged and over >= cfg.gpu_mem_sustain
+            out.append(
+                above(
+                    "threshold",
+                    "gpu_mem_pct",
+                    pct,
+                    cfg.gpu_mem_pct,
+                    step,
+                    rank,
+                    scope,
+                    WARNING if warns else None,
+                )
+            )
+            out.append(
+                _drift(
+                    state,
+                    cfg,
+                    "gpu_mem_growth",
+                    scope,
+                    at_s,
+                    pct,
+                    cfg.gpu_mem_pct,
+                    step,
+                    rank,
+                    judged,
+                )
+            )
+        temp = gpu.get("temp_c")
+        if isinstance(temp, (int, float)) and math.isfinite(temp):
+            out.append(above("threshold", "gpu_temp_c", temp, cfg.gpu_temp_c, step, rank, scope))
+            out.append(
+                _drift(state, cfg, "gpu_temp_drift", scope, at_s, temp, cfg.gpu_temp_c, step, rank)
+            )
         util = gpu.get("util_gpu")
         if isinstance(util, (int, float)) and math.isfinite(util):
             low = training and util < cfg.gpu_util_low
@@ -164,34 +218,41 @@ def hw(  # noqa: PLR0917
     return state, out
 
 
-def _growth(  # noqa: PLR0917
+def _drift(  # noqa: PLR0917
     state: ThresholdState,
     cfg: ThresholdConfig,
+    metric: str,
     scope: str,
-    pct: float,
+    time_s: float,
+    value: float,
+    limit: float,
     step: int | None,
     rank: int,
+    judged: bool = True,
 ) -> Signals:
-    """Memory that rises at every sample: a leak, long before the 90 % threshold."""
-    hist = state.mem.get(scope)
+    """``value``'s drift toward ``limit`` over the scope's recent samples (``headroom``): its
+    value is the seconds left at the current rate (``judged``: it may warn)."""
+    key = f"{scope} {metric}"
+    hist = state.drift.get(key)
     if hist is None:
-        hist = state.mem[scope] = deque(maxlen=cfg.mem_growth_samples)
-    hist.append(pct)
-    rise = hist[-1] - hist[0]
-    steady = len(hist) == hist.maxlen and all(
-        b > a for a, b in zip(hist, list(hist)[1:], strict=False)
-    )
-    breach = steady and rise >= cfg.mem_growth_pct
+        hist = state.drift[key] = deque(maxlen=cfg.drift.window)
+    if math.isfinite(time_s):
+        if hist and time_s <= hist[-1][0]:
+            hist.clear()  # the clock went back: a new sampler
+        hist.append((time_s, float(value)))
+    pairs = np.array(hist, dtype=float).reshape(-1, 2)
+    h = headroom(cfg.drift, pairs[:, 0], pairs[:, 1], limit)
     return one(
         "threshold",
-        "gpu_mem_growth",
+        metric,
         step,
-        rise,
-        score_of(rise / cfg.mem_growth_pct) if steady else 0.0,
+        h.seconds_left,
+        h.score,
         rank,
         scope,
-        WARNING if breach else None,
-        expected=cfg.mem_growth_pct,
+        WARNING if judged and h.breach else None,
+        expected=cfg.drift.horizon_s,
+        detail={"slope_per_s": h.slope, "limit": limit, "value": float(value)},
     )
 
 
@@ -208,7 +269,7 @@ def on_record(state: ThresholdState, cfg: ThresholdConfig, rec: Record, run: Run
     if rec.kind == "comm":
         return comm(cfg, rec.data, rec.step, rec.rank)
     busy = rec.time_ns - run.last_step_ns < 30e9 if run.last_step_ns else False
-    return hw(state, cfg, rec.data, rec.host, rec.step, rec.rank, busy)[1]
+    return hw(state, cfg, rec.data, rec.host, rec.step, rec.rank, busy, rec.time_ns / 1e9)[1]
 
 
 def data_wait(  # noqa: PLR0917

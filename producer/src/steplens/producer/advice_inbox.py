@@ -1,0 +1,230 @@
+"""Advice from the stream jobs to this rank, and the bounded queue the training loop reads.
+
+The worker thread takes the advice topic's messages from an ``AdviceSource`` (a Kafka
+consumer, ``transport.KafkaAdviceSource``, created lazily and only when the run opted into a
+remedy) and hands each to ``AdviceInbox.offer``, which keeps what is for this run and rank:
+
+- a message keyed for another run is refused and counted without being decoded;
+- a broken or hostile one (not a record, not ``advice``, a run id that is not the key's) is
+  counted and dead-lettered, by rank 0 only (every rank of the run reads the same message);
+- a (fingerprint, action) seen before is ignored (the worker publishes at least once);
+- advice for a remedy the run did not opt into is answered with an ``acted`` record
+  ``refused`` and never reaches the loop;
+- the rest waits in a bounded deque (drop-oldest, counted) that ``Monitor.advice()`` empties
+  at a step boundary, without blocking.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgspec
+
+from steplens.schema import RUN_RANK, DecodeError
+from steplens.schema import kinds as K
+from steplens.schema.codec import decode
+
+# (key, value, partition, offset) of one message of the advice topic
+Message = tuple[bytes | None, bytes | None, int, int]
+SEEN_MAX = 4096  # (fingerprint, action) pairs remembered; the oldest is forgotten beyond
+
+
+class AdviceSource(Protocol):
+    def take_advice(self, max_n: int) -> list[Message]:
+        """Messages that arrived since the last call (never waits)."""
+        ...
+
+    def close_advice(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    """One piece of advice for this rank: the envelope's facts and the ``Advice`` payload.
+
+    The payload's fields read as attributes (``advice.sample_ids``, ``advice.checkpoint``,
+    ``advice.skip_batches``, ``advice.lr_factor``, ``advice.duration_s``, ...).
+    """
+
+    run_id: str
+    rank: int  # the rank it is for; RUN_RANK (-1): every rank of the run
+    step: int | None  # the step it was decided at
+    time_ns: int  # when the stream jobs decided it (wall clock)
+    received_ns: int  # when this rank received it (wall clock)
+    data: K.Advice
+
+    @property
+    def action(self) -> str:
+        return self.data.action
+
+    @property
+    def fingerprint(self) -> str:
+        return self.data.fingerprint
+
+    def __getattr__(self, name: str) -> Any:  # the payload's fields
+        if name == "data":
+            raise AttributeError(name)
+        return getattr(self.data, name)
+
+
+class AdviceInbox:
+    """Filters the advice topic's messages for one rank and queues what it should act on.
+
+    ``dead_letter(reason, message)`` and ``refused(advice, why)`` are called from ``offer``
+    (the worker thread); ``counts`` says what was kept out and why.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        rank: int,
+        remedies: frozenset[str],
+        *,
+        queue_max: int,
+        dead_letter: Callable[[str, Message], None],
+        refused: Callable[[Advice, str], None],
+        seen_max: int = SEEN_MAX,
+    ) -> None:
+        self.run_id = run_id
+        self.rank = rank
+        self.key = run_id.encode()
+        self.remedies = remedies
+        self.queue: deque[Advice] = deque(maxlen=queue_max)
+        self.counts: dict[str, int] = {}  # reason -> messages kept from the loop
+        self.received = 0  # pieces of advice queued for the loop
+        self._seen: dict[tuple[str, str], None] = {}  # insertion-ordered: oldest first
+        self._seen_max = seen_max
+        self._dead_letter = dead_letter
+        self._refused = refused
+
+    def count(self, reason: str) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+
+    def offer(self, message: Message, now_ns: int | None = None) -> Advice | None:
+        """Take one message; the advice queued for the loop, or None."""
+        key, value, _, _ = message
+        if key is not None and key != self.key:
+            self.count("other_run")
+            return None
+        rec = decode(value)
+        if isinstance(rec, DecodeError):
+            self._hostile(f"advice topic: {rec}", message)
+            return None
+        if rec.kind != "advice":
+            self._hostile(f"advice topic: a {rec.kind!r} record, not advice", message)
+            return None
+        if rec.run_id != self.run_id:
+            if key is None:
+                self.count("other_run")
+                return None
+            self._hostile(f"advice for run {rec.run_id!r} under key {key!r}", message)
+            return None
+        if rec.rank not in (RUN_RANK, self.rank):
+            self.count("other_rank")
+            return None
+        data = msgspec.convert(rec.data, K.Advice)
+        pair = (data.fingerprint, data.action)
+        if pair in self._seen:
+            self.count("duplicate")
+            return None
+        self._remember(pair)
+        now = time.time_ns() if now_ns is None else now_ns
+        advice = Advice(rec.run_id, rec.rank, rec.step, rec.time_ns, now, data)
+        if data.action not in self.remedies:
+            self.count("not_opted_in")
+            self._refused(advice, f"remedy {data.action!r} not enabled: init(remedies=[...])")
+            return None
+        if len(self.queue) == self.queue.maxlen:
+            self.count("queue_full")
+        self.queue.append(advice)
+        self.received += 1
+        return advice
+
+    def _hostile(self, reason: str, message: Message) -> None:
+        self.count("broken")
+        if self.rank == 0:
+            self._dead_letter(reason, message)
+
+    def _remember(self, pair: tuple[str, str]) -> None:
+        seen = self._seen
+        seen[pair] = None
+        if len(seen) > self._seen_max:
+            del seen[next(iter(seen))]
+            self.count("seen_forgotten")
+
+
+class AdviceDesk:
+    """The worker thread's side: the inbox, and the source its messages come from. The source
+    is opened in a thread of its own (finding the topic's partitions and offsets waits on
+    Kafka, which the worker thread never does), on the first ``poll`` and again after a
+    failure, at most every ``retry_s``."""
+
+    def __init__(
+        self, inbox: AdviceInbox, make_source: Callable[[], AdviceSource], retry_s: float = 10.0
+    ) -> None:
+        self.inbox = inbox
+        self.source: AdviceSource | None = None
+        self._make_source = make_source
+        self._retry_s = retry_s
+        self._next_try = 0.0
+        self._opening: threading.Thread | None = None
+        self._closed = False
+        self.last_error: str | None = None
+
+    def poll(self, now: float, max_n: int = 256) -> int:
+        """Take what arrived (never waits); the number of messages taken."""
+        source = self.source
+        if source is None:
+            self._open_later(now)
+            return 0
+        try:
+            messages = source.take_advice(max_n)
+        except Exception as exc:
+            self._failed(exc)
+            return 0
+        for message in messages:
+            try:
+                self.inbox.offer(message)
+            except Exception:
+                self.inbox.count("inbox_error")
+        return len(messages)
+
+    def _open_later(self, now: float) -> None:
+        if now < self._next_try or (self._opening is not None and self._opening.is_alive()):
+            return
+        self._next_try = now + self._retry_s
+        self._opening = threading.Thread(target=self._open, name="steplens-advice", daemon=True)
+        self._opening.start()
+
+    def _open(self) -> None:
+        try:
+            source = self._make_source()
+        except Exception as exc:
+            self._failed(exc)
+            return
+        if self._closed:
+            source.close_advice()
+        else:
+            self.source = source
+
+    def _failed(self, exc: Exception) -> None:
+        self.inbox.count("source_error")
+        self.last_error = f"{type(exc).__name__}: {exc}"
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        self._closed = True
+        if self._opening is not None:
+            self._opening.join(timeout_s)
+        source, self.source = self.source, None
+        if source is not None:
+            try:
+                source.close_advice()
+            except Exception as exc:
+                self._failed(exc)
+
+
+__all__ = ["Advice", "AdviceDesk", "AdviceInbox", "AdviceSource", "Message"]

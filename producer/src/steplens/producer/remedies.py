@@ -1,0 +1,310 @@
+"""Carrying out the stream jobs' advice on this rank: the remedies a run opted into.
+
+At a step boundary (``act(step)``, or an integration's callback) each piece of advice that
+arrived is carried out once per (fingerprint, action) and answered with ``acted``:
+
+- ``skip_samples``: the named sample ids and hashes are skipped for the rest of the run by
+  every ``skipping()`` wrapper (``skipping``);
+- ``rewind``: the named checkpoint, one the run reported (``checkpoint(step, path)``), is
+  reloaded into the model, optimizer and scheduler (``rewind``) and the next
+  ``skip_batches`` batches of every ``skipping()`` wrapper are dropped; ``act`` returns the
+  checkpoint's step, the step the model is at again;
+- ``lower_lr``: the lr is multiplied by ``lr_factor`` (``lower_lr``), and the declared schedule
+  sent again with the same factor from the next step, so the schedule check follows it and the
+  change shows as an lr event;
+- ``profile``: a short ``torch.profiler`` trace (``rank_profile``); answered when written.
+
+Outcomes: ``acted``; ``refused`` (the run did not opt into the action); ``declined`` (nothing to
+act on: no optimizer, no checkpoint named, no ``skipping()`` data, a profile already
+running); ``failed`` (the remedy raised: the reason is the detail). Nothing raises into the
+loop. The set of advice done is bounded (the oldest forgotten first).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from steplens.producer.lower_lr import lower_lr
+from steplens.producer.rank_agreement import RankAgreement
+from steplens.producer.skipping import SkipList, Skipping
+from steplens.schema import RUN_RANK
+
+log = logging.getLogger("steplens")
+
+ACTIONS = ("skip_samples", "rewind", "lower_lr", "profile")
+MAX_DONE = 4096  # (fingerprint, action) pairs remembered
+MAX_CHECKPOINTS = 256  # reported checkpoints remembered (the newest)
+DEFAULT_LR_FACTOR = 0.5
+SHARED = frozenset({"rewind", "lower_lr"})  # every rank at the same step, or replicas differ
+MAX_WAITING = 64  # shared advice held until every rank has it
+MAX_DETAIL = 500
+
+
+class Declined(Exception):
+    """A remedy that cannot be carried out here; the message says why."""
+
+
+class Remedies:
+    """The remedies of one Monitor. ``allowed``: the actions the run opted into."""
+
+    def __init__(
+        self,
+        monitor: Any,
+        allowed: Iterable[str] = (),
+        profile_dir: str | None = None,
+    ) -> None:
+        self.monitor = monitor
+        self.allowed = frozenset(a for a in allowed if a in ACTIONS)
+        self.profile_dir = profile_dir or os.path.join(tempfile.gettempdir(), "steplens-profiles")
+        self.skips = SkipList()
+        self._wrappers: weakref.WeakSet[Skipping] = weakref.WeakSet()
+        self._done: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.checkpoints: OrderedDict[str, int] = OrderedDict()  # path -> step, as reported
+        self._trace: Any = None  # (advice, RankProfile) while a trace runs
+        # batches a framework's loader reads ahead of the step (its prefetch): a rewind then
+        # reloads that many steps later, after the batches read before it was advised
+        self.read_ahead = 0
+        self._rewinding: Any = None  # (advice, targets, the step to reload at)
+        self._shared: list[Any] = []  # shared advice waiting for every rank to hold it
+        self._agreement = RankAgreement()
+        # (action, fingerprint, outcome, detail, step) of the last MAX_DONE answers, for the
+        # run's own log and tests
+        self.answers: list[tuple[str, str, str, str, int | None]] = []
+
+    # ------------------------------------------------------------------ the loop's calls
+    def skipping(self, source: Iterable[Any], ids: Callable[[Any], Any] | None = None) -> Skipping:
+        """Wrap a loader, iterable, sampler or dataset so skipped samples never reach the loop."""
+        w = _skipping_for(source, self.skips, ids)
+        self._wrappers.add(w)
+        return w
+
+    def act(
+        self,
+        step: int,
+        advice: Iterable[Any] | None = None,
+        *,
+        model: Any = None,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        load: Callable[[str], Any] | None = None,
+    ) -> int:
+        """Carry out ``advice`` (default: what the Monitor received) at the end of ``step``;
+        returns the step the model is at (a rewind's checkpoint step, else ``step``).
+        ``model``/``optimizer``/``scheduler`` default to the watched ones. Run-wide advice
+        that changes the shared model (``SHARED``) waits until every rank holds it
+        (``rank_agreement``): call ``act`` on every rank at the same steps."""
+        at = step
+        if not self.allowed:  # no remedy: nothing to read, nothing to agree on
+            return at
+        try:
+            self._finish_profile(step, force=False)
+            rewound = self._finish_rewind(step)
+            at = step if rewound is None else rewound
+            if advice is None:
+                source = getattr(self.monitor, "advice", None)
+                advice = source() if source is not None else ()
+            now: list[Any] = []
+            for a in advice:
+                shared = a.action in SHARED and getattr(a, "rank", RUN_RANK) == RUN_RANK
+                (self._shared if shared else now).append(a)
+            n = self._agreement.smallest(len(self._shared))
+            now += self._shared[:n]
+            del self._shared[:n]
+            del self._shared[:-MAX_WAITING]
+            if not now:
+                return at
+            targets = _Targets(self.monitor, model, optimizer, scheduler, load)
+            for a in now:
+                at = self.handle(a, step, targets, at)
+        except Exception:
+            self.monitor.counts.caller += 1
+        return at
+
+    def reported(self, step: int, path: str) -> None:
+        """A checkpoint the run reported (``checkpoint(step, path)``): only those are reloaded."""
+        self.checkpoints.pop(path, None)
+        self.checkpoints[path] = int(step)
+        while len(self.checkpoints) > MAX_CHECKPOINTS:
+            self.checkpoints.popitem(last=False)
+
+    def close(self, step: int | None = None) -> None:
+        """Finish a running trace (at shutdown, or the end of training)."""
+        try:
+            self._finish_profile(step, force=True)
+        except Exception:
+            self.monitor.counts.caller += 1
+
+    # ------------------------------------------------------------------ dispatch
+    def handle(self, advice: Any, step: int, targets: _Targets, at: int) -> int:
+        key = (str(advice.fingerprint), str(advice.action))
+        if key in self._done:
+            return at
+        self._done[key] = None
+        while len(self._done) > MAX_DONE:
+            self._done.popitem(last=False)
+        if advice.action not in self.allowed:
+            self._answer(advice, "refused", "the run did not opt into this remedy", step)
+            return at
+        try:
+            detail, at = getattr(self, "_" + advice.action)(advice, step, targets, at)
+        except Declined as why:
+            self._answer(advice, "declined", str(why), step)
+        except Exception as exc:
+            self._answer(advice, "failed", f"{type(exc).__name__}: {exc}", step)
+        else:
+            if detail is not None:  # None: answered later (a trace)
+                self._answer(advice, "acted", detail, step)
+        return at
+
+    def _answer(self, advice: Any, outcome: str, detail: str, step: int | None) -> None:
+        detail = detail[:MAX_DETAIL]
+        level = logging.INFO if outcome == "acted" else logging.WARNING
+        if getattr(self.monitor, "rank", 0) == 0 or outcome != "acted":
+            log.log(level, "steplens: %s %s (%s): %s", advice.action, outcome, advice.rule, detail)
+        self.answers.append((advice.action, advice.fingerprint, outcome, detail, step))
+        del self.answers[:-MAX_DONE]
+        acted = getattr(self.monitor, "acted", None)
+        if acted is not None:
+            acted(advice, outcome, detail, step)
+
+    # ------------------------------------------------------------------ the remedies
+    def _skip_samples(self, advice: Any, step: int, t: _Targets, at: int) -> tuple[str, int]:
+        ids, hashes = advice.sample_ids or [], advice.sample_hashes or []
+        if not ids and not hashes:
+            raise Declined("the advice names no sample")
+        if not self._wrappers:
+            raise Declined("no data goes through skipping()")
+        before = self.skips.overflow
+        added = self.skips.add(ids, hashes)
+        over = self.skips.overflow - before
+        detail = f"skipping {added} more samples for the rest of the run"
+        detail += f" ({len(self.skips.ids)} ids, {len(self.skips.hashes)} hashes in all"
+        return detail + (f"; {over} past the cap)" if over else ")"), at
+
+    def _rewind(self, advice: Any, step: int, t: _Targets, at: int) -> tuple[str | None, int]:
+        if not advice.checkpoint:
+            raise Declined("the advice names no checkpoint")
+        if advice.checkpoint not in self.checkpoints:  # a path from the wire: never any file
+            raise Declined(
+                f"{advice.checkpoint} is not a checkpoint this run reported"
+                " (or one a rewind left behind)"
+            )
+        if t.model is None and t.load is None:
+            raise Declined("no model to reload: watch() one or give load()")
+        if self._rewinding is not None:
+            raise Declined("a rewind is under way")
+        n = int(advice.skip_batches or 0)
+        for w in list(self._wrappers):
+            w.skip_next(n)
+        if self.read_ahead:  # the batches already read are trained on, then reloaded over
+            self._rewinding = (advice, t, step + self.read_ahead)
+            return None, at
+        return self._reload(advice, step, t)
+
+    def _reload(self, advice: Any, step: int, t: _Targets) -> tuple[str, int]:
+        from steplens.producer.rewind import reload
+
+        what = reload(advice.checkpoint, t.model, t.optimizer, t.scheduler, t.load)
+        back = advice.checkpoint_step
+        back = int(back if back is not None else self.checkpoints.get(advice.checkpoint, step))
+        detail = f"{what} from {advice.checkpoint} (step {back}) at step {step}"
+        for path, saved in list(self.checkpoints.items()):  # of the trajectory left behind
+            if back < saved <= step:
+                del self.checkpoints[path]
+        n = int(advice.skip_batches or 0)
+        if n and self._wrappers:
+            detail += f"; skipped the {n} batches after"
+        elif n:
+            detail += f"; {n} batches not skipped: no data goes through skipping()"
+        return detail, back
+
+    def _finish_rewind(self, step: int) -> int | None:
+        """A rewind put off by the loader's read-ahead, once its step has come: the step
+        the model is at after it (None: none done)."""
+        if self._rewinding is None or step < self._rewinding[2]:
+            return None
+        advice, t, _ = self._rewinding
+        self._rewinding = None
+        try:
+            detail, back = self._reload(advice, step, t)
+        except Exception as exc:
+            self._answer(advice, "failed", f"{type(exc).__name__}: {exc}", step)
+            return None
+        self._answer(advice, "acted", detail, step)
+        return back
+
+    def _lower_lr(self, advice: Any, step: int, t: _Targets, at: int) -> tuple[str, int]:
+        if t.optimizer is None:
+            raise Declined("no optimizer: watch() one or pass it")
+        factor = float(advice.lr_factor or DEFAULT_LR_FACTOR)
+        before, after = lower_lr(t.optimizer, t.scheduler, factor)
+        redeclare = getattr(self.monitor, "scale_declared_lr", None)
+        if redeclare is not None:
+            redeclare(step + 1, factor)
+        return f"lr x{factor:g} from step {step + 1}: {_num(before)} -> {_num(after)}", at
+
+    def _profile(self, advice: Any, step: int, t: _Targets, at: int) -> tuple[str | None, int]:
+        from steplens.producer.rank_profile import RankProfile
+
+        if self._trace is not None:
+            raise Declined("a profile is already running")
+        run_id = str(getattr(self.monitor, "run_id", "run"))
+        rank = int(getattr(self.monitor, "rank", 0))
+        path = RankProfile.trace_path(self.profile_dir, run_id, rank, advice.fingerprint)
+        self._trace = (advice, RankProfile(path, advice.duration_s, step))
+        return None, at
+
+    def _finish_profile(self, step: int | None, force: bool) -> None:
+        if self._trace is None:
+            return
+        advice, prof = self._trace
+        try:
+            detail = prof.maybe_stop(step, force)
+        except Exception as exc:
+            self._trace = None
+            self._answer(advice, "failed", f"{type(exc).__name__}: {exc}", step)
+            return
+        if detail is not None:
+            self._trace = None
+            self._answer(advice, "acted", detail, step)
+
+
+class _Targets:
+    """What a remedy acts on: given, else the watched model, optimizer and scheduler."""
+
+    def __init__(self, monitor: Any, model: Any, optimizer: Any, scheduler: Any, load: Any) -> None:
+        watched = getattr(monitor, "watched", None)
+        w_model, w_opt, w_sched = watched() if watched is not None else (None, None, None)
+        self.model = model if model is not None else w_model
+        self.optimizer = optimizer if optimizer is not None else w_opt
+        self.scheduler = scheduler if scheduler is not None else w_sched
+        self.load = load
+
+
+def _num(v: Any) -> str:
+    try:
+        return f"{float(v):.3g}"
+    except Exception:
+        return str(v)
+
+
+def _skipping_for(source: Any, skips: SkipList, ids: Any) -> Skipping:
+    """A ``Skipping`` over ``source``; for a torch ``IterableDataset``, one that is an
+    ``IterableDataset`` too, so a Trainer takes it as one."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    base: Any = None if torch is None else torch.utils.data.IterableDataset
+    if base is not None and isinstance(source, base):
+
+        class SkippingDataset(Skipping, base):
+            pass
+
+        return SkippingDataset(source, skips, ids)
+    return Skipping(source, skips, ids)

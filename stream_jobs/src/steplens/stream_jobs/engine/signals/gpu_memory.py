@@ -1,0 +1,242 @@
+"""GPU memory judged the way out-of-memory errors happen, from ``hw`` records.
+
+NVML's "used" counts what PyTorch's caching allocator keeps reserved after tensors are freed, so
+a healthy run often sits above 90 % of the device: the NVML share stays a signal and warns only
+for a GPU whose allocator no rank reports (``thresholds.py``). Where a rank reports its
+allocator (the ``torch_*`` keys of a GPU entry, ``steplens.schema.kinds.Hw``), the memory
+training holds is judged, while the run steps:
+
+* ``memory:alloc_growth``: the allocator's high-water mark (its peak, or the allocated bytes
+  when higher) drifting toward the limit the allocator can reach (reserved plus the device's
+  free memory), judged by ``headroom`` over the kept samples: a Theil-Sen slope whose lower
+  bound reaches the limit within 30 minutes warns, with the time (and the steps, at the run's
+  pace) left; under ``eta_critical_s`` it is critical. A steady run at 95 % NVML-used has a
+  flat mark: quiet.
+* ``memory:alloc_retries`` / ``memory:fragmentation``: the allocator freed its cache and
+  retried a cudaMalloc (``num_alloc_retries``) in ``retry_samples`` of the last
+  ``retry_window`` samples. With a large share of the reserved memory unallocated
+  (``fragmented_share``) the cause is fragmentation, else the memory is simply full.
+* ``memory:ooms``: the allocator raised an out-of-memory error (``num_ooms`` rose): critical.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from steplens.schema import Record
+from steplens.stream_jobs.engine.core import (
+    CRITICAL,
+    WARNING,
+    Run,
+    Signals,
+    finite,
+    one,
+    score_of,
+)
+from steplens.stream_jobs.engine.signals.headroom import HeadroomConfig, headroom
+
+# the allocator's keys of a GPU entry (``producer/allocator.py`` writes them)
+ALLOCATED, RESERVED, PEAK = "torch_allocated_bytes", "torch_reserved_bytes", "torch_peak_bytes"
+LIMIT, RETRIES, OOMS = "torch_limit_bytes", "torch_alloc_retries", "torch_ooms"
+
+
+@dataclass
+class GpuMemoryConfig:
+    keep_every_s: float = 5.0  # allocator samples kept for the trend at most this often
+    # the mark's drift toward the limit: its window (120 kept samples: 10 minutes), the samples
+    # before a verdict, and the time left that warns (30 minutes)
+    trend: HeadroomConfig = field(default_factory=HeadroomConfig)
+    eta_critical_s: float = 300.0  # the time left that is critical
+    retry_window: int = 60  # raw samples
+    retry_samples: int = 3  # samples with new retries among them that warn
+    fragmented_share: float = 0.25  # (reserved - allocated) / reserved: fragmentation
+    busy_s: float = 120.0  # the run steps: a step record this recent (windows: every 10 s)
+    max_gpus: int = 4096  # GPUs followed per run (bounded under abuse); the rest are counted
+
+
+@dataclass
+class GpuMemoryState:
+    gpus: set[str] = field(default_factory=set)  # GPU scopes followed
+    # GPU scope -> kept samples [time s, high-water bytes, limit bytes, run's last step]
+    marks: dict[str, deque[list[float]]] = field(default_factory=dict)
+    retried: dict[str, deque[int]] = field(default_factory=dict)  # new retries per sample
+    counters: dict[str, list[float]] = field(default_factory=dict)  # last [retries, ooms]
+    overflow: int = 0  # samples of GPUs past ``max_gpus``
+
+
+def _known(state: GpuMemoryState, cfg: GpuMemoryConfig, scope: str) -> bool:
+    """Whether ``scope`` is followed (a new one within the bound becomes followed)."""
+    if scope in state.gpus:
+        return True
+    if len(state.gpus) >= cfg.max_gpus:
+        state.overflow += 1
+        return False
+    state.gpus.add(scope)
+    return True
+
+
+def _number(x: Any) -> float:
+    return float(x) if finite(x) else math.nan
+
+
+def allocator(  # noqa: PLR0917
+    state: GpuMemoryState,
+    cfg: GpuMemoryConfig,
+    gpu: dict[str, Any],
+    scope: str,
+    t_s: float,
+    busy: bool,
+    last_step: int,
+    step: int | None,
+    rank: int,
+) -> list[Signals]:
+    """The allocator's signals of one GPU entry that carries its report."""
+    alloc, reserved, peak, limit = (_number(gpu.get(k)) for k in (ALLOCATED, RESERVED, PEAK, LIMIT))
+    if math.isnan(alloc) or math.isnan(reserved) or not limit > 0:  # NaN: not reported
+        return []
+    high = peak if peak >= alloc else alloc
+    grew = _growth(state, cfg, scope, t_s, high, limit, busy, last_step, step, rank)
+    out = [] if grew is None else [grew]
+    now = [_number(gpu.get(k)) for k in (RETRIES, OOMS)]
+    before = state.counters.get(scope)
+    state.counters[scope] = now
+    if before is None:
+        return out  # a baseline: what happened before the run's first report is not counted
+    new_retries, new_ooms = (
+        c - b if c >= b else 0.0
+        for c, b in zip(now, before, strict=True)  # NaN: False
+    )
+    got = state.retried.get(scope)
+    if got is None:
+        got = state.retried[scope] = deque(maxlen=cfg.retry_window)
+    got.append(int(new_retries > 0))
+    retrying = sum(got) >= cfg.retry_samples
+    cache = (reserved - alloc) / reserved if reserved > 0 else 0.0
+    fragmented = cache >= cfg.fragmented_share
+    detail = {
+        "retry_samples": sum(got),
+        "cache_share": round(cache, 4),
+        "allocated_bytes": alloc,
+        "reserved_bytes": reserved,
+        "limit_bytes": limit,
+    }
+    score = score_of(sum(got) / cfg.retry_samples)
+    for metric, breach in (
+        ("alloc_retries", retrying and not fragmented),
+        ("fragmentation", retrying and fragmented),
+    ):
+        value = float(sum(got)) if metric == "alloc_retries" else cache
+        out.append(
+            one(
+                "memory",
+                metric,
+                step,
+                value,
+                score,
+                rank,
+                scope,
+                WARNING if breach else None,
+                expected=float(cfg.retry_samples) if metric == "alloc_retries" else None,
+                detail=detail if breach else None,
+            )
+        )
+    out.append(
+        one(
+            "memory",
+            "ooms",
+            step,
+            new_ooms,
+            1.0 if new_ooms > 0 else 0.0,
+            rank,
+            scope,
+            CRITICAL if new_ooms > 0 else None,
+            expected=0.0,
+            upper=0.0,
+            detail={**detail, "ooms": now[1]} if new_ooms > 0 else None,
+        )
+    )
+    return out
+
+
+def _growth(  # noqa: PLR0917
+    state: GpuMemoryState,
+    cfg: GpuMemoryConfig,
+    scope: str,
+    t_s: float,
+    high: float,
+    limit: float,
+    busy: bool,
+    last_step: int,
+    step: int | None,
+    rank: int,
+) -> Signals | None:
+    """``memory:alloc_growth`` at a kept sample (None between them): the value is the
+    estimated seconds to the limit (inf: not climbing)."""
+    marks = state.marks.get(scope)
+    if marks is None:
+        marks = state.marks[scope] = deque(maxlen=cfg.trend.window)
+    if not busy:  # loading a model, evaluating, stopped: not the steps' memory
+        marks.clear()
+    elif not marks or t_s - marks[-1][0] >= cfg.keep_every_s:
+        marks.append([t_s, high, limit, float(last_step)])
+    else:
+        return None  # judged at kept samples only
+    arr = np.asarray(marks, dtype=np.float64).reshape(-1, 4)
+    h = headroom(cfg.trend, arr[:, 0], arr[:, 1], limit)
+    severity, detail = None, None
+    if h.breach:
+        severity = CRITICAL if h.seconds_left <= cfg.eta_critical_s else WARNING
+        first, last = marks[0], marks[-1]
+        detail = {
+            "eta_s": round(h.seconds_left, 1),
+            "eta_min": round(h.seconds_left / 60.0, 1),
+            "slope_mib_per_min": round(h.slope * 60.0 / 2**20, 2),
+            "high_water_bytes": high,
+            "limit_bytes": limit,
+        }
+        pace = (last[3] - first[3]) / (last[0] - first[0]) if last[0] > first[0] else 0.0
+        if first[3] >= 0 and pace > 0:
+            detail["eta_steps"] = int(h.seconds_left * pace)
+    return one(
+        "memory",
+        "alloc_growth",
+        step,
+        h.seconds_left,
+        h.score,
+        rank,
+        scope,
+        severity,
+        expected=cfg.trend.horizon_s,
+        lower=cfg.trend.horizon_s,
+        detail=detail if severity else None,
+    )
+
+
+def hw(  # noqa: PLR0917
+    state: GpuMemoryState,
+    cfg: GpuMemoryConfig,
+    data: dict[str, Any],
+    host: str,
+    time_ns: int,
+    busy: bool,
+    last_step: int,
+    step: int | None,
+    rank: int,
+) -> list[Signals]:
+    """Every GPU entry of one ``hw`` record: its NVML figures and its allocator report."""
+    out: list[Signals] = []
+    for gpu in data.get("gpus") or []:
+        scope = f"gpu:{host}/{gpu.get('index', 0)}"
+        if finite(gpu.get(ALLOCATED)) and _known(state, cfg, scope):
+            out += allocator(state, cfg, gpu, scope, time_ns / 1e9, busy, last_step, step, rank)
+    return out
+
+
+def on_record(state: GpuMemoryState, cfg: GpuMemoryConfig, rec: Record, run: Run) -> list[Signals]:
+    busy = bool(run.last_step_ns) and rec.time_ns - run.last_step_ns < cfg.busy_s * 1e9
+    return hw(state, cfg, rec.data, rec.host, rec.time_ns, busy, run.last_step, rec.step, rec.rank)

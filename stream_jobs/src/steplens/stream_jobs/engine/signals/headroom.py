@@ -1,0 +1,82 @@
+"""Headroom: how soon a series that drifts toward a limit will reach it.
+
+A slow drift (GPU memory creeping up with a leak, a temperature rising as cooling fails) is
+invisible to spike and forecast detectors: every value is close to the one before. What matters
+is when the drift reaches the limit. Over a window of recent samples:
+
+* the rate is the Theil-Sen slope (the median of the pairwise slopes: robust to outliers and to
+  the noise around the trend) with its ``confidence`` interval (``scipy.stats.theilslopes``);
+* the level is the fitted line at the latest sample, the time to the limit ``(limit - level) /
+  slope``.
+
+The drift breaches when the limit is reached within ``horizon_s`` even at the slope's lower
+bound (a rise that noise cannot explain, fast enough to matter) and the latest value is still
+below the limit (at the limit, the static threshold speaks). Its score rises as the time left
+at the fitted slope shrinks: 0.5 at ``horizon_s``.
+
+A leak often starts in the middle of the window, after a flat stretch: the median of the
+pairwise slopes stays near 0 until the rise holds about half the window. So the trailing
+``min_samples``, twice as many, and so on up to the window are each judged, and the first
+that breaches speaks (the shorter ones with a wider interval, ``confidence_short``: several
+are judged at once, and a short stretch is noisier, so only a clear rise breaches there).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import theilslopes
+
+
+@dataclass(frozen=True)
+class HeadroomConfig:
+    window: int = 120  # samples in the trend (20 minutes of 10 s samples)
+    min_samples: int = 20  # before any verdict
+    horizon_s: float = 1800.0  # warn when the limit is this close (30 minutes)
+    confidence: float = 0.95  # of the slope's interval
+    # of a shorter trailing stretch's: several are judged at once, and a short one is noisier
+    confidence_short: float = 0.999
+
+
+@dataclass(frozen=True)
+class Headroom:
+    slope: float  # units per second (NaN: too few samples)
+    seconds_left: float  # until the limit at that slope (inf: not rising)
+    score: float  # 0.5 at ``horizon_s`` left, toward 1 as it shrinks
+    breach: bool
+
+
+NONE = Headroom(math.nan, math.inf, 0.0, False)
+
+
+def headroom(
+    cfg: HeadroomConfig, times_s: np.ndarray, values: np.ndarray, limit: float
+) -> Headroom:
+    """The drift of ``values`` (at ``times_s``, oldest first) toward ``limit`` (an upper one):
+    that of the shortest trailing stretch that breaches, else of them all."""
+    ok = np.isfinite(times_s) & np.isfinite(values)
+    t, x = np.asarray(times_s, float)[ok], np.asarray(values, float)[ok]
+    n = cfg.min_samples
+    while n < len(t):
+        h = _fit(cfg, t[-n:], x[-n:], limit, cfg.confidence_short)
+        if h.breach:
+            return h
+        n *= 2
+    return _fit(cfg, t, x, limit, cfg.confidence)
+
+
+def _fit(
+    cfg: HeadroomConfig, t: np.ndarray, x: np.ndarray, limit: float, confidence: float
+) -> Headroom:
+    if len(t) < cfg.min_samples or not np.ptp(t) > 0:
+        return NONE
+    slope, intercept, low, _ = theilslopes(x, t, alpha=confidence)
+    level = intercept + slope * t[-1]
+    if not (slope > 0 and math.isfinite(slope)):
+        return Headroom(float(slope), math.inf, 0.0, False)
+    left = max((limit - level) / slope, 0.0)
+    score = cfg.horizon_s / (cfg.horizon_s + left)
+    breach = bool(low > 0 and x[-1] < limit and (limit - level) / low <= cfg.horizon_s)
+    return Headroom(float(slope), float(left), float(score), breach)

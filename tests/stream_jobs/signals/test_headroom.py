@@ -1,0 +1,95 @@
+"""A drift toward a limit warns before the limit; noise near it and falling series do not."""
+
+import numpy as np
+
+from steplens.stream_jobs.engine.signals import thresholds
+from steplens.stream_jobs.engine.signals.headroom import HeadroomConfig, headroom
+
+CFG = HeadroomConfig()
+GIB = 1 << 30
+
+
+def windows(times, values):
+    for i in range(1, len(times) + 1):
+        lo = max(0, i - CFG.window)
+        yield i - 1, headroom(CFG, times[lo:i], values[lo:i], 85.0)
+
+
+def test_a_noisy_rise_warns_before_the_limit():
+    """60 -> 90 over two hours, one sample every 10 s, noise of 1 (a failing fan): warns
+    while still below 85, with 15 to 30 minutes left."""
+    rng = np.random.default_rng(0)
+    t = np.arange(0, 7200, 10.0)
+    x = 60 + 30 * t / 7200 + rng.normal(0, 1.0, len(t))
+    first = next(i for i, h in windows(t, x) if h.breach)
+    assert x[first] < 85
+    left = (85 - (60 + 30 * t[first] / 7200)) / (30 / 7200)  # true seconds left
+    assert 900 < left <= 1800 + 300, left
+
+
+def test_a_leak_after_a_flat_stretch_warns_soon_after_it_starts():
+    """Flat for 100 samples, then a rise that reaches the limit in 80 samples: the window is
+    mostly flat when the rise starts, yet it warns within 25 samples of the onset."""
+    rng = np.random.default_rng(3)
+    t = np.arange(0, 1800, 10.0)
+    x = 50 + np.clip(t - 1000, 0, None) * (35 / 800) + rng.normal(0, 0.3, len(t))
+    first = next(i for i, h in windows(t, x) if h.breach)
+    assert 100 < first <= 125, first
+
+
+def test_noise_near_the_limit_and_a_fall_never_warn():
+    rng = np.random.default_rng(1)
+    t = np.arange(0, 7200, 10.0)
+    flat = 82 + rng.normal(0, 1.0, len(t))
+    assert not any(h.breach for _, h in windows(t, flat))
+    fall = 84 - 20 * t / 7200 + rng.normal(0, 1.0, len(t))
+    assert not any(h.breach for _, h in windows(t, fall))
+
+
+def test_hw_records_warn_of_memory_and_temperature_drifting_to_their_limits():
+    """A leak adds about 1 % of GPU memory a minute with noise (never rising at every
+    sample) and the temperature creeps up: both warn before the static thresholds."""
+    rng = np.random.default_rng(2)
+    st, cfg = thresholds.ThresholdState(), thresholds.ThresholdConfig()
+    first: dict[str, float] = {}
+    for i in range(400):
+        t = 10.0 * i
+        mem = min(60 + t / 60 + rng.normal(0, 0.5), 99.0)
+        temp = 60 + t / 200 + rng.normal(0, 1.0)
+        data = {
+            "gpus": [
+                {
+                    "index": 0,
+                    "mem_used_bytes": int(mem / 100 * 80 * GIB),
+                    "mem_total_bytes": 80 * GIB,
+                    "temp_c": temp,
+                }
+            ]
+        }
+        st, sigs = thresholds.hw(st, cfg, data, "n1", i, 0, True, t)
+        for s in sigs:
+            if s.severity.any():
+                first.setdefault(s.metric, t)
+    # memory reaches 90 % at 1800 s, temperature 85 C at 5000 s (beyond the samples)
+    assert first["gpu_mem_growth"] < first["gpu_mem_pct"] <= 1900
+    assert first["gpu_mem_growth"] <= 1800 - 300
+    assert "gpu_temp_drift" in first and "gpu_temp_c" not in first
+    assert 5000 - first["gpu_temp_drift"] <= 1800 + 300
+
+
+def test_steady_memory_near_the_limit_does_not_warn():
+    rng = np.random.default_rng(3)
+    st, cfg = thresholds.ThresholdState(), thresholds.ThresholdConfig()
+    for i in range(300):
+        mem = 86 + rng.normal(0, 0.5)
+        data = {
+            "gpus": [
+                {
+                    "index": 0,
+                    "mem_used_bytes": int(mem / 100 * 80 * GIB),
+                    "mem_total_bytes": 80 * GIB,
+                }
+            ]
+        }
+        st, sigs = thresholds.hw(st, cfg, data, "n1", i, 0, True, 10.0 * i)
+        assert not any(s.severity.any() for s in sigs)
