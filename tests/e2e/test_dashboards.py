@@ -363,6 +363,17 @@ def _training_records(run_id: str, now_ns: int) -> list[Any]:
     comm = {"op": "all_reduce", "latency_ms": 3.5, "bytes": 4096, "backend": "gloo"}
     band = {"name": "arima", "metric": "loss", "value": 2.4, "score": 0.1}
     band |= {"expected": 2.35, "lower": 2.1, "upper": 2.6}
+    bounds = {"score": 0.2, "expected": 100.0, "lower": 90.0, "upper": 110.0}
+    # the 7-day baselines' minute signals (the quick demo is younger than their first fit)
+    baselines = [
+        {"name": "baseline", "metric": m, "value": 101.0, **bounds, "detail": {"scope": scope}}
+        for m, scope in (
+            ("tokens_per_s", "rank:0"),
+            ("gpu_util", "gpu:n0/0"),
+            ("gpu_temp_c", "gpu:n0/0"),
+            ("net_mb_s", "net:n0/ib0"),
+        )
+    ]
     common = {"run_id": run_id, "time_ns": now_ns, "step": 96}
     classified = {"n_samples": 34, "label_counts": {"cat": 32, "dog": 2}}
     judged = [
@@ -391,6 +402,7 @@ def _training_records(run_id: str, now_ns: int) -> list[Any]:
         make_record("stacks", stacks, rank=1, host="n1", **common),
         *(make_record("comm", comm, rank=r, **common) for r in (0, 1)),
         *(make_record("signal", band, rank=r, **common) for r in (0, 1)),
+        *(make_record("signal", b, rank=0, **common) for b in baselines),
     ]
 
 

@@ -45,6 +45,29 @@ def heat(
     )
 
 
+def baseline_band(metrics: tuple[str, ...], keep: tuple[str, ...] = ("scope", "metric")) -> str:
+    """The stream jobs' 7-day baseline signals of ``metrics``: each minute's mean (value) and
+    the band it was judged against (expected, lower, upper)."""
+    where = " or ".join(f'r.metric == "{m}"' for m in metrics)
+    return per_interval(
+        Read(
+            "signal",
+            ("value", "expected", "lower", "upper"),
+            where=f'r.name == "baseline" and ({where})',
+            keep=keep,
+        ),
+        "last",
+    )
+
+
+BASELINE_NOTE = (
+    "The value (each minute's mean) and the normal range the stream jobs expect of it: a "
+    "forecast band from the previous 7 days (ARIMA with a daily cycle where the history shows "
+    "one), refitted hourly; a run with less than a day of history is judged by a band of its "
+    "own minutes (the signal's detail says which). Ten minutes outside it alert."
+)
+
+
 def _memory_used_pct() -> str:
     return per_interval(
         gpu("mem_used_bytes", "mem_total_bytes"),
@@ -223,6 +246,28 @@ def hardware() -> dict[str, Any]:
             hot_only=["mem_bw_source"],
             w=24,
             h=5,
+        ),
+        panel(
+            "GPU utilisation against its 7-day baseline (per node and GPU)",
+            "timeseries",
+            [baseline_band(("gpu_util",), keep=("scope",))],
+            ["value", "expected", "lower", "upper"],
+            unit="percent",
+            description=BASELINE_NOTE,
+        ),
+        panel(
+            "GPU temperature, power and memory used against their 7-day baselines",
+            "timeseries",
+            [baseline_band(("gpu_temp_c", "gpu_power_w", "gpu_mem_used_bytes"))],
+            ["value", "expected", "lower", "upper"],
+            description=BASELINE_NOTE,
+        ),
+        panel(
+            "Disk and network throughput against their 7-day baselines (MB/s)",
+            "timeseries",
+            [baseline_band(("disk_mb_s", "net_mb_s"))],
+            ["value", "expected", "lower", "upper"],
+            description="Per disk (read + write) and network interface (rx + tx). " + BASELINE_NOTE,
         ),
         panel(
             "GPU temperature and power (max per interval)",

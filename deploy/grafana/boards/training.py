@@ -204,6 +204,26 @@ def training() -> dict[str, Any]:
             ["value", "expected", "lower", "upper"],
         ),
         panel(
+            "Tokens/s and step time per rank: 7-day baseline band",
+            "timeseries",
+            [
+                per_interval(
+                    Read(
+                        "signal",
+                        ("value", "expected", "lower", "upper"),
+                        where='r.name == "baseline" and '
+                        '(r.metric == "tokens_per_s" or r.metric == "step_time_s")',
+                        keep=(*RANK, "metric"),
+                    ),
+                    "last",
+                )
+            ],
+            ["value", "expected", "lower", "upper"],
+            description="Each minute's mean and the normal range expected of it: a forecast "
+            "band from the previous 7 days (a band of the run's own minutes while it has less "
+            "than a day), refitted hourly. Ten minutes slower (fewer tokens) than it alert.",
+        ),
+        panel(
             "Loss of every step, between the sampled ones (step windows: min and max)",
             "timeseries",
             [

@@ -66,6 +66,7 @@ class RunData:
     checks: pd.DataFrame = field(default_factory=pd.DataFrame)
     advice: pd.DataFrame = field(default_factory=pd.DataFrame)
     acted: pd.DataFrame = field(default_factory=pd.DataFrame)
+    baselines: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 CHECK_COLUMNS = ["rank", "check", "state", "needs", "why", "enable"]
@@ -112,7 +113,37 @@ def load_run(run_id: str) -> RunData:
         checks=checks_of(meta),
         advice=_records(query, run_id, "advice"),
         acted=_records(query, run_id, "acted"),
+        baselines=_baselines(query.query_records(run_id, "signal", where={"name": "baseline"})),
     )
+
+
+def _baselines(frame: pd.DataFrame) -> pd.DataFrame:
+    """The 7-day baselines' minute signals: time, metric, scope (a GPU, disk, interface or
+    rank), the minute's value, the band (expected, lower, upper) and which baseline it was
+    (``7d`` or ``in-run``)."""
+    cols = ["time", "metric", "scope", "value", "expected", "lower", "upper", "baseline"]
+    if frame.empty or "metric" not in frame:
+        return pd.DataFrame(columns=cols)
+    details = [_detail(d) for d in frame.get("detail", pd.Series([None] * len(frame)))]
+    scope = frame["scope"] if "scope" in frame else pd.Series([None] * len(frame))
+    pairs = zip(scope, details, strict=True)
+    out = frame.assign(
+        scope=[s if isinstance(s, str) else d.get("scope", "run") for s, d in pairs],
+        baseline=[d.get("baseline") for d in details],
+    )
+    for c in cols:
+        if c not in out:
+            out[c] = np.nan
+    return out[cols].sort_values("time").reset_index(drop=True)
+
+
+def _detail(detail: Any) -> dict[str, Any]:
+    if isinstance(detail, str):
+        try:
+            detail = json.loads(detail)
+        except ValueError:
+            return {}
+    return detail if isinstance(detail, dict) else {}
 
 
 def _batches(frame: pd.DataFrame) -> pd.DataFrame:

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from steplens.sinks.report_bandwidth import fig_bandwidth
+from steplens.sinks.report_baseline import fig_baseline
 from steplens.sinks.report_data import RunData
 from steplens.sinks.report_figures_data import fig_clipping, fig_eval, fig_layers, fig_lengths
 from steplens.sinks.report_incidents import run_incidents
@@ -381,5 +382,6 @@ FIGURES: dict[str, tuple[str, Callable[[RunData], Any]]] = {
         "Memory and network bandwidth against GPU utilisation: what the GPUs wait on",
         fig_bandwidth,
     ),
+    "baseline": ("Hardware and throughput against their 7-day baselines", fig_baseline),
     "alerts": ("Incidents by severity", fig_alerts),
 }

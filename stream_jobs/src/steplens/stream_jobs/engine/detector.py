@@ -61,7 +61,7 @@ from steplens.stream_jobs.engine.columns import (
 from steplens.stream_jobs.engine.core import CRIT_SEV, NO_STEP, Alert, Column, Run, Signals
 from steplens.stream_jobs.engine.history import NO_FIRST, History, Rows
 from steplens.stream_jobs.engine.policy import JudgeState, Policy, judge_signals
-from steplens.stream_jobs.engine.signals import arima, lr_schedule, ranks
+from steplens.stream_jobs.engine.signals import arima, dynamic_baseline, lr_schedule, ranks
 from steplens.stream_jobs.engine.signals.arima_fit import ArimaParams
 from steplens.stream_jobs.engine.signals.registry import (
     ENTRIES,
@@ -71,6 +71,7 @@ from steplens.stream_jobs.engine.signals.registry import (
     Evidence,
     route,
 )
+from steplens.stream_jobs.engine.signals.seasonal_baseline import Band
 from steplens.stream_jobs.engine.signals.sketches import Bloom, Distinct
 from steplens.stream_jobs.engine.state import Codec
 
@@ -132,6 +133,9 @@ class RunDetector:
     cfg: DetectorConfig = field(default_factory=DetectorConfig)
     fit_inline: bool = True
     generic: bool = False  # score unknown metrics too (offline CSVs)
+    # fit the 7-day baselines' bands here from the in-run minutes (tests, benches); the worker
+    # fits them in its pool from the stores (``baselines_due``, ``apply_baselines``)
+    baselines_inline: bool = False
     # rank -> series detector (registry key) -> metric -> its state
     series: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     # record detector (registry key) -> its state, one per run
@@ -210,6 +214,8 @@ class RunDetector:
                 batch += e.on_record(
                     self.run_states[e.key], getattr(self.cfg, e.key), rec, self.run
                 )
+        if kind == "hw" and self.baselines_inline:
+            dynamic_baseline.fit_inline(self.run_states["baseline"], self.cfg.baseline, rec.time_ns)
         self._annotate(batch, rec.rank, None)
         alerts = self.evaluate(batch, 1, [rec.time_ns])
         if amended:
@@ -332,6 +338,13 @@ class RunDetector:
                 behind,
                 windowed=firsts is not None,
             )
+            if not self.generic:  # an offline CSV's columns are judged by the generic detectors
+                dyn = self.run_states["baseline"]
+                batch += dynamic_baseline.on_steps(
+                    dyn, cfg.baseline, rank, step_a, times_ns, columns
+                )
+                if self.baselines_inline:
+                    dynamic_baseline.fit_inline(dyn, cfg.baseline, int(times_ns[-1]))
         self._mark_baseline(rank, batch, n)
         return batch
 
@@ -363,6 +376,15 @@ class RunDetector:
     def resume_fits(self) -> None:
         """After a restore (``fits.resume``)."""
         fits.resume(self.series, self.cfg.arima)
+
+    # ------------------------------------------------------------------ 7-day baselines
+    def baselines_due(self, now_ns: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """The series that want a band (``dynamic_baseline.due``) with their in-run minutes."""
+        dyn = self.run_states["baseline"]
+        return dynamic_baseline.fit_input(dyn, dynamic_baseline.due(dyn, self.cfg.baseline, now_ns))
+
+    def apply_baselines(self, bands: dict[str, Band | None]) -> int:
+        return dynamic_baseline.apply(self.run_states["baseline"], bands)
 
     def take_touched(self) -> set[int]:
         """The ranks whose series changed since the last call (to save only those)."""
@@ -550,6 +572,8 @@ class RunDetector:
             return
         detail = got[0]
         for sigs in batch:
+            if sigs.name == dynamic_baseline.NAME:  # says its own baseline (7d or in-run)
+                continue
             d = sigs.detail  # one dict shared: the outputs copy it
             if d is None:
                 sigs.detail = [detail] * len(sigs)

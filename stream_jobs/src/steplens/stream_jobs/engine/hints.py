@@ -81,6 +81,13 @@ HINTS: dict[str, str] = {
     "straggler": "one rank is consistently slower: check its GPU, host and data loading",
     "hang": "no progress while records still arrive: a hang (collective or data "
     "loader); the stuck rank's stacks are in the evidence when it sent them",
+    "baseline": "outside its normal range (the band its previous 7 days, or this run, "
+    "predict) for several minutes: compare with the same GPU's or host's other series and its "
+    "neighbours (cooling, power capping, a noisy neighbour, a failing device)",
+    "baseline:step_time_s": "steps slower than their normal range for several minutes: check "
+    "this rank's GPU, host, data loading and the interconnect",
+    "baseline:tokens_per_s": "throughput below its normal range for several minutes: check "
+    "this rank's GPU, host, data loading and the interconnect",
     # the detector's own signals and the correlation rules
     "nonfinite": "a non-finite value: check the last batch, the loss scaling and the lr; "
     "resume from the last good checkpoint",

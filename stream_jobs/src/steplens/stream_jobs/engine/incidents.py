@@ -80,6 +80,9 @@ TOPICS: Mapping[str, str] = {
     "eval_unstable": "evaluation",
     "correlation:eval_unstable": "evaluation",
     "hardware": "hardware",
+    "baseline:step_time_s": "throughput",
+    "baseline:tokens_per_s": "throughput",
+    "baseline": "hardware",  # a GPU, disk or network series outside its 7-day band
 }
 
 # how much a rule's hint explains, most first

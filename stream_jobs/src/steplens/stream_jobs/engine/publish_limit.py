@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from steplens.stream_jobs.engine.core import NO_STEP, Signal, Signals
-from steplens.stream_jobs.engine.signals import lengths
+from steplens.stream_jobs.engine.signals import dynamic_baseline, lengths
 
-# signals that are records for the board, not judgements (an lr decay, a window's length
-# histogram): every one is published, none alerts
-EVENTS = frozenset({"lr_event", lengths.NAME})
+# signals that are records for the board (an lr decay, a window's length histogram: not
+# judgements; a series' minute against its 7-day band: one a minute already): every one is
+# published
+EVENTS = frozenset({"lr_event", lengths.NAME, dynamic_baseline.NAME})
 
 
 @dataclass

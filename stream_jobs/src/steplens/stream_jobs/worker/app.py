@@ -11,7 +11,7 @@ raw topic (key run_id:rank, 8 partitions)
      from its history first: ``HistoryLoads``); ``Scorer`` scores its messages, ``Publisher``
      sends its signals, alerts and dead letters.
 ARIMA fits run in a process pool, many to a job (``FitQueue``); their parameters are applied
-when they come back.
+when they come back. The 7-day baselines are refitted in the same pool (``BaselineFits``).
 """
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ from steplens.stream_jobs.engine.advice import AdviceConfig
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.publish_limit import QuietLimiter
 from steplens.stream_jobs.engine.signals import arima, registry
+from steplens.stream_jobs.engine.signals.dynamic_baseline import DynamicConfig
 from steplens.stream_jobs.engine.signals.ranks import RanksConfig
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 from steplens.stream_jobs.worker import compat, history_loads
+from steplens.stream_jobs.worker.baseline_fits import Bands, BaselineFits
 from steplens.stream_jobs.worker.fit_queue import FitQueue, pool_initializer
 from steplens.stream_jobs.worker.metrics import WorkerMetrics
 from steplens.stream_jobs.worker.publisher import Publisher
@@ -59,7 +61,10 @@ def detector_config(options: DetectorOptions) -> DetectorConfig:
     if options.hang_after_s is not None:
         ranks = RanksConfig(hang_after_s=options.hang_after_s)
     advice = AdviceConfig(**dataclasses.asdict(options.advice))
-    return DetectorConfig(arima_enabled=options.arima_enabled, ranks=ranks, advice=advice)
+    baseline = DynamicConfig(refit_s=options.baseline_refit_s)
+    return DetectorConfig(
+        arima_enabled=options.arima_enabled, ranks=ranks, advice=advice, baseline=baseline
+    )
 
 
 class Worker:
@@ -82,6 +87,14 @@ class Worker:
             max_batch=s.fit_batch,
             max_pending=s.max_pending_fits,
             on_job=lambda n: self.metrics.fit_jobs.inc(),
+        )
+        self.baselines = BaselineFits(
+            detector.baseline.fit,
+            days=s.history.days,
+            timeout_s=s.history.timeout_s,
+            read=s.history.enabled,
+            apply=self._baselines_fitted,
+            count=lambda what, n: self.metrics.baselines.labels(what).inc(n),
         )
         self.pool: concurrent.futures.ProcessPoolExecutor | None = None
         self.app = app = faust.App(
@@ -137,6 +150,7 @@ class Worker:
         app.timer(2.0)(self._report)
         app.timer(max(1.0, s.checkpoint_s))(self._nudge_quiet_runs)
         app.timer(min(600.0, max(1.0, s.limits.idle_s / 4)))(self._retire_idle_runs)
+        app.timer(60.0)(self._refit_baselines)
         app.on_partitions_revoked.connect(cast(Any, self._revoked))
         app.on_partitions_assigned.connect(cast(Any, self._assigned))
         app.task(self._startup)
@@ -149,7 +163,7 @@ class Worker:
     async def _startup(self) -> None:
         compat.raise_producer_buffer(self.app, PRODUCER_BUFFER_MESSAGES)
         compat.quiet_root_logger(self.s.log_level)
-        if self.s.detector.arima_enabled and self.s.fit_workers > 0:
+        if self.s.fit_workers > 0:  # the ARIMA fits (unless --no-arima) and the baselines
             ctx = multiprocessing.get_context("spawn")
             self.pool = concurrent.futures.ProcessPoolExecutor(
                 self.s.fit_workers,
@@ -160,7 +174,8 @@ class Worker:
             # each pool process loads statsmodels (seconds) now, not at the first run's first fit
             for _ in range(self.s.fit_workers):
                 self.pool.submit(arima.warm_up)
-            self.fits.pool = self.pool
+            self.fits.pool = self.pool if self.s.detector.arima_enabled else None
+            self.baselines.pool = self.pool
         if self.history is not None:
             self.history.start()
 
@@ -252,6 +267,15 @@ class Worker:
             if not self.fits.want((run, key), values):
                 det.apply_fit(key, None)  # skipped; asked again at its next scheduled refit
                 self.metrics.fits.labels("skipped").inc()
+
+    async def _refit_baselines(self) -> None:
+        """The runs' series due a 7-day baseline go to the fit pool (``BaselineFits``)."""
+        self.baselines.tick(self.store.cache)
+
+    def _baselines_fitted(self, run: str, bands: Bands) -> None:
+        det = self.store.cache.get(run)
+        if det is not None:
+            det.apply_baselines(bands)
 
     def _fitted(self, key: Any, params: arima.ArimaParams | None) -> None:
         run, fit_key = key

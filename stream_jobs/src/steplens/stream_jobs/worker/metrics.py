@@ -63,6 +63,13 @@ class WorkerMetrics:
         self.fit_jobs = Counter(
             "steplens_worker_arima_fit_jobs", "pool jobs the ARIMA fits went in", registry=r
         )
+        self.baselines = Counter(
+            "steplens_worker_baseline_loads",
+            "7-day baseline jobs: history loaded (loaded) or not (load_failed: in-run "
+            "baselines), jobs failed or refused, bands fitted (bands)",
+            ["outcome"],
+            registry=r,
+        )
         self.fetch_wait = Gauge(
             "steplens_worker_fetch_wait_seconds",
             "longest the consumer's fetch waits at the broker for new records (as in use)",

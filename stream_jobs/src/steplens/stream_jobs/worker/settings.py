@@ -131,6 +131,13 @@ class DetectorOptions:
     arima_enabled: Annotated[
         bool, about("the ARIMA baselines (--no-arima: off)", flag="--no-arima")
     ] = True
+    baseline_refit_s: Annotated[
+        PositiveFloat,
+        about(
+            "seconds between refits of a series' 7-day baseline (hardware per GPU, disk and "
+            "network interface; step time and tokens/s per rank), in the fit pool"
+        ),
+    ] = 3600.0
     hang_after_s: Annotated[
         PositiveFloat | None,
         about(
@@ -196,7 +203,9 @@ class WorkerSettings:
             "are acknowledged only by its next checkpoint (after a crash they are scored again)"
         ),
     ] = 5.0
-    fit_workers: Annotated[NonNegativeInt, about("processes for ARIMA fits")] = 1
+    fit_workers: Annotated[
+        NonNegativeInt, about("processes for ARIMA fits and the 7-day baselines' (0: neither)")
+    ] = 1
     max_pending_fits: Annotated[
         PositiveInt,
         about("ARIMA fits queued or running at most; past it a fit is skipped (asked again)"),

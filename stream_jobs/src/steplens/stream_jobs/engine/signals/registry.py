@@ -34,6 +34,7 @@ from steplens.stream_jobs.engine.signals import (
     arima,
     clipping,
     data_quality,
+    dynamic_baseline,
     evals,
     gpu_errors,
     gpu_memory,
@@ -234,6 +235,14 @@ RECORDS: tuple[Records, ...] = (
         evals.EvalState,
         evals.on_record,
         frozenset({"eval"}),
+    ),
+    # hw records' GPUs, disks and network against their 7-day bands (steps: ``on_steps``)
+    Records(
+        "baseline",
+        dynamic_baseline.DynamicConfig,
+        dynamic_baseline.DynamicState,
+        dynamic_baseline.on_record,
+        frozenset({"hw"}),
     ),
     # hw and health records advance the run's clock; step times feed it in the step path
     Records(
