@@ -46,8 +46,9 @@ def test_report_page_shows_every_figure_from_stored_data(quick_demo):
 
 def test_the_node_figures_read_the_stored_devices(quick_demo):
     """The host sampler's disks and interfaces, as the report reads them back from the
-    stores (the demo's CPU ranks have no GPU). That no comm probe runs at the README's defaults
-    is read from run_meta's checks below: the board test writes probe points into this run."""
+    stores (the demo's CPU ranks have no GPU). What the comm check needs at the README's
+    defaults is read from run_meta's checks below: the board test writes probe points into
+    this run."""
     from steplens.sinks.report_data import load_run
 
     data = load_run(quick_demo.run_id)
@@ -57,9 +58,9 @@ def test_the_node_figures_read_the_stored_devices(quick_demo):
 
 def test_the_readme_path_runs_at_the_defaults_and_says_its_checks(quick_demo):
     """The demo is the README's snippet at the producer's defaults: its ranks sent windows and
-    one step in 100 raw (no full resolution), each said its checks in run_meta (the comm probe
-    off, with the line that turns it on), and the data-quality checks ran from the batches
-    timed() saw."""
+    one step in 100 raw (no full resolution), each said its checks in run_meta (communication
+    latency on use: a watched DDP model's all-reduce, or the probe), and the data-quality checks
+    ran from the batches timed() saw."""
     import json
 
     from steplens.sinks import query
@@ -75,7 +76,10 @@ def test_the_readme_path_runs_at_the_defaults_and_says_its_checks(quick_demo):
         assert config["sample_rate"] == 0.01 and config["full_resolution"] is False
         checks = {c["check"]: c for c in parsed(row["checks"])}
         comm = checks["inter-rank communication latency over 50 ms"]
-        assert comm["state"] == "off" and comm["enable"] == "sl.probe_comm(every=100)"
+        # torch.distributed is on: a DDP model's all-reduce is timed once watched (the demo
+        # averages its gradients itself); the probe is the fallback it names
+        assert comm["state"] == "on use" and "watch(ddp_model" in comm["needs"]
+        assert "sl.probe_comm(every=100)" in comm["needs"]
     windows = query.query_records(quick_demo.run_id, "step_window")
     assert windows is not None and len(windows) >= 2
     batches = query.query_records(quick_demo.run_id, "batch")

@@ -20,6 +20,7 @@ def new_raw_topic(bootstrap: str) -> str:
         signals=f"p{tag}.sig",
         alerts=f"p{tag}.al",
         dead_letters=f"p{tag}.dl",
+        advice=f"p{tag}.adv",
         raw_partitions=4,
         other_partitions=1,
     )

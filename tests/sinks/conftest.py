@@ -15,6 +15,7 @@ def topics(stack_env: dict[str, str]) -> Topics:
         signals=unique("signals"),
         alerts=unique("alerts"),
         dead_letters=unique("dl"),
+        advice=unique("advice"),
         raw_partitions=4,
         other_partitions=1,
     )

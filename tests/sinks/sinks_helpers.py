@@ -160,6 +160,7 @@ def sink_process(
             "STEPLENS_TOPIC_SIGNALS": topics.signals,
             "STEPLENS_TOPIC_ALERTS": topics.alerts,
             "STEPLENS_TOPIC_DEADLETTER": topics.dead_letters,
+            "STEPLENS_TOPIC_ADVICE": topics.advice,
         },
         **popen,  # type: ignore[arg-type]
     )

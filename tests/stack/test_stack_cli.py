@@ -124,13 +124,14 @@ def test_topics_create_command(stack_env: dict[str, str]) -> None:
         "STEPLENS_TOPIC_SIGNALS": f"c{tag}.signals",
         "STEPLENS_TOPIC_ALERTS": f"c{tag}.alerts",
         "STEPLENS_TOPIC_DEADLETTER": f"c{tag}.dl",
+        "STEPLENS_TOPIC_ADVICE": f"c{tag}.advice",
     }
     cmd = [*STEPLENS, "topics", "create", "--raw-partitions", "4"]
     env = {**os.environ, **names}
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, check=True)
-    assert first.stdout.count("created") == 4
+    assert first.stdout.count("created") == 5
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, check=True)
-    assert again.stdout.count("exists") == 4
+    assert again.stdout.count("exists") == 5
     meta = AdminClient({"bootstrap.servers": stack_env["STEPLENS_KAFKA_BOOTSTRAP"]}).list_topics(
         timeout=10
     )

@@ -20,6 +20,7 @@ def _topics() -> Topics:
         signals=f"t{tag}.sig",
         alerts=f"t{tag}.al",
         dead_letters=f"t{tag}.dl",
+        advice=f"t{tag}.adv",
         raw_partitions=2,
         other_partitions=1,
     )
@@ -86,6 +87,7 @@ def test_restart_keeps_messages(private_stack) -> None:
             signals=topic + ".s",
             alerts=topic + ".a",
             dead_letters=topic + ".d",
+            advice=topic + ".v",
             raw_partitions=1,
         ),
     )

@@ -66,6 +66,7 @@ def test_the_worker_s_incidents_reach_alertmanager(kafka, workers, tmp_path: Pat
             "STEPLENS_TOPIC_SIGNALS": t.signals,
             "STEPLENS_TOPIC_ALERTS": t.alerts,
             "STEPLENS_TOPIC_DEADLETTER": t.dead_letters,
+            "STEPLENS_TOPIC_ADVICE": t.advice,
         },
         stdout=log,
         stderr=subprocess.STDOUT,

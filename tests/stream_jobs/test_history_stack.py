@@ -194,6 +194,7 @@ class Sinks:
             "STEPLENS_TOPIC_SIGNALS": t.signals,
             "STEPLENS_TOPIC_ALERTS": t.alerts,
             "STEPLENS_TOPIC_DEADLETTER": t.dead_letters,
+            "STEPLENS_TOPIC_ADVICE": t.advice,
             "STEPLENS_S3_PREFIX": prefix,
         }
         group = f"sinks-{uuid.uuid4().hex[:8]}"

@@ -37,6 +37,7 @@ def test_a_killed_workers_runs_move_without_doubled_or_false_incidents(kafka, tm
         "STEPLENS_TOPIC_SIGNALS": t.signals,
         "STEPLENS_TOPIC_ALERTS": t.alerts,
         "STEPLENS_TOPIC_DEADLETTER": t.dead_letters,
+        "STEPLENS_TOPIC_ADVICE": t.advice,
     }
     # 4 runs x 2 ranks at 30 steps/s, a spike every 150 steps; one worker killed about 40 s in,
     # just before a spike (the takeover is measured to its alert)

@@ -351,8 +351,8 @@ def _constraint(s: Spec) -> str:
             continue
         for attr, sign in (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤")):
             bound = getattr(m, attr)
-            if bound is not None:
-                parts.append(f"{sign} {bound}")
+            if bound is not None:  # :g: typing may hand back an equal Meta of ints (0 == 0.0)
+                parts.append(f"{sign} {bound:g}")
         if m.min_length:
             parts.append("not empty")
     return ", ".join(dict.fromkeys(parts))

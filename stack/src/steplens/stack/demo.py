@@ -213,7 +213,12 @@ def main(argv: list[str], prog: str = "steplens demo") -> int:
     }
     if args.isolated:
         prefix = f"steplens.{args.run_id}"
-        for key, name in (("RAW", "raw"), ("SIGNALS", "signals"), ("ALERTS", "alerts")):
+        for key, name in (
+            ("RAW", "raw"),
+            ("SIGNALS", "signals"),
+            ("ALERTS", "alerts"),
+            ("ADVICE", "advice"),
+        ):
             env[f"STEPLENS_TOPIC_{key}"] = f"{prefix}.{name}"
         env["STEPLENS_TOPIC_DEADLETTER"] = f"{prefix}.deadletter"
     d = Topics.from_env()
@@ -222,6 +227,7 @@ def main(argv: list[str], prog: str = "steplens demo") -> int:
         signals=env.get("STEPLENS_TOPIC_SIGNALS", d.signals),
         alerts=env.get("STEPLENS_TOPIC_ALERTS", d.alerts),
         dead_letters=env.get("STEPLENS_TOPIC_DEADLETTER", d.dead_letters),
+        advice=env.get("STEPLENS_TOPIC_ADVICE", d.advice),
         raw_partitions=d.raw_partitions,
         other_partitions=d.other_partitions,
     )
