@@ -101,8 +101,12 @@ def test_restart_keeps_messages(private_stack) -> None:
     assert _consume(bootstrap, topic, len(values)) == values
 
 
-def test_scratch_topics_deletes_only_what_the_block_created(stack_env: dict[str, str]) -> None:
+def test_scratch_topics_deletes_only_what_the_block_created(
+    stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from scratch_topics import scratch_topics, topic_names
+
+    monkeypatch.delenv("STEPLENS_KEEP_SCRATCH_TOPICS", raising=False)
 
     boot = stack_env["STEPLENS_KAFKA_BOOTSTRAP"]
     older, newer = _topics(), _topics()

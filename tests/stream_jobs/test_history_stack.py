@@ -39,6 +39,7 @@ def stores(env: dict[str, str], prefix: str, s3_endpoint: str | None = None):
         token=env["STEPLENS_INFLUX_TOKEN"],
         bucket=env["STEPLENS_INFLUX_BUCKET"],
         rollup_bucket=env["STEPLENS_INFLUX_ROLLUP_BUCKET"],
+        timeout_ms=30_000,  # a rollup run on 2 cores shared with the whole suite
     )
     s3 = S3Settings(
         bucket=env["STEPLENS_S3_BUCKET"],
