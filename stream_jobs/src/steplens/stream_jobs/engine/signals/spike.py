@@ -43,11 +43,11 @@ class SpikeConfig:
     abs_floor: float = 1e-12
     rescale_every: int = 16
     trend_tolerant: bool = True  # noise from differences only (series that drift, like loss)
-    # a loss spike: rarer than 1 in 1,000 values of its series and 8 % above the baseline for
-    # two values in a row warns; one such value back at the next is a hard batch, a note (it
-    # names its batch, and correlates with a gradient jump); 50 % above is critical at once (a
-    # corrupted batch); a rare rise of 2 % is a note; before the series knows its noise, 15 %
-    # warns
+    # a loss spike: rarer than 1 in 1,000 values of its series and 10 % above the baseline
+    # warns; 8 % warns when the next value is still rarely high (2 % up); one value 8-10 % up,
+    # back at the next, is a hard batch: a note (it names its batch, and correlates with a
+    # gradient jump); 50 % above is critical (a corrupted batch); a rare rise of 2 % is a
+    # note; before the series knows its noise, 15 % warns
     policy: Policy = field(
         default_factory=lambda: Policy(
             rarity=0.999,
@@ -55,6 +55,8 @@ class SpikeConfig:
             warning=0.08,
             critical=0.5,
             persist=2,
+            at_once=0.10,
+            held=0.02,
             note=0.02,
             cold_warning=0.15,
             cold_critical=0.5,
