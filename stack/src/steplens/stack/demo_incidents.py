@@ -215,6 +215,8 @@ def score(
             at_ok = at is None or inc.first_step - 2 <= at <= inc.last_step + slack
             if at_ok and _fits(inc, alert, slack, started_ns.get(inc.kind)):
                 caught[inc.kind].append(alert)
+    for kind, hits in caught.items():  # an incident once: its last report that caught
+        caught[kind] = list({_key(a): a for a in hits}.values())
     caught_ids = {_key(a) for hits in caught.values() for a in hits}
     false_alarms = []
     for alert in _opened([a for a in alerts if a.get("state", "firing") == "firing"]):
