@@ -27,9 +27,10 @@ several topics); otherwise it opens an incident. An incident:
 
 A new event is its own incident, not a member of the one still open: an alert of a rule that
 already has a member there which has come back in its band (it peaked and resolved) and started
-more than ``join_steps`` steps before, now on another rank or with a larger value (a second
-loss spike after the first, a corrupted batch after an lr blow-up), opens an incident of its
-own, paged with its own step; the earlier incident goes on and resolves on its own signals.
+more than ``join_steps`` steps before, now more than ``join_gap`` steps after that member
+resolved or (a spike) on another rank or with a larger value (a second loss spike after the
+first, a corrupted batch after an lr blow-up), opens an incident of its own, paged with its own
+step; the earlier incident goes on and resolves on its own signals.
 
 Its identity (``fingerprint``) derives from the run, the topic and the step it started at, and
 its time from the record it opened on, so a replay after a restart reports the same incident.
@@ -113,6 +114,10 @@ def topic_of(rule: str) -> str:
 
 def specificity(rule: str) -> int:
     return SPECIFIC.get(rule.split(":", 1)[0], 1)
+
+
+# rules whose value is the size of the event (a spike that is larger is a new one)
+SPIKES = frozenset({"spike", "nonfinite"})
 
 
 def follower(rule: str) -> bool:
@@ -226,8 +231,9 @@ def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> tuple[Incide
         elif inc.run_id == a.run_id and inc.topic == topic:
             if follower(a.rule) and not all(follower(m.rule) for m in inc.members.values()):
                 return inc, True
-            if _new_event(inc, cfg, a):
-                continue
+            ended = max((m.step for m in inc.events() if m.step is not None), default=None)
+            if _new_event(inc, cfg, a) or (ended is not None and start - ended > cfg.join_gap):
+                continue  # (its followers, not its event, moved since)
             del state.closed[fp]
             state.open[fp] = inc
             inc.episode += 1
@@ -242,17 +248,21 @@ def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> tuple[Incide
 def _new_event(inc: Incident, cfg: IncidentsConfig, a: Alert) -> bool:
     """Whether ``a`` (not a follower) is a new event rather than more of ``inc``'s: a member
     of its rule there came back in its band (it peaked), started more than ``join_steps``
-    before ``a``, and ``a`` is on another rank, larger, or more than ``join_gap`` steps later."""
+    before ``a``, and ``a`` is more than ``join_gap`` steps after that member resolved, or (a
+    spike) on another rank or larger."""
     start = a.started_step if a.started_step is not None else a.step
     if start is None or follower(a.rule):
         return False
     for m in inc.members.values():
         if m.rule != a.rule or m.firing or m.started_step is None:
             continue
-        gap = start - m.started_step
-        if gap <= cfg.join_steps:
+        if start - m.started_step <= cfg.join_steps:
             continue
-        if gap > cfg.join_gap or _rank(m.scope, m.evidence) != _rank(a.scope, a.evidence):
+        if m.step is not None and start - m.step > cfg.join_gap:
+            return True
+        if a.rule.split(":", 1)[0] not in SPIKES:
+            continue
+        if _rank(m.scope, m.evidence) != _rank(a.scope, a.evidence):
             return True
         was, now = m.evidence.get("value"), a.evidence.get("value")
         if _number(was) and _number(now) and now > was:
