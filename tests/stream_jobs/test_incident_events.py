@@ -123,6 +123,30 @@ def test_a_later_larger_spike_on_another_rank_is_paged_with_its_own_step():
     assert {r.fingerprint for r in again} <= {page.fingerprint}
 
 
+def test_the_loss_volatility_a_spike_leaves_behind_is_not_paged_after_it_resolved():
+    """A corrupted batch's incident (step 260) resolves at 290; the loss volatility of the
+    windows that still hold its spike fires at 346 (on and off): inhibited by it, no page.
+    Volatility far later (step 500) is an incident of its own."""
+    state = IncidentsState()
+    event = [
+        alert("spike:loss", "firing", 260, 260, "critical", rank=0, value=8.3),
+        alert("correlation:loss_grad", "firing", 260, 260),
+        alert("spike:loss", "resolved", 270, 260),
+        alert("correlation:loss_grad", "resolved", 290, 260),
+    ]
+    reports = feed(state, event)
+    assert [r.state for r in reports] == ["firing", "firing", "resolved"]
+    after = [
+        alert("volatility:loss", "firing", 346, 346),
+        alert("volatility:loss", "resolved", 356, 346),
+        alert("volatility:loss", "firing", 366, 366),
+        alert("volatility:loss", "resolved", 376, 366),
+    ]
+    assert feed(state, after) == []
+    late = feed(state, [alert("volatility:loss", "firing", 500, 500)])
+    assert [(r.state, r.started_step) for r in late] == [("firing", 500)]
+
+
 # --------------------------------------------------------------------- hard and corrupted batches
 
 

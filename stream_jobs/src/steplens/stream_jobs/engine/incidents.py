@@ -20,8 +20,9 @@ several topics); otherwise it opens an incident. An incident:
   persistence (``RulesConfig.resolve_after`` steps without a breach). Followers (an ARIMA
   excursion, a volatility window: ``specificity`` 1) are what an event leaves behind: they join
   it, never hold it open, and one still firing when it resolves, or starting within
-  ``join_gap`` steps after, stays inhibited by it (an incident of followers only resolves with
-  its last one);
+  ``join_gap`` steps after (``follow_steps``, on a metric its event named: the volatility of
+  a loss window that still holds the spike), stays inhibited by it (an incident of followers
+  only resolves with its last one);
 * opens again (the same incident) if an alert of its topic that is not a follower starts
   within ``join_gap`` steps after it resolved.
 
@@ -180,6 +181,9 @@ class Incident:
 class IncidentsConfig:
     join_steps: int = 2  # an alert starting this close to an open incident's start joins it
     join_gap: int = 20  # ... one of its topic, if one of its members started this recently
+    # a follower of a metric a resolved incident's event named (the loss volatility of a window
+    # that still holds its spike) stays inhibited by it this many steps after its event ended
+    follow_steps: int = 100
     max_members: int = 20  # members listed in the evidence (the rest are counted)
     max_closed: int = 16  # resolved incidents remembered (to open again)
 
@@ -226,13 +230,13 @@ def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> tuple[Incide
     # one that resolved in the last ``join_gap`` steps opens again (an event whose alerts
     # breach on and off), or keeps a follower of its event quiet
     for fp, inc in list(state.closed.items()):
-        if inc.last_step is None or start - inc.last_step > cfg.join_gap:
+        if inc.last_step is None or start - inc.last_step > max(cfg.join_gap, cfg.follow_steps):
             del state.closed[fp]  # too old to open again: forgotten
         elif inc.run_id == a.run_id and inc.topic == topic:
-            if follower(a.rule) and not all(follower(m.rule) for m in inc.members.values()):
-                return inc, True
             ended = max((m.step for m in inc.events() if m.step is not None), default=None)
-            if _new_event(inc, cfg, a) or (ended is not None and start - ended > cfg.join_gap):
+            if follower(a.rule) and _follows(inc, cfg, a, start, ended):
+                return inc, True
+            if ended is None or start - ended > cfg.join_gap or _new_event(inc, cfg, a):
                 continue  # (its followers, not its event, moved since)
             del state.closed[fp]
             state.open[fp] = inc
@@ -243,6 +247,22 @@ def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> tuple[Incide
         if inc.run_id == a.run_id and near and not _new_event(inc, cfg, a):
             return inc, False
     return None, False
+
+
+def _follows(inc: Incident, cfg: IncidentsConfig, a: Alert, start: int, ended: int | None) -> bool:
+    """Whether the follower ``a`` follows ``inc``'s event (resolved): it started within
+    ``join_gap`` steps of the incident's last step, or within ``follow_steps`` of its event's
+    end on a metric the event named."""
+    if all(follower(m.rule) for m in inc.members.values()):
+        return False  # an incident of followers only: it opens again
+    if inc.last_step is not None and start - inc.last_step <= cfg.join_gap:
+        return True
+    named = {m.rule.partition(":")[2] for m in inc.events()}
+    return (
+        ended is not None
+        and start - ended <= cfg.follow_steps
+        and a.rule.partition(":")[2] in named
+    )
 
 
 def _new_event(inc: Incident, cfg: IncidentsConfig, a: Alert) -> bool:
