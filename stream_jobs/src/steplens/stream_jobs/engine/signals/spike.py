@@ -79,12 +79,18 @@ def update(state: SpikeState, cfg: SpikeConfig, metric: str, col: Column) -> Sig
 
     A window's peak may lie at any of its steps, so it is probed only against a baseline that
     holds a value from before the window's first step; otherwise (the run's first window, whose
-    peak is usually its initial loss) the window is scored by its mean, as a step."""
+    peak is usually its initial loss) the window is scored by its mean, as a step, unless the
+    baseline already holds values of its steps (step records sent raw inside it): the mean of
+    a window over a falling loss is above those values without anything happening, so it is
+    learnt, not judged."""
     probes = col.probes
-    if probes is not None and col.firsts is not None:
-        known = state.first_step
-        if known is None or int(col.firsts[0]) <= known:
+    known = state.first_step
+    covered = None  # windows over steps the baseline already holds
+    if col.firsts is not None:
+        if probes is not None and (known is None or int(col.firsts[0]) <= known):
             probes = None
+        if known is not None:
+            covered = col.firsts <= known
     steps = col.steps[col.steps != NO_STEP]
     if len(steps):
         low = int(steps.min()) if col.firsts is None else int(col.firsts.min())
@@ -108,6 +114,8 @@ def update(state: SpikeState, cfg: SpikeConfig, metric: str, col: Column) -> Sig
     )
     state.values, state.diffs, state.ordered = values, diffs, ordered
     state.scale, state.since_rescale = scale, since
+    if covered is not None and covered.any():
+        out[:, covered] = NAN  # no score, nothing expected: never a breach
     return Signals(
         "spike",
         metric,
