@@ -48,3 +48,38 @@ def test_scorecard_lists_catches_misses_and_false_alarms():
     assert "inspect the batch" in text and "rank 1" in text
     assert "false alarms (outside every incident): 1  (spike:loss x1)" in text
     assert "caught 1 of 5 incidents, 1 false alarm(s)" in text
+
+
+def _incident(state: str, step: int, severity: str, *member_rules: tuple[str, int, int]) -> dict:
+    return {
+        "rule": member_rules[0][0],
+        "scope": "incident",
+        "fingerprint": "inc-200",
+        "state": state,
+        "step": step,
+        "started_step": 200,
+        "severity": severity,
+        "hint": "lr",
+        "evidence": {
+            "members": [{"rule": r, "started_step": s, "rank": k} for r, s, k in member_rules]
+        },
+    }
+
+
+def test_an_incident_open_since_an_earlier_event_catches_a_later_one_only_if_it_pages():
+    """The lr blow-up's incident (step 200) lists a loss spike of step 260 on rank 0 when it is
+    reported again at step 300: that does not catch the corrupted batch of step 260 unless the
+    incident was reported again for it (escalated) in that window."""
+    plan = plan_incidents(500)
+    blow, corrupt = plan[0], plan[1]
+    assert (blow.first_step, corrupt.first_step) == (200, 260)
+    lr = ("lr_schedule:lr", 200, -1)
+    late = ("spike:loss", 260, 0)
+    opened = _incident("firing", 200, "warning", lr)
+    later = _incident("firing", 300, "critical", lr, late, ("data:over_length_share", 300, 0))
+    silent = [opened, later, _incident("resolved", 500, "critical", lr, late)]
+    card = score(plan, silent)
+    assert "lr_blowup" in card.caught and "corrupted_batch" not in card.caught
+    assert not card.false_alarms
+    paged = [opened, _incident("firing", 260, "critical", lr, late)]
+    assert "corrupted_batch" in score(plan, paged).caught

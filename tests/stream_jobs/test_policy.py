@@ -29,6 +29,8 @@ policies = st.builds(
     warning=st.sampled_from([0.0, 0.05, 3.0]),
     critical=st.sampled_from([1.0, 10.0, math.inf]),
     persist=st.integers(1, 4),
+    at_once=st.sampled_from([math.inf, 0.1, 5.0]),
+    held=st.sampled_from([None, 0.02, 1.0]),
     critical_persist=st.sampled_from([0, 5]),
     alerts=st.booleans(),
     note=st.sampled_from([None, 0.02, 2.0]),
@@ -47,12 +49,14 @@ def reference(policy: Policy, series: list[tuple[float, float, float, bool]]) ->
     note = math.inf if policy.note is None else policy.note
     for v, e, a, cold in series:
         m = magnitude(MEASURES[policy.measure], v, e)
+        held = policy.warning if policy.held is None else policy.held
+        bar = held if run > 0 else policy.warning
         if m >= policy.critical and policy.critical < math.inf:
             run += 1
             sev = CRIT
         elif cold and policy.rarity is not None:
             sev = CRIT if m >= policy.cold_critical else WARN if m >= policy.cold_warning else NONE
-        elif not ((policy.rarity is None or a >= policy.rarity) and m >= policy.warning):
+        elif not ((policy.rarity is None or a >= policy.rarity) and m >= bar):
             run = 0
             sev = INFO if m >= note and a >= policy.note_rarity else NONE
         else:
@@ -61,7 +65,8 @@ def reference(policy: Policy, series: list[tuple[float, float, float, bool]]) ->
                 policy.critical_persist and run >= policy.critical_persist
             )
             noted = m >= note and a >= policy.note_rarity
-            sev = CRIT if crit else WARN if run >= policy.persist else INFO if noted else NONE
+            warn = run >= policy.persist or m >= policy.at_once
+            sev = CRIT if crit else WARN if warn else INFO if noted else NONE
         out.append(min(sev, INFO) if sev and not policy.alerts else sev)
     return out
 
@@ -116,3 +121,14 @@ def test_before_the_series_knows_its_noise_only_the_cold_anchors_alert():
     cold = np.array([True, True, True, False])
     sev = judge(loss, JudgeState(), v, np.ones(4), np.array([1.0, 1.0, 1.0, 0.9999]), cold=cold)
     assert sev.tolist() == [NONE, WARN, CRIT, WARN]
+
+
+def test_a_hard_batch_is_a_note_a_spike_that_stays_or_is_large_warns():
+    """The loss's policy: 8 % up for one value, back at the next, is a note (a hard batch);
+    8 % up and still 2 % up at the next warns there; 10 % up warns at once."""
+    loss = Policy(
+        rarity=0.999, measure="rise", warning=0.08, persist=2, at_once=0.1, held=0.02, note=0.02
+    )
+    v = np.array([1.08, 1.0, 1.08, 1.03, 1.0, 1.12, 1.0])
+    sev = judge(loss, JudgeState(), v, np.ones(7), np.where(v > 1.01, 0.9995, 0.5))
+    assert sev.tolist() == [INFO, NONE, INFO, WARN, NONE, WARN, NONE]

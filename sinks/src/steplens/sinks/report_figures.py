@@ -94,8 +94,53 @@ def _incident_spans(ax: Any, data: RunData, topics: tuple[str, ...]) -> int:
     return drawn
 
 
+def _mark_spikes(ax: Any, sig: pd.DataFrame, alerts: pd.DataFrame) -> None:
+    """Loss spikes: those an incident started at (within a step) clearly, the others (a hard
+    batch: a note, one step up and back) faintly. A spike is a breach of the spike detector:
+    its severity where the signals carry it, else rare (anomaly score 0.999) and 2 % up."""
+    if sig.empty or not {"name", "metric"} <= set(sig.columns):
+        return
+    spikes = sig[(sig["name"] == "spike") & (sig["metric"] == "loss")]
+    if "severity" in spikes.columns:
+        spikes = spikes[spikes["severity"].notna()]
+    else:
+        rise = column(spikes, "value") >= 1.02 * column(spikes, "expected")
+        spikes = spikes[(column(spikes, "score").fillna(0) >= 0.999) & rise]
+    if spikes.empty:
+        return
+    starts = np.array([], dtype=float)
+    if not alerts.empty and "started_step" in alerts.columns:
+        firing = alerts[column(alerts, "state").fillna("firing") == "firing"]
+        starts = column(firing, "started_step").dropna().to_numpy(dtype=float)
+    near = np.array([bool(np.any(np.abs(starts - s) <= 1)) for s in spikes["step"]], dtype=bool)
+    hard, paged = spikes[~near], spikes[near]
+    if not hard.empty:
+        ax.scatter(
+            hard["step"],
+            hard["value"],
+            s=14,
+            facecolors="none",
+            edgecolors="grey",
+            alpha=0.5,
+            zorder=4,
+            label=f"hard batch (info, {len(hard)})",
+        )
+    if not paged.empty:
+        ax.scatter(
+            paged["step"],
+            paged["value"],
+            marker="X",
+            s=70,
+            color="#e45756",
+            edgecolors="black",
+            zorder=6,
+            label="loss spike (incident)",
+        )
+
+
 def fig_loss(data: RunData) -> Any:
-    """Loss per step with the ARIMA expectation band; points outside the band marked."""
+    """Loss per step with the ARIMA expectation band; points outside the band marked; loss
+    spikes marked, faintly the hard batches (notes), clearly those that opened an incident."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 4.2))
@@ -132,6 +177,7 @@ def fig_loss(data: RunData) -> Any:
             ax.scatter(
                 out["step"], out["value"], color="#e45756", zorder=5, s=22, label="outside band"
             )
+    _mark_spikes(ax, sig, data.alerts)
     _mark_alerts(ax, data)
     ax.set(title=f"Loss - run {data.run_id}", xlabel="step", ylabel="loss")
     log_scale_if_wide(ax, data.steps["loss"])

@@ -178,9 +178,15 @@ def _member_in(
     return started_ns - 5e9 <= t <= started_ns + lasts_s * 1e9
 
 
-def _rule_fits(incident: Incident, alert: dict[str, Any]) -> bool:
-    rules = [str(m.get("rule", "")).lower() for m in members(alert)]
-    return any(w in rule for rule in rules for w in incident.rule_words)
+def _fits(incident: Incident, alert: dict[str, Any], slack: int, started_ns: int | None) -> bool:
+    """Whether one of the alert's members falls in the incident's window with a rule that fits
+    it (a member that joined an incident opened earlier, elsewhere, catches nothing unless
+    the incident is reported again for it: ``_reports``)."""
+    return any(
+        _member_in(incident, m, slack, started_ns)
+        and any(w in str(m.get("rule", "")).lower() for w in incident.rule_words)
+        for m in members(alert)
+    )
 
 
 def score(
@@ -193,25 +199,32 @@ def score(
     scripted ones by step window and rank of their members (time window for alerts without
     any step, from ``started_ns``: incident kind -> wall time it started).
 
-    Inside a window, an incident one of whose members' rules fits catches it; another there
-    is related (a side effect). One outside every window is a false alarm; a scripted
-    incident that nothing fitting caught is missed. An incident counts once: its escalations
-    are the same incident.
+    A scripted incident is caught by an incident that opens (or opens again, or escalates:
+    a higher severity or a new rule) inside its window with a member there whose rule fits
+    it; an incident that opened earlier and is still open when the scripted one happens does
+    not catch it by listing a later member. An incident none of whose members falls in any
+    window is a false alarm; one with a member in a window that caught nothing there is
+    related (a side effect); a scripted incident that nothing caught is missed. An incident
+    counts once: its last report stands for it.
     """
     started_ns = started_ns or {}
-    firing = _opened([a for a in alerts if a.get("state", "firing") == "firing"])
     caught: dict[str, list[dict[str, Any]]] = {i.kind: [] for i in incidents}
     related: dict[str, list[dict[str, Any]]] = {i.kind: [] for i in incidents}
+    for alert, at in _reports(alerts):
+        for inc in incidents:
+            at_ok = at is None or inc.first_step - 2 <= at <= inc.last_step + slack
+            if at_ok and _fits(inc, alert, slack, started_ns.get(inc.kind)):
+                caught[inc.kind].append(alert)
+    for kind, hits in caught.items():  # an incident once: its last report that caught
+        caught[kind] = list({_key(a): a for a in hits}.values())
+    caught_ids = {_key(a) for hits in caught.values() for a in hits}
     false_alarms = []
-    for alert in firing:
+    for alert in _opened([a for a in alerts if a.get("state", "firing") == "firing"]):
         windows = [i for i in incidents if _in_window(i, alert, slack, started_ns.get(i.kind))]
-        fits = [i for i in windows if _rule_fits(i, alert)]
-        for inc in fits:
-            caught[inc.kind].append(alert)
-        if not fits and windows:
-            related[windows[0].kind].append(alert)
         if not windows:
             false_alarms.append(alert)
+        elif _key(alert) not in caught_ids:
+            related[windows[0].kind].append(alert)
     missed = [i for i in incidents if not caught[i.kind]]
     return Scorecard(
         {k: v for k, v in caught.items() if v},
@@ -219,6 +232,42 @@ def score(
         false_alarms,
         {k: v for k, v in related.items() if v},
     )
+
+
+def _key(alert: dict[str, Any]) -> Any:
+    return alert.get("fingerprint") if alert.get("scope") == "incident" else id(alert)
+
+
+def _reports(alerts: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int | None]]:
+    """The firing reports that page: each incident as it opens (at the step it started), opens
+    again, or escalates (at the step of the report); an alert that is not an incident as it
+    is. With the step they page at (None: none known, the members' times decide)."""
+    out: list[tuple[dict[str, Any], int | None]] = []
+    last: dict[Any, dict[str, Any]] = {}
+    for a in alerts:
+        if a.get("scope") != "incident":
+            if a.get("state", "firing") == "firing":
+                out.append((a, alert_step(a)))
+            continue
+        key = a.get("fingerprint")
+        before = last.get(key)
+        last[key] = a
+        if a.get("state", "firing") != "firing":
+            continue
+        if before is None:
+            out.append((a, alert_step(a)))
+        elif before.get("state") != "firing" or _escalated(before, a):
+            step = a.get("step")
+            out.append((a, step if isinstance(step, int) else alert_step(a)))
+    return out
+
+
+def _escalated(before: dict[str, Any], now: dict[str, Any]) -> bool:
+    order = {"info": 0, "warning": 1, "critical": 2}
+    if order.get(str(now.get("severity")), 0) > order.get(str(before.get("severity")), 0):
+        return True
+    had = {m.get("rule") for m in members(before)}
+    return any(m.get("rule") not in had for m in members(now))
 
 
 def estimate_steps(alerts: list[dict[str, Any]], timeline: list[tuple[int, int]]) -> None:

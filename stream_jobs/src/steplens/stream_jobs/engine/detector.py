@@ -58,7 +58,15 @@ from steplens.stream_jobs.engine.columns import (
     floats_of,
     window_columns,
 )
-from steplens.stream_jobs.engine.core import CRIT_SEV, NO_STEP, Alert, Column, Run, Signals
+from steplens.stream_jobs.engine.core import (
+    CRIT_SEV,
+    INFO_SEV,
+    NO_STEP,
+    Alert,
+    Column,
+    Run,
+    Signals,
+)
 from steplens.stream_jobs.engine.history import NO_FIRST, History, Rows
 from steplens.stream_jobs.engine.policy import JudgeState, Policy, judge_signals
 from steplens.stream_jobs.engine.signals import arima, dynamic_baseline, lr_schedule, ranks
@@ -114,6 +122,8 @@ _HEAD = (
     "advice",  # the remedies, checkpoints and advice given (``engine.advice``)
 )
 
+NOTES_UNNAMED = 8  # notes per rank kept waiting for their evidence (``RunDetector.unnamed``)
+
 # the signals of a warmed rank say so for this many of its values: by then the detectors'
 # windows (spike 64, volatility 50, ARIMA's fit window 256) hold live values only
 MARK_VALUES = 256
@@ -156,6 +166,9 @@ class RunDetector:
     # rank -> the slot (0 or 1) of its series as the last ``dump`` stored it (``dump``)
     slots: dict[int, int] = field(default_factory=dict)
     advice: advising.AdviceState = field(default_factory=advising.AdviceState)
+    # rank -> its last notes of evidence rules (a hard batch's loss) whose record-kept evidence
+    # (the batch) had not come yet, each a signal of one row (``_keep_record`` names them)
+    unnamed: dict[int, list[Signals]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for e in RECORDS:
@@ -177,8 +190,9 @@ class RunDetector:
         if kind == "step":
             return self.process_steps([rec])
         self.records += 1
-        # a batch record or stacks, kept for the evidence; firing alerts it completes
-        amended = self._keep_record(rec) if kind in EVIDENCE_KINDS else None
+        # a batch record or stacks, kept for the evidence; firing alerts it completes, and
+        # notes it names
+        amended, named = self._keep_record(rec) if kind in EVIDENCE_KINDS else ([], [])
         batch: list[Signals] = []
         answers: list[Alert] = []
         if kind == "step_window":
@@ -220,7 +234,7 @@ class RunDetector:
         alerts = self.evaluate(batch, 1, [rec.time_ns])
         if amended:
             alerts += incidents.update(self.incidents, self.cfg.incidents, amended, rec.time_ns)
-        return batch, alerts + answers
+        return batch + named, alerts + answers
 
     def process_steps(self, recs: list[Record]) -> tuple[list[Signals], list[Alert]]:
         """``step`` records of one rank, in order, scored as one batch (a record is a batch of
@@ -438,10 +452,13 @@ class RunDetector:
             st = states[e.key] = e.state()
         return st
 
-    def _keep_record(self, rec: Record) -> list[Alert]:
+    def _keep_record(self, rec: Record) -> tuple[list[Alert], list[Signals]]:
         """Keep a record of an evidence kind; the firing alerts of its rank it completes, amended
-        (rule-level transitions, for the incidents)."""
+        (rule-level transitions, for the incidents), and the notes of its rank and step it
+        names, again with their evidence (signals, published as they are: never judged
+        again)."""
         out: list[Alert] = []
+        named: list[Signals] = []
         for e in EVIDENCE:
             if rec.kind not in e.kinds:
                 continue
@@ -449,6 +466,14 @@ class RunDetector:
             st = self._evidence_state(rec.rank, e, True)
             e.keep(st, cfg, rec.step, rec.data)
             self.touched.add(rec.rank)
+            waiting = self.unnamed.get(rec.rank, [])
+            for note in [n for n in waiting if n.step_at(0) == rec.step and n.rule in e.rules]:
+                detail = (note.detail[0] if note.detail else None) or {}
+                got = e.names(st, cfg, note.rule, rec.step, detail)
+                if got:
+                    waiting.remove(note)
+                    note.detail = [{**detail, **got}]
+                    named.append(note)
             for key, cur in list(self.rules.firing.items()):
                 ev = cur.evidence
                 if key[0] not in e.rules or e.key in ev or ev.get("rank") != rec.rank:
@@ -458,7 +483,7 @@ class RunDetector:
                     amended = rules.amend(self.rules, self.run_id, key, got)
                     if amended is not None:
                         out.append(amended)
-        return out
+        return out, named
 
     def _annotate(self, batch: list[Signals], rank: int, inputs: Inputs | None) -> None:
         """Keep the step entries' evidence fields (``inputs``, of ``rank``) and name, in row
@@ -500,6 +525,11 @@ class RunDetector:
             if sigs.detail is None:
                 sigs.detail = [None] * len(sigs)
             sigs.detail[k] = {**detail, **added}
+        late = [e for e in EVIDENCE if e.kinds and rule in e.rules and e.key not in added]
+        if late and int(sigs.severity[k]) == INFO_SEV:  # a note: named when its record comes
+            waiting = self.unnamed.setdefault(rank, [])
+            waiting.append(_row(sigs, k))
+            del waiting[:-NOTES_UNNAMED]
 
     # ------------------------------------------------------------------ restarts
     def resume_step(self, rec: Record, after: int | None = None) -> int | None:
@@ -808,6 +838,25 @@ def _entry_inputs(entries: list[dict[str, Any]]) -> Inputs | None:
     a, b = EVIDENCE_FIELDS
     got = [(i, e) for i, e in enumerate(entries) if a in e or b in e]
     return [(i, e["step"], e) for i, e in got] if got else None
+
+
+def _row(sigs: Signals, k: int) -> Signals:
+    """Signal ``k`` of ``sigs`` as signals of one row (row 0)."""
+    return Signals.of(
+        sigs.name,
+        sigs.metric,
+        [0],
+        [sigs.step_at(k)],
+        [float(sigs.value[k])],
+        [float(sigs.score[k])],
+        sigs.severity[k : k + 1],
+        [float(sigs.expected[k])],
+        [float(sigs.lower[k])],
+        [float(sigs.upper[k])],
+        sigs.rank_at(k),
+        sigs.scope_at(k),
+        [sigs.detail[k] if sigs.detail is not None else None],
+    )
 
 
 def _breaches(batch: list[Signals]) -> Iterator[tuple[int, Signals, int]]:

@@ -15,8 +15,23 @@ several topics); otherwise it opens an incident. An incident:
 * inhibits its members: only the incident is reported (opened; again when it escalates, gets a
   better hint or a member of a rule as specific as its lead; resolved), as Alertmanager's
   inhibition keeps lower-severity alerts of a firing one quiet;
-* resolves when its last member resolves, and opens again (the same incident) if an alert of
-  its topic starts within ``join_gap`` steps after that.
+* resolves when its signals are back in their bands: when its last member that names the event
+  (a spike, a schedule deviation, a correlation, a named cause) resolves, each after its rule's
+  persistence (``RulesConfig.resolve_after`` steps without a breach). Followers (an ARIMA
+  excursion, a volatility window: ``specificity`` 1) are what an event leaves behind: they join
+  it, never hold it open, and one still firing when it resolves, or starting within
+  ``join_gap`` steps after (``follow_steps``, on a metric its event named: the volatility of
+  a loss window that still holds the spike), stays inhibited by it (an incident of followers
+  only resolves with its last one);
+* opens again (the same incident) if an alert of its topic that is not a follower starts
+  within ``join_gap`` steps after it resolved.
+
+A new event is its own incident, not a member of the one still open: an alert of a rule that
+already has a member there which has come back in its band (it peaked and resolved) and started
+more than ``join_steps`` steps before, now more than ``join_gap`` steps after that member
+resolved or (a spike) on another rank or with a larger value (a second loss spike after the
+first, a corrupted batch after an lr blow-up), opens an incident of its own, paged with its own
+step; the earlier incident goes on and resolves on its own signals.
 
 Its identity (``fingerprint``) derives from the run, the topic and the step it started at, and
 its time from the record it opened on, so a replay after a restart reports the same incident.
@@ -31,6 +46,7 @@ remembered) when it brings an outcome the advice had not had, or is the last ran
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -118,6 +134,15 @@ def specificity(rule: str) -> int:
     return SPECIFIC.get(rule.split(":", 1)[0], 1)
 
 
+# rules whose value is the size of the event (a spike that is larger is a new one)
+SPIKES = frozenset({"spike", "nonfinite"})
+
+
+def follower(rule: str) -> bool:
+    """Whether ``rule`` only follows an event (a forecast excursion, a volatility window)."""
+    return specificity(rule) <= 1
+
+
 @dataclass
 class Member:
     rule: str
@@ -153,12 +178,18 @@ class Incident:
             key=lambda m: (specificity(m.rule), RANK.get(m.severity, 0), -(m.started_step or 0)),
         )
 
+    def events(self) -> list[Member]:
+        """The members that name the event (all of them when only followers joined)."""
+        named = [m for m in self.members.values() if not follower(m.rule)]
+        return named or list(self.members.values())
+
     def firing(self) -> bool:
-        return any(m.firing for m in self.members.values())
+        """Whether it holds: a member that names the event fires."""
+        return any(m.firing for m in self.events())
 
     def last_start(self) -> int | None:
-        """The latest step a member started at (None: no member has a step)."""
-        starts = [m.started_step for m in self.members.values() if m.started_step is not None]
+        """The latest step a member that names the event started at (None: none has a step)."""
+        starts = [m.started_step for m in self.events() if m.started_step is not None]
         return max(starts, default=None)
 
     def rules(self) -> frozenset[str]:
@@ -169,6 +200,9 @@ class Incident:
 class IncidentsConfig:
     join_steps: int = 2  # an alert starting this close to an open incident's start joins it
     join_gap: int = 20  # ... one of its topic, if one of its members started this recently
+    # a follower of a metric a resolved incident's event named (the loss volatility of a window
+    # that still holds its spike) stays inhibited by it this many steps after its event ended
+    follow_steps: int = 100
     max_members: int = 20  # members listed in the evidence (the rest are counted)
     max_closed: int = 16  # resolved incidents remembered (to open again)
 
@@ -186,42 +220,101 @@ def incident_id(run_id: str, topic: str, step: int | None) -> str:
     return hashlib.sha1(f"{run_id}|incident|{topic}|{step}".encode()).hexdigest()[:16]
 
 
-def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> Incident | None:
-    """The open incident ``a`` (firing) joins, or None: the one it is already a member of
-    (its evidence amended); else the run's latest of its topic, unless no member of that one
-    started in the ``join_gap`` steps before ``a`` (a new event, while the last one's slow
-    members, such as a volatility window, still fire); else one that started within
-    ``join_steps`` of it."""
+def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> tuple[Incident | None, bool]:
+    """The incident ``a`` (firing) joins, or None; and whether it joins quietly (one that
+    resolved, whose event's follower stays inhibited by it). The one it is already a member
+    of (its evidence amended); else, unless ``a`` is a new event (``_new_event``), the run's
+    latest of its topic, unless no member that names that one's event started in the
+    ``join_gap`` steps before ``a`` (a new event, while the last one's slow members, such as
+    a volatility window, still fire; a follower joins it whenever it started); else one that
+    resolved in the last ``join_gap`` steps; else one that started within ``join_steps`` of
+    it."""
     mine = state.of_alert.get(a.fingerprint)
     if mine is not None and mine[1] == f"{a.fingerprint}@{a.started_step}":
         inc = state.open.get(mine[0])
         if inc is not None:
-            return inc
+            return inc, False
+        return state.closed.get(mine[0]), True  # a follower left firing when it resolved
     topic = topic_of(a.rule)
     start = a.started_step if a.started_step is not None else a.step
     same = [i for i in state.open.values() if i.run_id == a.run_id and i.topic == topic]
-    if same:
+    if same and not _new_event(same[-1], cfg, a):
         inc = same[-1]
         last = inc.last_start()
-        if start is None or last is None or start - last <= cfg.join_gap:
-            return inc
+        near = start is None or last is None or start - last <= cfg.join_gap
+        if near or follower(a.rule):  # a follower is never a new event
+            return inc, False
     if start is None:
-        return None
+        return None, False
     # one that resolved in the last ``join_gap`` steps opens again (an event whose alerts
-    # breach on and off)
+    # breach on and off), or keeps a follower of its event quiet
     for fp, inc in list(state.closed.items()):
-        if inc.last_step is None or start - inc.last_step > cfg.join_gap:
+        if inc.last_step is None or start - inc.last_step > max(cfg.join_gap, cfg.follow_steps):
             del state.closed[fp]  # too old to open again: forgotten
         elif inc.run_id == a.run_id and inc.topic == topic:
+            ended = max((m.step for m in inc.events() if m.step is not None), default=None)
+            if follower(a.rule) and _follows(inc, cfg, a, start, ended):
+                return inc, True
+            if ended is None or start - ended > cfg.join_gap or _new_event(inc, cfg, a):
+                continue  # (its followers, not its event, moved since)
             del state.closed[fp]
             state.open[fp] = inc
             inc.episode += 1
-            return inc
+            return inc, False
     for inc in state.open.values():
         near = inc.started_step is not None and abs(start - inc.started_step) <= cfg.join_steps
-        if inc.run_id == a.run_id and near:
-            return inc
-    return None
+        if inc.run_id == a.run_id and near and not _new_event(inc, cfg, a):
+            return inc, False
+    return None, False
+
+
+def _follows(inc: Incident, cfg: IncidentsConfig, a: Alert, start: int, ended: int | None) -> bool:
+    """Whether the follower ``a`` follows ``inc``'s event (resolved): it started within
+    ``join_gap`` steps of the incident's last step, or within ``follow_steps`` of its event's
+    end on a metric the event named."""
+    if all(follower(m.rule) for m in inc.members.values()):
+        return False  # an incident of followers only: it opens again
+    if inc.last_step is not None and start - inc.last_step <= cfg.join_gap:
+        return True
+    named = {m.rule.partition(":")[2] for m in inc.events()}
+    return (
+        ended is not None
+        and start - ended <= cfg.follow_steps
+        and a.rule.partition(":")[2] in named
+    )
+
+
+def _new_event(inc: Incident, cfg: IncidentsConfig, a: Alert) -> bool:
+    """Whether ``a`` (not a follower) is a new event rather than more of ``inc``'s: a member
+    of its rule there came back in its band (it peaked), started more than ``join_steps``
+    before ``a``, and ``a`` is more than ``join_gap`` steps after that member resolved, or (a
+    spike) on another rank or larger."""
+    start = a.started_step if a.started_step is not None else a.step
+    if start is None or follower(a.rule):
+        return False
+    for m in inc.members.values():
+        if m.rule != a.rule or m.firing or m.started_step is None:
+            continue
+        if start - m.started_step <= cfg.join_steps:
+            continue
+        if m.step is not None and start - m.step > cfg.join_gap:
+            return True
+        if a.rule.split(":", 1)[0] not in SPIKES:
+            continue
+        if _rank(m.scope, m.evidence) != _rank(a.scope, a.evidence):
+            return True
+        was, now = m.evidence.get("value"), a.evidence.get("value")
+        if _number(was) and _number(now) and now > was:
+            return True
+    return False
+
+
+def _rank(scope: str, evidence: Mapping[str, Any]) -> Any:
+    return evidence.get("rank", scope)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
 
 
 def update(
@@ -238,8 +331,12 @@ def update(
         (a for a in alerts if a.state == "firing"),
         key=lambda a: (topic_of(a.rule), a.rule, a.scope),
     )
-    for a in firing:
+    # a new event's alerts first: it opens its incident, and the rest of the record's joins it
+    fresh = [a for a in firing if any(_new_event(i, cfg, a) for i in state.open.values())]
+    for a in fresh + [a for a in firing if a not in fresh]:
         inc, grew = _firing(state, cfg, a, time_ns)
+        if inc is None:  # a follower kept quiet by an incident that resolved
+            continue
         changed[inc.fingerprint] = inc
         if grew:
             grown.add(inc.fingerprint)
@@ -258,11 +355,19 @@ def update(
 
 def _firing(
     state: IncidentsState, cfg: IncidentsConfig, a: Alert, time_ns: int
-) -> tuple[Incident, bool]:
+) -> tuple[Incident | None, bool]:
     """The incident ``a`` joins (or opens), and whether it adds evidence to a member it
-    already is; a member inhibited from now on."""
-    inc = _home(state, cfg, a)
+    already is; a member inhibited from now on. None: a follower kept quiet by an incident
+    that resolved (a member of it, not reported)."""
+    inc, quiet = _home(state, cfg, a)
     member = Member(a.rule, a.scope, a.severity, a.hint, a.started_step, a.step, True, a.evidence)
+    if quiet:
+        key = f"{a.fingerprint}@{a.started_step}"
+        if inc is not None:  # its steps keep the incident's followers quiet
+            inc.members[key] = member
+            _seen(inc, a.step)
+        state.of_alert[a.fingerprint] = [inc.fingerprint if inc else "", key]
+        return None, False
     if inc is None:
         start = a.started_step if a.started_step is not None else a.step
         fp = incident_id(a.run_id, topic_of(a.rule), start)
@@ -274,11 +379,17 @@ def _firing(
     grew = again is not None and not again.evidence.keys() >= member.evidence.keys()
     inc.members[key] = member
     state.of_alert[a.fingerprint] = [inc.fingerprint, key]
-    if RANK.get(a.severity, 0) > RANK.get(inc.severity, 0):
-        inc.severity = a.severity
-    if a.step is not None and (inc.last_step is None or a.step > inc.last_step):
-        inc.last_step = a.step
+    # its peak; also a follower's it kept quiet while it was resolved, when it opens again
+    for m in (member, *(inc.members.values() if inc.episode else ())):
+        if RANK.get(m.severity, 0) > RANK.get(inc.severity, 0):
+            inc.severity = m.severity
+    _seen(inc, a.step)
     return inc, grew
+
+
+def _seen(inc: Incident, step: int | None) -> None:
+    if step is not None and (inc.last_step is None or step > inc.last_step):
+        inc.last_step = step
 
 
 def _news(inc: Incident, severity: str, lead: str, rules: frozenset[str]) -> bool:
@@ -295,14 +406,18 @@ def _news(inc: Incident, severity: str, lead: str, rules: frozenset[str]) -> boo
 def _resolved(state: IncidentsState, cfg: IncidentsConfig, a: Alert, time_ns: int) -> list[Alert]:
     fp, key = state.of_alert.pop(a.fingerprint, (None, None))
     inc = state.open.get(fp) if fp else None
-    if inc is None:
+    if inc is None:  # a follower an incident that resolved kept quiet
+        gone = state.closed.get(fp) if fp else None
+        member = gone.members.get(key) if gone is not None and key else None
+        if member is not None and gone is not None:
+            member.firing, member.step = False, a.step
+            _seen(gone, a.step)
         return []
     member = inc.members.get(key) if key else None
     if member is not None:
         member.firing = False
         member.step = a.step
-    if a.step is not None and (inc.last_step is None or a.step > inc.last_step):
-        inc.last_step = a.step
+    _seen(inc, a.step)
     if inc.firing():
         return []
     del state.open[inc.fingerprint]

@@ -13,8 +13,11 @@ signal is a breach only when it is both rare and large enough to matter, or last
   other, whatever the rarity (a gradient norm 10x its robust baseline is critical even on a
   series where that happened before; loss volatility over 10 % warns; ...);
 * ``persist``: rare and large for this many values in a row before it warns (a forecast that
-  is missed once is a blip, three times a change of regime); ``critical_persist``: before a
-  warning becomes critical (0: never by persistence alone).
+  is missed once is a blip, three times a change of regime), unless its magnitude is at or
+  above ``at_once`` (a loss 8 % up for one step is a hard batch, 10 % up a spike); after the
+  first, a value goes on with the run when it is rare and at least ``held`` large (None: the
+  warning's magnitude; a loss still 2 % up after an 8 % jump has not come back);
+  ``critical_persist``: before a warning becomes critical (0: never by persistence alone).
 
 A small deviation that neither persists nor is large stays a signal: it is stored and plotted,
 it never alerts on its own. Before a series has values enough to know its noise (its
@@ -62,6 +65,8 @@ class Policy:
     warning: float = -math.inf  # magnitude at or above which a rare value warns
     critical: float = math.inf  # ... is critical
     persist: int = 1
+    at_once: float = math.inf  # magnitude that warns without persisting
+    held: float | None = None  # magnitude that goes on with a run (None: ``warning``)
     critical_persist: int = 0
     alerts: bool = True  # False: its breaches are notes (they feed the correlations)
     note: float | None = None  # magnitude of a note (None: no notes)
@@ -112,6 +117,8 @@ def judge(
         float(policy.warning),
         float(policy.critical),
         int(policy.persist),
+        float(policy.at_once),
+        float(policy.warning if policy.held is None else policy.held),
         int(policy.critical_persist),
         bool(policy.alerts),
         math.inf if policy.note is None else float(policy.note),
@@ -151,6 +158,8 @@ def _judge(  # noqa: PLR0917
     warning: float,
     critical: float,
     persist: int,
+    at_once: float,
+    held: float,
     critical_persist: int,
     alerts: bool,
     note: float,
@@ -177,7 +186,9 @@ def _judge(  # noqa: PLR0917
             if not alerts and sev[i] > INFO:
                 sev[i] = INFO
             continue
-        if not ((rarity < 0.0 or a >= rarity) and m >= warning):  # NaN is never large
+        # a run goes on with a rare value at least ``held`` large (NaN is never large)
+        bar = held if run > 0 else warning
+        if not ((rarity < 0.0 or a >= rarity) and m >= bar):
             run = 0
             if m >= note and a >= note_rarity:
                 sev[i] = INFO
@@ -185,7 +196,7 @@ def _judge(  # noqa: PLR0917
         run += 1
         if m >= critical or (critical_persist > 0 and run >= critical_persist):
             sev[i] = CRIT
-        elif run >= persist:
+        elif run >= persist or m >= at_once:
             sev[i] = WARN
         elif m >= note and a >= note_rarity:
             sev[i] = INFO

@@ -46,15 +46,20 @@ class SpikeConfig:
     abs_floor: float = 1e-12
     rescale_every: int = 16
     trend_tolerant: bool = True  # noise from differences only (series that drift, like loss)
-    # a loss spike: rarer than 1 in 1,000 values of its series and 8 % above the baseline
-    # warns, 50 % is critical; a rare rise of 2 % is a note (it may correlate with a gradient
-    # jump); before the series knows its noise, 15 % warns
+    # a loss spike: rarer than 1 in 1,000 values of its series and 10 % above the baseline
+    # warns; 8 % warns when the next value is still rarely high (2 % up); one value 8-10 % up,
+    # back at the next, is a hard batch: a note (it names its batch, and correlates with a
+    # gradient jump); 50 % above is critical (a corrupted batch); a rare rise of 2 % is a
+    # note; before the series knows its noise, 15 % warns
     policy: Policy = field(
         default_factory=lambda: Policy(
             rarity=0.999,
             measure="rise",
             warning=0.08,
             critical=0.5,
+            persist=2,
+            at_once=0.10,
+            held=0.02,
             note=0.02,
             cold_warning=0.15,
             cold_critical=0.5,
@@ -77,12 +82,18 @@ def update(state: SpikeState, cfg: SpikeConfig, metric: str, col: Column) -> Sig
 
     A window's peak may lie at any of its steps, so it is probed only against a baseline that
     holds a value from before the window's first step; otherwise (the run's first window, whose
-    peak is usually its initial loss) the window is scored by its mean, as a step."""
+    peak is usually its initial loss) the window is scored by its mean, as a step, unless the
+    baseline already holds values of its steps (step records sent raw inside it): the mean of
+    a window over a falling loss is above those values without anything happening, so it is
+    learnt, not judged."""
     probes = col.probes
-    if probes is not None and col.firsts is not None:
-        known = state.first_step
-        if known is None or int(col.firsts[0]) <= known:
+    known = state.first_step
+    covered = None  # windows over steps the baseline already holds
+    if col.firsts is not None:
+        if probes is not None and (known is None or int(col.firsts[0]) <= known):
             probes = None
+        if known is not None:
+            covered = col.firsts <= known
     steps = col.steps[col.steps != NO_STEP]
     if len(steps):
         low = int(steps.min()) if col.firsts is None else int(col.firsts.min())
@@ -106,6 +117,8 @@ def update(state: SpikeState, cfg: SpikeConfig, metric: str, col: Column) -> Sig
     )
     state.values, state.diffs, state.ordered = values, diffs, ordered
     state.scale, state.since_rescale = scale, since
+    if covered is not None and covered.any():
+        out[:, covered] = NAN  # no score, nothing expected: never a breach
     return Signals(
         "spike",
         metric,
