@@ -224,7 +224,7 @@ def test_the_detector_advises_from_records_and_keeps_its_state_across_a_restart(
     assert rewind["skip_batches"] == 250 - 200 + 200
     assert det.advice.checkpoints == [[200, "/ck/200"]]
     head, parts = det.dump(det.series)
-    back = RunDetector.load(head, parts.get)
+    back = RunDetector.load(head, lambda r, _slot: parts.get(r))
     assert back is not None
     assert back.advice.remedies == ["skip_samples", "rewind"]
     assert back.advice.advised == det.advice.advised

@@ -84,6 +84,12 @@ def test_an_answer_reports_the_incident_again_when_it_is_news():
     assert declined.evidence["remedies"][0]["answers"][0]["outcome"] == "declined"
     assert _acted(det, 0, "no-such-incident", "rewind", "acted") == []
     head, parts = det.dump(det.series)
-    back = RunDetector.load(head, parts.get)
+    back = RunDetector.load(head, lambda r, _slot: parts.get(r))
     assert back is not None
-    assert back.incidents.open[fp].remedies == det.incidents.open[fp].remedies
+
+    def remedies(d: RunDetector) -> list:  # the spike's incident may have resolved by now
+        inc = d.incidents.open.get(fp) or d.incidents.closed.get(fp)
+        assert inc is not None
+        return inc.remedies
+
+    assert remedies(back) == remedies(det)

@@ -114,7 +114,7 @@ def test_a_run_gets_in_run_bands_and_alerts_on_a_gpu_that_drops_not_on_healthy_o
     assert db.key_of("net:localhost/ib0", "net_mb_s") in dyn.series
     # a checkpoint leaves the bands and minutes out (the stores have them): a small head
     head, ranks = busy.dump(busy.take_touched())
-    back = RunDetector.load(head, ranks.get)
+    back = RunDetector.load(head, lambda r, _slot: ranks.get(r))
     assert back is not None and back.run_states["baseline"].series == {}
     assert len(head) < 20_000
     # the GPU drops while the run steps: a hardware alert; while it does not (an evaluation,
