@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from tests.producer.test_remedies import advise, back_on_trend
+from tests.waiting import wait_until
 
 torch = pytest.importorskip("torch")
 
