@@ -287,6 +287,7 @@ def test_an_incident_links_the_traces_its_ranks_took(tmp_path):
         {"rank": 5, "uri": "/tmp/p/r5.json.gz"},
     ]
     assert f"(trace {uri}:" in profile["answered"]  # the address is never cut
+
     def link(uri: str) -> str | None:  # presigned: see the next test
         return "https://s3.example/signed?" + uri[5:] if uri.startswith("s3://") else None
 

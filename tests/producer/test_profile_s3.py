@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import urllib.request
 import uuid
 
 import pytest
@@ -11,6 +12,7 @@ from tests.producer.test_profile_auto import advise, train
 from tests.waiting import wait_until
 
 from steplens.producer.trace_upload import trace_key
+from steplens.sinks.trace_links import presigner
 
 pytest.importorskip("torch")
 boto3 = pytest.importorskip("boto3")
@@ -37,6 +39,11 @@ def test_a_trace_is_uploaded_gzipped_and_named_in_the_acted_record(
         body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
         trace = json.loads(gzip.decompress(body))
         assert any("aten::" in e.get("name", "") for e in trace["traceEvents"])
+        # the report's link: a presigned URL anyone with it can read
+        url = presigner()(f"s3://{bucket}/{key}")
+        assert url is not None and "X-Amz-Signature=" in url
+        with urllib.request.urlopen(url, timeout=10) as got:
+            assert got.read() == body
     finally:
         client.delete_object(Bucket=bucket, Key=key)
     m.flush(5)

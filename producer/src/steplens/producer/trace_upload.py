@@ -36,10 +36,13 @@ def store(path: str, config: Any, run_id: str, rank: int, fingerprint: str) -> s
     client = boto3.client(
         "s3",
         endpoint_url=getattr(config, "s3_endpoint", None) or None,
-        config=Config(
+        config=Config(  # as the sinks' client: path-style, checksums only where required
+            s3={"addressing_style": "path"},
             connect_timeout=5,
             read_timeout=UPLOAD_TIMEOUT_S,
             retries={"max_attempts": 3, "mode": "standard"},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
         ),
     )
     client.upload_file(

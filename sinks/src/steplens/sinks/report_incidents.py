@@ -204,7 +204,8 @@ def remedies_of(advice: pd.DataFrame, acted: pd.DataFrame) -> dict[str, list[dic
     """Incident fingerprint -> the advice given for it, in the order given: ``action``,
     ``step``, ``rank``, ``advice`` (what it asked, in words), ``answers`` (each rank's
     latest: rank, outcome, detail, step), ``answered`` (them in words), ``traces`` (a
-    profile's: rank, uri) and ``line`` (all of it in one line). A record read twice (both stores, a replay) counts once."""
+    profile's: rank, uri) and ``line`` (all of it in one line). A record read twice (both
+    stores, a replay) counts once."""
     answers: dict[tuple[str, str], dict[Any, dict[str, Any]]] = {}
     for r in _rows(acted):
         answer = {k: r.get(k) for k in ("rank", "outcome", "detail", "step")}

@@ -32,7 +32,7 @@ def presigner(settings: Any = None) -> Link:
                 from steplens.sinks.s3 import make_s3_client
                 from steplens.sinks.settings import S3Settings
 
-                client.append(make_s3_client(settings or S3Settings.from_env()))
+                client.append(make_s3_client(settings or S3Settings.from_env(), "s3v4"))
             return str(
                 client[0].generate_presigned_url(
                     "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=EXPIRES_S
