@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from typing import Any
 
 MAX_DURATION_S = 30.0
 DEFAULT_DURATION_S = 5.0
@@ -34,7 +35,7 @@ class RankProfile:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self._prof = torch.profiler.profile(activities=activities)
+        self._prof: Any = torch.profiler.profile(activities=activities)
         self._prof.start()
         self._t0 = time.monotonic()
 
