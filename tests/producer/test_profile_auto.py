@@ -22,10 +22,19 @@ from tests.producer.tiny_lm import TinyLM, clean_rows  # noqa: E402 - after the 
 
 
 def advise(m: Any, t: Any, step: int, **data: Any) -> None:
+    """Publish advice for the Monitor's run and wait until its worker has taken it."""
     rec = make_record(
         "advice", data, run_id=m.run_id, rank=RUN_RANK, step=step, time_ns=time.time_ns()
     )
+    before = taken(m)
     t.advise(encode(rec), key=m.run_id.encode())
+    assert wait_until(lambda: taken(m) > before, timeout_s=10), m.stats()["advice"]
+
+
+def taken(m: Any) -> int:
+    """Advice messages the Monitor's worker took: queued, or kept out (a duplicate)."""
+    stats = m.stats()
+    return stats["advice_received"] + sum((stats["advice"] or {}).values())
 
 
 def train(m: Any, steps: int, until: Any = None) -> int:
