@@ -13,7 +13,7 @@ $(VENV)/.installed: requirements-dev.txt constraints.txt schema/pyproject.toml p
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -r requirements-dev.txt \
-	  -e schema -e producer[gpu,torch,fast,text,exporter] -e stream_jobs[history] -e sinks[report,mlflow] -e stack
+	  -e schema -e producer[gpu,torch,fast,text,exporter,s3] -e stream_jobs[history] -e sinks[report,mlflow] -e stack
 	touch $@
 
 demo: setup

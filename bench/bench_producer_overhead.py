@@ -15,8 +15,9 @@
         # watch(every=10) and watch(every=1): this watcher against OLD_CHECKOUT's, A/B/B/A in
         # one process (the old watcher.py loaded from its file)
     python bench/bench_producer_overhead.py --advice-against OLD_CHECKOUT
-        # the advice channel's cost: log_step here (remedies off, and on: the worker thread
-        # polls for advice) against OLD_CHECKOUT's producer, each in child processes,
+        # the advice channel's cost: log_step here (the default remedies, and skip_samples:
+        # the worker thread polls for advice) against OLD_CHECKOUT's producer (its default),
+        # each in child processes,
         # alternated; and an empty sl.advice() against a no-op call
 """
 
@@ -346,8 +347,9 @@ def log_step_child(rounds: int, n: int, remedies: bool) -> None:
 
 
 def bench_advice_against(old_root: str, quartets: int, rounds: int, n: int) -> None:
-    """``log_step`` of this checkout (remedies off, on) against ``old_root``'s, in children
-    alternated A/B/C/C/B/A; then an empty ``sl.advice()`` against a no-op call."""
+    """``log_step`` of this checkout (its default remedies, skip_samples) against
+    ``old_root``'s default, in children alternated A/B/C/C/B/A; then an empty
+    ``sl.advice()`` against a no-op call."""
     import json
 
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -365,7 +367,7 @@ def bench_advice_against(old_root: str, quartets: int, rounds: int, n: int) -> N
         p50, p99 = json.loads(out.strip().splitlines()[-1])
         return float(p50), float(p99)
 
-    names = ("before (OLD_CHECKOUT)", "after, no remedies", "after, remedies on")
+    names = ("before (OLD_CHECKOUT)", "after, default", "after, skip_samples")
     runs = ((old_root, False), (here, False), (here, True))
     got: dict[str, list[tuple[float, float]]] = {k: [] for k in names}
     for q in range(quartets):

@@ -255,3 +255,59 @@ def test_the_page_shows_advice_answers_and_recovery(tmp_path):
     )
     assert "acted: rank 0 (reloaded ckpt-100); declined: rank 1" in page
     assert "back on trend after 5 steps (step 156)" in page
+
+
+def _profile_and_answers() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A ``profile`` advice for incident "a" and three ranks' answers: a trace in S3, one kept
+    on the rank's host, one declined."""
+    uri = "s3://steplens/cold/traces/run_id=synthetic/straggler-" + "f" * 40 + "-rank3.json.gz"
+    advice = pd.DataFrame(
+        [{"time_ns": 1, "step": 152, "rank": 3, "fingerprint": "a", "action": "profile"}]
+    )
+    acted = pd.DataFrame(
+        [
+            {"rank": 3, "outcome": "acted", "detail": f"trace {uri}: 20 steps, 1.4 s"},
+            {"rank": 5, "outcome": "acted", "detail": "trace /tmp/p/r5.json.gz: 7 steps, 5.0 s"},
+            {"rank": 1, "outcome": "declined", "detail": "a profile is already running"},
+        ]
+    )
+    acted[["time_ns", "step", "fingerprint", "action"]] = [5, 160, "a", "profile"]
+    return advice, acted
+
+
+def test_an_incident_links_the_traces_its_ranks_took(tmp_path):
+    from steplens.sinks.report_page import write_report
+
+    data = synthetic_run(n_steps=200)
+    data.advice, data.acted = _profile_and_answers()
+    [profile] = run_incidents(data).set_index("fingerprint").loc["a"].remedies
+    uri = "s3://steplens/cold/traces/run_id=synthetic/straggler-" + "f" * 40 + "-rank3.json.gz"
+    assert profile["traces"] == [
+        {"rank": 3, "uri": uri},
+        {"rank": 5, "uri": "/tmp/p/r5.json.gz"},
+    ]
+    assert f"(trace {uri}:" in profile["answered"]  # the address is never cut
+
+    def link(uri: str) -> str | None:  # presigned: see the next test
+        return "https://s3.example/signed?" + uri[5:] if uri.startswith("s3://") else None
+
+    page = write_report(data, tmp_path, link=link)
+    assert f'<a class="trace" href="https://s3.example/signed?{uri[5:]}">trace of rank 3</a>' in (
+        page.read_text()
+    )
+    assert "trace of rank 5: <code>/tmp/p/r5.json.gz</code>" in page.read_text()
+
+
+def test_a_trace_in_s3_is_linked_by_a_presigned_url():
+    from steplens.sinks.settings import S3Settings
+    from steplens.sinks.trace_links import EXPIRES_S, no_link, presigner
+
+    settings = S3Settings(
+        endpoint_url="http://127.0.0.1:9", access_key_id="AK", secret_access_key="SK"
+    )
+    url = presigner(settings)("s3://steplens/cold/traces/run_id=r/f-rank0.json.gz")
+    assert url is not None
+    assert url.startswith("http://127.0.0.1:9/steplens/cold/traces/run_id%3Dr/f-rank0.json.gz?")
+    assert "X-Amz-Signature=" in url and f"X-Amz-Expires={EXPIRES_S}" in url
+    assert presigner(settings)("/tmp/on-the-rank.json.gz") is None
+    assert no_link("s3://b/k") == "s3://b/k" and no_link("/tmp/x") is None

@@ -143,7 +143,7 @@ def test_the_queue_is_bounded_drop_oldest_counted():
 
 
 def test_without_remedies_there_is_no_advice_desk_and_advice_is_empty(memory_monitor):
-    m, t = memory_monitor()
+    m, t = memory_monitor(remedies=[])  # profile, on by default, turned off
     assert m._pipeline.advice is None
     t.advise(advice_bytes(m.run_id), key=m.run_id.encode())
     m.log_step(1, loss=1.0)

@@ -69,3 +69,12 @@ def test_init_logs_one_line_and_sends_the_list_in_run_meta(memory_monitor, caplo
     )
     (meta,) = t.records("run_meta")
     assert [c["check"] for c in meta.data["checks"]] == list(_states())
+
+
+def test_the_profiler_trace_is_on_by_default_and_says_how_it_was_turned_off():
+    name = "profiler trace of a slow rank (straggler, idle GPU)"
+    assert _states(world_size=1)[name] == {"check": name, "state": "on"}  # torch installed
+    off = _states(remedies=[])[name]
+    assert off["state"] == OFF and off["why"] == "the profile remedy is off"
+    assert off["enable"] == 'sl.init(..., remedies=["profile"])'
+    assert _states(profile=False)[name]["enable"] == "STEPLENS_PROFILE=1"

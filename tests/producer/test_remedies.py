@@ -3,6 +3,7 @@ with the remedy against the same run from the same seed without it."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import time
@@ -319,7 +320,8 @@ def test_lower_lr_scales_groups_and_schedule_and_the_loss_settles(memory_monitor
 
 # ---------------------------------------------------------------------- profile
 @pytest.mark.slow
-def test_profile_writes_one_bounded_trace_and_names_it(memory_monitor, tmp_path):
+def test_profile_writes_one_bounded_trace_and_names_it(memory_monitor, tmp_path, monkeypatch):
+    monkeypatch.delenv("STEPLENS_S3_BUCKET", raising=False)  # kept local
     m, t = memory_monitor(remedies=["profile"])
     m.remedies.profile_dir = str(tmp_path)
     model = TinyLM()
@@ -337,13 +339,14 @@ def test_profile_writes_one_bounded_trace_and_names_it(memory_monitor, tmp_path)
         m.act(step)
         if len(m.remedies.answers) == 2:
             break
+    assert wait_until(lambda: len(m.remedies.answers) == 2, timeout_s=20)  # stored: answered
     answers = {a[1]: a for a in m.remedies.answers}
     assert answers["slow-rank-2"][2] == "declined"  # one trace at a time
     _, _, outcome, detail, _ = answers["slow-rank-1"]
     assert outcome == "acted"
     path = detail.split("trace ")[1].split(":")[0]
     assert path.startswith(str(tmp_path)) and os.path.getsize(path) > 0
-    trace = json.loads(Path(path).read_text())
+    trace = json.loads(gzip.decompress(Path(path).read_bytes()))
     assert any("aten::" in e.get("name", "") for e in trace["traceEvents"])
     assert time.monotonic() - t0 < 20
     # stopped at a step boundary within its bounds (20 steps or its duration)

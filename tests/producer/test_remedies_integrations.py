@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from tests.producer.test_remedies import advise, back_on_trend
+from tests.waiting import wait_until
 
 torch = pytest.importorskip("torch")
 
@@ -268,8 +269,9 @@ def test_hf_callback_skips_the_named_samples_of_a_skipping_dataset(memory_monito
 
 
 @pytest.mark.slow
-def test_lightning_callback_lowers_the_lr_and_profiles(memory_monitor, tmp_path):
+def test_lightning_callback_lowers_the_lr_and_profiles(memory_monitor, tmp_path, monkeypatch):
     L = pytest.importorskip("lightning")
+    monkeypatch.delenv("STEPLENS_S3_BUCKET", raising=False)  # kept local
     from steplens.producer.integrations.lightning import SteplensCallback
 
     m, t = memory_monitor(remedies=["lower_lr", "profile"])
@@ -304,6 +306,7 @@ def test_lightning_callback_lowers_the_lr_and_profiles(memory_monitor, tmp_path)
         callbacks=[Advise(), SteplensCallback(m, watch_every=None)],
     )
     trainer.fit(module, torch.utils.data.DataLoader(Stream(), batch_size=BATCH))
+    assert wait_until(lambda: any(a[0] == "profile" for a in m.remedies.answers), timeout_s=20)
     m.flush(5)
     got = {r.data["action"]: r.data for r in t.records("acted")}
     assert got["lower_lr"]["detail"] == "lr x0.5 from step 6: 0.2 -> 0.1"

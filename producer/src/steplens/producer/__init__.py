@@ -12,9 +12,9 @@
         sl.log_step(step, loss=loss, grad_norm=grad_norm, tokens=batch["input_ids"].numel())
     sl.shutdown()
 
-With ``init(remedies=["skip_samples", "rewind", "lower_lr", "profile"])`` (each off by default)
-the stream jobs may advise the run's ranks; the loop reads the advice at a step boundary,
-without waiting, and says what it did::
+With ``init(remedies=["profile", "skip_samples", "rewind", "lower_lr"])`` (``profile`` alone by
+default: ``log_step`` records the trace itself) the stream jobs may advise the run's ranks; the
+loop reads the advice at a step boundary, without waiting, and says what it did::
 
     for advice in sl.advice():  # sl.Advice: .action, .fingerprint, .step, the payload
         ...

@@ -11,7 +11,9 @@ remedy) and hands each to ``AdviceInbox.offer``, which keeps what is for this ru
 - advice for a remedy the run did not opt into is answered with an ``acted`` record
   ``refused`` and never reaches the loop;
 - the rest waits in a bounded deque (drop-oldest, counted) that ``Monitor.advice()`` empties
-  at a step boundary, without blocking.
+  at a step boundary, without blocking; advice the rank carries out by itself (``AUTO``:
+  ``profile``) waits in a deque of its own, ``auto``, and ``ready()`` tells the Monitor
+  that its next ``log_step`` has work.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from steplens.schema.codec import decode
 # (key, value, partition, offset) of one message of the advice topic
 Message = tuple[bytes | None, bytes | None, int, int]
 SEEN_MAX = 4096  # (fingerprint, action) pairs remembered; the oldest is forgotten beyond
+AUTO = frozenset({"profile"})  # carried out at the next log_step, without sl.act()
 
 
 class AdviceSource(Protocol):
@@ -88,12 +91,15 @@ class AdviceInbox:
         dead_letter: Callable[[str, Message], None],
         refused: Callable[[Advice, str], None],
         seen_max: int = SEEN_MAX,
+        ready: Callable[[], None] | None = None,
     ) -> None:
         self.run_id = run_id
         self.rank = rank
         self.key = run_id.encode()
         self.remedies = remedies
         self.queue: deque[Advice] = deque(maxlen=queue_max)
+        self.auto: deque[Advice] = deque(maxlen=queue_max)
+        self.ready = ready  # AdviceDesk.poll calls it again while auto waits
         self.counts: dict[str, int] = {}  # reason -> messages kept from the loop
         self.received = 0  # pieces of advice queued for the loop
         self._seen: dict[tuple[str, str], None] = {}  # insertion-ordered: oldest first
@@ -138,10 +144,13 @@ class AdviceInbox:
             self.count("not_opted_in")
             self._refused(advice, f"remedy {data.action!r} not enabled: init(remedies=[...])")
             return None
-        if len(self.queue) == self.queue.maxlen:
+        queue = self.auto if data.action in AUTO else self.queue
+        if len(queue) == queue.maxlen:
             self.count("queue_full")
-        self.queue.append(advice)
+        queue.append(advice)
         self.received += 1
+        if queue is self.auto and self.ready is not None:
+            self.ready()
         return advice
 
     def _hostile(self, reason: str, message: Message) -> None:
@@ -186,11 +195,14 @@ class AdviceDesk:
         except Exception as exc:
             self._failed(exc)
             return 0
+        inbox = self.inbox
         for message in messages:
             try:
-                self.inbox.offer(message)
+                inbox.offer(message)
             except Exception:
-                self.inbox.count("inbox_error")
+                inbox.count("inbox_error")
+        if inbox.auto and inbox.ready is not None:  # until log_step takes it
+            inbox.ready()
         return len(messages)
 
     def _open_later(self, now: float) -> None:

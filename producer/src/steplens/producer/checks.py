@@ -95,6 +95,19 @@ def design_checks(config: ProducerConfig, identity: Identity) -> list[dict[str, 
     )
     out.append(_check("GPU util/memory/temperature/errors", gpu_state, gpu_why, gpu_enable))
     torch = _installed("torch")
+    profile = "profile" in c.remedies
+    out.append(
+        _check(
+            "profiler trace of a slow rank (straggler, idle GPU)",
+            ON if profile and torch else OFF,
+            ("torch not installed" if profile else "the profile remedy is off")
+            if not (profile and torch)
+            else "",
+            ""
+            if profile
+            else ("STEPLENS_PROFILE=1" if not c.profile else 'sl.init(..., remedies=["profile"])'),
+        )
+    )
     out.append(
         _check(
             "GPU memory toward out-of-memory (allocator growth, retries, fragmentation)",

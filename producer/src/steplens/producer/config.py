@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Annotated, Any
 
 from msgspec import Meta
@@ -217,11 +217,28 @@ class ProducerConfig:
     remedies: Annotated[
         Remedies,
         about(
-            "what the stream jobs may advise this run's ranks to do, read with `sl.advice()`: "
-            "`skip_samples`, `rewind`, `lower_lr`, `profile` (env: JSON list); none: no "
-            "advice, no consumer"
+            "what the stream jobs may advise this run's ranks to do: `profile` (on by "
+            "default, carried out at `log_step`), `skip_samples`, `rewind`, `lower_lr` (read "
+            "with `sl.advice()`/`sl.act()`); a list replaces the default (env: JSON list); "
+            "none: no advice, no consumer",
+            default_doc='`["profile"]`',
         ),
-    ] = field(default_factory=list)
+    ] = field(default_factory=lambda: ["profile"])
+    profile: Annotated[
+        bool,
+        about(
+            "the `profile` remedy: a short `torch.profiler` trace of a slow rank, at most "
+            "once per incident; false drops it from `remedies`"
+        ),
+    ] = True
+    s3_bucket: Annotated[
+        str | None,
+        about("bucket the `profile` remedy uploads its traces to (with boto3); none: kept local"),
+    ] = None
+    s3_prefix: Annotated[
+        str, about("key prefix of the traces: `<prefix>/traces/run_id=<run>/`")
+    ] = "cold"
+    s3_endpoint: Annotated[str | None, about("S3 endpoint of the traces (none: AWS)")] = None
     advice_topic: Annotated[
         NonEmptyStr,
         about(
@@ -250,7 +267,10 @@ class ProducerConfig:
         extra = kw.get("kafka_config") or {}
         if not isinstance(extra, dict):
             raise ValueError("steplens: kafka_config must be a dict")  # noqa: TRY004
-        return resolve(cls, {**kw, "kafka_config": {**kafka_security_config(), **extra}})
+        got = resolve(cls, {**kw, "kafka_config": {**kafka_security_config(), **extra}})
+        if not got.profile and "profile" in got.remedies:
+            got = replace(got, remedies=[r for r in got.remedies if r != "profile"])
+        return got
 
     def public(self) -> dict[str, Any]:
         """Settings safe to publish in run_meta (no Kafka security settings)."""

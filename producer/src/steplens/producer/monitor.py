@@ -10,6 +10,7 @@ never reuses its parent's queue, thread or Kafka client.
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import logging
 import os
 import re
@@ -21,7 +22,7 @@ from typing import Any
 
 from steplens.producer import checks
 from steplens.producer import values as V
-from steplens.producer.advice_inbox import Advice, AdviceDesk, AdviceInbox, AdviceSource
+from steplens.producer.advice_inbox import AUTO, Advice, AdviceDesk, AdviceInbox, AdviceSource
 from steplens.producer.caller_counts import CallerCounts
 from steplens.producer.config import ProducerConfig
 from steplens.producer.delivery import Delivery
@@ -148,7 +149,9 @@ class Monitor(Instruments):
         self._pipeline = Pipeline(c, self._q, sender, self._wake)
         self._pipeline.health_extra = self._caller_counters
         self._advice: deque[Advice] = deque()  # stays empty without remedies
-        if c.remedies and self.pid == self._creator_pid and self._advice_source_kind():
+        self._auto: deque[Advice] = deque()  # advice log_step carries out (a trace)
+        self._due = False  # log_step has work: a trace to start or stop (``_auto_ready``)
+        if self._takes_advice():
             inbox = AdviceInbox(
                 self.run_id,
                 self.rank,
@@ -156,10 +159,28 @@ class Monitor(Instruments):
                 queue_max=c.advice_queue_max,
                 dead_letter=self._pipeline.dead_letter_advice,
                 refused=self._pipeline.refuse_advice,
+                ready=self._auto_ready,
             )
             self._pipeline.advice = AdviceDesk(inbox, self._make_advice_source)
             self._advice = inbox.queue
+            self._auto = inbox.auto
         self._update_plain_path()
+
+    def _takes_advice(self) -> bool:
+        """Whether this process opens the advice consumer: a remedy on (``profile`` only
+        where torch is installed), in the process that made the Monitor."""
+        c = self.config
+        if not c.remedies or self.pid != self._creator_pid or not self._advice_source_kind():
+            return False
+        return bool(set(c.remedies) - AUTO) or importlib.util.find_spec("torch") is not None
+
+    def _auto_ready(self) -> None:
+        """The worker thread: advice for ``log_step`` arrived. Its short path is left for
+        ``_record_step_slowly``, which carries it out; said again on each poll while the
+        advice waits (``AdviceDesk.poll``), so a concurrent ``_update_plain_path`` cannot
+        lose it."""
+        self._due = True
+        self._plain_path = False
 
     def _advice_source_kind(self) -> bool:
         """Whether advice can come: from Kafka, or from a given transport that is a source."""
@@ -290,6 +311,12 @@ class Monitor(Instruments):
                 self._put(batch)
         if self._comm is not None:
             self._comm.maybe_run(step)
+        if self._due:
+            self._due = False
+            remedies = self.remedies
+            remedies.at_step(step)
+            self._due = remedies.tracing or bool(self._auto)
+            self._update_plain_path()
 
     def _update_plain_path(self) -> None:
         """Whether ``record_step`` may take its short path (see there)."""
@@ -299,6 +326,7 @@ class Monitor(Instruments):
             and self._data_ns is None
             and not self._watchers
             and self._comm is None
+            and not self._due
         )
 
     # ------------------------------------------------------------------ advice
@@ -313,6 +341,12 @@ class Monitor(Instruments):
         except Exception:
             self.counts.caller += 1
             return ()
+
+    def auto_advice(self) -> tuple[Advice, ...]:
+        """The advice the rank carries out without ``sl.advice()`` (``profile``) that
+        arrived since the last call; for ``Remedies``."""
+        q = self._auto
+        return tuple([q.popleft() for _ in range(len(q))]) if q else ()
 
     def acted(
         self, advice: Advice, outcome: str, detail: str | None = None, step: int | None = None
@@ -377,7 +411,7 @@ class Monitor(Instruments):
             for w in self._watchers:
                 w.remove()
             if self._remedies is not None:
-                self._remedies.close()
+                self._remedies.close(timeout_s=timeout)
             if self._hw is not None:
                 self._hw.stop(min(1.0, timeout))
             if self._exporter is not None:

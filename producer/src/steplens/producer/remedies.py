@@ -1,7 +1,8 @@
-"""Carrying out the stream jobs' advice on this rank: the remedies a run opted into.
+"""Carrying out the stream jobs' advice on this rank: the remedies the run allows.
 
-At a step boundary (``act(step)``, or an integration's callback) each piece of advice that
-arrived is carried out once per (fingerprint, action) and answered with ``acted``:
+At a step boundary (``act(step)``, or an integration's callback; ``profile`` at
+``log_step`` too, ``at_step``) each piece of advice that arrived is carried out once per
+(fingerprint, action) and answered with ``acted``:
 
 - ``skip_samples``: the named sample ids and hashes are skipped for the rest of the run by
   every ``skipping()`` wrapper (``skipping``);
@@ -12,7 +13,9 @@ arrived is carried out once per (fingerprint, action) and answered with ``acted`
 - ``lower_lr``: the lr is multiplied by ``lr_factor`` (``lower_lr``), and the declared schedule
   sent again with the same factor from the next step, so the schedule check follows it and the
   change shows as an lr event;
-- ``profile``: a short ``torch.profiler`` trace (``rank_profile``); answered when written.
+- ``profile`` (on by default): a short ``torch.profiler`` trace (``rank_profile``), written
+  and stored (``trace_upload``: S3 when configured) in a thread of its own; answered with
+  where it is once stored.
 
 Outcomes: ``acted``; ``refused`` (the run did not opt into the action); ``declined`` (nothing to
 act on: no optimizer, no checkpoint named, no ``skipping()`` data, a profile already
@@ -25,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -67,6 +71,7 @@ class Remedies:
         self._done: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.checkpoints: OrderedDict[str, int] = OrderedDict()  # path -> step, as reported
         self._trace: Any = None  # (advice, RankProfile) while a trace runs
+        self._storing: threading.Thread | None = None  # writing and storing the last trace
         # batches a framework's loader reads ahead of the step (its prefetch): a rewind then
         # reloads that many steps later, after the batches read before it was advised
         self.read_ahead = 0
@@ -108,7 +113,7 @@ class Remedies:
             at = step if rewound is None else rewound
             if advice is None:
                 source = getattr(self.monitor, "advice", None)
-                advice = source() if source is not None else ()
+                advice = [*self._auto_advice(), *(source() if source is not None else ())]
             now: list[Any] = []
             for a in advice:
                 shared = a.action in SHARED and getattr(a, "rank", RUN_RANK) == RUN_RANK
@@ -126,6 +131,25 @@ class Remedies:
             self.monitor.counts.caller += 1
         return at
 
+    def at_step(self, step: int) -> None:
+        """``log_step``'s share: start the trace advised (``profile``), or stop the running
+        one once its bounds are reached. Never raises."""
+        try:
+            self._finish_profile(step, force=False)
+            for a in self._auto_advice():
+                self.handle(a, step, _Targets(self.monitor, None, None, None, None), step)
+        except Exception:
+            self.monitor.counts.caller += 1
+
+    @property
+    def tracing(self) -> bool:
+        """A trace runs (``at_step`` has to see the next step boundaries)."""
+        return self._trace is not None
+
+    def _auto_advice(self) -> tuple[Any, ...]:
+        take = getattr(self.monitor, "auto_advice", None)
+        return take() if take is not None else ()
+
     def reported(self, step: int, path: str) -> None:
         """A checkpoint the run reported (``checkpoint(step, path)``): only those are reloaded."""
         self.checkpoints.pop(path, None)
@@ -133,10 +157,14 @@ class Remedies:
         while len(self.checkpoints) > MAX_CHECKPOINTS:
             self.checkpoints.popitem(last=False)
 
-    def close(self, step: int | None = None) -> None:
-        """Finish a running trace (at shutdown, or the end of training)."""
+    def close(self, step: int | None = None, timeout_s: float = 30.0) -> None:
+        """Finish a running trace and wait (``timeout_s`` at most) until it is stored (at
+        shutdown, or the end of training)."""
         try:
             self._finish_profile(step, force=True)
+            storing = self._storing
+            if storing is not None:
+                storing.join(timeout_s)
         except Exception:
             self.monitor.counts.caller += 1
 
@@ -252,7 +280,7 @@ class Remedies:
     def _profile(self, advice: Any, step: int, t: _Targets, at: int) -> tuple[str | None, int]:
         from steplens.producer.rank_profile import RankProfile
 
-        if self._trace is not None:
+        if self._trace is not None or (self._storing is not None and self._storing.is_alive()):
             raise Declined("a profile is already running")
         run_id = str(getattr(self.monitor, "run_id", "run"))
         rank = int(getattr(self.monitor, "rank", 0))
@@ -265,14 +293,39 @@ class Remedies:
             return
         advice, prof = self._trace
         try:
-            detail = prof.maybe_stop(step, force)
+            stopped = prof.maybe_stop(step, force)
         except Exception as exc:
             self._trace = None
             self._answer(advice, "failed", f"{type(exc).__name__}: {exc}", step)
             return
-        if detail is not None:
+        if stopped:
             self._trace = None
-            self._answer(advice, "acted", detail, step)
+            self._storing = threading.Thread(
+                target=self._store_trace,
+                args=(advice, prof, step),
+                name="steplens-trace",
+                daemon=True,
+            )
+            self._storing.start()
+
+    def _store_trace(self, advice: Any, prof: Any, step: int | None) -> None:
+        """The trace's thread: write it, store it, answer with where it is."""
+        from steplens.producer.trace_upload import store
+
+        try:
+            what = prof.finish()
+        except Exception as exc:
+            self._answer(advice, "failed", f"{type(exc).__name__}: {exc}", step)
+            return
+        run_id = str(getattr(self.monitor, "run_id", "run"))
+        rank = int(getattr(self.monitor, "rank", 0))
+        config = getattr(self.monitor, "config", None)
+        try:
+            where = store(prof.path, config, run_id, rank, advice.fingerprint)
+        except Exception as exc:
+            what += f"; not uploaded ({type(exc).__name__}: {str(exc)[:120]})"
+            where = prof.path
+        self._answer(advice, "acted", f"trace {where}: {what}", step)
 
 
 class _Targets:

@@ -5,13 +5,15 @@
 stores' ``advice`` points, or an entry of an incident's ``remedies`` evidence);
 ``answers_text`` what the ranks answered, grouped by outcome (``grouped``: the form the worker
 keeps in the evidence), at most ``MAX_RANKS`` ranks named and ``MAX_DETAILS`` distinct details
-each (the other ranks counted), so a thousand ranks answering make one line.
+each (the other ranks counted), so a thousand ranks answering make one line; ``traces`` where
+the ranks' ``profile`` traces are (``s3://bucket/key``, or a path on the rank's host).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -20,6 +22,8 @@ from steplens.schema.kinds import ADVICE_OUTCOMES
 MAX_RANKS: Final = 8  # ranks named per outcome
 MAX_DETAILS: Final = 2  # distinct details quoted per outcome
 DETAIL_CHARS: Final = 120
+MAX_TRACES: Final = 8  # traces linked per piece of advice
+_TRACE = re.compile(r"^trace (\S+): \d+ steps")  # a profile's acted detail (producer)
 
 
 def present(value: Any) -> Any:
@@ -110,11 +114,36 @@ def answers_text(groups: Iterable[Mapping[str, Any]]) -> str:
         named = ", ".join(str(r) for r in ranks[:MAX_RANKS])
         more = f" and {n - len(ranks[:MAX_RANKS])} more" if n > len(ranks[:MAX_RANKS]) else ""
         text = f"{outcome}: rank{'s' if n > 1 else ''} {named}{more}"
-        details = [str(d)[:DETAIL_CHARS] for d in g.get("details") or ()][:MAX_DETAILS]
+        details = [_cut(str(d)) for d in g.get("details") or ()][:MAX_DETAILS]
         if details:
             text += f" ({'; '.join(details)})"
         parts.append(text)
     return "; ".join(parts)
+
+
+def trace_uri(detail: Any) -> str | None:
+    """Where the trace an ``acted`` detail names is (``trace s3://b/k: 20 steps, 1.2 s``)."""
+    found = _TRACE.match(str(present(detail) or ""))
+    return found.group(1) if found else None
+
+
+def traces(answers: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The traces the ranks took (``acted`` answers to ``profile``): ``rank``, ``uri``; at
+    most ``MAX_TRACES``, by rank."""
+    out = []
+    for a in answers:
+        uri = trace_uri(a.get("detail")) if str(a.get("outcome")) == "acted" else None
+        if uri is not None:
+            rank = present(a.get("rank"))
+            out.append({"rank": None if rank is None else int(rank), "uri": uri})
+    out.sort(key=lambda t: -1 if t["rank"] is None else t["rank"])
+    return out[:MAX_TRACES]
+
+
+def _cut(detail: str) -> str:
+    """A detail cut to ``DETAIL_CHARS``, a trace's address kept whole."""
+    uri = trace_uri(detail)
+    return detail[: max(DETAIL_CHARS, len(f"trace {uri}") if uri else 0)]
 
 
 def advice_line(advice: Mapping[str, Any], groups: Iterable[Mapping[str, Any]]) -> str:

@@ -22,7 +22,15 @@ import numpy as np
 import pandas as pd
 
 from steplens.sinks.recovery import recovery
-from steplens.sinks.remedies import advice_line, answers_text, describe, grouped, present, who
+from steplens.sinks.remedies import (
+    advice_line,
+    answers_text,
+    describe,
+    grouped,
+    present,
+    traces,
+    who,
+)
 from steplens.sinks.report_data import RunData
 
 SEVERITY_RANK: Final = {"info": 0, "warning": 1, "critical": 2}
@@ -195,8 +203,9 @@ def _rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
 def remedies_of(advice: pd.DataFrame, acted: pd.DataFrame) -> dict[str, list[dict[str, Any]]]:
     """Incident fingerprint -> the advice given for it, in the order given: ``action``,
     ``step``, ``rank``, ``advice`` (what it asked, in words), ``answers`` (each rank's
-    latest: rank, outcome, detail, step), ``answered`` (them in words) and ``line`` (all of
-    it in one line). A record read twice (both stores, a replay) counts once."""
+    latest: rank, outcome, detail, step), ``answered`` (them in words), ``traces`` (a
+    profile's: rank, uri) and ``line`` (all of it in one line). A record read twice (both
+    stores, a replay) counts once."""
     answers: dict[tuple[str, str], dict[Any, dict[str, Any]]] = {}
     for r in _rows(acted):
         answer = {k: r.get(k) for k in ("rank", "outcome", "detail", "step")}
@@ -219,6 +228,7 @@ def remedies_of(advice: pd.DataFrame, acted: pd.DataFrame) -> dict[str, list[dic
                 "advice": describe(r),
                 "answers": got,
                 "answered": answers_text(groups),
+                "traces": traces(got),
                 "line": advice_line(r, groups),
             }
         )

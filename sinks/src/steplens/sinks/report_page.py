@@ -15,12 +15,14 @@ import pandas as pd
 from steplens.sinks.report_data import RunData, checks_by_name
 from steplens.sinks.report_figures import FIGURES, first_rank
 from steplens.sinks.report_incidents import duration_text, run_incidents
+from steplens.sinks.trace_links import Link, presigner
 
 EVIDENCE_CHARS = 6000  # of one incident's evidence shown on the page
 
 
-def write_report(data: RunData, out_dir: Path) -> Path:
-    """Write one PNG per figure and ``index.html``; returns the HTML path."""
+def write_report(data: RunData, out_dir: Path, link: Link | None = None) -> Path:
+    """Write one PNG per figure and ``index.html``; returns the HTML path. ``link``: a
+    trace's address to the URL shown (default: presigned, ``trace_links``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -38,7 +40,7 @@ def write_report(data: RunData, out_dir: Path) -> Path:
     page = _PAGE.format(
         run=html.escape(data.run_id),
         summary=_summary_html(data),
-        alerts=_incidents_html(data),
+        alerts=_incidents_html(data, link or presigner()),
         checks=_checks_html(data),
         figures="\n".join(sections),
     )
@@ -69,7 +71,7 @@ def _summary_html(data: RunData) -> str:
     return "<ul>" + "".join(f"<li><b>{k}</b>: {v}</li>" for k, v in items.items()) + "</ul>"
 
 
-def _incidents_html(data: RunData) -> str:
+def _incidents_html(data: RunData, link: Link) -> str:
     """One row per incident, each with a link to its evidence (below the table)."""
     found = run_incidents(data)
     if found.empty:
@@ -108,7 +110,7 @@ def _incidents_html(data: RunData) -> str:
             f"<code>{html.escape(inc.rule)}</code>",
             hint,
             html.escape(", ".join(inc.members)),
-            _remedies_html(inc.remedies),
+            _remedies_html(inc.remedies, link),
             html.escape(inc.recovery),
             f'<a href="#{anchor}">evidence</a>',
         ]
@@ -126,8 +128,9 @@ def _incidents_html(data: RunData) -> str:
     return table + "\n<h3>Evidence</h3>\n" + "\n".join(details)
 
 
-def _remedies_html(remedies: list[dict[str, Any]]) -> str:
-    """Each piece of advice (what, to whom, when) and the ranks' answers below it."""
+def _remedies_html(remedies: list[dict[str, Any]], link: Link) -> str:
+    """Each piece of advice (what, to whom, when) and the ranks' answers below it, with a
+    link to each trace a rank took."""
     if not remedies:
         return "none"
     items = []
@@ -136,9 +139,24 @@ def _remedies_html(remedies: list[dict[str, Any]]) -> str:
         items.append(
             f'<span class="advice"><b>{html.escape(r["advice"])}</b> to '
             f"{html.escape(r['to'] + at)}<br>&rarr; "
-            f'<span class="answers">{html.escape(r["answered"])}</span></span>'
+            f'<span class="answers">{html.escape(r["answered"])}</span>'
+            f"{_traces_html(r.get('traces') or (), link)}</span>"
         )
     return "<br>".join(items)
+
+
+def _traces_html(traces: Any, link: Link) -> str:
+    """``trace of rank 3`` linked to where it is (a path on the rank's host: named)."""
+    out = []
+    for t in traces:
+        who = "every rank" if t["rank"] is None else f"rank {t['rank']}"
+        url = link(t["uri"])
+        if url is None:
+            out.append(f"<br>trace of {who}: <code>{html.escape(t['uri'])}</code>")
+        else:
+            href = html.escape(url, quote=True)
+            out.append(f'<br><a class="trace" href="{href}">trace of {who}</a>')
+    return "".join(out)
 
 
 def _checks_html(data: RunData) -> str:

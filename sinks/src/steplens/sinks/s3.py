@@ -27,8 +27,9 @@ from steplens.sinks.contract import ExportResult
 from steplens.sinks.settings import S3Settings
 
 
-def make_s3_client(s: S3Settings) -> Any:
-    """boto3 client: explicit settings, else environment / profile; path-style addressing."""
+def make_s3_client(s: S3Settings, signature_version: str | None = None) -> Any:
+    """boto3 client: explicit settings, else environment / profile; path-style addressing
+    (``signature_version="s3v4"``: presigned URLs that every region takes)."""
     session = boto3.Session(profile_name=s.profile) if s.profile else boto3.Session()
     config = Config(
         s3={"addressing_style": "path"},
@@ -37,6 +38,7 @@ def make_s3_client(s: S3Settings) -> Any:
         read_timeout=30,
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
+        signature_version=signature_version,
     )
     return session.client(
         "s3",
