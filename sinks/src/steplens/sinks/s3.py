@@ -28,7 +28,8 @@ from steplens.sinks.settings import S3Settings
 
 
 def make_s3_client(s: S3Settings) -> Any:
-    """boto3 client: explicit settings, else environment / profile; path-style addressing."""
+    """boto3 client: explicit settings, else environment / profile; path-style addressing; an
+    https endpoint's certificate verified against ``ca_bundle`` when given."""
     session = boto3.Session(profile_name=s.profile) if s.profile else boto3.Session()
     config = Config(
         s3={"addressing_style": "path"},
@@ -44,6 +45,7 @@ def make_s3_client(s: S3Settings) -> Any:
         region_name=s.region or "us-east-1",
         aws_access_key_id=s.access_key_id,
         aws_secret_access_key=s.secret_access_key,
+        verify=s.ca_bundle,
         config=config,
     )
 
