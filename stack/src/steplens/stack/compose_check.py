@@ -341,8 +341,14 @@ class Checks:
         from steplens.sinks.s3 import make_s3_client
         from steplens.sinks.settings import InfluxSettings, S3Settings
 
-        with host_env(self.p.host_env()):
-            influx, s3 = InfluxSettings.from_env(), S3Settings.from_env()
+        env = self.p.host_env()
+        with host_env(env):
+            influx = InfluxSettings.from_env()
+            s3 = dataclasses.replace(
+                S3Settings.from_env(),
+                access_key_id=env["AWS_ACCESS_KEY_ID"],
+                secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+            )
 
         def bucket(s: InfluxSettings) -> bool | None:
             with make_client(s) as client:
