@@ -19,7 +19,10 @@ SECRETS = {
     "AWS_SECRET_ACCESS_KEY": "compose-test-secret",
     "STEPLENS_KAFKA_SASL_USERNAME": "compose-test-user",
     "STEPLENS_KAFKA_SASL_PASSWORD": "compose-test-kafka-password",
+    "STEPLENS_TLS_KEYSTORE_PASSWORD": "compose-test-keystore-password",
 }
+TLS_DIR = "/srv/compose-test-tls"  # what deploy/tls/make-certs.sh writes (DIR/server)
+ENV = SECRETS | {"STEPLENS_TLS_DIR": TLS_DIR}
 LOCAL = ["-f", "docker-compose.yml", "-f", "deploy/local/docker-compose.local.yml"]
 
 
@@ -28,7 +31,7 @@ def _config(
 ) -> subprocess.CompletedProcess[str]:
     if shutil.which("docker-compose") is None:
         pytest.skip("docker-compose is not installed (apt-get install docker-compose)")
-    env = {k: v for k, v in os.environ.items() if k not in SECRETS} | extra_env
+    env = {k: v for k, v in os.environ.items() if k not in ENV} | extra_env
     return subprocess.run(
         ["docker-compose", *(files or ["-f", "docker-compose.yml"]), "config"],
         cwd=ROOT,
@@ -43,7 +46,7 @@ def _config(
 def test_compose_config_validates() -> None:
     import yaml
 
-    result = _config(SECRETS)
+    result = _config(ENV)
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load(result.stdout)
     services = config["services"]
@@ -75,7 +78,7 @@ def test_compose_influxdb_has_the_local_stacks_memory_limits() -> None:
 
     from steplens.stack.services.influxdb import CACHE_AND_QUERY_LIMITS
 
-    result = _config(SECRETS)
+    result = _config(ENV)
     assert result.returncode == 0, result.stderr
     env = yaml.safe_load(result.stdout)["services"]["influxdb"]["environment"]
     for flag, value in CACHE_AND_QUERY_LIMITS:
@@ -119,7 +122,7 @@ def test_optional_services_and_the_node_exporters() -> None:
 
     from steplens.stack.services.alertmanager import CONFIG
 
-    result = _config(SECRETS)
+    result = _config(ENV)
     assert result.returncode == 0, result.stderr
     services = yaml.safe_load(result.stdout)["services"]
     optional = ("alertmanager", "sink-alertmanager", "trainer")
@@ -153,7 +156,7 @@ def test_optional_services_and_the_node_exporters() -> None:
 def _services(files: list[str] | None = None, env: dict[str, str] | None = None) -> dict:
     import yaml
 
-    result = _config(SECRETS | (env or {}), files)
+    result = _config(ENV | (env or {}), files)
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)["services"]
 
@@ -191,17 +194,22 @@ def test_no_secret_is_written_in_the_compose_files() -> None:
         assert any(value in str(s.get("environment", {})) for s in services.values())
 
 
-def test_kafka_listeners_beyond_loopback_require_scram() -> None:
+def test_kafka_listeners_beyond_loopback_require_scram_over_tls() -> None:
     """Host clients use an unauthenticated listener published on 127.0.0.1 only; every other
-    client the SCRAM one, advertised under STEPLENS_KAFKA_ADVERTISED_HOST."""
+    client the SCRAM one over TLS, advertised under STEPLENS_KAFKA_ADVERTISED_HOST."""
     kafka = _services(env={"STEPLENS_KAFKA_ADVERTISED_HOST": "kafka.example.org"})["kafka"]
     env = kafka["environment"]
     protocols = dict(p.split(":") for p in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
     advertised = dict(a.split("://") for a in env["KAFKA_ADVERTISED_LISTENERS"].split(","))
     assert advertised["REMOTE"] == "kafka.example.org:19095"
     assert advertised["LOCAL"] == "127.0.0.1:19092"
-    assert protocols["REMOTE"] == "SASL_PLAINTEXT"
+    assert protocols["REMOTE"] == "SASL_SSL"
     assert env["KAFKA_LISTENER_NAME_REMOTE_SASL_ENABLED_MECHANISMS"] == "SCRAM-SHA-512"
+    assert env["KAFKA_LISTENER_NAME_REMOTE_SSL_KEYSTORE_LOCATION"] == "/etc/steplens/tls/server.p12"
+    assert (
+        env["KAFKA_LISTENER_NAME_REMOTE_SSL_KEYSTORE_PASSWORD"]
+        == (SECRETS["STEPLENS_TLS_KEYSTORE_PASSWORD"])
+    )
     # "HOST_IP:HOST_PORT:PORT/tcp" -> {PORT: HOST_IP}
     published = {p.split(":")[-1].split("/")[0]: p.split(":")[0] for p in kafka["ports"]}
     assert published["19092"] == "127.0.0.1"
@@ -211,6 +219,46 @@ def test_kafka_listeners_beyond_loopback_require_scram() -> None:
         if protocol == "PLAINTEXT" and name != "LOCAL":
             port = env["KAFKA_LISTENERS"].split(f"{name}://:")[1].split(",")[0]
             assert port not in published, name
+
+
+def _published(service: dict) -> dict[str, str]:
+    """ "HOST_IP:HOST_PORT:PORT/tcp" -> {PORT: HOST_IP}"""
+    return {p.split(":")[-1].split("/")[0]: p.split(":")[0] for p in service["ports"]}
+
+
+def test_influxdb_and_s3_speak_tls_beyond_loopback() -> None:
+    """InfluxDB serves https only (one listener), on every interface by default; S3 serves
+    plain HTTP on loopback and https on every interface; the certificate, key and CA come from
+    STEPLENS_TLS_DIR, mounted read-only, and the services of the file verify InfluxDB with the
+    CA."""
+    services = _services()
+    influx, s3 = services["influxdb"], services["s3"]
+    assert influx["environment"]["INFLUXD_TLS_CERT"] == "/etc/steplens/tls/server.crt"
+    assert influx["environment"]["INFLUXD_TLS_KEY"] == "/etc/steplens/tls/server.key"
+    assert _published(influx) == {"8086": "0.0.0.0"}
+    assert s3["environment"]["S3PROXY_SECURE_ENDPOINT"] == "https://0.0.0.0:443"
+    assert s3["environment"]["S3PROXY_KEYSTORE_PATH"] == "/etc/steplens/tls/server.p12"
+    assert _published(s3) == {"80": "127.0.0.1", "443": "0.0.0.0"}
+    assert "19443" in str(s3["ports"])
+    local = _services(
+        env={"STEPLENS_INFLUX_BIND": "127.0.0.1", "STEPLENS_S3_TLS_BIND": "127.0.0.1"}
+    )
+    assert set(_published(local["influxdb"]).values()) == {"127.0.0.1"}
+    assert set(_published(local["s3"]).values()) == {"127.0.0.1"}
+    mounted = {
+        name
+        for name, svc in services.items()
+        if f"{TLS_DIR}:/etc/steplens/tls:ro" in [str(v) for v in svc.get("volumes", [])]
+    }
+    assert {"kafka", "influxdb", "s3", "worker", "sink-influx", "sink-s3", "grafana"} <= mounted
+    for name in ("worker", "sink-influx", "sink-s3"):
+        env = services[name]["environment"]
+        assert env["STEPLENS_INFLUX_URL"] == "https://influxdb:8086"
+        assert env["STEPLENS_INFLUX_CA_CERT"] == "/etc/steplens/tls/ca.crt"
+    missing = _config(SECRETS)
+    assert missing.returncode != 0 and "STEPLENS_TLS_DIR" in missing.stderr
+    nopass = _config({k: v for k, v in ENV.items() if k != "STEPLENS_TLS_KEYSTORE_PASSWORD"})
+    assert nopass.returncode != 0 and "STEPLENS_TLS_KEYSTORE_PASSWORD" in nopass.stderr
 
 
 def test_the_local_override_builds_on_the_same_versions() -> None:

@@ -1,6 +1,7 @@
 #!/bin/bash
 # First start with DOCKER_INFLUXDB_INIT_MODE=setup: a temporary influxd on 127.0.0.1:9999 takes
-# POST /api/v2/setup (user, org, bucket, retention, admin token), runs any
+# POST /api/v2/setup (user, org, bucket, retention, admin token; plain HTTP on the container's
+# loopback), runs any
 # /docker-entrypoint-initdb.d/*.sh with INFLUX_HOST and INFLUX_TOKEN set, and stops; then influxd
 # replaces this script. Later starts find the bolt file and skip the setup.
 set -euo pipefail
@@ -13,7 +14,9 @@ seconds() {  # 1h, 30d, 2w, 90m, 45s; empty or 0: infinite
 }
 json() { local s="${1//\\/\\\\}"; printf '"%s"' "${s//\"/\\\"}"; }
 if [ "${DOCKER_INFLUXDB_INIT_MODE:-}" = setup ] && [ ! -e "$INFLUXD_BOLT_PATH" ]; then
-  influxd --http-bind-address 127.0.0.1:9999 --reporting-disabled &
+  # plain HTTP on the container's own loopback while it is set up, even when INFLUXD_TLS_* ask
+  # the server proper for TLS
+  env -u INFLUXD_TLS_CERT -u INFLUXD_TLS_KEY influxd --http-bind-address 127.0.0.1:9999 --reporting-disabled &
   pid=$!
   until curl -fsS -o /dev/null http://127.0.0.1:9999/health; do
     kill -0 "$pid" 2>/dev/null || { echo "influxd exited during setup" >&2; exit 1; }

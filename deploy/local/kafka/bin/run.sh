@@ -3,6 +3,7 @@
 # becomes a line of server.properties ('_' -> '.', '__' -> '_', '___' -> '-'); the storage is
 # formatted once with CLUSTER_ID, then the broker replaces this script.
 set -euo pipefail
+umask 077  # server.properties may hold the keystore's password
 props=/etc/kafka/server.properties
 : >"$props"
 for var in $(compgen -e); do

@@ -38,7 +38,10 @@ RETENTION_MARGIN_S: Final = 60  # records this close to the retention edge are s
 
 
 def make_client(s: InfluxSettings) -> InfluxDBClient:
-    return InfluxDBClient(url=s.url, token=s.token, org=s.org, timeout=s.timeout_ms)
+    """An https URL's certificate is always verified: against ``ca_cert`` when given."""
+    return InfluxDBClient(
+        url=s.url, token=s.token, org=s.org, timeout=s.timeout_ms, ssl_ca_cert=s.ca_cert
+    )
 
 
 def refused(exc: BaseException) -> bool:

@@ -28,7 +28,8 @@ from steplens.sinks.settings import S3Settings
 
 
 def make_s3_client(s: S3Settings, signature_version: str | None = None) -> Any:
-    """boto3 client: explicit settings, else environment / profile; path-style addressing
+    """boto3 client: explicit settings, else environment / profile; path-style addressing; an
+    https endpoint's certificate verified against ``ca_bundle`` when given
     (``signature_version="s3v4"``: presigned URLs that every region takes)."""
     session = boto3.Session(profile_name=s.profile) if s.profile else boto3.Session()
     config = Config(
@@ -46,6 +47,7 @@ def make_s3_client(s: S3Settings, signature_version: str | None = None) -> Any:
         region_name=s.region or "us-east-1",
         aws_access_key_id=s.access_key_id,
         aws_secret_access_key=s.secret_access_key,
+        verify=s.ca_bundle,
         config=config,
     )
 

@@ -28,6 +28,13 @@ class InfluxSettings:
     ENV_PREFIX: ClassVar[str] = "STEPLENS_INFLUX_"
 
     url: Annotated[NonEmptyStr, about("InfluxDB URL")] = "http://127.0.0.1:18086"
+    ca_cert: Annotated[
+        str | None,
+        about(
+            "InfluxDB: CA certificate file (PEM) an https URL's certificate is verified "
+            "against (none: the system's CAs)",
+        ),
+    ] = None
     org: Annotated[NonEmptyStr, about("InfluxDB organisation")] = "steplens"
     # a secret: from the environment only, never a flag (a process's arguments are public)
     token: Annotated[str, about("InfluxDB API token", flag="")] = ""
@@ -88,6 +95,13 @@ class S3Settings:
     endpoint_url: Annotated[
         str | None,
         about("S3 endpoint (none: AWS)", env="STEPLENS_S3_ENDPOINT"),
+    ] = None
+    ca_bundle: Annotated[
+        str | None,
+        about(
+            "S3: CA certificate file (PEM) an https endpoint's certificate is verified against "
+            "(none: boto3's own, or `AWS_CA_BUNDLE`)",
+        ),
     ] = None
     profile: Annotated[str | None, about("AWS profile of the credentials")] = None
     region: Annotated[str | None, about("S3 region", env="AWS_DEFAULT_REGION")] = None

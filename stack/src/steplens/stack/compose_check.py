@@ -5,14 +5,18 @@
 2. Starts the compose project ``steplens-check`` (docker-compose.yml + deploy/local/
    docker-compose.local.yml + deploy/local/docker-compose.check.yml) with the trainer profile:
    every service but Grafana (AGPL, registry-only), two workers and three trainers, on host
-   ports of its own (29092, 29095, 28086, 29000, 29090; the local stack's are left alone),
-   with secrets made for this run and passed only in the environment.
-3. Checks, each within a deadline: records flow into Kafka; the authenticated listener refuses
-   a client without credentials (and a wrong password) and serves one with them; a producer
-   and a worker on this host, given only the STEPLENS_KAFKA_* variables, work through it; the
-   workers raise every trainer's incidents; the influx sink stores them and `steplens query` on this
-   host reads them back; the S3 sink stores them; Prometheus scrapes both workers, both sinks
-   and every trainer's node exporter; the two workers share the raw topic's partitions.
+   ports of its own (29092, 29095, 28086, 29000, 29443, 29090; the local stack's are left
+   alone), with secrets and a CA and server certificate (deploy/tls/make-certs.sh) made for
+   this run; the secrets pass only in the environment.
+3. Checks, each within a deadline: records flow into Kafka; the SASL_SSL listener serves a
+   client with the CA and the password, and refuses one without credentials, with a wrong
+   password, without the CA, and one speaking plain text; InfluxDB and S3 answer over TLS with
+   the CA and refuse a client without it and plain HTTP on their TLS ports; a producer and a
+   worker on this host, given only the STEPLENS_KAFKA_* variables, work through the SASL_SSL
+   listener; the workers raise every trainer's incidents; the influx sink stores them and
+   `steplens query` on this host reads them back over https; the S3 sink stores them (read
+   back over https); Prometheus scrapes both workers, both sinks and every trainer's node
+   exporter; the two workers share the raw topic's partitions.
 4. Kills the worker that owns the most trainer runs (SIGKILL) and measures the seconds until
    the survivor alerts on those runs again.
 5. `down -v`, then checks that no container, volume or network of the project is left.
@@ -24,9 +28,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import functools
 import json
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -56,6 +63,7 @@ PORTS = {
     "STEPLENS_KAFKA_REMOTE_PORT": 29095,
     "STEPLENS_INFLUX_PORT": 28086,
     "STEPLENS_S3_PORT": 29000,
+    "STEPLENS_S3_TLS_PORT": 29443,
     "STEPLENS_PROMETHEUS_PORT": 29090,
 }
 QUERY = ("--metric=started_step", "--since=-1h")  # `steplens query` for a run's alerts
@@ -132,11 +140,24 @@ class Project:
             "AWS_SECRET_ACCESS_KEY": secrets.token_hex(24),
             "STEPLENS_KAFKA_SASL_USERNAME": "steplens-check",
             "STEPLENS_KAFKA_SASL_PASSWORD": secrets.token_hex(24),
+            "STEPLENS_TLS_KEYSTORE_PASSWORD": secrets.token_hex(24),
         }
+        self.tls = Path(tempfile.mkdtemp(prefix="steplens-check-tls-"))
+        subprocess.run(
+            ["bash", str(root() / "deploy/tls/make-certs.sh"), str(self.tls), "127.0.0.1"],
+            env={**os.environ, **self.secrets},
+            check=True,
+            capture_output=True,
+        )
+        self.ca = str(self.tls / "ca.crt")
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith(("STEPLENS_", "AWS_"))},
             **{k: str(v) for k, v in PORTS.items()},
-            "STEPLENS_KAFKA_REMOTE_BIND": "127.0.0.1",  # the check reaches it on loopback
+            # the check reaches them on loopback
+            "STEPLENS_KAFKA_REMOTE_BIND": "127.0.0.1",
+            "STEPLENS_INFLUX_BIND": "127.0.0.1",
+            "STEPLENS_S3_TLS_BIND": "127.0.0.1",
+            "STEPLENS_TLS_DIR": str(self.tls / "server"),
             **self.secrets,
         }
         files = ["docker-compose.yml", "deploy/local/docker-compose.local.yml"]
@@ -169,13 +190,15 @@ class Project:
         return self.run("ps", "-q", service, capture=True).split()
 
     def host_env(self) -> dict[str, str]:
-        """What a client on this host sets to reach the project."""
+        """What a client on this host sets to reach the project (InfluxDB and S3 over TLS)."""
         return {
             "STEPLENS_KAFKA_BOOTSTRAP": f"127.0.0.1:{PORTS['STEPLENS_KAFKA_PORT']}",
-            "STEPLENS_INFLUX_URL": f"http://127.0.0.1:{PORTS['STEPLENS_INFLUX_PORT']}",
+            "STEPLENS_INFLUX_URL": f"https://127.0.0.1:{PORTS['STEPLENS_INFLUX_PORT']}",
+            "STEPLENS_INFLUX_CA_CERT": self.ca,
             "STEPLENS_INFLUX_ORG": "steplens",
             "STEPLENS_INFLUX_TOKEN": self.secrets["STEPLENS_INFLUX_TOKEN"],
-            "STEPLENS_S3_ENDPOINT": f"http://127.0.0.1:{PORTS['STEPLENS_S3_PORT']}",
+            "STEPLENS_S3_ENDPOINT": f"https://127.0.0.1:{PORTS['STEPLENS_S3_TLS_PORT']}",
+            "STEPLENS_S3_CA_BUNDLE": self.ca,
             "STEPLENS_S3_BUCKET": "steplens",
             "AWS_ACCESS_KEY_ID": self.secrets["AWS_ACCESS_KEY_ID"],
             "AWS_SECRET_ACCESS_KEY": self.secrets["AWS_SECRET_ACCESS_KEY"],
@@ -277,7 +300,8 @@ class Checks:
 
         remote = f"127.0.0.1:{PORTS['STEPLENS_KAFKA_REMOTE_PORT']}"
         sasl = {
-            "security.protocol": "SASL_PLAINTEXT",
+            "security.protocol": "SASL_SSL",
+            "ssl.ca.location": self.p.ca,
             "sasl.mechanism": "SCRAM-SHA-512",
             "sasl.username": self.p.secrets["STEPLENS_KAFKA_SASL_USERNAME"],
         }
@@ -295,15 +319,73 @@ class Checks:
 
         good = {**sasl, "sasl.password": self.p.secrets["STEPLENS_KAFKA_SASL_PASSWORD"]}
         wait_for(
-            f"{remote} serves SCRAM-SHA-512 with the password",
+            f"{remote} serves SCRAM-SHA-512 over TLS with the CA and the password",
             lambda: True if self.topics.raw in topics(good) else None,
             60,
         )
-        if not refused({}):
-            raise CheckFailed(f"{remote} answered a client without credentials")
-        if not refused({**sasl, "sasl.password": "wrong"}):
-            raise CheckFailed(f"{remote} answered a wrong password")
-        say(f"ok   {remote} refuses no credentials and a wrong password")
+        for conf, what in (
+            ({"security.protocol": "SSL", "ssl.ca.location": self.p.ca}, "no credentials"),
+            ({**sasl, "sasl.password": "wrong"}, "a wrong password"),
+            ({k: v for k, v in good.items() if k != "ssl.ca.location"}, "no CA"),
+            ({**good, "security.protocol": "SASL_PLAINTEXT"}, "plain text"),
+            ({}, "plain text without credentials"),
+        ):
+            if not refused(conf):
+                raise CheckFailed(f"{remote} answered a client with {what}")
+        say(f"ok   {remote} refuses no credentials, a wrong password, no CA and plain text")
+
+    def tls_endpoints(self) -> None:
+        """InfluxDB and S3 answer over TLS a client that trusts the CA, and refuse one that
+        does not, plain HTTP on their TLS ports, and wrong credentials."""
+        from steplens.sinks.influx import make_client
+        from steplens.sinks.s3 import make_s3_client
+        from steplens.sinks.settings import InfluxSettings, S3Settings
+
+        env = self.p.host_env()
+        with host_env(env):
+            influx = InfluxSettings.from_env()
+            s3 = dataclasses.replace(
+                S3Settings.from_env(),
+                access_key_id=env["AWS_ACCESS_KEY_ID"],
+                secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+            )
+
+        def bucket(s: InfluxSettings) -> bool | None:
+            with make_client(s) as client:
+                return client.buckets_api().find_bucket_by_name(s.bucket) is not None or None
+
+        def head(s: S3Settings) -> bool:
+            return bool(make_s3_client(s).head_bucket(Bucket=s.bucket))
+
+        def refused(call: Callable[[], object]) -> bool:
+            try:
+                call()
+            except Exception:
+                return True
+            return False
+
+        wait_for(f"InfluxDB over TLS at {influx.url} with the CA", lambda: bucket(influx), 60)
+        for wrong, what in (
+            (dataclasses.replace(influx, ca_cert=None), "no CA"),
+            (dataclasses.replace(influx, url=influx.url.replace("https:", "http:")), "plain HTTP"),
+            (dataclasses.replace(influx, token="wrong"), "a wrong token"),
+        ):
+            if not refused(functools.partial(bucket, wrong)):
+                raise CheckFailed(f"InfluxDB answered a client with {what}")
+        say(f"ok   {influx.url} refuses no CA, plain HTTP and a wrong token")
+        endpoint = s3.endpoint_url or ""
+        wait_for(f"S3 over TLS at {endpoint} with the CA", lambda: head(s3), 60)
+        for bad, what in (
+            (dataclasses.replace(s3, ca_bundle=None), "no CA"),
+            (
+                dataclasses.replace(s3, endpoint_url=endpoint.replace("https:", "http:")),
+                "plain HTTP",
+            ),
+            (dataclasses.replace(s3, secret_access_key="wrong"), "a wrong secret key"),
+        ):
+            if not refused(functools.partial(head, bad)):
+                raise CheckFailed(f"S3 answered a client with {what}")
+        say(f"ok   {endpoint} refuses no CA, plain HTTP and a wrong secret key")
 
     def remote_clients(self) -> None:
         """A producer and a worker on this host take the SCRAM credentials from the usual
@@ -311,7 +393,8 @@ class Checks:
         remote = {
             **{k: v for k, v in os.environ.items() if not k.startswith("STEPLENS_")},
             "STEPLENS_KAFKA_BOOTSTRAP": f"127.0.0.1:{PORTS['STEPLENS_KAFKA_REMOTE_PORT']}",
-            "STEPLENS_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+            "STEPLENS_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+            "STEPLENS_KAFKA_SSL_CA_LOCATION": self.p.ca,
             "STEPLENS_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
             "STEPLENS_KAFKA_SASL_USERNAME": self.p.secrets["STEPLENS_KAFKA_SASL_USERNAME"],
             "STEPLENS_KAFKA_SASL_PASSWORD": self.p.secrets["STEPLENS_KAFKA_SASL_PASSWORD"],
@@ -328,7 +411,7 @@ class Checks:
         c = self.consumer(self.topics.raw)
         try:
             wait_for(
-                f"a producer's records through {remote['STEPLENS_KAFKA_BOOTSTRAP']} (SCRAM)",
+                f"a producer's records through {remote['STEPLENS_KAFKA_BOOTSTRAP']} (SASL_SSL)",
                 lambda: (
                     True
                     if any(run.encode() in (m.value() or b"") for m in c.consume(500, timeout=1.0))
@@ -359,7 +442,7 @@ class Checks:
                 return True if any(m.assignment.topic_partitions for m in members) else None
 
             try:
-                wait_for("a worker joins its group through the SCRAM listener", assigned, 180, 3)
+                wait_for("a worker joins its group through the SASL_SSL listener", assigned, 180, 3)
             finally:
                 worker.terminate()
                 worker.wait(timeout=60)
@@ -555,6 +638,7 @@ def main(argv: list[str] | None = None) -> int:
         checks.trainer_runs()
         checks.records_flow()
         checks.authentication()
+        checks.tls_endpoints()
         checks.incidents()
         checks.remote_clients()
         owners = checks.shared()
@@ -575,6 +659,7 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"FAIL {failed}")
             else:
                 say("ok   down -v left no container, volume or network")
+        shutil.rmtree(project.tls, ignore_errors=True)
     say(f"{'FAILED' if failed else 'passed'}: {time.monotonic() - t0:.0f} s in all")
     say(f"({built - t0:.0f} s images, {time.monotonic() - built:.0f} s stack and checks)")
     return 1 if failed else 0
