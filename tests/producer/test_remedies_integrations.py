@@ -428,3 +428,82 @@ def test_lightning_callback_skips_the_named_samples_of_its_loader(memory_monitor
     later = [i for batch in seen[2:] for i in batch]
     assert set(later) == set(range(64)) - {3, 17, 40, 51}  # the others: all still trained on
     assert len(seen) == 40
+
+
+class Samples(torch.utils.data.Dataset):
+    """``Stream``'s samples, with a length: Lightning reads no batch ahead of such a loader."""
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return sample(i)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("data", [Stream, Samples])
+def test_lightning_trains_the_batch_after_a_rewinds_skip_from_the_checkpoint(
+    memory_monitor, tmp_path, data
+):
+    """Whether the fit loop reads a batch ahead (a loader without a length) or not, the
+    first batch after the 3 skipped is the first one trained from the reloaded weights."""
+    L = pytest.importorskip("lightning")
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from steplens.producer.integrations.lightning import SteplensCallback
+
+    m, t = memory_monitor(remedies=["rewind"])
+    first = {tuple(sample(b * BATCH)["x"].tolist()): b for b in range(60)}
+    trained: list[tuple[int, Any]] = []  # (batch number, the weights it was trained from)
+
+    class Module(L.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = Regressor()
+
+        def training_step(self, batch: Any, _i: int) -> Any:
+            b = first[tuple(batch["x"][0].tolist())]
+            trained.append((b, self.net.lin.weight.detach().clone()))
+            return self.net(batch["x"], batch["labels"])["loss"]
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    class Advise(L.Callback):  # type: ignore[misc,name-defined]
+        def on_train_batch_end(self, trainer: Any, *_: Any) -> None:
+            if trainer.global_step == 43:
+                m.flush(5)
+                [ckpt] = [r.data["path"] for r in t.records("checkpoint") if r.step == 40]
+                advise(
+                    m,
+                    t,
+                    43,
+                    action="rewind",
+                    fingerprint="spike-pl",
+                    checkpoint=ckpt,
+                    checkpoint_step=40,
+                    skip_batches=3,
+                )
+
+    trainer = L.Trainer(
+        max_steps=50,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[
+            Advise(),
+            SteplensCallback(m, watch_every=None),
+            ModelCheckpoint(dirpath=str(tmp_path), every_n_train_steps=20, save_top_k=-1),
+        ],
+    )
+    trainer.fit(Module(), m.skipping(torch.utils.data.DataLoader(data(), batch_size=BATCH)))
+    m.flush(5)
+    [answer] = t.records("acted")
+    assert answer.data["outcome"] == "acted", answer.data
+    batches = [b for b, _ in trained]
+    gap = next(k for k in range(1, len(batches)) if batches[k] != batches[k - 1] + 1)
+    assert batches[gap] - batches[gap - 1] == 4, batches  # 3 skipped
+    at_checkpoint = trained[40][1]  # the weights after 40 steps
+    assert torch.equal(trained[gap][1], at_checkpoint), (batches, gap)
+    assert not any(torch.equal(w, at_checkpoint) for _, w in trained[41:gap])
