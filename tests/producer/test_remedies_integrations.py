@@ -430,7 +430,7 @@ def test_lightning_callback_skips_the_named_samples_of_its_loader(memory_monitor
     assert len(seen) == 40
 
 
-class Samples(torch.utils.data.Dataset):
+class SizedStream(torch.utils.data.Dataset):
     """``Stream``'s samples, with a length: Lightning reads no batch ahead of such a loader."""
 
     def __len__(self) -> int:
@@ -441,7 +441,7 @@ class Samples(torch.utils.data.Dataset):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("data", [Stream, Samples])
+@pytest.mark.parametrize("data", [Stream, SizedStream])
 def test_lightning_trains_the_batch_after_a_rewinds_skip_from_the_checkpoint(
     memory_monitor, tmp_path, data
 ):
