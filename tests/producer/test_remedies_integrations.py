@@ -4,9 +4,13 @@ each run against the same run from the same seed without the remedy."""
 
 from __future__ import annotations
 
+import gzip
+import json
+import os
 from typing import Any
 
 import pytest
+from tests.producer.test_profile_auto import advise as readvise  # waits for duplicates too
 from tests.producer.test_remedies import advise, back_on_trend
 from tests.waiting import wait_until
 
@@ -315,3 +319,191 @@ def test_lightning_callback_lowers_the_lr_and_profiles(memory_monitor, tmp_path,
     assert got["profile"]["outcome"] == "acted"
     path = got["profile"]["detail"].split("trace ")[1].split(":")[0]
     assert path.startswith(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_hf_callback_profiles_once_per_fingerprint(memory_monitor, tmp_path, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.delenv("STEPLENS_S3_BUCKET", raising=False)  # kept local
+    from steplens.producer.integrations.hf import SteplensCallback
+    from steplens.producer.rank_profile import MAX_STEPS
+
+    m, t = memory_monitor(remedies=["profile"])
+    profile = {"action": "profile", "fingerprint": "slow-hf", "duration_s": 30.0}
+    traces = tmp_path / "traces"
+    m.remedies.profile_dir = str(traces)
+
+    class Advise(transformers.TrainerCallback):  # 30 s asked: bounded by MAX_STEPS instead
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.global_step in (5, 6, 40):  # the same incident again: during, after
+                readvise(m, t, state.global_step, **profile)
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=60,
+        per_device_train_batch_size=BATCH,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    transformers.Trainer(
+        model=Regressor(),
+        args=args,
+        train_dataset=Stream(),
+        callbacks=[Advise(), SteplensCallback(m)],
+    ).train()
+    m.flush(5)
+    [answer] = t.records("acted")
+    assert (answer.data["action"], answer.data["outcome"]) == ("profile", "acted"), answer.data
+    assert answer.data["fingerprint"] == "slow-hf"
+    detail = answer.data["detail"]
+    path = detail.split("trace ")[1].split(":")[0]
+    assert [p.name for p in traces.iterdir()] == [os.path.basename(path)]
+    with gzip.open(path, "rt") as f:
+        assert any("aten::" in e.get("name", "") for e in json.load(f)["traceEvents"])
+    assert int(detail.split(": ")[1].split(" steps")[0]) == MAX_STEPS
+
+
+@pytest.mark.slow
+def test_lightning_callback_skips_the_named_samples_of_its_loader(memory_monitor):
+    L = pytest.importorskip("lightning")
+    from tests.producer.tiny_lm import Samples, TinyLM
+
+    from steplens.producer.batch_stats import batch_payload
+    from steplens.producer.integrations.lightning import SteplensCallback
+
+    m, t = memory_monitor(remedies=["skip_samples"])
+    ds = Samples(64, {3, 17, 40, 51})
+    seen: list[list[int]] = []  # the sample ids of each batch training_step got
+
+    class Module(L.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = TinyLM()
+
+        def train_dataloader(self) -> Any:  # as a user wraps it: the ids ride in the batch
+            loader = torch.utils.data.DataLoader(
+                ds, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1)
+            )
+            return m.skipping(loader)
+
+        def training_step(self, batch: Any, _i: int) -> Any:
+            seen.append(batch["sample_id"].tolist())
+            return self.net(batch["input_ids"])["loss"]
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.Adam(self.parameters(), lr=0.05)
+
+    class Advise(L.Callback):  # type: ignore[misc,name-defined]
+        def on_train_batch_end(self, trainer: Any, *_: Any) -> None:
+            if trainer.global_step == 2:  # 3 and 17 by id, 40 and 51 by their hashes
+                hashes = batch_payload(ds.rows[[40, 51]])[0]["sample_hashes"]
+                advise(
+                    m,
+                    t,
+                    2,
+                    action="skip_samples",
+                    fingerprint="s-pl",
+                    sample_ids=["3", "17"],
+                    sample_hashes=hashes,
+                )
+
+    trainer = L.Trainer(
+        max_steps=40,  # 5 epochs of 8 batches
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Advise(), SteplensCallback(m, watch_every=None)],
+    )
+    trainer.fit(Module())
+    m.flush(5)
+    [answer] = t.records("acted")
+    assert answer.data["outcome"] == "acted", answer.data
+    assert "(2 ids, 2 hashes in all)" in answer.data["detail"]
+    assert 40 in seen[1]  # before the advice: trained on
+    # read after the advice (Lightning reads none ahead from a loader with a length)
+    later = [i for batch in seen[2:] for i in batch]
+    assert set(later) == set(range(64)) - {3, 17, 40, 51}  # the others: all still trained on
+    assert len(seen) == 40
+
+
+class SizedStream(torch.utils.data.Dataset):
+    """``Stream``'s samples, with a length: Lightning reads no batch ahead of such a loader."""
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return sample(i)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("data", [Stream, SizedStream])
+def test_lightning_trains_the_batch_after_a_rewinds_skip_from_the_checkpoint(
+    memory_monitor, tmp_path, data
+):
+    """Whether the fit loop reads a batch ahead (a loader without a length) or not, the
+    first batch after the 3 skipped is the first one trained from the reloaded weights."""
+    L = pytest.importorskip("lightning")
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from steplens.producer.integrations.lightning import SteplensCallback
+
+    m, t = memory_monitor(remedies=["rewind"])
+    first = {tuple(sample(b * BATCH)["x"].tolist()): b for b in range(60)}
+    trained: list[tuple[int, Any]] = []  # (batch number, the weights it was trained from)
+
+    class Module(L.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = Regressor()
+
+        def training_step(self, batch: Any, _i: int) -> Any:
+            b = first[tuple(batch["x"][0].tolist())]
+            trained.append((b, self.net.lin.weight.detach().clone()))
+            return self.net(batch["x"], batch["labels"])["loss"]
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    class Advise(L.Callback):  # type: ignore[misc,name-defined]
+        def on_train_batch_end(self, trainer: Any, *_: Any) -> None:
+            if trainer.global_step == 43:
+                m.flush(5)
+                [ckpt] = [r.data["path"] for r in t.records("checkpoint") if r.step == 40]
+                advise(
+                    m,
+                    t,
+                    43,
+                    action="rewind",
+                    fingerprint="spike-pl",
+                    checkpoint=ckpt,
+                    checkpoint_step=40,
+                    skip_batches=3,
+                )
+
+    trainer = L.Trainer(
+        max_steps=50,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[
+            Advise(),
+            SteplensCallback(m, watch_every=None),
+            ModelCheckpoint(dirpath=str(tmp_path), every_n_train_steps=20, save_top_k=-1),
+        ],
+    )
+    trainer.fit(Module(), m.skipping(torch.utils.data.DataLoader(data(), batch_size=BATCH)))
+    m.flush(5)
+    [answer] = t.records("acted")
+    assert answer.data["outcome"] == "acted", answer.data
+    batches = [b for b, _ in trained]
+    gap = next(k for k in range(1, len(batches)) if batches[k] != batches[k - 1] + 1)
+    assert batches[gap] - batches[gap - 1] == 4, batches  # 3 skipped
+    at_checkpoint = trained[40][1]  # the weights after 40 steps
+    assert torch.equal(trained[gap][1], at_checkpoint), (batches, gap)
+    assert not any(torch.equal(w, at_checkpoint) for _, w in trained[41:gap])

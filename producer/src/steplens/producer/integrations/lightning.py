@@ -6,6 +6,7 @@ trainer = L.Trainer(..., callbacks=[SteplensCallback(watch_every=50)])
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -41,7 +42,6 @@ class SteplensCallback(Callback):
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         try:
             self._monitor = monitor_for(self._monitor, self._init_kwargs)
-            self._monitor.remedies.read_ahead = 1  # the fit loop's fetcher reads one ahead
             if self._watch_every and trainer.optimizers:
                 limit = trainer.gradient_clip_val
                 by_norm = trainer.gradient_clip_algorithm in (None, "norm")
@@ -55,6 +55,15 @@ class SteplensCallback(Callback):
                 )
         except Exception:  # never break training
             self._monitor = None
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        m = self._monitor
+        if m is None:
+            return
+        try:  # the fit loop reads one batch ahead of a loader without a length
+            m.remedies.read_ahead = 0 if math.isfinite(trainer.num_training_batches) else 1
+        except Exception:  # never break training
+            m.remedies.read_ahead = 1
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
