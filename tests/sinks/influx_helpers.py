@@ -26,6 +26,9 @@ def settings_from(env: dict[str, str]) -> InfluxSettings:
         token=env["STEPLENS_INFLUX_TOKEN"],
         bucket=env["STEPLENS_INFLUX_BUCKET"],
         rollup_bucket=env["STEPLENS_INFLUX_ROLLUP_BUCKET"],
+        # a rollup reads which fields are text across the whole hot bucket: seconds once the
+        # suite has filled it on 2 shared cores
+        timeout_ms=30_000,
     )
 
 

@@ -290,7 +290,7 @@ def test_round_trip_through_a_real_alertmanager(tmp_path: Path, monkeypatch) -> 
         assert out.export([resolved]).accepted == 1
         assert active(url, run) == []  # resolved: no longer active
         resolved_note = lambda: any(b["status"] == "resolved" for b in hook.bodies())  # noqa: E731
-        wait_for(resolved_note, 30, "the resolved notification")
+        wait_for(resolved_note, 60, "the resolved notification")
     finally:
         out.shutdown()
         stack.down(deadline_s=15)

@@ -269,6 +269,11 @@ def outcome(kafka, run: str, last_step: int, since_ns: int):
     return alerts, sigs
 
 
+# a 10 % rise whose first value the noise leaves just under 10 % warns once the next step is
+# still high (a one-step rise below 10 % is a hard batch's note)
+REGRESSION_CAUGHT = [(REGRESSION, "spike:loss"), (REGRESSION + 1, "spike:loss")]
+
+
 def first_fired(alerts) -> tuple[int, str] | None:
     """The step and lead rule of the first incident that fired (a sustained regression's
     incident is reported again as ranks join it and as it resolves and reopens)."""
@@ -318,7 +323,7 @@ def test_a_restarted_run_alerts_on_a_real_regression_but_not_on_its_restart(
         )
         kafka.send(resumed)
         alerts, sigs = outcome(kafka, run, 1299, resumed[0].time_ns)
-        assert first_fired(alerts) == (REGRESSION, "spike:loss")  # none at the restart
+        assert first_fired(alerts) in REGRESSION_CAUGHT  # none at the restart
         assert (
             sample(
                 w.metrics(), "steplens_worker_history_loads_total", why="restart", outcome="warm"
@@ -367,7 +372,7 @@ def test_a_worker_without_state_warms_a_resumed_run_from_its_parents_history(
     )
     kafka.send(meta + resumed)
     alerts, sigs = outcome(kafka, b, 1299, resumed[0].time_ns)
-    assert first_fired(alerts) == (REGRESSION, "spike:loss")  # none at the restart
+    assert first_fired(alerts) in REGRESSION_CAUGHT  # none at the restart
     assert (
         sample(w.metrics(), "steplens_worker_history_loads_total", why="start", outcome="warm") == 1
     )
