@@ -8,7 +8,7 @@ from typing import Any
 from steplens.schema import THROTTLE_REASONS
 
 from .flux import Read, hot_only, latest, names, per_interval
-from .layout import board, panel, threshold_line
+from .layout import board, panel, right_axis, threshold_line
 
 GPU = ("host", "gpu")
 PRODUCER = ("rank", "host")  # one producer per process
@@ -129,15 +129,7 @@ def bandwidth_panels() -> list[dict[str, Any]]:
             "computation does not hide).",
             unit="percent",
             w=24,
-            overrides=[
-                {
-                    "matcher": {"id": "byFrameRefID", "options": "B"},
-                    "properties": [
-                        {"id": "unit", "value": "MBs"},
-                        {"id": "custom.axisPlacement", "value": "right"},
-                    ],
-                }
-            ],
+            overrides=[right_axis({"id": "byFrameRefID", "options": "B"}, "MBs")],
         ),
         panel(
             "GPUs waiting: low utilisation with low memory bandwidth, per node and GPU",
@@ -398,15 +390,7 @@ def hardware() -> dict[str, Any]:
             description="Counters since the producer started: records spooled to disk while "
             "Kafka was away and replayed since, records dropped by reason (dropped_*), errors by "
             "place (error_*). Anything but flat zero lines deserves a look.",
-            overrides=[
-                {
-                    "matcher": {"id": "byFrameRefID", "options": "B"},
-                    "properties": [
-                        {"id": "unit", "value": "bytes"},
-                        {"id": "custom.axisPlacement", "value": "right"},
-                    ],
-                }
-            ],
+            overrides=[right_axis({"id": "byFrameRefID", "options": "B"}, "bytes")],
         ),
         panel(
             "GPU sampler status per node (last hour)",

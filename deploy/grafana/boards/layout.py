@@ -57,6 +57,15 @@ def panel(
     }
 
 
+def right_axis(matcher: dict[str, str], unit: str | None = None) -> dict[str, Any]:
+    """A field override: the fields ``matcher`` selects on the right axis, in ``unit``."""
+    props = [{"id": "unit", "value": unit}] if unit else []
+    return {
+        "matcher": matcher,
+        "properties": [*props, {"id": "custom.axisPlacement", "value": "right"}],
+    }
+
+
 def threshold_line(value: float, color: str = "red") -> dict[str, Any]:
     """A dashed line at ``value`` (the alert threshold of the stream jobs)."""
     return {

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from .flux import Read, latest, names, per_interval, stitched
-from .layout import COLD, INFLUX, board, panel, threshold_line
+from .layout import COLD, INFLUX, board, panel, right_axis, threshold_line
 
 RANK = ("rank",)
 LAYER = ("layer",)
@@ -180,12 +180,7 @@ def training() -> dict[str, Any]:
             ["accuracy", "f1", "rouge", "bleu"],
             description="log_eval's scores; BLEU and ROUGE-L computed by the producer from "
             "predictions and references when it has the text extra.",
-            overrides=[
-                {
-                    "matcher": {"id": "byRegexp", "options": "bleu.*"},
-                    "properties": [{"id": "custom.axisPlacement", "value": "right"}],
-                }
-            ],
+            overrides=[right_axis({"id": "byRegexp", "options": "bleu.*"})],
         ),
         panel(
             "Loss per rank: ARIMA expectation and band",

@@ -246,6 +246,33 @@ def one(  # noqa: PLR0917
     )
 
 
+def counter_rise(  # noqa: PLR0917
+    name: str,
+    metric: str,
+    step: int | None,
+    rise: float,
+    rank: int,
+    scope: str,
+    detail: dict[str, Any],
+) -> Signals:
+    """A counter that must stay flat (ECC and XID errors, out-of-memory errors): critical as
+    soon as it rose since the last sample, with ``detail``; its value is the rise."""
+    rose = rise > 0
+    return one(
+        name,
+        metric,
+        step,
+        rise,
+        1.0 if rose else 0.0,
+        rank,
+        scope,
+        CRITICAL if rose else None,
+        expected=0.0,
+        upper=0.0,
+        detail=detail if rose else None,
+    )
+
+
 def concat(parts: list[Signals]) -> Signals:
     """Signals of one detector and metric, one after the other."""
     if len(parts) == 1:

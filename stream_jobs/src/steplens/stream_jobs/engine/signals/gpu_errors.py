@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steplens.schema import Record
-from steplens.stream_jobs.engine.core import CRITICAL, Run, Signals, finite, one
+from steplens.stream_jobs.engine.core import Run, Signals, counter_rise, finite
 
 COUNTERS = ("xid_count", "ecc_uncorrected")
 
@@ -68,21 +68,7 @@ def hw(  # noqa: PLR0917
             for key in ("uuid", "name"):
                 if isinstance(gpu.get(key), str):
                     detail[key] = gpu[key]
-            out.append(
-                one(
-                    "hardware",
-                    metric,
-                    step,
-                    rise,
-                    1.0 if rise > 0 else 0.0,
-                    rank,
-                    scope,
-                    CRITICAL if rise > 0 else None,
-                    expected=0.0,
-                    upper=0.0,
-                    detail=detail if rise > 0 else None,
-                )
-            )
+            out.append(counter_rise("hardware", metric, step, rise, rank, scope, detail))
     return out
 
 

@@ -34,6 +34,7 @@ from steplens.stream_jobs.engine.core import (
     WARNING,
     Run,
     Signals,
+    counter_rise,
     finite,
     one,
     score_of,
@@ -146,19 +147,7 @@ def allocator(  # noqa: PLR0917
             )
         )
     out.append(
-        one(
-            "memory",
-            "ooms",
-            step,
-            new_ooms,
-            1.0 if new_ooms > 0 else 0.0,
-            rank,
-            scope,
-            CRITICAL if new_ooms > 0 else None,
-            expected=0.0,
-            upper=0.0,
-            detail={**detail, "ooms": now[1]} if new_ooms > 0 else None,
-        )
+        counter_rise("memory", "ooms", step, new_ooms, rank, scope, {**detail, "ooms": now[1]})
     )
     return out
 
