@@ -7,16 +7,7 @@ from typing import Any
 import pytest
 
 torch = pytest.importorskip("torch")
-
-
-class _Regressor(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(4, 1)
-
-    def forward(self, x: Any, labels: Any = None) -> dict[str, Any]:
-        out = self.lin(x)
-        return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
+from tests.producer.tiny_lm import Regressor  # noqa: E402 - after the torch check
 
 
 class _Data(torch.utils.data.Dataset):
@@ -49,7 +40,7 @@ def test_hf_trainer_callback(memory_monitor, tmp_path) -> None:  # type: ignore[
         disable_tqdm=True,
     )
     trainer = transformers.Trainer(
-        model=_Regressor(),
+        model=Regressor(),
         args=args,
         train_dataset=_Data(),
         eval_dataset=_Data(),
@@ -81,7 +72,7 @@ def test_lightning_callback(memory_monitor) -> None:  # type: ignore[no-untyped-
     class Module(L.LightningModule):  # type: ignore[misc,name-defined]
         def __init__(self) -> None:
             super().__init__()
-            self.net = _Regressor()
+            self.net = Regressor()
 
         def training_step(self, batch: Any, _i: int) -> Any:
             return self.net(batch["x"], batch["labels"])["loss"]
@@ -160,7 +151,7 @@ def test_hf_trainer_at_the_defaults_follows_its_declared_schedule(tmp_path) -> N
         disable_tqdm=True,
     )
     trainer = transformers.Trainer(
-        model=_Regressor(), args=args, train_dataset=_Data(), callbacks=[SteplensCallback(m)]
+        model=Regressor(), args=args, train_dataset=_Data(), callbacks=[SteplensCallback(m)]
     )
     trainer.train()
     m.shutdown()

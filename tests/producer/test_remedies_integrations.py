@@ -15,6 +15,7 @@ from tests.producer.test_remedies import advise, back_on_trend
 from tests.waiting import wait_until
 
 torch = pytest.importorskip("torch")
+from tests.producer.tiny_lm import Regressor  # noqa: E402 - after the torch check
 
 BATCH = 8
 BAD = range(40, 46)  # batches (0-based) of corrupted labels: the Trainers' steps 41-46
@@ -34,16 +35,6 @@ class Stream(torch.utils.data.IterableDataset):
     def __iter__(self) -> Any:
         for i in range(10_000):
             yield sample(i)
-
-
-class Regressor(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(4, 1)
-
-    def forward(self, x: Any, labels: Any = None) -> dict[str, Any]:
-        out = self.lin(x)
-        return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
 
 
 CLEAN_X = torch.randn(64, 4, generator=torch.Generator().manual_seed(99))

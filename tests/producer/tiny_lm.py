@@ -1,4 +1,5 @@
-"""A tiny next-token model and its data, for the remedies' training runs on the CPU.
+"""A tiny next-token model and its data, for the remedies' training runs on the CPU, and a
+one-layer regressor in the shape the Hugging Face Trainer and Lightning tests feed it.
 
 Clean sequences count up modulo the vocabulary (``t[i + 1] = t[i] + 1``): a bigram table
 learns them to a loss near 0. Corrupted rows are random tokens (as a broken tokenizer's).
@@ -12,6 +13,18 @@ import torch
 
 VOCAB = 16
 SEQ = 12
+
+
+class Regressor(torch.nn.Module):
+    """``x`` (4 features) -> one value; returns the loss and the output as the Trainer takes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+
+    def forward(self, x: Any, labels: Any = None) -> dict[str, Any]:
+        out = self.lin(x)
+        return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
 
 
 class TinyLM(torch.nn.Module):
