@@ -308,6 +308,12 @@ class Advice(Payload, kw_only=True):
     skip_batches: Count | None = None  # rewind: batches to skip after reloading
     lr_factor: Factor | None = None  # lower_lr: multiply the lr by it
     duration_s: FNum | None = None  # profile: how long to record
+    # rewind, lower_lr (shared by every rank): the step at whose end every rank carries it out,
+    # ahead of the run's last reported step, so the ranks agree without a collective
+    at_step: Count | None = None
+    steps_lost: Count | None = None  # its cost: steps of training undone (a rewind's)
+    batches_skipped: Count | None = None  # ... and batches the run will not train on
+    evidence: Str | None = None  # what it was judged on (the loss against its trend, ...)
 
 
 class Acted(Payload, kw_only=True):
