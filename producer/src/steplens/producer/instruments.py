@@ -296,7 +296,9 @@ class Instruments:
     def act(self, step: int, **targets: Any) -> int:
         """Carry out the advice that arrived, at the end of ``step``; the step the model is at
         after it (a rewind's checkpoint step, else ``step``). ``targets``: ``model``,
-        ``optimizer``, ``scheduler`` (default: the watched ones), ``load(path)``."""
+        ``optimizer``, ``scheduler`` (default: the watched ones), ``load(path)``. Advice for
+        every rank that changes the model waits for its ``at_step``; no collective, so a
+        rank may call this at any steps (a late one is counted)."""
         try:
             return int(self.remedies.act(step, **targets))
         except Exception:
