@@ -2,14 +2,14 @@
 
 Each rank (a process started as torchrun starts one: RANK, WORLD_SIZE, MASTER_ADDR) trains a
 tiny MLP on the CPU with a steplens Monitor whose remedies are all on (its advice consumer
-reading an in-memory advice topic that stays empty), in interleaved blocks of steps, four
-ways: (a) a no-op call after the step (the baseline); (b) ``sl.advice()``; (c) ``sl.act(step)``;
-(d) what ``act`` cost before: one gloo all-reduce of one integer per step (every rank waits
-for the slowest). ``torch.distributed``'s collectives are wrapped, in this bench only, to
-count the calls each way makes. Prints the slowest rank's median step time of each way and
-its ratio to (a), on the wall clock and in the process's CPU time (gloo's threads included:
-the figure that holds on a loaded machine), per world size; and the calls alone (one rank,
-no training) in ns.
+reading an in-memory advice topic that stays empty), in interleaved blocks of steps (the
+ways in an order shuffled per block, the same on every rank), four ways: (a) a no-op call
+after the step (the baseline); (b) ``sl.advice()``; (c) ``sl.act(step)``; (d) what ``act``
+cost before: one gloo all-reduce of one integer per step (every rank waits for the slowest).
+``torch.distributed``'s collectives are wrapped, in this bench only, to count the calls each
+way makes. Prints the slowest rank's median step time of each way and its ratio to (a), on
+the wall clock and in the process's CPU time (gloo's threads included: the figure that holds
+on a loaded machine), per world size; and the calls alone (one rank, no training) in ns.
 
     python bench/bench_act_overhead.py             # 2 and 4 ranks, about a minute
     python bench/bench_act_overhead.py --worlds 2 --blocks 20
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -80,8 +81,9 @@ def rank_main(blocks: int, steps: int) -> None:
     cpu: dict[str, list[float]] = {k: [] for k in WAYS}
     collectives = dict.fromkeys(WAYS, 0)
     step = 0
-    for block in range(blocks):
-        order = list(WAYS) if block % 2 == 0 else list(reversed(WAYS))
+    for block in range(-1, blocks):  # block -1: warm-up, not counted
+        order = list(WAYS)
+        random.Random(block).shuffle(order)  # the same order on every rank
         for name in order:
             call = ways[name]
             before = calls["n"]
@@ -93,9 +95,10 @@ def rank_main(blocks: int, steps: int) -> None:
                 opt.zero_grad()
                 call(step)
                 step += 1
-            per_step[name].append((time.perf_counter() - t0) / steps)
-            cpu[name].append((time.process_time() - c0) / steps)
-            collectives[name] += calls["n"] - before
+            if block >= 0:
+                per_step[name].append((time.perf_counter() - t0) / steps)
+                cpu[name].append((time.process_time() - c0) / steps)
+                collectives[name] += calls["n"] - before
     out = {
         "rank": int(os.environ["RANK"]),
         "us": {k: statistics.median(v) * 1e6 for k, v in per_step.items()},
