@@ -484,8 +484,8 @@ def _decide(  # noqa: PLR0917
             )
             data = {"lr_factor": cfg.lr_factor, "steps_lost": 0, "batches_skipped": 0}
             adv = _advised(c, run, "lower_lr", at_step, text, data)
-        sent = _emit(state, cfg, adv, run.now_ns, given, held)
-        if sent:
+        outcome = _emit(state, cfg, adv, run.now_ns, given, held)
+        if outcome == "sent":
             state.steps_lost += int(adv.data.get("steps_lost") or 0)
             state.shared[fp] = [action, at_step]
             while len(state.shared) > cfg.max_advised:
@@ -495,7 +495,7 @@ def _decide(  # noqa: PLR0917
                 again = {"base": at_step, "first": action, "want": rest, "evidence": ""}
                 state.pending.append({**c, **again})
             return
-        if adv.held == "storm":
+        if outcome == "storm":  # not sent later, and nothing else now
             return
 
 
@@ -569,21 +569,22 @@ def _emit(  # noqa: PLR0917
     now_ns: int,
     given: list[Advised],
     held: list[Advised],
-) -> bool:
-    """Give ``adv`` once per (incident, action), within the storm limit; whether it was sent."""
+) -> str | None:
+    """Give ``adv`` once per (incident, action), within the storm limit: "sent", why it was
+    held, or None (advised before)."""
     key = f"{adv.data['fingerprint']}|{adv.action}"
     if key in state.advised:
-        return False
+        return None
     state.advised[key] = adv.step if adv.step is not None else -1
     while len(state.advised) > cfg.max_advised:
         del state.advised[next(iter(state.advised))]
     if adv.held is None and _take_token(state, cfg, now_ns):
         state.given += 1
         given.append(adv)
-        return True
+        return "sent"
     state.held += 1
     held.append(adv if adv.held is not None else replace(adv, held="storm"))
-    return False
+    return held[-1].held
 
 
 def _samples(members: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
