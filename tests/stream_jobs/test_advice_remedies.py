@@ -314,3 +314,16 @@ def test_a_shared_remedy_the_storm_limit_holds_is_not_replaced_by_the_other():
     got = step_on(s, cfg, range(251, 280), lambda i: 1.15 * trend(i))
     assert [(a.action, a.held) for _, a in got] == [("rewind", "storm")]
     assert s.shared == {} and s.pending == []
+
+
+def test_an_incident_that_escalates_while_judged_is_rewound_before_its_lr_is_lowered():
+    cfg = AdviceConfig(lower_lr_repeats=1)
+    s = state()
+    feed(s, range(251))
+    warned = incident("spike:loss", "correlation:loss_grad", severity="warning")
+    advise(s, cfg, [warned], run_at(s, 250))
+    assert [c["want"] for c in s.pending] == [["lower_lr"]]
+    feed(s, range(251, 256), lambda i: 1.15 * trend(i))
+    advise(s, cfg, [incident("spike:loss", "correlation:loss_grad")], run_at(s, 255))
+    got = step_on(s, cfg, range(256, 280), lambda i: 1.15 * trend(i))
+    assert [a.action for _, a in got] == ["rewind"]

@@ -434,7 +434,7 @@ def _register(state: AdviceState, cfg: AdviceConfig, a: Alert) -> None:
         return
     c = next((p for p in state.pending if p["fp"] == fp), None)
     if c is not None:
-        c["want"] += [w for w in want if w not in c["want"]]
+        c["want"] = [w for w in SHARED if w in c["want"] or w in want]  # a rewind first
         return
     first = state.shared.get(fp)
     c = {
