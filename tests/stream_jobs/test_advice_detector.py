@@ -160,3 +160,31 @@ def test_the_worker_sends_advice_decided_on_step_batches_without_alerts_and_coun
     ]
     assert suggested and suggested[-1]["held"] == "budget"
     assert "a person decides" in suggested[-1]["evidence"]
+
+
+def test_windowed_runs_are_judged_on_their_windows_with_the_window_in_the_lead():
+    base = _noisy()
+    det = RunDetector("r")
+    meta = {"world_size": 1, "remedies": ["rewind"]}
+    det.process(make_record("run_meta", meta, run_id="r", time_ns=_t(0)))
+    given = []
+    for first in range(0, 400, 10):
+        if first % 100 == 0:
+            det.process(make_record("checkpoint", {"path": f"/ck/{first}"}, run_id="r", step=first))
+        xs = [base(i) * (1.15 if i > 250 else 1.0) for i in range(first, first + 10)]
+        peak = 40.0 if first == 250 else max(xs)
+        mean = (sum(xs) + (peak - xs[0] if first == 250 else 0.0)) / 10
+        stats = {"count": 10, "mean": mean, "min": min(xs), "max": peak, "last": xs[-1]}
+        data = {"step_first": first, "step_last": first + 9, "count": 10, "metrics": {
+            "loss": stats,
+            "grad_norm": {"count": 10, "mean": 1.0, "min": 1.0, "max": 1.0, "last": 1.0},
+        }}  # fmt: skip
+        rec = make_record("step_window", data, run_id="r", step=first + 9, time_ns=_t(first + 9))
+        _, alerts = det.process(rec)
+        given += det.advise(alerts, rec.time_ns).given
+    [rewind] = given
+    assert det.advice.window == 10
+    d = rewind.data
+    # the spike's window ends at 259, its onset; judged at the first window starting past 269
+    assert (d["onset_step"], rewind.step, d["checkpoint_step"]) == (259, 279, 200)
+    assert d["at_step"] == rewind.step + 50 + 10 + 2  # 5 s of 0.1 s steps, the window, 2
