@@ -294,9 +294,12 @@ def test_advice_acted_and_checkpoints_are_points() -> None:
     assert "rank=-1i" in line and "onset_step=250i" in line and "n_sample_ids=2i" in line
     assert 'sample_ids="[\\"doc-1\\", \\"doc-2\\"]"' in line
     rewind = {"action": "rewind", "fingerprint": "inc-2", "checkpoint": "/c/200"}
-    rewind |= {"checkpoint_step": 200, "skip_batches": 250}
+    rewind |= {"checkpoint_step": 200, "skip_batches": 250, "at_step": 290, "steps_lost": 90}
+    rewind |= {"batches_skipped": 250, "evidence": "loss 2.3 vs trend 1.7"}
     [line] = record_lines(make_record("advice", rewind, run_id="r", rank=-1, time_ns=5))
     assert 'checkpoint="/c/200"' in line and "skip_batches=250i" in line
+    assert "at_step=290i" in line and "steps_lost=90i" in line and "batches_skipped=250i" in line
+    assert 'evidence="loss 2.3 vs trend 1.7"' in line
     acted = {"action": "rewind", "fingerprint": "inc-2", "outcome": "acted", "detail": "ok"}
     [line] = record_lines(make_record("acted", acted, run_id="r", rank=3, time_ns=6, step=260))
     assert line.startswith("acted,action=rewind,outcome=acted,rank=3,run_id=r ")
@@ -307,3 +310,16 @@ def test_advice_acted_and_checkpoints_are_points() -> None:
     meta = {"world_size": 1, "remedies": ["rewind"]}
     [line] = record_lines(make_record("run_meta", meta, run_id="r", time_ns=8))
     assert 'remedies="[\\"rewind\\"]"' in line
+
+
+def test_advice_is_described_with_its_step_cost_and_whether_it_was_held() -> None:
+    from steplens.sinks.remedies import describe
+
+    rewind = {"action": "rewind", "checkpoint": "/c/200", "checkpoint_step": 200}
+    rewind |= {"skip_batches": 100, "at_step": 290, "steps_lost": 90, "batches_skipped": 190}
+    text = describe(rewind)
+    assert text.startswith("rewind to /c/200 (step 200), skip 100 batches at step 290")
+    assert "90 steps lost, 190 batches skipped" in text and "a person decides" not in text
+    held = describe({**rewind, "held": "budget"})
+    assert "not sent (budget): a person decides" in held
+    assert describe({"action": "skip_samples", "n_samples": 3}) == "skip 3 samples"

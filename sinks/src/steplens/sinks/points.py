@@ -322,7 +322,9 @@ def _advice(rec: Record) -> list[PointBuilder]:
     b.integer("onset_step", d.get("onset_step")).text("checkpoint", d.get("checkpoint"))
     b.integer("checkpoint_step", d.get("checkpoint_step"))
     b.integer("skip_batches", d.get("skip_batches")).num("lr_factor", d.get("lr_factor"))
-    b.num("duration_s", d.get("duration_s"))
+    b.num("duration_s", d.get("duration_s")).integer("at_step", d.get("at_step"))
+    b.integer("steps_lost", d.get("steps_lost"))
+    b.integer("batches_skipped", d.get("batches_skipped")).text("evidence", d.get("evidence"))
     for name in ("sample_ids", "sample_hashes"):
         if d.get(name):
             b.integer(f"n_{name}", len(d[name])).text(name, json_list(d[name]))

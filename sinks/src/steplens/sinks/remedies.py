@@ -55,8 +55,23 @@ def who(rank: Any) -> str:
 
 
 def describe(advice: Mapping[str, Any]) -> str:
-    """``"rewind to ckpt-100 (step 100), skip 300 batches"``; the action alone when it is none
-    of the known ones."""
+    """``"rewind to ckpt-100 (step 100), skip 300 batches at step 180 (cost: 80 steps lost, 100
+    batches skipped)"``; a suggestion the stream jobs held back says so and why; the action
+    alone when it is none of the known ones."""
+    text = _what(advice)
+    at = present(advice.get("at_step"))
+    if at is not None:
+        text += f" at step {int(at)}"
+    lost, skipped = present(advice.get("steps_lost")), present(advice.get("batches_skipped"))
+    if lost or skipped:
+        text += f" (cost: {int(lost or 0)} steps lost, {int(skipped or 0)} batches skipped)"
+    held = present(advice.get("held"))
+    if held is not None:
+        text += f"; suggested, not sent ({str(held).replace('_', ' ')}): a person decides"
+    return text
+
+
+def _what(advice: Mapping[str, Any]) -> str:
     action = str(advice.get("action"))
     if action == "skip_samples":
         counts = (

@@ -28,7 +28,8 @@ class WorkerMetrics:
         )
         self.advice = Counter(
             "steplens_worker_advice",
-            "advice to runs' ranks: sent, or held back by the storm limit (held)",
+            "advice to runs' ranks: sent; held back by the storm limit (held), the run's remedy "
+            "budget (held_budget) or no checkpoint in reach (held_no_checkpoint); invalid",
             ["action", "outcome"],
             registry=r,
         )
