@@ -448,4 +448,5 @@ def test_the_live_view_gets_curves_params_and_the_incident_table(tracking_uri):
     restarted = MlflowMirror(tracking_uri, "t")  # the table is rebuilt from the run's tags
     restarted.handle([_incident(run, "inc-a", 9, "resolved", "critical")])
     note = c.get_run(mlflow_id).data.tags["mlflow.note.content"]
-    assert note.startswith("**steplens: 2 incidents, 1 open**") and "✅" in note
+    assert note.startswith("**steplens: 2 incidents, 1 open**")
+    assert "| critical resolved incident step 9: loss spike" in note

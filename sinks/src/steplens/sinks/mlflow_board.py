@@ -19,7 +19,6 @@ ALERT_PREFIX = "steplens.alert."
 ADVICE_PREFIX = "steplens.advice."
 MAX_ROWS = 50
 MAX_NOTE_LEN = 7900
-MARKS = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
 
 
 @dataclass
@@ -52,13 +51,13 @@ class Board:
         firing = sum(1 for alert, _ in self.rows.values() if _state(alert) == "firing")
         head = (
             f"**steplens: {len(self.rows) + self.earlier} incidents, {firing} open**\n\n"
-            "| | incident | advice and answers |\n|---|---|---|\n"
+            "| incident | advice and answers |\n|---|---|\n"
         )
         lines = []
         size = len(head)
         left_out = self.earlier
         for alert, advice in reversed(self.rows.values()):
-            line = f"| {_mark(alert)} | {_cell(alert)} | {_cell(advice) or '-'} |\n"
+            line = f"| {_cell(alert)} | {_cell(advice) or '-'} |\n"
             if size + len(line) > MAX_NOTE_LEN - 80:
                 left_out += 1
                 continue
@@ -71,12 +70,6 @@ class Board:
 def _state(alert: str) -> str:
     words = alert.split(" ", 2)
     return words[1] if len(words) > 1 else ""
-
-
-def _mark(alert: str) -> str:
-    if _state(alert) == "resolved":
-        return "✅"
-    return MARKS.get(alert.split(" ", 1)[0], "")
 
 
 def _cell(text: str) -> str:
