@@ -445,8 +445,12 @@ def test_the_live_view_gets_curves_params_and_the_incident_table(tracking_uri):
     note = data.tags["mlflow.note.content"]
     assert note.startswith("**steplens: 2 incidents, 2 open**")
     assert note.index("step 4: loss spike") < note.index("step 3: loss spike")  # newest first
+    hang = _incident(run, "inc-h", 0, "firing", "critical", ("hang:progress",))
+    mirror.handle([make_record("alert", hang.data, run_id=run, rank=-1, step=None)])
+    tags = c.get_run(mlflow_id).data.tags  # an incident without a step (a hang) says none
+    assert tags["steplens.alert.inc-h"].startswith("critical firing incident: loss spike")
     restarted = MlflowMirror(tracking_uri, "t")  # the table is rebuilt from the run's tags
     restarted.handle([_incident(run, "inc-a", 9, "resolved", "critical")])
     note = c.get_run(mlflow_id).data.tags["mlflow.note.content"]
-    assert note.startswith("**steplens: 2 incidents, 1 open**")
+    assert note.startswith("**steplens: 3 incidents, 2 open**")
     assert "| critical resolved incident step 9: loss spike" in note

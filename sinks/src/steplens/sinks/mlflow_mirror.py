@@ -275,7 +275,8 @@ class MlflowMirror:
                         tags.setdefault(run_id, []).append(RunTag(f"steplens.param.{name}", value))
             elif rec.kind == "alert":
                 d = rec.data
-                text = f"{d['severity']} {d['state']} {d['scope']} step {rec.step}: {d['hint']}"
+                at = f" step {rec.step}" if rec.step is not None else ""  # a hang has none
+                text = f"{d['severity']} {d['state']} {d['scope']}{at}: {d['hint']}"
                 members = (d.get("evidence") or {}).get("members") or []
                 rules = [str(m.get("rule")) for m in members if isinstance(m, dict)]
                 if rules:
