@@ -454,3 +454,19 @@ def test_the_live_view_gets_curves_params_and_the_incident_table(tracking_uri):
     note = c.get_run(mlflow_id).data.tags["mlflow.note.content"]
     assert note.startswith("**steplens: 3 incidents, 2 open**")
     assert "| critical resolved incident step 9: loss spike" in note
+
+
+def test_metric_keys_past_the_cap_are_counted_not_written(tracking_uri, monkeypatch):
+    from steplens.sinks import mlflow_mirror
+
+    monkeypatch.setattr(mlflow_mirror, "MAX_KEYS_PER_RUN", 3)
+    scalars = {f"m{i}": float(i) for i in range(5)}
+    steps = [
+        make_record("step", {"loss": 2.0, "scalars": scalars}, run_id="cap", step=s)
+        for s in range(2)
+    ]
+    mirror = MlflowMirror(tracking_uri, "t")
+    mirror.handle(steps)
+    drawn = mirror.client.get_run(mirror.mlflow_run("cap")).data.metrics
+    assert set(drawn) == {"train/loss", "train/m0", "train/m1"}  # the first 3 keys seen
+    assert mirror.points_dropped_total == 2 * 3  # m2, m3, m4 of both steps

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from steplens.schema import Record
+from steplens.schema.log_limit import LimitedLog
 from steplens.sinks.contract import ExportResult, Rejection
 from steplens.sinks.mlflow_board import ADVICE_PREFIX, ALERT_PREFIX, NOTE_TAG, Board
 from steplens.sinks.mlflow_curves import Point, params, points
@@ -63,6 +64,7 @@ if TYPE_CHECKING:  # the Kafka client is imported only when the mirror consumes
     from steplens.sinks.kafka_io import Consumed
 
 log = logging.getLogger("steplens.sinks.mlflow")
+limited = LimitedLog(log)  # what repeats every batch: once a minute
 
 RUN_TAG = "steplens.run_id"
 MAX_BATCH = 900  # MLflow accepts at most 1000 metrics, 100 params and 100 tags per log_batch
@@ -312,11 +314,14 @@ class MlflowMirror:
         self._unsaved -= saving
         self.points_dropped_total += self._dropped
         if self._dropped:
-            log.warning(
-                "mlflow: %d points left out (past %d keys per run or %d points per batch)",
+            limited.warning(
+                "mlflow points left out",
+                "mlflow: %d points left out (past %d keys per run or %d points per batch; "
+                "%d in all)",
                 self._dropped,
                 MAX_KEYS_PER_RUN,
                 MAX_POINTS,
+                self.points_dropped_total,
             )
         return used
 
