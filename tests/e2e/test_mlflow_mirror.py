@@ -106,8 +106,8 @@ def test_mirror_consumes_evals_and_alerts_from_kafka(stack_env, tracking_uri):
     for i, step in enumerate(range(0, 50, 10)):
         rec = _eval(run_id, step, 3.0 - 0.1 * i, 0.1 * i, seq=i)
         producer.produce(topics.raw, encode(rec), key=rec.key)
-    noise = make_record("step", {"loss": 1.0}, run_id=run_id, step=3)  # not mirrored
-    producer.produce(topics.raw, encode(noise), key=noise.key)
+    sample = make_record("step", {"loss": 1.0}, run_id=run_id, step=3)
+    producer.produce(topics.raw, encode(sample), key=sample.key)
     alert = _alert(run_id, 30, "firing", "warning")
     producer.produce(topics.alerts, encode(alert), key=alert.key)
     window = _window(run_id, 49, 0.2, 0.45)
@@ -163,7 +163,7 @@ def test_mirror_consumes_evals_and_alerts_from_kafka(stack_env, tracking_uri):
         (40, 2.6),
     ]
     assert [(m.step, m.value) for m in alerts] == [(30, 2.0)]
-    assert used == [6]
+    assert used == [8]  # the evaluations, the step, the window, the alert
     metrics, tags = _summary_of(mirror, run_id)  # written when the mirror stopped
     assert metrics["summary/clip_rate"] == pytest.approx(0.2)
     assert metrics["summary/mfu_mean"] == pytest.approx(0.45)
@@ -270,7 +270,8 @@ def test_the_run_summary_lands_as_metrics_and_tags(tracking_uri):
         _incident(run, "inc-b", 190, "firing", "warning", ("hang",)),
     ]
     mirror = MlflowMirror(tracking_uri, "t")
-    assert mirror.handle(records) == 4  # the alert records (evaluations: none here)
+    # drawn: rank 0's windows and step, the alerts (rank 1's window and the signals are counted)
+    assert mirror.handle(records) == 7
     mirror.flush_summaries(force=True)
     metrics, tags = _summary_of(mirror, run)
     assert metrics["summary/clip_rate"] == pytest.approx((25 + 75 + 75) / 300)
@@ -391,12 +392,81 @@ def test_a_record_mlflow_refuses_is_rejected_alone(tracking_uri):
     from steplens.sinks.kafka_io import Consumed
 
     records = [_eval("refuse", i, 2.0, 0.5, seq=i) for i in range(4)]
-    records[2] = make_record("eval", {"split": "val#bad", "loss": 1.0}, run_id="refuse", step=2)
+    # a key MLflow refuses ("val//loss" is not a normal path); the mirror makes a key's
+    # characters valid, not its shape
+    records[2] = make_record("eval", {"split": "val/", "loss": 1.0}, run_id="refuse", step=2)
     records.append(_eval("other", 9, 2.0, 0.5))
     batch = [Consumed("raw", 0, i, b"k", b"v", rec) for i, rec in enumerate(records)]
     mirror = MlflowMirror(tracking_uri, "t", only_run="refuse")
     result = mirror.export(batch)
-    assert [r.index for r in result.rejected] == [2] and "val#bad" in result.rejected[0].reason
+    assert [r.index for r in result.rejected] == [2] and "val//loss" in result.rejected[0].reason
     assert (result.accepted, result.skipped, result.retryable) == (3, 1, False)
     history = mirror.client.get_metric_history(mirror.mlflow_run("refuse"), "val/loss")
     assert sorted(m.step for m in history) == [0, 1, 3]
+
+
+# --------------------------------------------------------------------------- the live view
+
+
+def test_the_live_view_gets_curves_params_and_the_incident_table(tracking_uri):
+    """Steps, hardware and data quality as curves, run_meta as params (a changed value as a
+    tag: MLflow keeps a param's first), the incidents as the run's description."""
+    run = "live-1"
+    steps = [
+        make_record("step", {"loss": 3.0 - 0.1 * s, "lr": 1e-3}, run_id=run, step=s)
+        for s in range(5)
+    ]
+    hw = make_record(
+        "hw",
+        {
+            "mem_total_bytes": 8 << 30,
+            "mem_available_bytes": 6 << 30,
+            "gpus": [{"index": 0, "util_gpu": 88.0}],
+        },
+        run_id=run,
+        host="n1",
+    )
+    meta = {"world_size": 2, "lr_schedule": {"kind": "cosine", "peak_lr": 1e-3}}
+    first = make_record("run_meta", meta, run_id=run)
+    changed = make_record("run_meta", {**meta, "world_size": 4}, run_id=run)
+    mirror = MlflowMirror(tracking_uri, "t")
+    mirror.handle([first, *steps, hw, _incident(run, "inc-a", 3, "firing", "critical")])
+    mirror.handle([changed, _incident(run, "inc-b", 4, "firing", "warning", ("hang",))])
+    c, mlflow_id = mirror.client, mirror.mlflow_run(run)
+    loss = sorted(
+        (m.step, round(m.value, 6)) for m in c.get_metric_history(mlflow_id, "train/loss")
+    )
+    assert loss == [(0, 3.0), (1, 2.9), (2, 2.8), (3, 2.7), (4, 2.6)]
+    (util,) = c.get_metric_history(mlflow_id, "hw/n1/gpu0/util")
+    assert (util.step, util.value) == (4, 88.0)  # at the run's last step
+    data = c.get_run(mlflow_id).data
+    assert data.params["world_size"] == "2" and data.params["lr_schedule.kind"] == "cosine"
+    assert data.tags["steplens.param.world_size"] == "4"
+    note = data.tags["mlflow.note.content"]
+    assert note.startswith("**steplens: 2 incidents, 2 open**")
+    assert note.index("step 4: loss spike") < note.index("step 3: loss spike")  # newest first
+    hang = _incident(run, "inc-h", 0, "firing", "critical", ("hang:progress",))
+    mirror.handle([make_record("alert", hang.data, run_id=run, rank=-1, step=None)])
+    tags = c.get_run(mlflow_id).data.tags  # an incident without a step (a hang) says none
+    assert tags["steplens.alert.inc-h"].startswith("critical firing incident: loss spike")
+    restarted = MlflowMirror(tracking_uri, "t")  # the table is rebuilt from the run's tags
+    restarted.handle([_incident(run, "inc-a", 9, "resolved", "critical")])
+    note = c.get_run(mlflow_id).data.tags["mlflow.note.content"]
+    assert note.startswith("**steplens: 3 incidents, 2 open**")
+    assert "| critical resolved incident step 9: loss spike" in note
+
+
+def test_metric_keys_past_the_cap_are_counted_not_written(tracking_uri, monkeypatch):
+    from steplens.sinks import mlflow_mirror
+
+    monkeypatch.setattr(mlflow_mirror, "MAX_KEYS_PER_RUN", 3)
+    scalars = {f"m{i}": float(i) for i in range(5)}
+    steps = [
+        make_record("step", {"loss": 2.0, "scalars": scalars}, run_id="cap", step=s)
+        for s in range(2)
+    ]
+    mirror = MlflowMirror(tracking_uri, "t")
+    mirror.handle(steps)
+    drawn = mirror.client.get_run(mirror.mlflow_run("cap")).data.metrics
+    assert set(drawn) == {"train/loss", "train/m0", "train/m1"}  # the first 3 keys seen
+    assert mirror.points_dropped_total == 2 * 3  # m2, m3, m4 of both steps

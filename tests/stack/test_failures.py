@@ -64,7 +64,7 @@ def test_down_leaves_foreign_processes_alone(tmp_path) -> None:
             pid_file.write_text(f"{stranger.pid}\n")  # a stale pid now used by someone else
         assert stack.down() == []
         assert stranger.poll() is None
-        assert [st.running for st in stack.status()] == [False, False, False]
+        assert not any(st.running for st in stack.status())
     finally:
         stranger.kill()
         stranger.wait()

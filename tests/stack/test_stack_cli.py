@@ -43,7 +43,8 @@ def test_status_json_reports_health(stack_env: dict[str, str]) -> None:
         check=True,
     ).stdout
     statuses = {s["name"]: s for s in json.loads(out)}
-    assert set(statuses) == {"kafka", "influxdb", "s3"}
+    assert set(statuses) == {"kafka", "influxdb", "s3", "mlflow"}
+    assert statuses["mlflow"]["address"] == stack_env["MLFLOW_TRACKING_URI"]  # the live view
     assert statuses["kafka"]["address"] == stack_env["STEPLENS_KAFKA_BOOTSTRAP"]
     assert "http://" + statuses["s3"]["address"] == stack_env["STEPLENS_S3_ENDPOINT"]
     running = _running()

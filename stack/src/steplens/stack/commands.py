@@ -16,8 +16,8 @@ from steplens.stack.stack import Stack, tail
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Kafka, InfluxDB 2 and an S3 server (and, when asked, Alertmanager) on "
-        "127.0.0.1, without Docker. "
+        description="Kafka, InfluxDB 2, an S3 server and the MLflow UI (and, when asked, "
+        "Alertmanager) on 127.0.0.1, without Docker. "
         "State lives in $STEPLENS_HOME (default ~/.local/state/steplens), downloads and "
         "builds in $STEPLENS_CACHE (default ~/.cache/steplens).",
     )
@@ -89,7 +89,10 @@ def _run(stack: Stack, args: argparse.Namespace) -> int:
         stack.up(_wanted(args.services, args.extra), timeout_s=args.timeout)
         for st in stack.status():
             if st.running:
-                print(f"{st.name:<9} {st.address:<16} {'healthy' if st.healthy else st.detail}")
+                print(f"{st.name:<12} {st.address:<22} {'healthy' if st.healthy else st.detail}")
+        live = stack.env().get("MLFLOW_TRACKING_URI")
+        if live:
+            print(f"live view: {live} (MLflow; `steplens mlflow` follows the runs into it)")
         print(f'use it from a shell: eval "$(steplens stack env)"  (state: {stack.home})')
         return 0
     if args.action == "down":
@@ -104,7 +107,7 @@ def _run(stack: Stack, args: argparse.Namespace) -> int:
             for st in statuses:
                 state = "healthy" if st.healthy else st.detail
                 pid = f"pid {st.pid}" if st.pid else ""
-                print(f"{st.name:<9} {st.address:<16} {pid:<11} {state}")
+                print(f"{st.name:<12} {st.address:<22} {pid:<11} {state}")
         return 0 if all(st.healthy for st in statuses if st.running) else 1
     if args.action == "logs":
         for name in [args.service] if args.service else stack.listed():

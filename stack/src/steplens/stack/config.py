@@ -14,8 +14,9 @@ LOG4J_VERSION = "2.24.3"
 S3PROXY_VERSION = "2.6.0"
 INFLUXDB_VERSION = "2.9.1"
 ALERTMANAGER_VERSION = "0.35.0"
+MLFLOW_VERSION = "3.17.2"  # the server; the same as the client (mlflow-skinny in constraints.txt)
 
-SERVICES = ("kafka", "influxdb", "s3")  # what `up` starts unless told otherwise
+SERVICES = ("kafka", "influxdb", "s3", "mlflow")  # what `up` starts unless told otherwise
 OPTIONAL_SERVICES = ("alertmanager",)  # only when asked for (`up --with alertmanager`)
 ALL_SERVICES = SERVICES + OPTIONAL_SERVICES
 
@@ -26,6 +27,7 @@ DEFAULT_PORTS: dict[str, tuple[int, str]] = {
     "influxdb": (18086, "STEPLENS_INFLUX_PORT"),
     "s3": (19000, "STEPLENS_S3_PORT"),
     "alertmanager": (19094, "STEPLENS_ALERTMANAGER_PORT"),
+    "mlflow": (19050, "STEPLENS_MLFLOW_PORT"),
 }
 
 INFLUX_ORG = "steplens"

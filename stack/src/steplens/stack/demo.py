@@ -1,7 +1,8 @@
 """`steplens demo`: the whole product on one machine, with incidents to catch.
 
 Starts the local stack, a stream worker and both sinks as subprocesses (and the Alertmanager
-output while the stack's Alertmanager runs), trains a small transformer LM as 2 CPU ranks
+output while the stack's Alertmanager runs; and the MLflow mirror, whose run page, printed
+first, is the live view), trains a small transformer LM as 2 CPU ranks
 under torchrun (``demo_train``) with scripted incidents, waits for the stream jobs to catch
 up, prints what steplens caught next to what was injected, and writes the report (``steplens
 report``). The stack stays up; `steplens stack down` stops it.
@@ -23,7 +24,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from steplens.stack.demo_children import Children, free_port, port_or_free, wait_port
+from steplens.stack.demo_children import (
+    Children,
+    free_port,
+    port_or_free,
+    wait_file,
+    wait_port,
+)
 from steplens.stack.demo_incidents import (
     estimate_steps,
     format_scorecard,
@@ -281,8 +288,17 @@ def _run(
             key = "--app-id" if cmd[0] == "worker" else "--group"
             extra += [key, f"steplens-demo-{args.run_id}-{cmd[-1] if cmd[0] == 'sink' else 'w'}"]
         started.append((children.start(name, [*cmd, *extra]), port))
+    live = None
+    if env.get("MLFLOW_TRACKING_URI"):  # the stack's MLflow server: the live view
+        live = run_dir / "live-view.url"
+        live.unlink(missing_ok=True)
+        group = f"steplens-demo-{args.run_id}-mlflow"
+        mirror = ["mlflow", "--run", args.run_id, "--group", group, "--url-file", str(live)]
+        live_child = children.start("mlflow", mirror)
     for child, port in started:
         wait_port(port, child, 120.0, say)
+    if live is not None:
+        say(f"[demo] live view: {wait_file(live, live_child, 120.0)}")
     say("[demo] worker and sinks are up; training starts")
 
     tail = RunTail(env["STEPLENS_KAFKA_BOOTSTRAP"], [topics.signals, topics.alerts], args.run_id)

@@ -93,6 +93,18 @@ def wait_port(port: int, child: Child, timeout_s: float, progress: Progress) -> 
     )
 
 
+def wait_file(path: Path, child: Child, timeout_s: float) -> str:
+    """Wait until ``child`` has written ``path``; returns its first line."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and (text := path.read_text().strip()):
+            return text.splitlines()[0]
+        if child.proc.poll() is not None:
+            raise RuntimeError(f"{child.name} exited ({child.proc.returncode}):\n{child.tail()}")
+        time.sleep(0.5)
+    raise RuntimeError(f"{child.name} did not write {path} in {timeout_s:.0f} s:\n{child.tail()}")
+
+
 def port_or_free(port: int) -> int:
     """``port`` when it can be bound on 127.0.0.1 now, else a free one (a connect test can
     time out on a busy machine and call a taken port free)."""

@@ -6,6 +6,7 @@ import os
 import queue
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ from steplens.stack.config import (
     INFLUXDB_VERSION,
     KAFKA_VERSION,
     LOG4J_VERSION,
+    MLFLOW_VERSION,
     S3PROXY_VERSION,
     StackConfig,
 )
@@ -62,6 +64,10 @@ def influxd_binary(cfg: StackConfig) -> Path:
 
 def alertmanager_binary(cfg: StackConfig) -> Path:
     return cfg.cache / "alertmanager" / ALERTMANAGER_VERSION / "alertmanager"
+
+
+def mlflow_venv(cfg: StackConfig) -> Path:
+    return cfg.cache / "mlflow" / MLFLOW_VERSION / "venv"
 
 
 def _run_recipe(
@@ -215,3 +221,32 @@ def ensure_alertmanager(cfg: StackConfig, progress: Progress) -> Path:
     if not binary.exists():
         raise StackError(f"alertmanager build finished but {binary} is missing", exit_code=4)
     return binary
+
+
+def ensure_mlflow(cfg: StackConfig, progress: Progress) -> Path:
+    """Install the MLflow server into a virtual environment of its own, once per version (its
+    dependencies, pinned in ``recipes/mlflow_server.txt``, conflict with the project's)."""
+    venv = mlflow_venv(cfg)
+    if (venv / ".complete").exists():
+        return venv
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(venv.parent / ".install.lock"), timeout=BUILD_TIMEOUT_S):
+        if not (venv / ".complete").exists():
+            progress(
+                f"[mlflow] installing the MLflow server {MLFLOW_VERSION} from PyPI "
+                "(first time: about 3 min, 850 MB)"
+            )
+            _run_recipe(
+                "mlflow",
+                [
+                    "bash",
+                    str(recipe("install_mlflow.sh")),
+                    str(venv),
+                    MLFLOW_VERSION,
+                    str(recipe("mlflow_server.txt")),
+                ],
+                cfg.cache / "logs" / "install-mlflow.log",
+                progress,
+                {**os.environ, "PYTHON": sys.executable},
+            )
+    return venv

@@ -30,6 +30,7 @@ from steplens.stack.services.alertmanager import Alertmanager
 from steplens.stack.services.base import Service
 from steplens.stack.services.influxdb import InfluxDB
 from steplens.stack.services.kafka import Kafka
+from steplens.stack.services.mlflow import Mlflow
 from steplens.stack.services.s3 import S3
 
 SERVICE_TYPES: dict[str, type[Service]] = {
@@ -37,6 +38,7 @@ SERVICE_TYPES: dict[str, type[Service]] = {
     "influxdb": InfluxDB,
     "s3": S3,
     "alertmanager": Alertmanager,
+    "mlflow": Mlflow,
 }
 LOG_ROTATE_BYTES = 50 * 1024 * 1024
 
@@ -219,6 +221,10 @@ class Stack:
             os.kill(pid, signal.SIGCONT)  # a paused process cannot handle SIGTERM
         if process.stop(pid, deadline_s) and deadline_s > 0:
             self.progress(f"[{service}] did not stop within {deadline_s:.0f} s; killed")
+        # what it started (MLflow's uvicorn worker) goes too: the service leads its own
+        # process group, whose id no new process can take while a member lives
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
         pid_file.unlink(missing_ok=True)
         return True
 
@@ -241,8 +247,7 @@ class Stack:
         os.kill(pid, sig)
 
     def down(self, deadline_s: float = 30.0) -> list[str]:
-        """Stop every service this stack started (Alertmanager, InfluxDB and S3 first, Kafka
-        last)."""
+        """Stop every service this stack started (Kafka last)."""
         return [name for name in reversed(ALL_SERVICES) if self.stop(name, deadline_s)]
 
     def listed(self) -> list[str]:
