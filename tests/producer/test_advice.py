@@ -37,7 +37,13 @@ def msg(value: bytes | None, key: bytes | None = b"run-a", offset: int = 0) -> M
 
 
 class Inbox:
-    def __init__(self, rank: int = 0, remedies: frozenset[str] = ALL, queue_max: int = 8):
+    def __init__(
+        self,
+        rank: int = 0,
+        remedies: frozenset[str] = ALL,
+        queue_max: int = 8,
+        seen_max: int = 4096,
+    ):
         self.dead: list[tuple[str, Message]] = []
         self.refused: list[tuple[Advice, str]] = []
         self.inbox = AdviceInbox(
@@ -45,6 +51,7 @@ class Inbox:
             rank,
             remedies,
             queue_max=queue_max,
+            seen_max=seen_max,
             dead_letter=lambda reason, m: self.dead.append((reason, m)),
             refused=lambda a, why: self.refused.append((a, why)),
         )
@@ -108,8 +115,7 @@ def test_a_broken_or_hostile_message_is_dead_lettered_by_rank_0_only(value, reas
 
 
 def test_a_pair_seen_before_is_ignored_and_the_memory_is_bounded():
-    box = Inbox()
-    box.inbox._seen_max = 2
+    box = Inbox(seen_max=2)
     assert box.inbox.offer(msg(advice_bytes("run-a", fingerprint="f1"))) is not None
     assert box.inbox.offer(msg(advice_bytes("run-a", fingerprint="f1"))) is None
     # the same incident, another action: a new piece of advice
@@ -119,7 +125,10 @@ def test_a_pair_seen_before_is_ignored_and_the_memory_is_bounded():
     assert box.inbox.counts == {"duplicate": 1}
     box.inbox.offer(msg(advice_bytes("run-a", fingerprint="f2")))
     assert box.inbox.counts["seen_forgotten"] == 1
-    assert len(box.inbox._seen) == 2
+    # the oldest pair was forgotten: taken again; the two newest are still known
+    assert box.inbox.offer(msg(advice_bytes("run-a", fingerprint="f2"))) is None
+    assert box.inbox.offer(msg(advice_bytes("run-a", fingerprint="f1"))) is not None
+    assert box.inbox.counts["duplicate"] == 2
 
 
 def test_a_remedy_not_opted_into_is_refused_not_queued():
@@ -236,7 +245,7 @@ def test_the_desk_opens_its_source_aside_and_retries_after_a_failure():
         attempts.append(time.monotonic())
         if len(attempts) == 1:
             raise ConnectionError("no broker")
-        release.wait(5)  # Kafka slow to answer
+        release.wait(60)  # Kafka slow to answer, until the test releases it
         return source
 
     desk = AdviceDesk(box.inbox, make, retry_s=10.0)
@@ -244,10 +253,9 @@ def test_the_desk_opens_its_source_aside_and_retries_after_a_failure():
     assert wait_until(lambda: box.inbox.counts.get("source_error") == 1, timeout_s=5)
     assert "no broker" in (desk.last_error or "")
     assert desk.poll(105.0) == 0 and len(attempts) == 1  # not again before retry_s
-    t0 = time.monotonic()
     assert desk.poll(111.0) == 0  # opening again, in its own thread: no wait here
-    assert time.monotonic() - t0 < 0.5
     assert wait_until(lambda: len(attempts) == 2, timeout_s=5)
+    assert desk.source is None  # the poll returned while the opening still waits
     release.set()
     assert wait_until(lambda: desk.source is not None, timeout_s=5)
     source.advise(advice_bytes("run-a"), key=b"run-a")

@@ -499,7 +499,10 @@ def test_runs_and_ranks_past_the_limits_are_left_out_and_idle_runs_retired(kafka
         30,
         raw=True,
     )
-    last = {k: v for k, v in changelog if k and k.startswith(a.encode())}
-    assert len(last) == 3 and all(v is None for v in last.values())  # head and 2 ranks
+    last = {k.decode(): v for k, v in changelog if k and k.startswith(a.encode())}
+    # every key the run had (its head and its kept ranks' series, in whatever slots) is gone
+    assert a in last and all(v is None for v in last.values()), last
+    kept = {r for r in range(3) for slot in (0, 1) if rank_key(a, r, slot) in last}
+    assert kept == {0, 1}, last
     kafka.send(steps(b, 10, 20))
     wait_scored(w, 50)  # a's 40, then b's second 10 (its first 10 were refused)
