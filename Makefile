@@ -4,7 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STEPLENS := $(VENV)/bin/steplens
 
-.PHONY: setup demo test test-unit lint stack-up stack-down clean compose-check
+DIST ?= dist
+
+.PHONY: setup demo test test-unit test-busy lint stack-up stack-down clean compose-check wheels
 
 setup: $(VENV)/.installed
 
@@ -31,6 +33,11 @@ test: setup stack-up
 
 test-unit: setup
 	$(PY) -m pytest -q tests -m "not stack"
+
+# The five parts as wheels in dist/, for `pip install dist/...` elsewhere (README.md)
+wheels: setup
+	rm -f $(DIST)/steplens_*.whl
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(DIST) ./schema ./producer ./stream_jobs ./sinks ./stack
 
 lint: setup
 	$(VENV)/bin/ruff check schema producer stream_jobs sinks stack tests bench
