@@ -28,8 +28,16 @@ stack-down:
 	-$(STEPLENS) stack down
 
 # The stack is started once (first time: builds InfluxDB, fetches Kafka and S3 jars).
+# TESTS narrows a run: make test TESTS=tests/stack
+TESTS ?= tests
+pytest = $(1) $(PY) -m pytest -q $(TESTS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests ran"; exit 1; fi; exit $$rc
+
 test: setup stack-up
-	$(PY) -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests ran"; exit 1; fi; exit $$rc
+	$(call pytest,)
+
+# The same run with one core kept busy beside it (tests/busy_core.py), as on a loaded machine
+test-busy: setup stack-up
+	$(call pytest,$(PY) tests/busy_core.py --)
 
 test-unit: setup
 	$(PY) -m pytest -q tests -m "not stack"
