@@ -80,17 +80,20 @@ def test_spike_alert_and_dead_letters(kafka, workers):
     kafka.send([make_record("step", {"loss": 2.0, "lr": 1e-3}, run_id=run, rank=0, step=0)])
     kafka.send(steps(run, 1, 60, spike_at=50))
     kafka.send([b"{not json", b'{"v": 1, "kind": "step"}'], key=f"{run}:0".encode())
+    ahead = time.time_ns() + 3600 * 10**9  # a clock an hour ahead: not a signal
+    kafka.send([make_record("step", {"loss": 2.0}, run_id=run, step=60, time_ns=ahead)])
     alerts = kafka.collect(
         kafka.topics.alerts, lambda got: bool(alerts_matching(got, rule="spike:loss"))
     )
     fired = alerts_matching(alerts, rule="spike:loss", state="firing")
     assert len(fired) == 1 and fired[0].step == 50 and fired[0].data["severity"] == "critical"
     assert fired[0].run_id == run and fired[0].data["hint"]
-    dead = kafka.collect(kafka.topics.dead_letters, lambda got: len(got) >= 3)
+    dead = kafka.collect(kafka.topics.dead_letters, lambda got: len(got) >= 4)
     reasons = sorted(d.data["reason"] for d in dead)
     assert reasons[0].startswith("lr_schedule.warmup_steps: must be a whole number")
     assert reasons[1].startswith("not valid JSON")
     assert reasons[2] == "run_id: missing required field"
+    assert reasons[3].startswith("time is ") and reasons[3].endswith("clock skew allowed)")
     assert all(d.data["source_topic"] == kafka.topics.raw for d in dead)
     sigs = kafka.collect(
         kafka.topics.signals,
@@ -98,11 +101,16 @@ def test_spike_alert_and_dead_letters(kafka, workers):
     )
     assert any(s.data["name"] == "spike" and s.step == 50 and s.data["score"] > 0.5 for s in sigs)
     text = w.metrics()
-    assert sample(text, "steplens_worker_dead_letters_total") == 3
+    assert sample(text, "steplens_worker_dead_letters_total") == 4
     assert sample(text, "steplens_worker_records_total", kind="step") == 60
+    assert sample(text, "steplens_worker_out_of_time_total", reason="future") == 1
     # the consumer fetches with the wait asked for, read back from its fetcher
     assert "steplens_worker_fetch_wait_seconds 0.04" in text
     assert "Crashed" not in w.log.read_text()
+    # what Faust made in the state folder is private (the worker runs under umask 077)
+    state = w.log.parent
+    assert [p for p in state.rglob("*") if p.is_dir() and p.stat().st_mode & 0o077] == []
+    assert any(p.is_dir() for p in state.rglob("*"))
 
 
 def test_step_batches_are_scored_step_by_step(kafka, workers):
