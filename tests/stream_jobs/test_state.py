@@ -214,7 +214,7 @@ def test_a_restore_is_logged_and_counted(caplog):
 
     counted: list[str] = []
     again = RunStore(table, DetectorConfig(), checkpoint_s=0.0, count_restore=counted.append)
-    with caplog.at_level(logging.INFO, logger="steplens.stream_jobs"):
+    with caplog.at_level(logging.WARNING, logger="steplens.stream_jobs"):
         assert again.ready("r", "e") == ["e"] and again.ready("new", "e") == ["e"]
     assert counted == ["restored"]
     assert f"run r restored from the runs table: 2 ranks, {det.records} records" in caplog.text

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, MutableMapping
 from typing import Any, Protocol
 
+from steplens.schema.log_limit import LimitedLog
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.signals.arima_fit import ArimaParams
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
@@ -82,6 +83,7 @@ class RunStore:
         self.held: dict[int, dict[str, list[Any]]] = {}
         self.limits = limits or RunLimits(LimitSettings(), table.keys)
         self.count_restore = count_restore  # "restored", or "unreadable" (starts afresh)
+        self._restores = LimitedLog(log)  # a rebalance may move thousands: a line a minute
 
     def admit(self, run: str, event: Any) -> bool:
         """Whether ``event`` (a by-run message of ``run``) goes on to be scored; False: it is
@@ -155,7 +157,8 @@ class RunStore:
         det.touched.update(det.series)
         det.resume_fits()
         self.count_restore("restored")
-        log.info(
+        self._restores.warning(
+            "restored",
             "run %s restored from the runs table: %d ranks, %d records applied",
             run,
             len(det.series),
