@@ -4,7 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STEPLENS := $(VENV)/bin/steplens
 
-.PHONY: setup demo test test-unit lint stack-up stack-down clean compose-check
+DIST ?= dist
+
+.PHONY: setup demo test test-unit test-busy lint stack-up stack-down clean compose-check wheels
 
 setup: $(VENV)/.installed
 
@@ -26,11 +28,24 @@ stack-down:
 	-$(STEPLENS) stack down
 
 # The stack is started once (first time: builds InfluxDB, fetches Kafka and S3 jars).
+# TESTS narrows a run: make test TESTS=tests/stack
+TESTS ?= tests
+pytest = $(1) $(PY) -m pytest -q $(TESTS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests ran"; exit 1; fi; exit $$rc
+
 test: setup stack-up
-	$(PY) -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests ran"; exit 1; fi; exit $$rc
+	$(call pytest,)
+
+# The same run with one core kept busy beside it (tests/busy_core.py), as on a loaded machine
+test-busy: setup stack-up
+	$(call pytest,$(PY) tests/busy_core.py --)
 
 test-unit: setup
 	$(PY) -m pytest -q tests -m "not stack"
+
+# The five parts as wheels in dist/, for `pip install dist/...` elsewhere (README.md)
+wheels: setup
+	rm -f $(DIST)/steplens_*.whl
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(DIST) ./schema ./producer ./stream_jobs ./sinks ./stack
 
 lint: setup
 	$(VENV)/bin/ruff check schema producer stream_jobs sinks stack tests bench

@@ -3,24 +3,30 @@
 its own subcommands (entry-point group
 ``steplens.commands``); a command of a part that is missing names the distribution to install.
 
-The parts are built into wheels once and installed into fresh virtual environments (no system
-site packages): the schema with its one dependency, the other parts without theirs,
+The parts are built into wheels once (``make wheels``) and installed into fresh virtual
+environments (no system site packages): the schema with its one dependency, the other parts
+without theirs,
 since what is checked is the packaging, the command table and the arguments parsing. That the
 dependencies of each part resolve under the project's constraints is checked by pip's resolver
 (``--dry-run``, reading the registry's metadata, installing nothing), which costs no
-downloads of the dependencies themselves.
+downloads of the dependencies themselves. The README's install line for the training
+environment is run as written (offline: without the dependencies, which it states and the
+wheels' metadata must match).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import tomllib
+from packaging.requirements import Requirement
 
 from steplens.schema import command as dispatcher
 from steplens.schema.command import GROUP, KNOWN
@@ -37,12 +43,15 @@ PARTS = {
 }
 
 
-def _pip(*args: str) -> subprocess.CompletedProcess[str]:
+def _clean_env() -> dict[str, str]:
     # without this environment's own path and venv, or pip sees the parts as installed here
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+
+def _pip(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
-        env=env,
+        env=_clean_env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -52,18 +61,21 @@ def _pip(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("wheels")
-    _pip(
-        "wheel",
-        "-q",
-        "--no-deps",
-        "--no-build-isolation",
-        "-w",
-        str(out),
-        *(str(ROOT / part) for part in ("schema", "producer", "stream_jobs", "sinks")),
+    """``make wheels`` with this environment (its setup taken as done) into a folder of its own."""
+    out = tmp_path_factory.mktemp("dist")
+    venv = Path(sys.prefix)
+    made = subprocess.run(
+        ["make", "-s", "-o", f"{venv}/.installed", "wheels", f"VENV={venv}", f"DIST={out}"],
+        cwd=ROOT,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
+    assert made.returncode == 0, made.stderr
     found = {p.name.split("-")[0]: p for p in out.glob("*.whl")}
-    return {part: found[dist.replace("-", "_")] for part, dist in PARTS.items() if part != "stack"}
+    return {part: found[dist.replace("-", "_")] for part, dist in PARTS.items()}
 
 
 def _venv(tmp: Path, wheels: dict[str, Path], *parts: str) -> Path:
@@ -113,6 +125,65 @@ def test_sinks_alone_give_the_sink_commands(tmp_path: Path, wheels: dict[str, Pa
     assert done.returncode == 0, done.stderr
     missing = _run(steplens, "worker")
     assert missing.returncode == 3 and "steplens-stream-jobs" in missing.stderr
+
+
+def _readme_install() -> tuple[str, set[str]]:
+    """The README's install line for the training environment, and what it says the producer
+    depends on (the names in backquotes after "The producer depends on", to the semicolon)."""
+    text = (ROOT / "README.md").read_text()
+    found = re.search(r"`(pip install dist/[^`]+)`", text)
+    assert found, "README.md: no `pip install dist/...` line"
+    said = text.split("The producer depends on", 1)[1].split(";", 1)[0]
+    return found.group(1), set(re.findall(r"`([^`]+)`", said))
+
+
+def test_the_readme_install_line_works_as_written(tmp_path: Path, wheels: dict[str, Path]) -> None:
+    """Run in a folder whose dist/ holds what ``make wheels`` built, into a fresh environment,
+    offline and without dependencies: exactly the schema and the producer are installed, with
+    the extras the line names, and the dependencies the wheels declare are those the README
+    states."""
+    line, said = _readme_install()
+    (tmp_path / "dist").symlink_to(wheels["schema"].parent)
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    pip = f"{shlex.quote(sys.executable)} -m pip --disable-pip-version-check"
+    pip += f" --python {env}/bin/python"
+    command = line.replace("pip install", f"{pip} install --no-index --no-deps", 1)
+    done = subprocess.run(
+        ["bash", "-c", command],
+        cwd=tmp_path,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "does not provide the extra" not in done.stderr, done.stderr
+    probe = (
+        "import importlib.metadata as m, json; print(json.dumps({d.metadata['Name']: "
+        "[d.requires or [], d.metadata.get_all('Provides-Extra') or []] "
+        "for d in m.distributions()}))"
+    )
+    installed = json.loads(
+        subprocess.run(
+            [str(env / "bin" / "python"), "-c", probe],
+            env=_clean_env(),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    assert set(installed) == {"steplens-schema", "steplens-producer"}
+    base = {
+        Requirement(r).name
+        for requires, _ in installed.values()
+        for r in requires
+        if Requirement(r).marker is None
+    }
+    assert base == said, f"README.md says the producer depends on {said}; the wheels: {base}"
+    extras = set(re.search(r"\[([a-z,]+)\]", line).group(1).split(","))  # type: ignore[union-attr]
+    assert extras <= set(installed["steplens-producer"][1])
 
 
 @pytest.mark.parametrize("part", ["stream_jobs", "sinks"])

@@ -38,7 +38,12 @@ def msg(value: bytes | None, key: bytes | None = b"run-a", offset: int = 0) -> M
 
 class Inbox:
     def __init__(
-        self, rank: int = 0, remedies: frozenset[str] = ALL, queue_max: int = 8, burst: int = 4
+        self,
+        rank: int = 0,
+        remedies: frozenset[str] = ALL,
+        queue_max: int = 8,
+        seen_max: int = 4096,
+        burst: int = 4,
     ):
         self.dead: list[tuple[str, Message]] = []
         self.refused: list[tuple[Advice, str]] = []
@@ -47,6 +52,7 @@ class Inbox:
             rank,
             remedies,
             queue_max=queue_max,
+            seen_max=seen_max,
             dead_letter=lambda reason, m: self.dead.append((reason, m)),
             refused=lambda a, why: self.refused.append((a, why)),
             burst=burst,
@@ -118,8 +124,7 @@ def test_a_broken_or_hostile_message_is_dead_lettered_by_rank_0_only(value, reas
 
 
 def test_a_pair_seen_before_is_ignored_and_what_was_let_through_never_forgotten():
-    box = Inbox()
-    box.inbox._seen_max = 2  # refused pairs remembered
+    box = Inbox(seen_max=2)  # refused pairs remembered
     assert box.inbox.offer(msg(advice_bytes("run-a", fingerprint="f1"))) is not None
     assert box.inbox.offer(msg(advice_bytes("run-a", fingerprint="f1"))) is None
     # the same incident, another action: a new piece of advice
@@ -133,7 +138,6 @@ def test_a_pair_seen_before_is_ignored_and_what_was_let_through_never_forgotten(
     assert box.inbox.counts["seen_forgotten"] > 0
     assert box.inbox.offer(msg(advice_bytes("run-a", fingerprint="f1"))) is None
     assert box.inbox.counts["duplicate"] == 2
-    assert len(box.inbox._seen) == 2
 
 
 def advice_at(run_id: str, decided_s: float, **data: Any) -> bytes:
@@ -174,7 +178,11 @@ def test_a_flood_of_new_fingerprints_is_refused_answered_within_bounds_logged_on
     assert counts["rate_limited"] == 2996
     assert len(box.refused) + counts["refused_unanswered"] == 2996
     assert len(box.refused) < 100  # answered at a bounded rate
-    assert len(box.inbox._seen) <= 4096 and len(box.inbox._let_through) == 4
+    # what was let through is still known after the flood: offered again, a duplicate
+    for i in range(4):
+        again = msg(advice_bytes("run-a", action="lower_lr", fingerprint=f"x{i}"))
+        assert box.inbox.offer(again) is None
+    assert box.inbox.counts["duplicate"] == 4
     said = [r for r in caplog.records if "rate_limited" in r.getMessage()]
     assert len(said) == 1
 
@@ -293,7 +301,7 @@ def test_the_desk_opens_its_source_aside_and_retries_after_a_failure():
         attempts.append(time.monotonic())
         if len(attempts) == 1:
             raise ConnectionError("no broker")
-        release.wait(5)  # Kafka slow to answer
+        release.wait(60)  # Kafka slow to answer, until the test releases it
         return source
 
     desk = AdviceDesk(box.inbox, make, retry_s=10.0)
@@ -301,10 +309,9 @@ def test_the_desk_opens_its_source_aside_and_retries_after_a_failure():
     assert wait_until(lambda: box.inbox.counts.get("source_error") == 1, timeout_s=5)
     assert "no broker" in (desk.last_error or "")
     assert desk.poll(105.0) == 0 and len(attempts) == 1  # not again before retry_s
-    t0 = time.monotonic()
     assert desk.poll(111.0) == 0  # opening again, in its own thread: no wait here
-    assert time.monotonic() - t0 < 0.5
     assert wait_until(lambda: len(attempts) == 2, timeout_s=5)
+    assert desk.source is None  # the poll returned while the opening still waits
     release.set()
     assert wait_until(lambda: desk.source is not None, timeout_s=5)
     source.advise(advice_bytes("run-a"), key=b"run-a")

@@ -9,6 +9,7 @@ import pytest
 
 from steplens.producer.allocator import AllocatorReader, merge
 from steplens.producer.hardware import HardwareSampler
+from waiting import wait_until
 
 torch = pytest.importorskip("torch")
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -49,10 +50,8 @@ def test_other_ranks_send_no_hw_record_without_allocator_figures(memory_monitor)
     use it sends nothing (NVML and the host are local rank 0's)."""
     m, tx = memory_monitor(hw_interval_s=0.05, local_rank=1, rank=1, world_size=2)
     assert m._hw is not None and not m._hw.host_wide
-    time.sleep(0.3)
-    samples = m._hw.samples
+    assert wait_until(lambda: m._hw.samples >= 2)
     m.shutdown()
-    assert samples >= 2
     assert all(r.data.get("gpus") for r in tx.records("hw"))
     if not torch.cuda.is_available():
         assert tx.records("hw") == []

@@ -161,8 +161,7 @@ def test_scrape_serves_dcgm_and_node_exporter_names(node) -> None:
 def test_a_scrape_reads_the_newest_sample_and_calls_no_nvml(node) -> None:
     sampler, exporter, nvml, _, sent = node
     assert _wait(lambda: len(sent) >= 2)
-    sampler.stop()
-    time.sleep(0.1)  # a sample in flight when stop was asked ends
+    sampler.stop(timeout_s=30)  # joins the sampler: a sample in flight when stop was asked ends
     calls = nvml.calls
     first = _scrape(exporter.port)
     for _ in range(20):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from steplens.schema import decode, encode, make_record
+from steplens.schema.time_bounds import TimeBounds
 from steplens.sinks.chunks import Chunker
 from steplens.sinks.kafka_io import Consumed
-from steplens.sinks.settings import TimeBounds
 
 
 def consumed(offset: int, value: bytes) -> Consumed:

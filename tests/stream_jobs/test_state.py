@@ -196,3 +196,27 @@ def test_a_checkpoint_cut_before_its_head_restores_the_previous_one_whole():
     replay(reference, recs[:300])
     assert back.records == reference.records
     assert_close(replay(back, recs[300:CUT]), replay(reference, recs[300:CUT]), rel=0, abs_=0)
+
+
+def test_a_restore_is_logged_and_counted(caplog):
+    """A worker that restores a run from the table says so (a log line naming the run, its
+    ranks and records) and counts it; a stored state it cannot read is counted as such, and
+    a run the table does not have is neither."""
+    from steplens.stream_jobs.engine.signals.registry import DetectorConfig
+    from steplens.stream_jobs.worker.store import RunStore
+
+    table: dict[bytes, bytes] = {}
+    store = RunStore(table, DetectorConfig(), checkpoint_s=0.0)
+    det = store.cache["r"] = RunDetector("r", fit_inline=True)
+    replay(det, records()[:300])
+    store.checkpoint("r")
+    table[b"broken"] = b"not a state"
+
+    counted: list[str] = []
+    again = RunStore(table, DetectorConfig(), checkpoint_s=0.0, count_restore=counted.append)
+    with caplog.at_level(logging.WARNING, logger="steplens.stream_jobs"):
+        assert again.ready("r", "e") == ["e"] and again.ready("new", "e") == ["e"]
+    assert counted == ["restored"]
+    assert f"run r restored from the runs table: 2 ranks, {det.records} records" in caplog.text
+    assert again.ready("broken", "e") == ["e"] and again.cache["broken"].records == 0
+    assert counted == ["restored", "unreadable"]

@@ -80,17 +80,20 @@ def test_spike_alert_and_dead_letters(kafka, workers):
     kafka.send([make_record("step", {"loss": 2.0, "lr": 1e-3}, run_id=run, rank=0, step=0)])
     kafka.send(steps(run, 1, 60, spike_at=50))
     kafka.send([b"{not json", b'{"v": 1, "kind": "step"}'], key=f"{run}:0".encode())
+    ahead = time.time_ns() + 3600 * 10**9  # a clock an hour ahead: not a signal
+    kafka.send([make_record("step", {"loss": 2.0}, run_id=run, step=60, time_ns=ahead)])
     alerts = kafka.collect(
         kafka.topics.alerts, lambda got: bool(alerts_matching(got, rule="spike:loss"))
     )
     fired = alerts_matching(alerts, rule="spike:loss", state="firing")
     assert len(fired) == 1 and fired[0].step == 50 and fired[0].data["severity"] == "critical"
     assert fired[0].run_id == run and fired[0].data["hint"]
-    dead = kafka.collect(kafka.topics.dead_letters, lambda got: len(got) >= 3)
+    dead = kafka.collect(kafka.topics.dead_letters, lambda got: len(got) >= 4)
     reasons = sorted(d.data["reason"] for d in dead)
     assert reasons[0].startswith("lr_schedule.warmup_steps: must be a whole number")
     assert reasons[1].startswith("not valid JSON")
     assert reasons[2] == "run_id: missing required field"
+    assert reasons[3].startswith("time is ") and reasons[3].endswith("clock skew allowed)")
     assert all(d.data["source_topic"] == kafka.topics.raw for d in dead)
     sigs = kafka.collect(
         kafka.topics.signals,
@@ -98,11 +101,16 @@ def test_spike_alert_and_dead_letters(kafka, workers):
     )
     assert any(s.data["name"] == "spike" and s.step == 50 and s.data["score"] > 0.5 for s in sigs)
     text = w.metrics()
-    assert sample(text, "steplens_worker_dead_letters_total") == 3
+    assert sample(text, "steplens_worker_dead_letters_total") == 4
     assert sample(text, "steplens_worker_records_total", kind="step") == 60
+    assert sample(text, "steplens_worker_out_of_time_total", reason="future") == 1
     # the consumer fetches with the wait asked for, read back from its fetcher
     assert "steplens_worker_fetch_wait_seconds 0.04" in text
     assert "Crashed" not in w.log.read_text()
+    # what Faust made in the state folder is private (the worker runs under umask 077)
+    state = w.log.parent
+    assert [p for p in state.rglob("*") if p.is_dir() and p.stat().st_mode & 0o077] == []
+    assert any(p.is_dir() for p in state.rglob("*"))
 
 
 def test_step_batches_are_scored_step_by_step(kafka, workers):
@@ -387,16 +395,24 @@ def test_sigkill_resumes_state_and_two_workers_share_partitions(kafka, workers):
     # a spike right after the restart only alerts if the baseline was restored
     for run in runs:
         kafka.send(steps(run, 40, 60, spike_at=45))
-    alerts = kafka.collect(
-        kafka.topics.alerts, lambda got: len([a for a in got if a.step == 45]) >= len(runs), 180
-    )
-    for run in runs:
-        mine = [
-            a
-            for a in alerts
+
+    def spikes(got, run):
+        return [
+            a.step
+            for a in got
             if a.run_id == run and a.data["state"] == "firing" and a.data["rule"] == "spike:loss"
         ]
-        assert [a.step for a in mine] == [30, 45], mine
+
+    # until every run's spike at 45 is in (another rule may fire at 45 too)
+    alerts = kafka.collect(
+        kafka.topics.alerts, lambda got: all(45 in spikes(got, run) for run in runs), 180
+    )
+    for run in runs:
+        assert spikes(alerts, run) == [30, 45], alerts
+    # the runs were restored from the table: said in a log line and counted
+    restored = [w for w in (second, third) if "restored from the runs table" in w.log.read_text()]
+    assert restored, "no worker said it restored a run"
+    assert sum(sample(w.metrics(), "steplens_worker_run_restores_total") for w in restored) >= 1
 
     def shares():
         return sorted(
@@ -499,7 +515,10 @@ def test_runs_and_ranks_past_the_limits_are_left_out_and_idle_runs_retired(kafka
         30,
         raw=True,
     )
-    last = {k: v for k, v in changelog if k and k.startswith(a.encode())}
-    assert len(last) == 3 and all(v is None for v in last.values())  # head and 2 ranks
+    last = {k.decode(): v for k, v in changelog if k and k.startswith(a.encode())}
+    # every key the run had (its head and its kept ranks' series, in whatever slots) is gone
+    assert a in last and all(v is None for v in last.values()), last
+    kept = {r for r in range(3) for slot in (0, 1) if rank_key(a, r, slot) in last}
+    assert kept == {0, 1}, last
     kafka.send(steps(b, 10, 20))
     wait_scored(w, 50)  # a's 40, then b's second 10 (its first 10 were refused)

@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 
 from steplens import schema
 from steplens.schema import DecodeError, Record
+from steplens.schema.time_bounds import TimeBounds
 from steplens.sinks import metrics
 from steplens.sinks.cold import GroupKey, group_of, record_row
 from steplens.sinks.kafka_io import Consumed
-from steplens.sinks.settings import RollSettings, TimeBounds
+from steplens.sinks.settings import RollSettings
 
 TopicPart = tuple[str, int]
 Marker = Callable[[TopicPart], "tuple[int, int] | None"]

@@ -18,6 +18,7 @@ from confluent_kafka import Consumer
 
 from steplens.schema.kafka_config import consumer_config
 from steplens.schema.settings import add_options, given, resolve
+from steplens.schema.time_bounds import TimeBounds
 from steplens.schema.topics import Topics, ensure_topics
 from steplens.sinks import metrics, redact
 from steplens.sinks.kafka_io import DeadLetters
@@ -27,7 +28,6 @@ from steplens.sinks.settings import (
     RollSettings,
     S3Settings,
     SinkSettings,
-    TimeBounds,
     WebhookSettings,
 )
 

@@ -24,12 +24,13 @@ from influxdb_client.rest import ApiException
 
 from steplens import schema
 from steplens.schema import Record
+from steplens.schema.time_bounds import TimeBounds
 from steplens.sinks import metrics
 from steplens.sinks.contract import ExportResult, Rejection
 from steplens.sinks.name_limits import NameBudget, NameLimits, refusal_reason
 from steplens.sinks.points import UnwritableRecord, record_builders
 from steplens.sinks.rollup import flux_string
-from steplens.sinks.settings import InfluxSettings, TimeBounds
+from steplens.sinks.settings import InfluxSettings
 
 log = logging.getLogger("steplens.sinks")
 

@@ -59,32 +59,6 @@ class InfluxSettings:
 
 
 @dataclass(frozen=True)
-class TimeBounds:
-    """How far ahead of the sink's clock a record may be stamped, in every store."""
-
-    ENV_PREFIX: ClassVar[str] = "STEPLENS_"
-
-    max_future_skew_s: Annotated[
-        PositiveInt,
-        about("a step stamped later than now + this is refused by InfluxDB and S3 (a dead letter)"),
-    ] = 300
-
-    @classmethod
-    def from_env(cls) -> TimeBounds:
-        return resolve(cls)
-
-    def newest_ns(self, now_ns: int) -> float:
-        return now_ns + self.max_future_skew_s * 1e9
-
-    def future_reason(self, time_ns: int, now_ns: int) -> str:
-        ahead = (time_ns - now_ns) / 1e9
-        return (
-            f"time is {ahead:.0f} s in the future (more than the {self.max_future_skew_s} s "
-            "clock skew allowed)"
-        )
-
-
-@dataclass(frozen=True)
 class S3Settings:
     """Endpoint and credentials fall back to boto3's own chain (env, profile, instance)."""
 

@@ -134,7 +134,14 @@ class Worker:
         table = compat.runs_table(app, "runs", s.by_run_partitions)
         self.history = history_loads.for_worker(s.history, detector, metrics, self._wake)
         limits = RunLimits(s.limits, table.keys, metrics.count_limited)
-        self.store = RunStore(table, detector, s.checkpoint_s, self.history, limits)
+        self.store = RunStore(
+            table,
+            detector,
+            s.checkpoint_s,
+            self.history,
+            limits,
+            count_restore=lambda outcome: metrics.restores.labels(outcome).inc(),
+        )
         reseed = self.store.restart if self.history is not None else None
         self.out = Publisher(
             self._send,
@@ -143,7 +150,7 @@ class Worker:
             QuietLimiter(s.signal_every, s.signal_interval_s),
             s.app_id,
         )
-        self.scorer = Scorer(limits, reseed, self.out, metrics)
+        self.scorer = Scorer(limits, reseed, self.out, metrics, s.time_bounds)
         self.router = Router(s, self.by_run, self.out, lambda: app.consumer)
         app.agent(self.raw, name="route")(self.router.route)
         app.agent(self.by_run, name="detect")(self._detect)

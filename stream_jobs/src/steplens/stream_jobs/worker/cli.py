@@ -51,7 +51,10 @@ def main(argv: list[str], prog: str = "steplens worker") -> int:
     from steplens.stream_jobs.worker.settings import ensure_worker_topics
 
     settings = settings_from(args)
-    os.makedirs(settings.state_dir, mode=0o700, exist_ok=True)  # its user's alone
+    # the state is its user's alone: the folder, its missing parents and what Faust writes
+    # inside (tables, offsets) are made 0700 and files 0600, whatever the caller's umask
+    os.umask(0o077)
+    os.makedirs(settings.state_dir, exist_ok=True)
     os.chmod(settings.state_dir, 0o700)
     ensure_worker_topics(settings)
     metrics = WorkerMetrics()

@@ -71,6 +71,21 @@ class WorkerMetrics:
             ["outcome"],
             registry=r,
         )
+        self.out_of_time = Counter(
+            "steplens_worker_out_of_time",
+            "steps (a record of another kind: the record) stamped later than now + "
+            "STEPLENS_MAX_FUTURE_SKEW_S: not scored, their record dead-lettered",
+            ["reason"],
+            registry=r,
+        )
+        self.restores = Counter(
+            "steplens_worker_run_restores",
+            "runs restored from the runs table, a checkpoint of a worker before this one "
+            "(restored), or whose stored state could not be read and that start afresh "
+            "(unreadable)",
+            ["outcome"],
+            registry=r,
+        )
         self.fetch_wait = Gauge(
             "steplens_worker_fetch_wait_seconds",
             "longest the consumer's fetch waits at the broker for new records (as in use)",

@@ -2,13 +2,17 @@
 
 A message is a list of ``[raw partition, offset, record text]``: records its run's state
 already applied (by offset) are skipped, consecutive ``step`` records of one rank are scored as
-one batch, and a record the detectors refuse or fail on becomes a dead letter. With history
+one batch, and a record the detectors refuse or fail on becomes a dead letter, as does one
+stamped later than ``TimeBounds`` allows (the steps of a ``step_batch`` in time are scored, as
+the sinks store them). With history
 (``reseed``), a rank whose steps go back is re-seeded from it first (``RunDetector.restart``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +20,7 @@ import orjson
 
 from steplens.schema import DecodeError, Record, decode
 from steplens.schema.log_limit import LimitedLog
+from steplens.schema.time_bounds import TimeBounds
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.worker.metrics import WorkerMetrics
 from steplens.stream_jobs.worker.publisher import Publisher
@@ -35,8 +40,10 @@ class Scorer:
         reseed: Reseed | None,
         out: Publisher,
         metrics: WorkerMetrics,
+        bounds: TimeBounds | None = None,
     ) -> None:
         self.limits = limits
+        self.bounds = bounds or TimeBounds()
         self.reseed = reseed  # None: no history, the detector restarts a rank itself
         self.out = out
         self.metrics = metrics
@@ -51,6 +58,7 @@ class Scorer:
         max_ranks = self.limits.s.max_ranks
         reseed = self.reseed
         steps: list[Item] = []  # consecutive steps of one rank
+        now_ns = time.time_ns()
         for partition, offset, text in orjson.loads(event.value):
             if offset <= seen.get(partition, -1):
                 continue  # replayed after a restart: already in this state
@@ -68,6 +76,12 @@ class Scorer:
             if isinstance(rec, DecodeError):
                 await self.out.dead(str(rec), text.encode(), run, None, partition, offset)
                 continue
+            kept, late = self._in_time(rec, now_ns)
+            if late is not None:
+                await self.out.dead(late, text.encode(), run, None, partition, offset)
+            if kept is None:
+                continue
+            rec = kept
             pending = steps[-1][3].rank if steps else None
             if not rank_admitted(det.series, rec.rank, max_ranks, pending):
                 await self._steps(det, run, steps)
@@ -87,6 +101,28 @@ class Scorer:
                 await self._one(det, run, partition, offset, text, rec)
         await self._steps(det, run, steps)
         return True
+
+    def _in_time(self, rec: Record, now_ns: int) -> tuple[Record | None, str | None]:
+        """``rec`` as far as it is in time (None: not at all), and the reason its record is a
+        dead letter (None: all of it is in time); the steps left out are counted."""
+        bounds = self.bounds
+        newest = bounds.newest_ns(now_ns)
+        if rec.kind != "step_batch":
+            if rec.time_ns <= newest:
+                return rec, None
+            self.metrics.out_of_time.labels("future").inc()
+            return None, bounds.future_reason(rec.time_ns, now_ns)
+        entries = rec.data["records"]
+        kept = [e for e in entries if e["time_ns"] <= newest]
+        if len(kept) == len(entries):
+            return rec, None
+        self.metrics.out_of_time.labels("future").inc(len(entries) - len(kept))
+        first = next(e for e in entries if e["time_ns"] > newest)
+        reason = f"step {first['step']}: {bounds.future_reason(first['time_ns'], now_ns)}"
+        if not kept:
+            return None, reason
+        data = {**rec.data, "records": kept}
+        return dataclasses.replace(rec, data=data, step=kept[-1]["step"]), reason
 
     async def _steps(self, det: RunDetector, run: str, steps: list[Item]) -> None:
         """Consecutive ``step`` records of one rank, scored as one batch (a record is a batch

@@ -26,6 +26,7 @@ from steplens.schema.settings import (
     about,
     nested,
 )
+from steplens.schema.time_bounds import TimeBounds
 from steplens.schema.topics import Topics
 
 FETCH_WAIT_MS = 100  # longest a fetch waits at the broker for new records (compat.set_fetch_wait)
@@ -263,6 +264,7 @@ class WorkerSettings:
     detector: Annotated[DetectorOptions, nested("")] = field(default_factory=DetectorOptions)
     history: Annotated[HistorySettings, nested()] = field(default_factory=HistorySettings)
     limits: Annotated[LimitSettings, nested("")] = field(default_factory=LimitSettings)
+    time_bounds: Annotated[TimeBounds, nested("")] = field(default_factory=TimeBounds)
     session_timeout_s: Annotated[
         PositiveFloat,
         about(

@@ -23,9 +23,10 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any, Protocol
 
+from steplens.schema.log_limit import LimitedLog
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.signals.arima_fit import ArimaParams
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
@@ -67,6 +68,8 @@ class RunStore:
         checkpoint_s: float,
         history: History | None = None,
         limits: RunLimits | None = None,
+        *,
+        count_restore: Callable[[str], None] = lambda outcome: None,
     ) -> None:
         self.table = table
         self.cfg = cfg
@@ -79,6 +82,8 @@ class RunStore:
         # by-run partition -> run -> its messages scored since its last checkpoint
         self.held: dict[int, dict[str, list[Any]]] = {}
         self.limits = limits or RunLimits(LimitSettings(), table.keys)
+        self.count_restore = count_restore  # "restored", or "unreadable" (starts afresh)
+        self._restores = LimitedLog(log)  # a rebalance may move thousands: a line a minute
 
     def admit(self, run: str, event: Any) -> bool:
         """Whether ``event`` (a by-run message of ``run``) goes on to be scored; False: it is
@@ -146,9 +151,19 @@ class RunStore:
         det = RunDetector.load(
             blob, lambda r, slot: self.table.get(rank_key(run, r, slot).encode()), self.cfg
         )
-        if det is not None:
-            det.touched.update(det.series)
-            det.resume_fits()
+        if det is None:  # RunDetector.load said why
+            self.count_restore("unreadable")
+            return None
+        det.touched.update(det.series)
+        det.resume_fits()
+        self.count_restore("restored")
+        self._restores.warning(
+            "restored",
+            "run %s restored from the runs table: %d ranks, %d records applied",
+            run,
+            len(det.series),
+            det.records,
+        )
         return det
 
     def restart(self, det: RunDetector, rank: int, step: int, until_ns: int) -> bool:
