@@ -7,8 +7,8 @@ alone (local development) and with docker-compose.exposed.yml (other machines le
    every port on 127.0.0.1 only; docker-compose.exposed.yml refuses to start without each of
    its secrets.
 3. Local: the project ``steplens-check-local`` (docker-compose.yml + deploy/local/
-   docker-compose.local.yml + deploy/local/docker-compose.check.yml, nothing else set but host
-   ports of its own: 29092, 28086, 29000, 29090) with the trainer profile: every service but
+   docker-compose.local.yml + deploy/local/docker-compose.check.yml, nothing else set but free
+   host ports picked at its start) with the trainer profile: every service but
    Grafana (AGPL, registry-only), two workers and three trainers. Checks, each within a
    deadline: records flow into Kafka; the workers raise every trainer's incidents; the two
    workers share the raw topic's partitions; the influx sink stores them and `steplens query`
@@ -18,7 +18,7 @@ alone (local development) and with docker-compose.exposed.yml (other machines le
    within a deadline derived from the workers' settings (``failover_deadline``).
 4. Exposed: the project ``steplens-check-exposed`` (docker-compose.exposed.yml added; secrets,
    a CA and a server certificate made for the run, passed only in the environment; its remote
-   ports 29095, 28443, 29443 bound to 127.0.0.1) with one worker and one trainer: the SASL_SSL
+   ports bound to 127.0.0.1) with one worker and one trainer: the SASL_SSL
    listener serves a client with the CA and the password, and refuses one without credentials,
    with a wrong password, without the CA, and one speaking plain text; InfluxDB and S3 answer
    over TLS with the CA and refuse a client without it and plain HTTP on their TLS ports; a
@@ -67,17 +67,14 @@ LOCAL_FILES = ("docker-compose.yml",)
 EXPOSED_FILES = ("docker-compose.yml", "docker-compose.exposed.yml")
 # the images built here, then the check's trainers (deploy/local/incident_trainer.py)
 CHECK_FILES = ("deploy/local/docker-compose.local.yml", "deploy/local/docker-compose.check.yml")
-PORTS = {
-    "STEPLENS_KAFKA_PORT": 29092,
-    "STEPLENS_INFLUX_PORT": 28086,
-    "STEPLENS_S3_PORT": 29000,
-    "STEPLENS_PROMETHEUS_PORT": 29090,
-}
-EXPOSED_PORTS = {
-    "STEPLENS_KAFKA_REMOTE_PORT": 29095,
-    "STEPLENS_INFLUX_TLS_PORT": 28443,
-    "STEPLENS_S3_TLS_PORT": 29443,
-}
+# the host ports compose publishes on 127.0.0.1: free ones, picked when a project is made
+PORTS = (
+    "STEPLENS_KAFKA_PORT",
+    "STEPLENS_INFLUX_PORT",
+    "STEPLENS_S3_PORT",
+    "STEPLENS_PROMETHEUS_PORT",
+)
+EXPOSED_PORTS = ("STEPLENS_KAFKA_REMOTE_PORT", "STEPLENS_INFLUX_TLS_PORT", "STEPLENS_S3_TLS_PORT")
 EXPOSED_BINDS = ("STEPLENS_KAFKA_REMOTE_BIND", "STEPLENS_INFLUX_TLS_BIND", "STEPLENS_S3_TLS_BIND")
 # the exposed project's secrets; each one missing makes compose refuse
 SECRET_NAMES = (
@@ -166,13 +163,12 @@ class Project:
     def __init__(self, exposed: bool, workers: int, trainers: int) -> None:
         self.exposed, self.workers, self.trainers = exposed, workers, trainers
         self.name = f"{PROJECT}-{'exposed' if exposed else 'local'}"
-        self.ports = dict(PORTS)
+        self.ports = free_ports((*PORTS, *EXPOSED_PORTS) if exposed else PORTS)
         self.env = clean_env()
         self.secrets: dict[str, str] = {}
         self.tls: Path | None = None
         files = EXPOSED_FILES if exposed else LOCAL_FILES
         if exposed:
-            self.ports |= EXPOSED_PORTS
             self.secrets = {
                 "STEPLENS_INFLUX_TOKEN": secrets.token_hex(32),
                 "STEPLENS_INFLUX_PASSWORD": secrets.token_hex(16),
@@ -267,13 +263,16 @@ class Project:
             found += [f"{kind} {name}" for name in docker(*argv).split()]
         return found
 
-    def ports_free(self) -> None:
-        for name, port in self.ports.items():
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    raise CheckFailed(
-                        f"127.0.0.1:{port} ({name}) is taken: stop what listens there"
-                    )
+
+def free_ports(names: tuple[str, ...]) -> dict[str, int]:
+    """A free port on 127.0.0.1 for each name (the machine may run other stacks)."""
+    with contextlib.ExitStack() as held:
+        found = {}
+        for name in names:
+            s = held.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            found[name] = s.getsockname()[1]
+    return found
 
 
 def published(config: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -787,7 +786,6 @@ def run_project(project: Project, checks: Callable[[Project], None], keep: bool)
     say(f"---- {project.name}")
     try:
         project.run("down", "-v", "--remove-orphans", capture=True)
-        project.ports_free()
         services = project.services()
         say(f"starting {', '.join(services)} (not Grafana: AGPL, not served here)")
         scale = ("--scale", f"worker={project.workers}", "--scale", f"trainer={project.trainers}")
