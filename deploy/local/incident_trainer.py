@@ -1,7 +1,8 @@
 """The compose check's trainer: a steady, noisy loss falling slowly, and a non-finite loss every
 ``CHECK_INCIDENT_EVERY`` steps (default 150) of ``CHECK_STEP_S`` seconds (default 0.1: every
-15 s) after a clean first 200 steps, so that every run keeps raising incidents a check can wait for. The run id is
-``check-<container hostname>``: the check finds each replica's run from its container id.
+15 s) after a clean first 200 steps, so that every run keeps raising incidents a check can
+wait for. The run id is ``check-<container hostname>``: the check finds each replica's run from
+its container id.
 """
 
 from __future__ import annotations
