@@ -52,9 +52,10 @@ lint: setup
 	$(VENV)/bin/ruff format --check schema producer stream_jobs sinks stack tests bench
 	$(VENV)/bin/mypy schema/src/steplens/schema producer/src/steplens/producer
 
-# docker-compose.yml for real: images built here without a registry, the stack started with
-# two workers and three trainers, checked end to end, removed (docs/stack.md, "Docker users").
-# Behind an HTTPS proxy with its own CA: STEPLENS_BUILD_CA_DIR=/usr/local/share/ca-certificates
+# docker-compose.yml for real, alone and with docker-compose.exposed.yml: images built here
+# without a registry, each stack started, checked end to end (a worker killed in the local one)
+# and removed (docs/stack.md, "Docker users"). Behind an HTTPS proxy with its own CA:
+# STEPLENS_BUILD_CA_DIR=/usr/local/share/ca-certificates (the Python image is named after it)
 compose-check: setup
 	$(PY) -m steplens.stack.compose_check
 

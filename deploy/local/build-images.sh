@@ -5,25 +5,38 @@
 #   steplens-local/kafka, /s3proxy   + the jars `steplens stack up` fetches
 #   steplens-local/influxdb          + the influxd `steplens stack up` builds
 #   steplens-local/prometheus        + a Prometheus built from the Go module proxy
-#   steplens-local/python:3.11       + Debian's Python in a virtual environment
-#   steplens:local                   deploy/Dockerfile with BASE_IMAGE=steplens-local/python:3.11
+#   steplens-local/python:3.11       + Debian's Python in a virtual environment (-ca-HASH: with the
+#                                    certificates of STEPLENS_BUILD_CA_DIR, HASH of their files)
+#   steplens:local                   deploy/Dockerfile on that Python image
 # usage: KAFKA_LIBS=DIR S3PROXY_LIBS=DIR INFLUXD=FILE PROMETHEUS=FILE and each one's *_VERSION
 #        build-images.sh  (steplens.stack.compose_check sets them)
 # Images that exist are kept (STEPLENS_REBUILD=1: build them all again); the steplens image is
 # built every time, from Docker's layer cache while the tree is unchanged. Certificates in
 # STEPLENS_BUILD_CA_DIR (*.crt) are trusted by pip in the Python image, for an HTTPS proxy in
-# front of the package index; unset, nothing is added.
+# front of the package index; unset, nothing is added (see python_image).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE="$ROOT/deploy/local"
 SUITE=bookworm
+# The Python image's tag names the certificates it trusts (a hash of the *.crt files of
+# STEPLENS_BUILD_CA_DIR and their names), so that setting, changing or unsetting the folder
+# builds the image it names instead of keeping one without them. `build-images.sh
+# --python-image` prints that tag and builds nothing.
+python_image() {
+  local tag=steplens-local/python:3.11 f
+  [ -z "${STEPLENS_BUILD_CA_DIR:-}" ] && { echo "$tag"; return; }
+  compgen -G "$STEPLENS_BUILD_CA_DIR/*.crt" >/dev/null ||
+    { echo "STEPLENS_BUILD_CA_DIR=$STEPLENS_BUILD_CA_DIR holds no *.crt" >&2; return 3; }
+  echo "$tag-ca-$(cd "$STEPLENS_BUILD_CA_DIR" && for f in *.crt; do printf '%s\n' "$f"; cat "$f"; done | sha256sum | cut -c1-12)"
+}
+if [ "${1:-}" = --python-image ]; then python_image; exit; fi
 : "${KAFKA_VERSION:?}" "${S3PROXY_VERSION:?}" "${INFLUXDB_VERSION:?}" "${PROMETHEUS_VERSION:?}"
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 : "${KAFKA_LIBS:?}" "${S3PROXY_LIBS:?}" "${INFLUXD:?}" "${PROMETHEUS:?}"
 export DOCKER_BUILDKIT=0  # the daemon's own builder: no buildx plugin needed
 
 ctx=$(mktemp -d)
-trap 'rm -rf "$ctx" "$ctx.log"' EXIT
+trap 'rm -rf "$ctx" "$ctx.log" "${ca:-}"' EXIT
 say() { printf '[images] %s\n' "$*"; }
 # run a command with its output shown only when it fails
 quietly() { "$@" >"$ctx.log" 2>&1 || { cat "$ctx.log" >&2; return 1; }; }
@@ -58,17 +71,16 @@ build steplens-local/s3proxy:$S3PROXY_VERSION "$HERE/s3proxy" "libs=$S3PROXY_LIB
 build steplens-local/influxdb:$INFLUXDB_VERSION "$HERE/influxdb" "influxd=$INFLUXD"
 build steplens-local/prometheus:$PROMETHEUS_VERSION "$HERE/prometheus" "prometheus=$PROMETHEUS"
 ca=$(mktemp -d)
-if [ -n "${STEPLENS_BUILD_CA_DIR:-}" ] && compgen -G "$STEPLENS_BUILD_CA_DIR/*.crt" >/dev/null; then
-  cp "$STEPLENS_BUILD_CA_DIR"/*.crt "$ca"/
-fi
-build steplens-local/python:3.11 "$HERE/python" "ca=$ca"
+python=$(python_image)
+if [ -n "${STEPLENS_BUILD_CA_DIR:-}" ]; then cp "$STEPLENS_BUILD_CA_DIR"/*.crt "$ca"/; fi
+build "$python" "$HERE/python" "ca=$ca"
 rm -rf "$ca"
 
-say "steplens:local: building deploy/Dockerfile on steplens-local/python:3.11"
+say "steplens:local: building deploy/Dockerfile on $python"
 # the context deploy/Dockerfile.dockerignore describes (the daemon's own builder reads no
 # per-Dockerfile ignore file)
 tar -C "$ROOT" -c --exclude=__pycache__ --exclude='*.egg-info' --exclude=.pytest_cache \
   deploy/Dockerfile deploy/image_requirements.py constraints.txt schema producer stream_jobs sinks stack |
-  quietly docker build -f deploy/Dockerfile --build-arg BASE_IMAGE=steplens-local/python:3.11 \
+  quietly docker build -f deploy/Dockerfile --build-arg BASE_IMAGE="$python" \
     -t steplens:local -
 say "all images built"

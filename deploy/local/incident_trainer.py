@@ -1,7 +1,8 @@
 """The compose check's trainer: a steady, noisy loss falling slowly, and a non-finite loss every
-``CHECK_INCIDENT_EVERY`` steps (default 150, with 0.1 s steps: every 15 s) after a clean first
-200 steps, so that every run keeps raising incidents a check can wait for. The run id is
-``check-<container hostname>``: the check finds each replica's run from its container id.
+``CHECK_INCIDENT_EVERY`` steps (default 150) of ``CHECK_STEP_S`` seconds (default 0.1: every
+15 s) after a clean first 200 steps, so that every run keeps raising incidents a check can
+wait for. The run id is ``check-<container hostname>``: the check finds each replica's run from
+its container id.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import steplens.producer as sl
 
 def main() -> int:
     every = int(os.environ.get("CHECK_INCIDENT_EVERY", "150"))
+    step_s = float(os.environ.get("CHECK_STEP_S", "0.1"))
     stop = threading.Event()  # SIGTERM (docker stop) ends the loop; shutdown flushes
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     rng = random.Random()
@@ -29,7 +31,7 @@ def main() -> int:
             loss = math.nan
         sl.log_step(step, loss=loss, lr=3e-4, tokens=4096)
         step += 1
-        stop.wait(0.1)
+        stop.wait(step_s)
     sl.shutdown()
     return 0
 

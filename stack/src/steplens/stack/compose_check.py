@@ -1,25 +1,31 @@
-"""`make compose-check`: docker-compose.yml built, started, fed, checked and removed, end to end.
+"""`make compose-check`: docker-compose.yml built, started, fed, checked and removed, end to end,
+alone (local development) and with docker-compose.exposed.yml (other machines let in).
 
 1. Builds every image without a registry (deploy/local/build-images.sh): the jars and influxd
    `steplens stack up` uses, Prometheus from the Go module proxy, a Debian base from the archive.
-2. Starts the compose project ``steplens-check`` (docker-compose.yml + deploy/local/
-   docker-compose.local.yml + deploy/local/docker-compose.check.yml) with the trainer profile:
-   every service but Grafana (AGPL, registry-only), two workers and three trainers, on host
-   ports of its own (29092, 29095, 28086, 29000, 29443, 29090; the local stack's are left
-   alone), with secrets and a CA and server certificate (deploy/tls/make-certs.sh) made for
-   this run; the secrets pass only in the environment.
-3. Checks, each within a deadline: records flow into Kafka; the SASL_SSL listener serves a
-   client with the CA and the password, and refuses one without credentials, with a wrong
-   password, without the CA, and one speaking plain text; InfluxDB and S3 answer over TLS with
-   the CA and refuse a client without it and plain HTTP on their TLS ports; a producer and a
-   worker on this host, given only the STEPLENS_KAFKA_* variables, work through the SASL_SSL
-   listener; the workers raise every trainer's incidents; the influx sink stores them and
-   `steplens query` on this host reads them back over https; the S3 sink stores them (read
-   back over https); Prometheus scrapes both workers, both sinks and every trainer's node
-   exporter; the two workers share the raw topic's partitions.
-4. Kills the worker that owns the most trainer runs (SIGKILL) and measures the seconds until
-   the survivor alerts on those runs again.
-5. `down -v`, then checks that no container, volume or network of the project is left.
+2. The files as compose reads them: docker-compose.yml with an empty environment publishes
+   every port on 127.0.0.1 only; docker-compose.exposed.yml refuses to start without each of
+   its secrets.
+3. Local: the project ``steplens-check-local`` (docker-compose.yml + deploy/local/
+   docker-compose.local.yml + deploy/local/docker-compose.check.yml, nothing else set but free
+   host ports picked at its start) with the trainer profile: every service but
+   Grafana (AGPL, registry-only), two workers and three trainers. Checks, each within a
+   deadline: records flow into Kafka; the workers raise every trainer's incidents; the two
+   workers share the raw topic's partitions; the influx sink stores them and `steplens query`
+   on this host reads them back; the S3 sink stores them; Prometheus scrapes both workers, both
+   sinks and every trainer's node exporter. Then it kills the worker that owns the most trainer
+   runs (SIGKILL) and measures the seconds until the survivor alerts on those runs again,
+   within a deadline derived from the workers' settings (``failover_deadline``).
+4. Exposed: the project ``steplens-check-exposed`` (docker-compose.exposed.yml added; secrets,
+   a CA and a server certificate made for the run, passed only in the environment; its remote
+   ports bound to 127.0.0.1) with one worker and one trainer: the SASL_SSL
+   listener serves a client with the CA and the password, and refuses one without credentials,
+   with a wrong password, without the CA, and one speaking plain text; InfluxDB and S3 answer
+   over TLS with the CA and refuse a client without it and plain HTTP on their TLS ports; a
+   producer and a worker on this host, given only the STEPLENS_KAFKA_* variables, work through
+   the SASL_SSL listener; the worker's incidents reach InfluxDB (read back over https) and S3.
+5. After each project, `down -v`, then checks that no container, volume or network of it is
+   left.
 
 Exit status 0 when every check held; each check prints its outcome and its time.
 """
@@ -57,15 +63,30 @@ from steplens.stack.install import (
 
 PROMETHEUS_VERSION = "0.316.0"
 PROJECT = "steplens-check"
-WORKERS, TRAINERS = 2, 3
-PORTS = {
-    "STEPLENS_KAFKA_PORT": 29092,
-    "STEPLENS_KAFKA_REMOTE_PORT": 29095,
-    "STEPLENS_INFLUX_PORT": 28086,
-    "STEPLENS_S3_PORT": 29000,
-    "STEPLENS_S3_TLS_PORT": 29443,
-    "STEPLENS_PROMETHEUS_PORT": 29090,
-}
+LOCAL_FILES = ("docker-compose.yml",)
+EXPOSED_FILES = ("docker-compose.yml", "docker-compose.exposed.yml")
+# the images built here, then the check's trainers (deploy/local/incident_trainer.py)
+CHECK_FILES = ("deploy/local/docker-compose.local.yml", "deploy/local/docker-compose.check.yml")
+# the host ports compose publishes on 127.0.0.1: free ones, picked when a project is made
+PORTS = (
+    "STEPLENS_KAFKA_PORT",
+    "STEPLENS_INFLUX_PORT",
+    "STEPLENS_S3_PORT",
+    "STEPLENS_PROMETHEUS_PORT",
+)
+EXPOSED_PORTS = ("STEPLENS_KAFKA_REMOTE_PORT", "STEPLENS_INFLUX_TLS_PORT", "STEPLENS_S3_TLS_PORT")
+EXPOSED_BINDS = ("STEPLENS_KAFKA_REMOTE_BIND", "STEPLENS_INFLUX_TLS_BIND", "STEPLENS_S3_TLS_BIND")
+# the exposed project's secrets; each one missing makes compose refuse
+SECRET_NAMES = (
+    "STEPLENS_INFLUX_TOKEN",
+    "STEPLENS_INFLUX_PASSWORD",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "STEPLENS_KAFKA_SASL_USERNAME",
+    "STEPLENS_KAFKA_SASL_PASSWORD",
+    "STEPLENS_TLS_KEYSTORE_PASSWORD",
+    "STEPLENS_TLS_DIR",
+)
 QUERY = ("--metric=started_step", "--since=-1h")  # `steplens query` for a run's alerts
 LEFT_OUT = {"grafana"}  # AGPL; its images come only from a registry
 T = TypeVar("T")
@@ -129,41 +150,53 @@ def build_images(cfg: StackConfig) -> None:
 # ---------------------------------------------------------------------------- compose
 
 
-class Project:
-    """The compose project of the check, with its secrets and host ports."""
+def clean_env() -> dict[str, str]:
+    """This process's environment without any setting of the stack's: compose sees only what
+    the check gives it."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("STEPLENS_", "AWS_"))}
 
-    def __init__(self) -> None:
-        self.secrets = {
-            "STEPLENS_INFLUX_TOKEN": secrets.token_hex(32),
-            "STEPLENS_INFLUX_PASSWORD": secrets.token_hex(16),
-            "AWS_ACCESS_KEY_ID": "steplens-check",
-            "AWS_SECRET_ACCESS_KEY": secrets.token_hex(24),
-            "STEPLENS_KAFKA_SASL_USERNAME": "steplens-check",
-            "STEPLENS_KAFKA_SASL_PASSWORD": secrets.token_hex(24),
-            "STEPLENS_TLS_KEYSTORE_PASSWORD": secrets.token_hex(24),
-        }
-        self.tls = Path(tempfile.mkdtemp(prefix="steplens-check-tls-"))
-        subprocess.run(
-            ["bash", str(root() / "deploy/tls/make-certs.sh"), str(self.tls), "127.0.0.1"],
-            env={**os.environ, **self.secrets},
-            check=True,
-            capture_output=True,
-        )
-        self.ca = str(self.tls / "ca.crt")
-        self.env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("STEPLENS_", "AWS_"))},
-            **{k: str(v) for k, v in PORTS.items()},
-            # the check reaches them on loopback
-            "STEPLENS_KAFKA_REMOTE_BIND": "127.0.0.1",
-            "STEPLENS_INFLUX_BIND": "127.0.0.1",
-            "STEPLENS_S3_TLS_BIND": "127.0.0.1",
-            "STEPLENS_TLS_DIR": str(self.tls / "server"),
-            **self.secrets,
-        }
-        files = ["docker-compose.yml", "deploy/local/docker-compose.local.yml"]
-        files.append("deploy/local/docker-compose.check.yml")
-        self.argv = ["docker-compose", "-p", PROJECT, *(a for f in files for a in ("-f", f))]
+
+class Project:
+    """A compose project of the check: its files, environment and host ports; ``exposed`` adds
+    docker-compose.exposed.yml with secrets, a CA and a server certificate made for the run."""
+
+    def __init__(self, exposed: bool, workers: int, trainers: int) -> None:
+        self.exposed, self.workers, self.trainers = exposed, workers, trainers
+        self.name = f"{PROJECT}-{'exposed' if exposed else 'local'}"
+        self.ports = free_ports((*PORTS, *EXPOSED_PORTS) if exposed else PORTS)
+        self.env = clean_env()
+        self.secrets: dict[str, str] = {}
+        self.tls: Path | None = None
+        files = EXPOSED_FILES if exposed else LOCAL_FILES
+        if exposed:
+            self.secrets = {
+                "STEPLENS_INFLUX_TOKEN": secrets.token_hex(32),
+                "STEPLENS_INFLUX_PASSWORD": secrets.token_hex(16),
+                "AWS_ACCESS_KEY_ID": "steplens-check",
+                "AWS_SECRET_ACCESS_KEY": secrets.token_hex(24),
+                "STEPLENS_KAFKA_SASL_USERNAME": "steplens-check",
+                "STEPLENS_KAFKA_SASL_PASSWORD": secrets.token_hex(24),
+                "STEPLENS_TLS_KEYSTORE_PASSWORD": secrets.token_hex(24),
+            }
+            self.tls = Path(tempfile.mkdtemp(prefix="steplens-check-tls-"))
+            subprocess.run(
+                ["bash", str(root() / "deploy/tls/make-certs.sh"), str(self.tls), "127.0.0.1"],
+                env={**os.environ, **self.secrets},
+                check=True,
+                capture_output=True,
+            )
+            self.env |= dict.fromkeys(EXPOSED_BINDS, "127.0.0.1")  # the check reaches them here
+            self.env |= {"STEPLENS_TLS_DIR": str(self.tls / "server"), **self.secrets}
+        self.env |= {k: str(v) for k, v in self.ports.items()}
+        self.argv = ["docker-compose", "-p", self.name]
+        self.argv += [a for f in (*files, *CHECK_FILES) for a in ("-f", f)]
         self.argv += ["--profile", "trainer"]
+        self.config = self.load_config()
+
+    @property
+    def ca(self) -> str:
+        assert self.tls is not None, "the local project has no CA"
+        return str(self.tls / "ca.crt")
 
     def run(self, *args: str, capture: bool = False, check: bool = True) -> str:
         out = subprocess.run(
@@ -176,57 +209,115 @@ class Project:
         )
         return out.stdout or ""
 
-    def services(self) -> list[str]:
+    def load_config(self) -> dict[str, Any]:
         import yaml
 
-        config = yaml.safe_load(self.run("config", capture=True))["services"]
-        return [
+        return dict(yaml.safe_load(self.run("config", capture=True)))
+
+    def services(self) -> list[str]:
+        """The services of the default and trainer profiles, but Grafana; the exposed project
+        leaves out what the local one checks and TLS does not change (Prometheus)."""
+        config = self.config["services"]
+        names = [
             name
             for name, svc in config.items()
             if name not in LEFT_OUT and set(svc.get("profiles", ["trainer"])) & {"trainer"}
         ]
+        return [n for n in names if not (self.exposed and n == "prometheus")]
 
     def containers(self, service: str) -> list[str]:
         return self.run("ps", "-q", service, capture=True).split()
 
     def host_env(self) -> dict[str, str]:
-        """What a client on this host sets to reach the project (InfluxDB and S3 over TLS)."""
-        return {
-            "STEPLENS_KAFKA_BOOTSTRAP": f"127.0.0.1:{PORTS['STEPLENS_KAFKA_PORT']}",
-            "STEPLENS_INFLUX_URL": f"https://127.0.0.1:{PORTS['STEPLENS_INFLUX_PORT']}",
-            "STEPLENS_INFLUX_CA_CERT": self.ca,
+        """What a client on this host sets to reach the project: the local one with the
+        development credentials of docker-compose.yml, the exposed one over TLS."""
+        app = self.config["services"]["sink-s3"]["environment"]
+        env = {
+            "STEPLENS_KAFKA_BOOTSTRAP": f"127.0.0.1:{self.ports['STEPLENS_KAFKA_PORT']}",
+            "STEPLENS_INFLUX_URL": f"http://127.0.0.1:{self.ports['STEPLENS_INFLUX_PORT']}",
             "STEPLENS_INFLUX_ORG": "steplens",
-            "STEPLENS_INFLUX_TOKEN": self.secrets["STEPLENS_INFLUX_TOKEN"],
-            "STEPLENS_S3_ENDPOINT": f"https://127.0.0.1:{PORTS['STEPLENS_S3_TLS_PORT']}",
-            "STEPLENS_S3_CA_BUNDLE": self.ca,
+            "STEPLENS_INFLUX_TOKEN": app["STEPLENS_INFLUX_TOKEN"],
+            "STEPLENS_S3_ENDPOINT": f"http://127.0.0.1:{self.ports['STEPLENS_S3_PORT']}",
             "STEPLENS_S3_BUCKET": "steplens",
-            "AWS_ACCESS_KEY_ID": self.secrets["AWS_ACCESS_KEY_ID"],
-            "AWS_SECRET_ACCESS_KEY": self.secrets["AWS_SECRET_ACCESS_KEY"],
+            "AWS_ACCESS_KEY_ID": app["AWS_ACCESS_KEY_ID"],
+            "AWS_SECRET_ACCESS_KEY": app["AWS_SECRET_ACCESS_KEY"],
             "AWS_DEFAULT_REGION": "us-east-1",
         }
+        if self.exposed:
+            env |= {
+                "STEPLENS_INFLUX_URL": f"https://127.0.0.1:{self.ports['STEPLENS_INFLUX_TLS_PORT']}",
+                "STEPLENS_INFLUX_CA_CERT": self.ca,
+                "STEPLENS_S3_ENDPOINT": f"https://127.0.0.1:{self.ports['STEPLENS_S3_TLS_PORT']}",
+                "STEPLENS_S3_CA_BUNDLE": self.ca,
+            }
+        return env
+
+    def leftovers(self) -> list[str]:
+        label = f"label=com.docker.compose.project={self.name}"
+        found = []
+        for kind, argv in (
+            ("container", ["ps", "-aq", "--filter", label]),
+            ("volume", ["volume", "ls", "-q", "--filter", label]),
+            ("network", ["network", "ls", "-q", "--filter", label]),
+        ):
+            found += [f"{kind} {name}" for name in docker(*argv).split()]
+        return found
+
+
+def free_ports(names: tuple[str, ...]) -> dict[str, int]:
+    """A free port on 127.0.0.1 for each name (the machine may run other stacks)."""
+    with contextlib.ExitStack() as held:
+        found = {}
+        for name in names:
+            s = held.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            found[name] = s.getsockname()[1]
+    return found
+
+
+def published(config: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(service, host address, host port) of every published port; compose v1 writes them as
+    "ADDRESS:PORT:TARGET/tcp", v2 as mappings."""
+    out = []
+    for name, svc in config["services"].items():
+        for p in svc.get("ports", []):
+            if isinstance(p, dict):
+                out.append((name, p.get("host_ip", "0.0.0.0"), str(p.get("published", ""))))
+            else:
+                parts = str(p).split(":")
+                address = parts[0] if len(parts) == 3 else "0.0.0.0"
+                out.append((name, address, parts[-2] if len(parts) > 1 else ""))
+    return out
+
+
+def compose_config(files: tuple[str, ...], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`docker-compose config` of ``files`` with exactly ``env``."""
+    argv = ["docker-compose", *(a for f in files for a in ("-f", f)), "config"]
+    return subprocess.run(argv, cwd=root(), env=env, capture_output=True, text=True, check=False)
+
+
+def files_as_composed() -> None:
+    """docker-compose.yml alone needs no variable and publishes on 127.0.0.1 only; with
+    docker-compose.exposed.yml, compose refuses while any of its secrets is missing."""
+    import yaml
+
+    out = compose_config(LOCAL_FILES, clean_env())
+    if out.returncode:
+        raise CheckFailed(f"docker-compose.yml with an empty environment: {out.stderr.strip()}")
+    wide = [p for p in published(yaml.safe_load(out.stdout)) if p[1] != "127.0.0.1"]
+    if wide:
+        raise CheckFailed(f"docker-compose.yml publishes beyond loopback: {wide}")
+    say("ok   docker-compose.yml: no variable needed, every port on 127.0.0.1")
+    for name in SECRET_NAMES:
+        env = clean_env() | dict.fromkeys(set(SECRET_NAMES) - {name}, "x" * 12)
+        out = compose_config(EXPOSED_FILES, env)
+        if out.returncode == 0 or name not in out.stderr:
+            raise CheckFailed(f"docker-compose.exposed.yml started without {name}")
+    say(f"ok   docker-compose.exposed.yml refuses without each of its {len(SECRET_NAMES)} secrets")
 
 
 def docker(*args: str) -> str:
     return subprocess.run(["docker", *args], check=True, text=True, capture_output=True).stdout
-
-
-def leftovers() -> list[str]:
-    label = f"label=com.docker.compose.project={PROJECT}"
-    found = []
-    for kind, argv in (
-        ("container", ["ps", "-aq", "--filter", label]),
-        ("volume", ["volume", "ls", "-q", "--filter", label]),
-        ("network", ["network", "ls", "-q", "--filter", label]),
-    ):
-        found += [f"{kind} {name}" for name in docker(*argv).split()]
-    return found
-
-
-def ports_free() -> None:
-    for name, port in PORTS.items():
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                raise CheckFailed(f"127.0.0.1:{port} ({name}) is taken: stop what listens there")
 
 
 @contextlib.contextmanager
@@ -271,8 +362,8 @@ class Checks:
 
     def trainer_runs(self) -> None:
         ids = self.p.containers("trainer")
-        if len(ids) != TRAINERS:
-            raise CheckFailed(f"{len(ids)} trainer containers, expected {TRAINERS}")
+        if len(ids) != self.p.trainers:
+            raise CheckFailed(f"{len(ids)} trainer containers, expected {self.p.trainers}")
         self.runs = {f"check-{cid[:12]}": cid for cid in ids}
 
     def records_flow(self) -> None:
@@ -298,7 +389,7 @@ class Checks:
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
-        remote = f"127.0.0.1:{PORTS['STEPLENS_KAFKA_REMOTE_PORT']}"
+        remote = f"127.0.0.1:{self.p.ports['STEPLENS_KAFKA_REMOTE_PORT']}"
         sasl = {
             "security.protocol": "SASL_SSL",
             "ssl.ca.location": self.p.ca,
@@ -392,7 +483,7 @@ class Checks:
         STEPLENS_KAFKA_* variables and work through the authenticated listener."""
         remote = {
             **{k: v for k, v in os.environ.items() if not k.startswith("STEPLENS_")},
-            "STEPLENS_KAFKA_BOOTSTRAP": f"127.0.0.1:{PORTS['STEPLENS_KAFKA_REMOTE_PORT']}",
+            "STEPLENS_KAFKA_BOOTSTRAP": f"127.0.0.1:{self.p.ports['STEPLENS_KAFKA_REMOTE_PORT']}",
             "STEPLENS_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
             "STEPLENS_KAFKA_SSL_CA_LOCATION": self.p.ca,
             "STEPLENS_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
@@ -501,12 +592,12 @@ class Checks:
                 )
 
     def scraped(self) -> None:
-        url = f"http://127.0.0.1:{PORTS['STEPLENS_PROMETHEUS_PORT']}/api/v1/targets?state=active"
+        url = f"http://127.0.0.1:{self.p.ports['STEPLENS_PROMETHEUS_PORT']}/api/v1/targets?state=active"
         want = {
-            "steplens-worker": WORKERS,
+            "steplens-worker": self.p.workers,
             "steplens-sink-influx": 1,
             "steplens-sink-s3": 1,
-            "steplens-node": TRAINERS,
+            "steplens-node": self.p.trainers,
         }
 
         def probe() -> bool | None:
@@ -545,9 +636,11 @@ class Checks:
         def probe() -> dict[str, dict[str, list[int]]] | None:
             owners = self.owners()
             raw = [cid for cid, tps in owners.items() if tps.get(self.topics.raw)]
-            return owners if len(raw) == WORKERS else None
+            return owners if len(raw) == self.p.workers else None
 
-        return wait_for(f"{WORKERS} workers share {self.topics.raw}'s partitions", probe, 120, 3)
+        return wait_for(
+            f"{self.p.workers} workers share {self.topics.raw}'s partitions", probe, 120, 3
+        )
 
     def run_partitions(self, topic: str) -> dict[str, int]:
         """Each trainer run's partition of the workers' by-run topic (from its keys)."""
@@ -567,35 +660,64 @@ class Checks:
             c.close()
         return found
 
-    def failover(self, owners: dict[str, dict[str, list[int]]]) -> float:
+    def group_state(self) -> tuple[str, int]:
+        """The workers' consumer group: its state (Stable, PreparingRebalance, ...) and members."""
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        (group,) = admin.describe_consumer_groups(["steplens-worker"]).values()
+        desc = group.result(timeout=10)
+        return str(desc.state).rsplit(".", 1)[-1], len(desc.members)
+
+    def failover(self) -> float:
         by_run = "steplens-worker-by-run"
         partition = self.run_partitions(by_run)
+        owners = self.owners()  # now, not as the group stood before the other checks
         runs_of = {
             cid: [r for r, p in partition.items() if p in tps.get(by_run, [])]
             for cid, tps in owners.items()
         }
+        if not runs_of or not max(map(len, runs_of.values())):
+            raise CheckFailed("no worker owns a trainer run")
         victim = max(runs_of, key=lambda cid: len(runs_of[cid]))
         orphans = set(runs_of[victim])
-        if not orphans:
-            raise CheckFailed("no worker owns a trainer run")
+        deadline, why = failover_deadline(self.p.config)
         c = self.consumer(self.topics.alerts, from_end=True)
-        c.consume(1, timeout=5.0)  # joins and takes its partitions at their end
+        # its partitions taken (at their end) before the kill, so no later alert is missed
+        wait_for(
+            "the check's alerts consumer is assigned",
+            lambda: (c.consume(1, timeout=1.0), c.assignment())[1] or None,
+            60,
+            0,
+        )
         docker("kill", victim)
         killed = time.monotonic()
         say(f"killed worker {victim[:12]} (SIGKILL), owner of {len(orphans)} of the runs")
         again: dict[str, float] = {}
+        states: list[str] = []  # the group's states seen, one entry per change
+        looked = 0.0
 
         def probe() -> bool | None:
+            nonlocal looked
             for msg in c.consume(500, timeout=1.0):
                 key = (msg.key() or b"").decode(errors="replace")
                 value = msg.value() or b""
                 for run in orphans - again.keys():
                     if run == key or run.encode() in value:
                         again[run] = time.monotonic() - killed
+            if time.monotonic() - looked > 3:
+                looked = time.monotonic()
+                with contextlib.suppress(Exception):
+                    state = "{} ({} members)".format(*self.group_state())
+                    if not states or states[-1] != state:
+                        states.append(state)
             return True if again.keys() == orphans else None
 
+        say(f"the survivor has {deadline:.0f} s: {why}")
         try:
-            wait_for("the surviving worker alerts on the dead one's runs again", probe, 300, 0)
+            wait_for("the surviving worker alerts on the dead one's runs again", probe, deadline, 0)
+        except CheckFailed as exc:
+            raise CheckFailed(f"{exc}; the group went {' -> '.join(states)}") from None
         finally:
             c.close()
         state = json.loads(docker("inspect", victim))[0]
@@ -603,13 +725,98 @@ class Checks:
             raise CheckFailed("the killed worker came back: the alerts may be its own")
         seconds = max(again.values())
         say(f"ok   failover: the dead worker's runs alert again {seconds:.0f} s after the kill")
+        say(f"     (the workers' group went {' -> '.join(states)})")
         return seconds
+
+
+# A busy machine (2 cores shared with other work) stretches each step of a takeover this much.
+BUSY = 4.0
+
+
+def failover_deadline(config: dict[str, Any]) -> tuple[float, str]:
+    """How long the survivor may take to alert on a killed worker's runs, from the settings the
+    compose workers and the check's trainers run with: the session timeout (the dead member's
+    eviction) and a heartbeat (the survivor learns of it), a checkpoint interval (what it scores
+    again) and one period of the trainers' incidents (the next one to alert on), each stretched
+    by ``BUSY``; plus the history timeout, for a run warmed from its history instead of the
+    table."""
+    from steplens.schema.settings import resolve
+    from steplens.stream_jobs.worker.settings import WorkerSettings
+
+    services = config["services"]
+    with host_env({k: str(v) for k, v in services["worker"]["environment"].items()}):
+        s = resolve(WorkerSettings)
+    trainer = services["trainer"]["environment"]
+    period = int(trainer["CHECK_INCIDENT_EVERY"]) * float(trainer["CHECK_STEP_S"])
+    session = s.session_timeout_s * (1 + 1 / 6)
+    deadline = BUSY * (session + s.checkpoint_s + period) + s.history.timeout_s
+    why = (
+        f"{BUSY:g} x (session {s.session_timeout_s:g} s + heartbeat {s.session_timeout_s / 6:.1f} s"
+        f" + checkpoint {s.checkpoint_s:g} s + incident period {period:g} s)"
+        f" + history timeout {s.history.timeout_s:g} s"
+    )
+    return deadline, why
+
+
+def local_checks(project: Project) -> None:
+    checks = Checks(project)
+    checks.trainer_runs()
+    checks.records_flow()
+    checks.incidents()
+    checks.shared()
+    checks.stored()
+    checks.scraped()
+    checks.failover()
+
+
+def exposed_checks(project: Project) -> None:
+    checks = Checks(project)
+    checks.trainer_runs()
+    checks.records_flow()
+    checks.authentication()
+    checks.tls_endpoints()
+    checks.incidents()
+    checks.remote_clients()
+    checks.stored()
+
+
+def run_project(project: Project, checks: Callable[[Project], None], keep: bool) -> str:
+    """Starts the project, runs its checks, removes it; the failure's reason, or ""."""
+    failed = ""
+    say(f"---- {project.name}")
+    try:
+        project.run("down", "-v", "--remove-orphans", capture=True)
+        services = project.services()
+        say(f"starting {', '.join(services)} (not Grafana: AGPL, not served here)")
+        scale = ("--scale", f"worker={project.workers}", "--scale", f"trainer={project.trainers}")
+        project.run("up", "-d", *scale, *services)
+        checks(project)
+    except (CheckFailed, subprocess.CalledProcessError) as exc:
+        failed = str(exc)
+        say(f"FAIL {failed}")
+        project.run("ps", check=False)
+        project.run("logs", "--tail", "30", check=False)
+    finally:
+        if not keep:
+            project.run("down", "-v", "--remove-orphans", capture=True, check=False)
+            left = project.leftovers()
+            if left:
+                failed = failed or f"left behind: {', '.join(left)}"
+                say(f"FAIL {failed}")
+            else:
+                say("ok   down -v left no container, volume or network")
+        if project.tls is not None:
+            shutil.rmtree(project.tls, ignore_errors=True)
+    return failed
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="compose-check", description=__doc__.splitlines()[0])
-    ap.add_argument("--keep", action="store_true", help="leave the project running (no down)")
+    ap.add_argument("--keep", action="store_true", help="leave the projects running (no down)")
     ap.add_argument("--no-build", action="store_true", help="use the images as they are")
+    ap.add_argument(
+        "--only", choices=("local", "exposed"), help="start one project (default: both)"
+    )
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     if subprocess.run(["docker", "info"], capture_output=True, check=False).returncode:
@@ -620,48 +827,32 @@ def main(argv: list[str] | None = None) -> int:
             build_images(StackConfig.create())
         except subprocess.CalledProcessError as exc:
             say(f"FAIL building the images: {' '.join(map(str, exc.cmd))} exited {exc.returncode}")
-            say("(pip behind an HTTPS proxy with its own CA? STEPLENS_BUILD_CA_DIR=its folder)")
+            if not os.environ.get("STEPLENS_BUILD_CA_DIR"):
+                say("(pip behind an HTTPS proxy with its own CA? STEPLENS_BUILD_CA_DIR=its folder)")
             return 1
     built = time.monotonic()
     say(f"images ready in {built - t0:.0f} s")
-    project = Project()
+    # the projects' settings come from their files and the check only, the host's clients too
+    for name in [k for k in os.environ if k.startswith(("STEPLENS_", "AWS_"))]:
+        del os.environ[name]
     failed = ""
+    times = []
     try:
-        project.run("down", "-v", "--remove-orphans", capture=True)
-        ports_free()
-        services = project.services()
-        say(f"starting {', '.join(services)} (not Grafana: AGPL, not served here)")
-        project.run(
-            "up", "-d", "--scale", f"worker={WORKERS}", "--scale", f"trainer={TRAINERS}", *services
-        )
-        checks = Checks(project)
-        checks.trainer_runs()
-        checks.records_flow()
-        checks.authentication()
-        checks.tls_endpoints()
-        checks.incidents()
-        checks.remote_clients()
-        owners = checks.shared()
-        checks.stored()
-        checks.scraped()
-        checks.failover(owners)
-    except (CheckFailed, subprocess.CalledProcessError) as exc:
+        files_as_composed()
+    except CheckFailed as exc:
         failed = str(exc)
         say(f"FAIL {failed}")
-        project.run("ps", check=False)
-        project.run("logs", "--tail", "30", check=False)
-    finally:
-        if not args.keep:
-            project.run("down", "-v", "--remove-orphans", capture=True, check=False)
-            left = leftovers()
-            if left:
-                failed = failed or f"left behind: {', '.join(left)}"
-                say(f"FAIL {failed}")
-            else:
-                say("ok   down -v left no container, volume or network")
-        shutil.rmtree(project.tls, ignore_errors=True)
+    for exposed, workers, trainers, checks in (
+        (False, 2, 3, local_checks),
+        (True, 1, 1, exposed_checks),
+    ):
+        if failed or args.only == ("local" if exposed else "exposed"):
+            continue
+        started = time.monotonic()
+        failed = run_project(Project(exposed, workers, trainers), checks, args.keep)
+        times.append(f"{time.monotonic() - started:.0f} s {'exposed' if exposed else 'local'}")
     say(f"{'FAILED' if failed else 'passed'}: {time.monotonic() - t0:.0f} s in all")
-    say(f"({built - t0:.0f} s images, {time.monotonic() - built:.0f} s stack and checks)")
+    say(f"({built - t0:.0f} s images, {', '.join(times) or 'no project'})")
     return 1 if failed else 0
 
 
