@@ -58,6 +58,7 @@ class Delivery:
         self.replayed = 0  # acknowledged records from the spool
         self.spooled = 0  # records written to the spool
         self.failed = 0  # delivery failures (each such record went to the spool)
+        self.probes_failed = 0  # probes of an unreachable transport that got no answer
         self.in_flight = 0
         self._next_probe = 0.0
         self._replay: _Replay | None = None
@@ -157,6 +158,7 @@ class Delivery:
                 self.state = REPLAY
                 tx.take_down_signal()
             else:
+                self.probes_failed += 1
                 self._next_probe = time.monotonic() + self.probe_interval_s
         if self.state == REPLAY:
             self._replay_some(tx)
@@ -204,9 +206,13 @@ class Delivery:
     # ---------------------------------------------------------------- flushing
     def flush(self, timeout_s: float) -> int:
         """Deliver what can be delivered within ``timeout_s``; returns records not yet acknowledged
-        (in flight or in the spool)."""
+        (in flight or in the spool). Returns early once the transport, asked during this flush,
+        did not answer: nothing can move then, and the spool keeps what is left."""
         deadline = time.monotonic() + timeout_s
+        probed = self.probes_failed
         while True:
+            if self.state == DOWN and self.probes_failed == probed:
+                self._next_probe = 0.0  # ask now rather than at the next probe interval
             self.service()
             if self.transport is not None and self.state == LIVE:
                 self.transport.flush(min(0.1, max(0.0, deadline - time.monotonic())))
@@ -214,6 +220,8 @@ class Delivery:
             if pending == 0 or time.monotonic() >= deadline:
                 return pending
             if self.state == DOWN:
+                if self.probes_failed > probed:
+                    return pending
                 time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
     def close(self, timeout_s: float) -> int:

@@ -26,6 +26,7 @@ from steplens.producer.advice_inbox import AUTO, Advice, AdviceDesk, AdviceInbox
 from steplens.producer.caller_counts import CallerCounts
 from steplens.producer.config import ProducerConfig
 from steplens.producer.delivery import Delivery
+from steplens.producer.exit_signals import install as install_exit_signals
 from steplens.producer.identity import resolve_identity
 from steplens.producer.instruments import Instruments
 from steplens.producer.items import (
@@ -65,6 +66,13 @@ def _shutdown_at_exit(ref: weakref.ref[Monitor]) -> None:
     monitor = ref()
     if monitor is not None:
         monitor.shutdown()
+
+
+def _end_all(keep_running: bool) -> None:
+    """An exit signal (``exit_signals``): every Monitor of this process flushes (``keep_running``)
+    or shuts down, each within its ``shutdown_timeout_s``."""
+    for monitor in list(_LIVE):
+        monitor.end_at_signal(keep_running)
 
 
 def _safe_name(text: str) -> str:
@@ -117,6 +125,8 @@ class Monitor(Instruments):
                 self._start_exporter()
         _LIVE.add(self)
         atexit.register(_shutdown_at_exit, weakref.ref(self))
+        if self.config.exit_signals:
+            install_exit_signals(self.config.exit_signals, _end_all, self.config.shutdown_timeout_s)
 
     def _run_meta(self) -> dict[str, Any]:
         """The run_meta payload, with the checks of the design this rank turns on; rank 0 says
@@ -425,6 +435,20 @@ class Monitor(Instruments):
             self.counts.caller += 1
 
     close = shutdown
+
+    def end_at_signal(self, keep_running: bool) -> None:
+        """An exit signal arrived (``exit_signals``): flush and go on (``keep_running``), or shut
+        down; either way, wait for a shutdown already under way, within the deadline."""
+        if self._needs_start and self.delivery.transport is None and not len(self._q):
+            return  # never logged in this process (a DataLoader worker): nothing to send
+        timeout = self.config.shutdown_timeout_s
+        if keep_running and self._accepting:
+            self.flush(timeout)
+            return
+        self.shutdown(timeout)
+        thread = self._pipeline.thread
+        if thread.is_alive():  # a shutdown the signal interrupted: its worker still flushes
+            thread.join(timeout + 1.0)
 
     def __enter__(self) -> Monitor:
         return self
