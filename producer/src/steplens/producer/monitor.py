@@ -437,18 +437,19 @@ class Monitor(Instruments):
     close = shutdown
 
     def end_at_signal(self, keep_running: bool) -> None:
-        """An exit signal arrived (``exit_signals``): flush and go on (``keep_running``), or shut
-        down; either way, wait for a shutdown already under way, within the deadline."""
+        """An exit signal arrived (``exit_signals``): flush, then go on (``keep_running``) or
+        shut down; a shutdown already under way is waited for. Within ``shutdown_timeout_s``."""
         if self._needs_start and self.delivery.transport is None and not len(self._q):
             return  # never logged in this process (a DataLoader worker): nothing to send
-        timeout = self.config.shutdown_timeout_s
-        if keep_running and self._accepting:
-            self.flush(timeout)
-            return
-        self.shutdown(timeout)
+        deadline = time.monotonic() + self.config.shutdown_timeout_s
+        if self._accepting:
+            self.flush(self.config.shutdown_timeout_s)  # the last window first, then the rest
+            if keep_running:
+                return
+            self.shutdown(max(0.0, deadline - time.monotonic()))
         thread = self._pipeline.thread
-        if thread.is_alive():  # a shutdown the signal interrupted: its worker still flushes
-            thread.join(timeout + 1.0)
+        if thread.is_alive():  # a shutdown the signal interrupted: its worker still sends
+            thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
 
     def __enter__(self) -> Monitor:
         return self
