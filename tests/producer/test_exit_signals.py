@@ -15,7 +15,9 @@ import time
 import uuid
 from pathlib import Path
 
-from steplens.producer.spool import iter_frames
+from steplens.producer.delivery import Delivery
+from steplens.producer.spool import Spool, iter_frames
+from steplens.producer.transport import MemoryTransport
 from steplens.schema import Record, decode
 
 STEPS = 537  # not a multiple of the window: the last window is partial
@@ -153,3 +155,20 @@ def test_exit_signals_none_leaves_every_signal_alone() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.split() == ["True", "True"]
+
+
+def test_a_flush_with_kafka_away_ends_at_the_first_unanswered_probe(tmp_path: Path) -> None:
+    """Nothing can move while the transport does not answer: the records stay in the spool
+    and the flush returns, without waiting for its deadline or for the next probe."""
+    tx = MemoryTransport()
+    tx.available = False
+    delivery = Delivery(lambda: tx, Spool(str(tmp_path / "spool"), 1 << 20), probe_interval_s=60)
+    for i in range(10):
+        delivery.send(b"k", b"record %d" % i)
+    t0 = time.monotonic()
+    left = delivery.flush(120)
+    assert time.monotonic() - t0 < 30
+    assert left == 10 and delivery.spool.records == 10 and delivery.state == "down"
+    tx.available = True  # back: the same flush call delivers everything
+    assert delivery.flush(120) == 0
+    assert sorted(v for _, v in tx.messages) == sorted(b"record %d" % i for i in range(10))
