@@ -4,7 +4,8 @@ The caller's side of every call only captures values (no host sync) and appends 
 to a bounded deque (drop-oldest, counted); the worker thread (``pipeline.Pipeline``) does the
 rest: resolve, enrich, window/sample/guard, encode (``sender``) and deliver (``delivery``,
 Kafka with a disk spool). Nothing raises into the caller after construction. A forked child
-never reuses its parent's queue, thread or Kafka client.
+never reuses its parent's queue, thread or Kafka client. ``shutdown`` runs at exit too, and an
+exit signal flushes first (``exit_signals``), so the last window of a run is sent.
 """
 
 from __future__ import annotations
