@@ -320,4 +320,5 @@ def test_the_wait_for_the_last_step_names_what_is_missing() -> None:
         "rank 1: steps 491-499 missing; rank 2: nothing stored"
     )
     assert missing_steps({1: 10}, 499, world_size=None) == "rank 1: steps 11-499 missing"
+    assert missing_steps({0: 498}, 499, world_size=1) == "rank 0: step 499 missing"
     assert missing_steps({}, 499, world_size=None) == "no step of the run is stored"

@@ -339,13 +339,18 @@ def missing_steps(last: dict[int, int], last_step: int, world_size: int | None) 
     if not ranks:
         return "no step of the run is stored"
     behind = [
-        f"rank {r}: nothing stored"
-        if r not in last
-        else f"rank {r}: steps {last[r] + 1}-{last_step} missing"
-        for r in ranks
-        if last.get(r, -1) < last_step
+        f"rank {r}: {_gap(last.get(r), last_step)}" for r in ranks if last.get(r, -1) < last_step
     ]
     return "; ".join(behind) or None
+
+
+def _gap(last: int | None, last_step: int) -> str:
+    if last is None:
+        return "nothing stored"
+    first = last + 1
+    return (
+        f"step {last_step} missing" if first == last_step else f"steps {first}-{last_step} missing"
+    )
 
 
 def wait_for_steps(
