@@ -15,7 +15,8 @@ import sys
 import textwrap
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import pytest
 
@@ -51,9 +52,9 @@ TRAIN = textwrap.dedent(
 @dataclass
 class Sinks:
     topics: Topics
-    influx: Stores
-    s3: Stores
-    env: dict[str, str]
+    influx: Stores = field(repr=False)  # each store alone; they and env hold the secrets
+    s3: Stores = field(repr=False)
+    env: dict[str, str] = field(repr=False)
 
 
 @pytest.fixture(scope="module")
@@ -109,12 +110,15 @@ def sinks(stack_env: dict[str, str]) -> Iterator[Sinks]:
                 proc.kill()
 
 
-def _train(sinks: Sinks, end: str) -> tuple[str, int]:
-    """Run the child to its end (``"sigterm"`` or ``"shutdown"``); its run id and exit status."""
+def _train(sinks: Sinks, end: str, spool: Path) -> tuple[str, int]:
+    """Run the child to its end (``"sigterm"`` or ``"shutdown"``); its run id and exit status.
+    Its spool is its own (it adopts no other process's records), and its shutdown deadline is
+    long enough for a machine under load: every record is then sent, none left spooled."""
     run_id = f"end-{end}-{uuid.uuid4().hex[:8]}"
+    env = {**sinks.env, "STEPLENS_SPOOL_DIR": str(spool), "STEPLENS_SHUTDOWN_TIMEOUT_S": "60"}
     child = subprocess.Popen(
         [sys.executable, "-c", TRAIN, run_id, str(STEPS), end],
-        env=sinks.env,
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         text=True,
@@ -127,36 +131,41 @@ def _train(sinks: Sinks, end: str) -> tuple[str, int]:
             child.send_signal(signal.SIGTERM)
         else:
             assert line == "done"
-        return run_id, child.wait(60)
+        rc = child.wait(120)
     finally:
         child.kill()
+    assert not list(spool.rglob("*.seg")), "records were left in the spool"
+    return run_id, rc
 
 
 def _assert_stored(sinks: Sinks, run_id: str) -> None:
     """The last step is in each store, and the windows there hold every step once."""
-    for stores in (sinks.influx, sinks.s3):
+    for store, stores in (("InfluxDB", sinks.influx), ("S3", sinks.s3)):
         missing = wait_for_steps(run_id, STEPS - 1, STORED_WITHIN_S, stores=stores)
-        assert missing is None, (stores, missing)
-        assert last_steps(run_id, stores) == {0: STEPS - 1}
+        assert missing is None, f"{store}: {missing}"
+        last = last_steps(run_id, stores)
+        assert last == {0: STEPS - 1}, store
         windows = query_records(run_id, "step_window", stores=stores)
         if "metric" in windows:  # InfluxDB: a point per metric; S3: a row per record
             windows = windows[windows["metric"] == "loss"]
         loss = windows.sort_values("step_first")
         firsts, lasts = loss["step_first"].astype(int), loss["step_last"].astype(int)
         spans = list(zip(firsts, lasts, strict=True))
-        assert spans[0][0] == 0 and spans[-1][1] == STEPS - 1, spans
-        assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(spans)), spans  # no gap
-        assert int(loss["count"].sum()) == STEPS
+        assert spans[0][0] == 0 and spans[-1][1] == STEPS - 1, (store, spans)
+        assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(spans)), (store, spans)
+        assert int(loss["count"].sum()) == STEPS, store
 
 
 @pytest.mark.parametrize("attempt", range(3))
-def test_sigterm_after_the_last_step_stores_it_in_both_stores(sinks: Sinks, attempt: int) -> None:
-    run_id, rc = _train(sinks, "sigterm")
+def test_sigterm_after_the_last_step_stores_it_in_both_stores(
+    sinks: Sinks, attempt: int, tmp_path: Path
+) -> None:
+    run_id, rc = _train(sinks, "sigterm", tmp_path)
     assert rc == -signal.SIGTERM  # the process still dies by the signal
     _assert_stored(sinks, run_id)
 
 
-def test_shutdown_stores_the_last_partial_window(sinks: Sinks) -> None:
-    run_id, rc = _train(sinks, "shutdown")
+def test_shutdown_stores_the_last_partial_window(sinks: Sinks, tmp_path: Path) -> None:
+    run_id, rc = _train(sinks, "shutdown", tmp_path)
     assert rc == 0
     _assert_stored(sinks, run_id)
