@@ -177,7 +177,7 @@ class ProducerConfig:
             "signals after which the last window, samples and queue are sent (within "
             "`shutdown_timeout_s`) before the signal's own action: a default action (SIGTERM "
             "ends the process) happens then, a handler already set runs then; an ignored "
-            "signal stays ignored (env: JSON list); none: no handler",
+            "signal stays ignored (env: JSON list); `[]`: no handler",
             default_doc='`["SIGTERM", "SIGINT"]`',
         ),
     ] = field(default_factory=lambda: ["SIGTERM", "SIGINT"])
