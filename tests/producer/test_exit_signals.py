@@ -157,18 +157,24 @@ def test_exit_signals_none_leaves_every_signal_alone() -> None:
     assert out.stdout.split() == ["True", "True"]
 
 
-def test_a_flush_with_kafka_away_ends_at_the_first_unanswered_probe(tmp_path: Path) -> None:
-    """Nothing can move while the transport does not answer: the records stay in the spool
-    and the flush returns, without waiting for its deadline or for the next probe."""
+def test_an_ending_flush_with_kafka_away_stops_at_the_first_unanswered_probe(
+    tmp_path: Path,
+) -> None:
+    """At the end of a process nothing can move while the transport does not answer: the
+    records stay in the spool and the flush returns, without waiting for its deadline or for
+    the next probe. A flush while the run goes on waits for Kafka until its deadline."""
     tx = MemoryTransport()
     tx.available = False
     delivery = Delivery(lambda: tx, Spool(str(tmp_path / "spool"), 1 << 20), probe_interval_s=60)
     for i in range(10):
         delivery.send(b"k", b"record %d" % i)
     t0 = time.monotonic()
-    left = delivery.flush(120)
+    assert delivery.flush(0.5) == 10
+    assert time.monotonic() - t0 >= 0.5  # not ending: it waited its deadline
+    t0 = time.monotonic()
+    left = delivery.flush(120, ending=True)
     assert time.monotonic() - t0 < 30
     assert left == 10 and delivery.spool.records == 10 and delivery.state == "down"
-    tx.available = True  # back: the same flush call delivers everything
-    assert delivery.flush(120) == 0
+    tx.available = True  # back: the next ending flush delivers everything
+    assert delivery.flush(120, ending=True) == 0
     assert sorted(v for _, v in tx.messages) == sorted(b"record %d" % i for i in range(10))

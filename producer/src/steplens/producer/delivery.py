@@ -204,14 +204,15 @@ class Delivery:
         self._go_down("replay failed")  # the segment stays; it is read again later
 
     # ---------------------------------------------------------------- flushing
-    def flush(self, timeout_s: float) -> int:
+    def flush(self, timeout_s: float, ending: bool = False) -> int:
         """Deliver what can be delivered within ``timeout_s``; returns records not yet acknowledged
-        (in flight or in the spool). Returns early once the transport, asked during this flush,
-        did not answer: nothing can move then, and the spool keeps what is left."""
+        (in flight or in the spool). ``ending`` (the process ends): return as soon as the
+        transport, asked at once, does not answer: nothing can move then, and the spool keeps
+        what is left for the next process."""
         deadline = time.monotonic() + timeout_s
         probed = self.probes_failed
         while True:
-            if self.state == DOWN and self.probes_failed == probed:
+            if ending and self.state == DOWN and self.probes_failed == probed:
                 self._next_probe = 0.0  # ask now rather than at the next probe interval
             self.service()
             if self.transport is not None and self.state == LIVE:
@@ -220,12 +221,12 @@ class Delivery:
             if pending == 0 or time.monotonic() >= deadline:
                 return pending
             if self.state == DOWN:
-                if self.probes_failed > probed:
+                if ending and self.probes_failed > probed:
                     return pending
                 time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
     def close(self, timeout_s: float) -> int:
-        left = self.flush(timeout_s)
+        left = self.flush(timeout_s, ending=True)
         if self.transport is not None and self.in_flight:
             # unacknowledged records fail now and are kept in the spool for the next process
             self.transport.abandon(min(2.0, max(0.1, timeout_s)))

@@ -396,13 +396,17 @@ class Monitor(Instruments):
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until everything logged so far is delivered; False when ``timeout_s`` ran out."""
+        return self._flush(timeout_s, ending=False)
+
+    def _flush(self, timeout_s: float, ending: bool) -> bool:
+        """``flush``; ``ending``: stop waiting once Kafka does not answer (``Delivery.flush``)."""
         try:
             if not self._accepting:
                 self.counts.refused += 1
                 return False
             done = threading.Event()
             result: list[bool] = []
-            self._put(FlushItem(done, time.monotonic() + timeout_s, result))
+            self._put(FlushItem(done, time.monotonic() + timeout_s, result, ending))
             self._wake.set()
             done.wait(timeout_s + 0.5)
             return bool(result and result[0])
@@ -444,7 +448,7 @@ class Monitor(Instruments):
             return  # never logged in this process (a DataLoader worker): nothing to send
         deadline = time.monotonic() + self.config.shutdown_timeout_s
         if self._accepting:
-            self.flush(self.config.shutdown_timeout_s)  # the last window first, then the rest
+            self._flush(self.config.shutdown_timeout_s, ending=True)  # the last window first
             if keep_running:
                 return
             self.shutdown(max(0.0, deadline - time.monotonic()))
