@@ -96,7 +96,9 @@ def sinks(stack_env: dict[str, str]) -> Iterator[Sinks]:
     try:
         yield Sinks(
             topics,
-            Stores(InfluxSettings.from_env(), None),
+            # a query reads which fields are text across the whole hot bucket: slow on a
+            # shared, loaded host
+            Stores(replace(InfluxSettings.from_env(), timeout_ms=30_000), None),
             Stores(None, replace(S3Settings.from_env(), prefix=prefix)),
             env,
         )

@@ -357,11 +357,19 @@ def wait_for_steps(
     run_id: str, last_step: int, timeout_s: float, stores: Stores | None = None
 ) -> str | None:
     """Poll the stores until every rank of the run stored ``last_step`` (as a step or as the
-    end of a window), within ``timeout_s``; None then, else what is missing."""
+    end of a window), within ``timeout_s``; None then, else what is missing. A store that does
+    not answer (a timeout) is asked again; one that refuses raises ``StoreRefused``."""
+    from steplens.sinks.query import StoreRefused
+
     deadline = time.monotonic() + timeout_s
     while True:
-        found = last_steps(run_id, stores)
-        missing = missing_steps(found, last_step, _world_size(run_id, stores))
+        try:
+            found = last_steps(run_id, stores)
+            missing = missing_steps(found, last_step, _world_size(run_id, stores))
+        except StoreRefused:
+            raise
+        except Exception as exc:
+            missing = f"the stores did not answer: {exc}"
         if missing is None or time.monotonic() >= deadline:
             return missing
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
