@@ -14,7 +14,7 @@ pytest.importorskip("matplotlib")
 from report_data import ADVICE, synthetic_run
 
 from steplens.sinks.report_bandwidth import INPUT, PARALLEL, bandwidth_verdict, verdict_text
-from steplens.sinks.report_data import checks_by_name, checks_of
+from steplens.sinks.report_data import checks_by_name, checks_of, missing_steps
 from steplens.sinks.report_incidents import incidents, run_incidents
 from steplens.sinks.report_quality import label_balance, train_val_gap
 
@@ -311,3 +311,14 @@ def test_a_trace_in_s3_is_linked_by_a_presigned_url():
     assert "X-Amz-Signature=" in url and f"X-Amz-Expires={EXPIRES_S}" in url
     assert presigner(settings)("/tmp/on-the-rank.json.gz") is None
     assert no_link("s3://b/k") == "s3://b/k" and no_link("/tmp/x") is None
+
+
+def test_the_wait_for_the_last_step_names_what_is_missing() -> None:
+    assert missing_steps({0: 499, 1: 499}, 499, world_size=2) is None
+    assert missing_steps({0: 520}, 499, world_size=1) is None  # later steps stored: reached
+    assert missing_steps({0: 499, 1: 490}, 499, world_size=3) == (
+        "rank 1: steps 491-499 missing; rank 2: nothing stored"
+    )
+    assert missing_steps({1: 10}, 499, world_size=None) == "rank 1: steps 11-499 missing"
+    assert missing_steps({0: 498}, 499, world_size=1) == "rank 0: step 499 missing"
+    assert missing_steps({}, 499, world_size=None) == "no step of the run is stored"

@@ -225,6 +225,8 @@ def flush(timeout_s: float = 10.0) -> bool:
 
 
 def shutdown(timeout_s: float | None = None) -> None:
+    """Send what is left (the last window too) and stop; also done at exit and at an exit
+    signal (``exit_signals``), within ``shutdown_timeout_s``."""
     global _monitor
     m, _monitor = _monitor, None
     if m is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from msgspec import Meta
 
@@ -52,6 +52,7 @@ Share = Annotated[float, Meta(ge=0, le=1)]
 BatchSize = Annotated[int, Meta(ge=1, le=MAX_BATCH_ENTRIES)]
 JsonObject = dict[str, Any]
 Remedies = list[AdviceAction]
+ExitSignals = list[Literal["SIGTERM", "SIGINT", "SIGHUP"]]
 
 
 @dataclass(frozen=True)
@@ -168,8 +169,18 @@ class ProducerConfig:
         PositiveFloat, about("a record not acknowledged by then goes to the spool")
     ] = 10.0
     shutdown_timeout_s: Annotated[
-        NonNegativeFloat, about("deadline of `shutdown()` and of the exit hook")
+        NonNegativeFloat, about("deadline of `shutdown()`, of the exit hook and of an exit signal")
     ] = 5.0
+    exit_signals: Annotated[
+        ExitSignals,
+        about(
+            "signals after which the last window, samples and queue are sent (within "
+            "`shutdown_timeout_s`) before the signal's own action: a default action (SIGTERM "
+            "ends the process) happens then, a handler already set runs then; an ignored "
+            "signal stays ignored (env: JSON list); `[]`: no handler",
+            default_doc='`["SIGTERM", "SIGINT"]`',
+        ),
+    ] = field(default_factory=lambda: ["SIGTERM", "SIGINT"])
     flops_per_token: Annotated[
         PositiveFloat | None, about("with `peak_flops` and `tokens`: MFU")
     ] = None

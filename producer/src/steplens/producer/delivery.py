@@ -58,6 +58,7 @@ class Delivery:
         self.replayed = 0  # acknowledged records from the spool
         self.spooled = 0  # records written to the spool
         self.failed = 0  # delivery failures (each such record went to the spool)
+        self.probes_failed = 0  # probes of an unreachable transport that got no answer
         self.in_flight = 0
         self._next_probe = 0.0
         self._replay: _Replay | None = None
@@ -157,6 +158,7 @@ class Delivery:
                 self.state = REPLAY
                 tx.take_down_signal()
             else:
+                self.probes_failed += 1
                 self._next_probe = time.monotonic() + self.probe_interval_s
         if self.state == REPLAY:
             self._replay_some(tx)
@@ -202,11 +204,16 @@ class Delivery:
         self._go_down("replay failed")  # the segment stays; it is read again later
 
     # ---------------------------------------------------------------- flushing
-    def flush(self, timeout_s: float) -> int:
+    def flush(self, timeout_s: float, ending: bool = False) -> int:
         """Deliver what can be delivered within ``timeout_s``; returns records not yet acknowledged
-        (in flight or in the spool)."""
+        (in flight or in the spool). ``ending`` (the process ends): return as soon as the
+        transport, asked at once, does not answer: nothing can move then, and the spool keeps
+        what is left for the next process."""
         deadline = time.monotonic() + timeout_s
+        probed = self.probes_failed
         while True:
+            if ending and self.state == DOWN and self.probes_failed == probed:
+                self._next_probe = 0.0  # ask now rather than at the next probe interval
             self.service()
             if self.transport is not None and self.state == LIVE:
                 self.transport.flush(min(0.1, max(0.0, deadline - time.monotonic())))
@@ -214,10 +221,12 @@ class Delivery:
             if pending == 0 or time.monotonic() >= deadline:
                 return pending
             if self.state == DOWN:
+                if ending and self.probes_failed > probed:
+                    return pending
                 time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
     def close(self, timeout_s: float) -> int:
-        left = self.flush(timeout_s)
+        left = self.flush(timeout_s, ending=True)
         if self.transport is not None and self.in_flight:
             # unacknowledged records fail now and are kept in the spool for the next process
             self.transport.abandon(min(2.0, max(0.1, timeout_s)))

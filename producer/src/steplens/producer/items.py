@@ -78,6 +78,7 @@ class FlushItem(NamedTuple):
     done: Any  # threading.Event set once handled
     deadline: float  # monotonic
     result: list[bool]
+    ending: bool = False  # the process ends: stop once Kafka does not answer (Delivery.flush)
 
 
 Item = StepItem | EvalItem | BatchItem | HwItem | CommItem | MetaItem | RecordItem | FlushItem

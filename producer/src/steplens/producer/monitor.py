@@ -4,7 +4,8 @@ The caller's side of every call only captures values (no host sync) and appends 
 to a bounded deque (drop-oldest, counted); the worker thread (``pipeline.Pipeline``) does the
 rest: resolve, enrich, window/sample/guard, encode (``sender``) and deliver (``delivery``,
 Kafka with a disk spool). Nothing raises into the caller after construction. A forked child
-never reuses its parent's queue, thread or Kafka client.
+never reuses its parent's queue, thread or Kafka client. ``shutdown`` runs at exit too, and an
+exit signal flushes first (``exit_signals``), so the last window of a run is sent.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from steplens.producer.advice_inbox import AUTO, Advice, AdviceDesk, AdviceInbox
 from steplens.producer.caller_counts import CallerCounts
 from steplens.producer.config import ProducerConfig
 from steplens.producer.delivery import Delivery
+from steplens.producer.exit_signals import install as install_exit_signals
 from steplens.producer.identity import resolve_identity
 from steplens.producer.instruments import Instruments
 from steplens.producer.items import (
@@ -65,6 +67,13 @@ def _shutdown_at_exit(ref: weakref.ref[Monitor]) -> None:
     monitor = ref()
     if monitor is not None:
         monitor.shutdown()
+
+
+def _end_all(keep_running: bool) -> None:
+    """An exit signal (``exit_signals``): every Monitor of this process flushes (``keep_running``)
+    or shuts down, each within its ``shutdown_timeout_s``."""
+    for monitor in list(_LIVE):
+        monitor.end_at_signal(keep_running)
 
 
 def _safe_name(text: str) -> str:
@@ -117,6 +126,8 @@ class Monitor(Instruments):
                 self._start_exporter()
         _LIVE.add(self)
         atexit.register(_shutdown_at_exit, weakref.ref(self))
+        if self.config.exit_signals:
+            install_exit_signals(self.config.exit_signals, _end_all, self.config.shutdown_timeout_s)
 
     def _run_meta(self) -> dict[str, Any]:
         """The run_meta payload, with the checks of the design this rank turns on; rank 0 says
@@ -387,13 +398,17 @@ class Monitor(Instruments):
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until everything logged so far is delivered; False when ``timeout_s`` ran out."""
+        return self._flush(timeout_s, ending=False)
+
+    def _flush(self, timeout_s: float, ending: bool) -> bool:
+        """``flush``; ``ending``: stop waiting once Kafka does not answer (``Delivery.flush``)."""
         try:
             if not self._accepting:
                 self.counts.refused += 1
                 return False
             done = threading.Event()
             result: list[bool] = []
-            self._put(FlushItem(done, time.monotonic() + timeout_s, result))
+            self._put(FlushItem(done, time.monotonic() + timeout_s, result, ending))
             self._wake.set()
             done.wait(timeout_s + 0.5)
             return bool(result and result[0])
@@ -427,6 +442,21 @@ class Monitor(Instruments):
             self.counts.caller += 1
 
     close = shutdown
+
+    def end_at_signal(self, keep_running: bool) -> None:
+        """An exit signal arrived (``exit_signals``): flush, then go on (``keep_running``) or
+        shut down; a shutdown already under way is waited for. Within ``shutdown_timeout_s``."""
+        if self._needs_start and self.delivery.transport is None and not len(self._q):
+            return  # never logged in this process (a DataLoader worker): nothing to send
+        deadline = time.monotonic() + self.config.shutdown_timeout_s
+        if self._accepting:
+            self._flush(self.config.shutdown_timeout_s, ending=True)  # the last window first
+            if keep_running:
+                return
+            self.shutdown(max(0.0, deadline - time.monotonic()))
+        thread = self._pipeline.thread
+        if thread.is_alive():  # a shutdown the signal interrupted: its worker still sends
+            thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
 
     def __enter__(self) -> Monitor:
         return self

@@ -175,7 +175,7 @@ class Pipeline:
             self._on_record(item)
         elif type(item) is FlushItem:
             self.steps.emit_all(time.monotonic_ns())
-            left = self.delivery.flush(max(0.0, item.deadline - time.monotonic()))
+            left = self.delivery.flush(max(0.0, item.deadline - time.monotonic()), item.ending)
             item.result.append(left == 0)
             item.done.set()
 

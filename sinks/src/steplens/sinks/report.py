@@ -28,17 +28,21 @@ def main(argv: list[str], prog: str = "steplens report") -> int:
         "--wait-for-step",
         type=int,
         default=None,
-        help="first wait until this step is stored (bounded by --wait-s)",
+        help="first wait until every rank stored this step, raw or as a window's last "
+        "(bounded by --wait-s)",
     )
     p.add_argument("--wait-s", type=float, default=60.0)
     args = p.parse_args(argv)
     try:
-        if args.wait_for_step is not None and not wait_for_steps(
-            args.run, args.wait_for_step, args.wait_s
-        ):
+        missing = (
+            None
+            if args.wait_for_step is None
+            else wait_for_steps(args.run, args.wait_for_step, args.wait_s)
+        )
+        if missing is not None:
             print(
-                f"{prog}: step {args.wait_for_step} not stored after {args.wait_s:.0f} s; "
-                "reporting what is there",
+                f"{prog}: step {args.wait_for_step} not stored after {args.wait_s:.0f} s "
+                f"({missing}); reporting what is there",
                 file=sys.stderr,
             )
         data = load_run(args.run)

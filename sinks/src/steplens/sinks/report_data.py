@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from steplens.sinks.report_plot import column
+
+if TYPE_CHECKING:
+    from steplens.sinks.query import Stores
 
 STEP_FIELDS = (
     "loss",
@@ -303,17 +306,73 @@ def _explode_gpus(hw: pd.DataFrame) -> pd.DataFrame:
     return gpu
 
 
-def wait_for_steps(run_id: str, last_step: int, timeout_s: float) -> bool:
-    """Poll the query layer until ``last_step`` is stored (bounded by ``timeout_s``)."""
+def last_steps(run_id: str, stores: Stores | None = None) -> dict[int, int]:
+    """rank -> the last step stored for it (in ``stores``, default both): a step record's (with
+    a loss) or the last step of a ``step_window`` (windowed runs store one step in many raw)."""
     from steplens.sinks import query
 
+    out: dict[int, int] = {}
+    steps = query.query_series(run_id, "loss", stores=stores)
+    windows = query.query_series(run_id, "step_last", kind="step_window", stores=stores)
+    for frame, col in ((steps, "step"), (windows, "value")):
+        if frame.empty or col not in frame:
+            continue
+        for rank, last in frame.dropna(subset=[col]).groupby("rank")[col].max().items():
+            out[int(rank)] = max(out.get(int(rank), -1), int(last))
+    return out
+
+
+def _world_size(run_id: str, stores: Stores | None) -> int | None:
+    from steplens.sinks import query
+
+    meta = query.query_records(run_id, "run_meta", stores=stores)
+    if meta.empty or "world_size" not in meta:
+        return None
+    size = pd.to_numeric(meta["world_size"], errors="coerce").max()
+    return None if pd.isna(size) else int(size)
+
+
+def missing_steps(last: dict[int, int], last_step: int, world_size: int | None) -> str | None:
+    """What keeps ``last_step`` from being stored on every rank (of ``world_size``, else of the
+    ranks seen), in words; None when nothing does."""
+    ranks = range(world_size) if world_size else sorted(last)
+    if not ranks:
+        return "no step of the run is stored"
+    behind = [
+        f"rank {r}: {_gap(last.get(r), last_step)}" for r in ranks if last.get(r, -1) < last_step
+    ]
+    return "; ".join(behind) or None
+
+
+def _gap(last: int | None, last_step: int) -> str:
+    if last is None:
+        return "nothing stored"
+    first = last + 1
+    return (
+        f"step {last_step} missing" if first == last_step else f"steps {first}-{last_step} missing"
+    )
+
+
+def wait_for_steps(
+    run_id: str, last_step: int, timeout_s: float, stores: Stores | None = None
+) -> str | None:
+    """Poll the stores until every rank of the run stored ``last_step`` (as a step or as the
+    end of a window), within ``timeout_s``; None then, else what is missing. A store that does
+    not answer (a timeout) is asked again; one that refuses raises ``StoreRefused``."""
+    from steplens.sinks.query import StoreRefused
+
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        df = query.query_series(run_id, "loss")
-        if df is not None and not df.empty and int(df["step"].max()) >= last_step:
-            return True
-        time.sleep(1.0)
-    return False
+    while True:
+        try:
+            found = last_steps(run_id, stores)
+            missing = missing_steps(found, last_step, _world_size(run_id, stores))
+        except StoreRefused:
+            raise
+        except Exception as exc:
+            missing = f"the stores did not answer: {exc}"
+        if missing is None or time.monotonic() >= deadline:
+            return missing
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
 def checks_by_name(checks: pd.DataFrame) -> pd.DataFrame:
