@@ -231,7 +231,7 @@ class ProducerConfig:
             "what the stream jobs may advise this run's ranks to do: `profile` (on by "
             "default, carried out at `log_step`), `skip_samples`, `rewind`, `lower_lr` (read "
             "with `sl.advice()`/`sl.act()`); a list replaces the default (env: JSON list); "
-            "none: no advice, no consumer",
+            "an empty list (`[]`): no advice, no consumer",
             default_doc='`["profile"]`',
         ),
     ] = field(default_factory=lambda: ["profile"])
