@@ -69,7 +69,13 @@ from steplens.stream_jobs.engine.core import (
 )
 from steplens.stream_jobs.engine.history import NO_FIRST, History, Rows
 from steplens.stream_jobs.engine.policy import JudgeState, Policy, judge_signals
-from steplens.stream_jobs.engine.signals import arima, dynamic_baseline, lr_schedule, ranks
+from steplens.stream_jobs.engine.signals import (
+    arima,
+    dynamic_baseline,
+    lr_schedule,
+    ranks,
+    training,
+)
 from steplens.stream_jobs.engine.signals.arima_fit import ArimaParams
 from steplens.stream_jobs.engine.signals.registry import (
     ENTRIES,
@@ -335,6 +341,9 @@ class RunDetector:
                 std, count = spreads[metric]
                 col.spreads, col.counts = np.array([std]), np.array([count], dtype=np.int64)
             col.want_fit = want_fit
+            if metric == "lr":  # the update share's floor follows the logged lr
+                st = _state(s, "training", "update_ratio", training.TrainingState, self.schedule)
+                training.observe_lr(st, col.xs)
             batch += _score(s, cfg, self.schedule, self.generic, metric, col)
             if metric == "loss":
                 self.run.track_loss(col.xs, cfg.train_loss_alpha)
