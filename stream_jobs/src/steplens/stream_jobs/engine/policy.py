@@ -42,7 +42,7 @@ import numba
 import numpy as np
 
 from steplens.stream_jobs.engine.calibration import CalibrationConfig, CalibrationState, calibrate
-from steplens.stream_jobs.engine.core import Signals
+from steplens.stream_jobs.engine.core import NO_STEP, Signals
 
 _jit = numba.njit(cache=True, error_model="numpy")
 
@@ -75,6 +75,10 @@ class Policy:
     # yet) only magnitudes this large warn, and this large are critical
     cold_warning: float = math.inf
     cold_critical: float = math.inf
+    # rarity in steps: a value logged ``w`` steps after the last (a mean over a logging
+    # interval, a window's) stands for ``w`` steps (``calibration``), up to ``max_span``
+    per_step: bool = False
+    max_span: int = 1000
 
 
 @dataclass
@@ -83,6 +87,7 @@ class JudgeState:
 
     cal: CalibrationState = field(default_factory=CalibrationState)
     run: int = 0
+    last_step: int = -1  # the step of its last value (``Policy.per_step``; -1: none)
 
 
 def judge_signals(state: JudgeState, cal: CalibrationConfig, policy: Policy, sigs: Signals) -> None:
@@ -90,11 +95,27 @@ def judge_signals(state: JudgeState, cal: CalibrationConfig, policy: Policy, sig
     s = sigs.score
     with np.errstate(divide="ignore"):
         raw = np.where(s >= 1.0, np.inf, s / (1.0 - s))  # back to the measure (NaN: none)
-    anomaly = calibrate(state.cal, cal, raw)
+    weights = _spans(state, sigs.step, policy.max_span) if policy.per_step else None
+    anomaly = calibrate(state.cal, cal, raw, weights)
     # no anomaly score yet (the series' first values): the detector's own score stands
     cold = np.isnan(anomaly)
     sigs.score = np.where(cold, s, anomaly)
     sigs.severity = judge(policy, state, sigs.value, sigs.expected, sigs.score, cold=cold)
+
+
+def _spans(state: JudgeState, steps: np.ndarray, most: int) -> np.ndarray:
+    """The steps each value stands for: since the series' last value (1 for the first, one
+    without a step, or one whose step went back), at most ``most``."""
+    out = np.ones(len(steps))
+    last = state.last_step
+    for i, s in enumerate(steps.tolist()):
+        if s == NO_STEP:
+            continue
+        if last >= 0 and s > last:
+            out[i] = min(s - last, most)
+        last = s
+    state.last_step = last
+    return out
 
 
 def judge(
