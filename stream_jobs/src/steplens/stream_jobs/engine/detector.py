@@ -368,6 +368,8 @@ class RunDetector:
                 )
                 if self.baselines_inline:
                     dynamic_baseline.fit_inline(dyn, cfg.baseline, int(times_ns[-1]))
+        if first_a is not None:
+            _mark_spans(batch, first_a)
         self._mark_baseline(rank, batch, n)
         return batch
 
@@ -730,6 +732,21 @@ class RunDetector:
             return list(CODEC.unpack(head)["ranks"]) if head else []
         except (ValueError, KeyError, TypeError):
             return []
+
+
+def _mark_spans(batch: list[Signals], firsts: np.ndarray) -> None:
+    """A window's breaches name the first step it covers (``span_first``): an aggregate is
+    judged over its span, and one that covers an incident already over adds to it
+    (``incidents``)."""
+    for sigs in batch:
+        hot = np.flatnonzero(sigs.severity).tolist()
+        if not hot:
+            continue
+        if sigs.detail is None:
+            sigs.detail = [None] * len(sigs)
+        for k in hot:
+            first = int(firsts[int(sigs.row[k])])
+            sigs.detail[k] = {**(sigs.detail[k] or {}), "span_first": first}
 
 
 def _remember_peaks(seen: dict[str, list[Any]], entries: list[dict[str, Any]]) -> None:
