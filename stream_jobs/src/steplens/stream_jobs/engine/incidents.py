@@ -112,7 +112,7 @@ SPECIFIC: Mapping[str, int] = {
     "data": 3,
     "lr_schedule": 3,
     "hang": 3,
-    "straggler": 3,
+    "straggler": 4,  # names the rank and what it waits on: more than its data wait's share
     "threshold": 3,
     "hardware": 3,
     "memory": 3,
