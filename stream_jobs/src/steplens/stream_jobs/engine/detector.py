@@ -330,6 +330,10 @@ class RunDetector:
         first_a = None if firsts is None else np.asarray(firsts, dtype=np.int64)
         want_fit = self._fit_asker(rank)
         batch: list[Signals] = []
+        lrs = columns.get("lr")  # the update share's floor follows the logged lr, row by row
+        if lrs is not None or "training" in s:
+            st = _state(s, "training", "update_ratio", training.TrainingState, self.schedule)
+            training.observe_lrs(st, None if lrs is None else floats_of(lrs)[0])
         for metric, cells in columns.items():
             probe = peaks.get(metric) if peaks else None
             col, bad = _finite(metric, cells, rows, step_a, first_a, rank, probe)
@@ -341,9 +345,6 @@ class RunDetector:
                 std, count = spreads[metric]
                 col.spreads, col.counts = np.array([std]), np.array([count], dtype=np.int64)
             col.want_fit = want_fit
-            if metric == "lr":  # the update share's floor follows the logged lr
-                st = _state(s, "training", "update_ratio", training.TrainingState, self.schedule)
-                training.observe_lr(st, col.xs)
             batch += _score(s, cfg, self.schedule, self.generic, metric, col)
             if metric == "loss":
                 self.run.track_loss(col.xs, cfg.train_loss_alpha)

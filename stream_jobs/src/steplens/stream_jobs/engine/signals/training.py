@@ -52,6 +52,8 @@ class TrainingState:
     schedule: dict[str, Any] | None = None  # the run's declared lr schedule (its warmup)
     lr_now: float = NAN  # the logged lr (without a declared schedule)
     lr_peak: float = NAN  # the largest logged lr so far
+    # the batch's rows' logged lr as a share of its peak then (``observe_lrs``; not stored)
+    row_shares: np.ndarray | None = field(default=None, init=False)
 
 
 def update(state: TrainingState, cfg: TrainingConfig, metric: str, col: Column) -> Signals | None:
@@ -84,26 +86,41 @@ def update(state: TrainingState, cfg: TrainingConfig, metric: str, col: Column) 
     )
 
 
-def observe_lr(state: TrainingState, xs: np.ndarray) -> None:
-    """The rank's logged lrs ``xs`` (its update share's state): the floor follows them."""
-    good = xs[np.isfinite(xs) & (xs >= 0)]
-    if len(good):
-        state.lr_now = float(good[-1])
-        top = float(good.max())
-        state.lr_peak = top if not state.lr_peak >= top else state.lr_peak
+def observe_lrs(state: TrainingState, xs: np.ndarray | None) -> None:
+    """A batch's logged lr by row (NaN: none; None: no lr in the batch), for the update share
+    of the same rows (``row_shares``: each row's lr, or the last before it, over the largest
+    so far); then the rank's last lr and its peak."""
+    if xs is None:
+        state.row_shares = None
+        return
+    ok = np.isfinite(xs) & (xs >= 0)
+    now = np.where(ok, xs, np.nan)
+    idx = np.where(ok, np.arange(len(xs)), -1)
+    np.maximum.accumulate(idx, out=idx)  # the last row with an lr, at or before each
+    now = np.where(idx >= 0, now[np.maximum(idx, 0)], state.lr_now)
+    peak = np.fmax.accumulate(np.concatenate(([state.lr_peak], np.where(ok, xs, np.nan))))[1:]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        state.row_shares = np.where(peak > 0, np.minimum(now / peak, 1.0), np.nan)
+    if len(xs):
+        state.lr_now, state.lr_peak = float(now[-1]), float(peak[-1])
 
 
-def lr_shares(state: TrainingState, steps: np.ndarray) -> np.ndarray:
-    """The lr at ``steps`` as a share of its peak: the declared schedule's, else the logged
-    lr's (1 where neither is known)."""
+def lr_shares(state: TrainingState, col: Column) -> np.ndarray:
+    """The lr at the column's steps as a share of its peak: the declared schedule's, else the
+    logged lr's of the same rows (1 where neither is known)."""
     schedule = state.schedule
     peak = schedule.get("peak_lr") if schedule else None
     if schedule and isinstance(peak, (int, float)) and peak > 0:
-        got = [expected_lr(schedule, int(s)) if s != NO_STEP else None for s in steps.tolist()]
+        got = [expected_lr(schedule, s) if s != NO_STEP else None for s in col.steps.tolist()]
         return np.array([1.0 if g is None else min(g / peak, 1.0) for g in got])
-    if state.lr_peak > 0 and state.lr_now >= 0:
-        return np.full(len(steps), min(state.lr_now / state.lr_peak, 1.0))
-    return np.ones(len(steps))
+    rows = state.row_shares
+    if rows is not None:
+        got = rows[col.rows]
+    elif state.lr_peak > 0 and state.lr_now >= 0:
+        got = np.full(len(col), min(state.lr_now / state.lr_peak, 1.0))
+    else:
+        return np.ones(len(col))
+    return np.where(np.isnan(got), 1.0, got)
 
 
 def _update_share(state: TrainingState, cfg: TrainingConfig, col: Column) -> Signals | None:
@@ -116,7 +133,7 @@ def _update_share(state: TrainingState, cfg: TrainingConfig, col: Column) -> Sig
             return None
         col = Column(col.xs[keep], col.steps[keep], col.rows[keep], col.rank)
     xs = col.xs
-    floor = cfg.update_share_floor * lr_shares(state, col.steps)
+    floor = cfg.update_share_floor * lr_shares(state, col)
     sev = np.zeros(len(xs), np.int8)
     below = state.below
     for k, (x, f) in enumerate(zip(xs.tolist(), floor.tolist(), strict=True)):
@@ -124,8 +141,8 @@ def _update_share(state: TrainingState, cfg: TrainingConfig, col: Column) -> Sig
         if below >= cfg.update_persist:
             sev[k] = WARN_SEV
     state.below = below
-    with np.errstate(divide="ignore", over="ignore"):
-        score = scores_of(floor / xs)  # 1 at a share of 0
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        score = scores_of(np.where(floor > 0, floor / xs, 0.0))  # 1 at a share of 0
     return Signals.of(
         "training",
         "update_ratio",
