@@ -32,8 +32,8 @@ at 0.9999 it is 0.2-0.8 times the nominal 0.01 % on light tails and 2.3-3.7 time
 What a score means: 0.99, a raw score this large comes about once in 100 values of this series
 (recently); 0.9999, about once in 10,000: at one value per step, once in 10,000 steps. A NaN (the
 detector has no score yet) has none. A value that stands for ``w`` steps (``weights``: the mean
-of a logging interval, as the Hugging Face Trainer logs its loss every ``logging_steps``, or a
-window's) is scored in steps: its tail probability, and the rarity the values seen can claim,
+of a logging interval, as the Hugging Face Trainer logs its loss every ``logging_steps``) is
+scored in steps: its tail probability, and the rarity the values seen can claim,
 divided by ``w`` (once in 100 means of 10 steps is once in 1,000 steps), so a series logged
 every 10 steps reaches a rarity of 1 in 1,000 steps after 25 values, not 250.
 

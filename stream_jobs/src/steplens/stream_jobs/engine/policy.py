@@ -75,8 +75,8 @@ class Policy:
     # yet) only magnitudes this large warn, and this large are critical
     cold_warning: float = math.inf
     cold_critical: float = math.inf
-    # rarity in steps: a value logged ``w`` steps after the last (a mean over a logging
-    # interval, a window's) stands for ``w`` steps (``calibration``), up to ``max_span``
+    # rarity in steps: a value logged on a regular interval of ``w`` steps (a mean over the
+    # Trainer's ``logging_steps``) stands for ``w`` steps (``calibration``), up to ``max_span``
     per_step: bool = False
     max_span: int = 1000
 
@@ -88,6 +88,7 @@ class JudgeState:
     cal: CalibrationState = field(default_factory=CalibrationState)
     run: int = 0
     last_step: int = -1  # the step of its last value (``Policy.per_step``; -1: none)
+    last_gap: int = 0  # steps between its last two values
 
 
 def judge_signals(state: JudgeState, cal: CalibrationConfig, policy: Policy, sigs: Signals) -> None:
@@ -104,17 +105,20 @@ def judge_signals(state: JudgeState, cal: CalibrationConfig, policy: Policy, sig
 
 
 def _spans(state: JudgeState, steps: np.ndarray, most: int) -> np.ndarray:
-    """The steps each value stands for: since the series' last value (1 for the first, one
-    without a step, or one whose step went back), at most ``most``."""
+    """The steps each value stands for: on a regular logging interval (the same number of
+    steps since the last value as between the two before), that interval, at most ``most``;
+    else 1 (a raw step sampled between windows, a step the producer's guard sent at once, the
+    first values, one without a step or whose step went back)."""
     out = np.ones(len(steps))
-    last = state.last_step
+    last, gap = state.last_step, state.last_gap
     for i, s in enumerate(steps.tolist()):
         if s == NO_STEP:
             continue
-        if last >= 0 and s > last:
-            out[i] = min(s - last, most)
-        last = s
-    state.last_step = last
+        now = s - last if last >= 0 and s > last else 0
+        if now > 1 and now == gap:
+            out[i] = min(now, most)
+        last, gap = s, now
+    state.last_step, state.last_gap = last, gap
     return out
 
 
