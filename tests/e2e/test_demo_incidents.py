@@ -86,11 +86,30 @@ def test_rank_must_match_for_a_rank_local_incident():
     assert "corrupted_batch" in card.caught
 
 
-def test_a_slow_rank_slows_every_rank_so_any_rank_may_report_it():
+def test_a_straggler_is_caught_by_the_cross_rank_rule_naming_its_rank():
+    """A slow rank slows every rank's step: a slow step on rank 0 is related, not a catch."""
     plan = plan_incidents(600)
     slow = next(i for i in plan if i.kind == "straggler")
     card = score(plan, [_alert("arima:step_time_s", slow.first_step + 3, rank=0)])
+    assert "straggler" not in card.caught and "straggler" in card.related
+    card = score(plan, [_alert("straggler:step_time_s", slow.first_step + 3, rank=1)])
     assert "straggler" in card.caught
+
+
+def test_an_incident_catches_only_when_its_lead_rule_is_of_the_kind():
+    """The demo's straggler opened an incident led by a disk-latency threshold with the data
+    wait as a member: not a catch. Led by the straggler rule, the same incident is one."""
+    plan = plan_incidents(600)
+    slow = next(i for i in plan if i.kind == "straggler")
+    at = slow.first_step + 2
+    disk = {"rule": "threshold:disk_io_latency_ms", "step": at, "started_step": at, "rank": 1}
+    wait = {**disk, "rule": "threshold:data_wait_share"}
+    led_by_disk = _incident("fp1", "firing", [wait, disk])
+    card = score(plan, [led_by_disk])
+    assert "straggler" not in card.caught and "straggler" in card.related
+    lagging = {**disk, "rule": "straggler:step_time_s", "waits_on": "data"}
+    led = _incident("fp1", "firing", [wait, disk, lagging])
+    assert score(plan, [led_by_disk, led]).caught == {"straggler": [led]}
 
 
 def test_stepless_alert_gets_the_last_step_seen_before_it():

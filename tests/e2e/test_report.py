@@ -282,3 +282,49 @@ def test_other_ranks_allocator_records_leave_nvml_and_host_series_whole():
     host = _host_wide(hw)
     assert host["cpu_percent"].tolist() == [10.0, 12.0]
     assert _explode_gpus(host)["mem_used_pct"].tolist() == [90.0, 90.0]
+
+
+def test_alert_lines_are_the_thresholds_the_worker_judged_against():
+    """A worker set to 50 % loss volatility and 25 ms disk latency: its signals say so, and
+    the figures draw those lines (in percent for the volatility, as its values are drawn),
+    with the volatility values the worker judged over the line marked."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from steplens.sinks.report_node import fig_io
+    from steplens.sinks.report_quality import fig_loss_noise
+
+    data = synthetic_run()
+    steps = np.arange(50, 300, 10)
+    vol = pd.DataFrame(
+        {
+            "step": steps,
+            "name": "volatility",
+            "metric": "loss",
+            "value": np.where(steps >= 200, 0.6, 0.4),
+            "expected": 0.5,
+            "severity": np.where(steps >= 200, "warning", None),
+            "rank": -1,
+        }
+    )
+    disk = pd.DataFrame(
+        {
+            "step": [100],
+            "name": ["threshold"],
+            "metric": ["disk_io_latency_ms"],
+            "value": [3.0],
+            "expected": [25.0],
+            "upper": [25.0],
+            "rank": [0],
+        }
+    )
+    others = data.signals[data.signals["name"] != "volatility"]
+    data.signals = pd.concat([others, vol, disk], ignore_index=True)
+    noise = fig_loss_noise(data).axes[0]
+    line = next(ln for ln in noise.get_lines() if str(ln.get_label()).startswith("alert line"))
+    assert line.get_ydata()[0] == pytest.approx(50.0)
+    (over,) = noise.collections
+    assert len(over.get_offsets()) == 10  # steps 200-290
+    latency = fig_io(data).axes[1]
+    assert latency.get_lines()[-1].get_ydata()[0] == 25
+    plt.close("all")

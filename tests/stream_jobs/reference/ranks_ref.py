@@ -52,6 +52,8 @@ def judge(
                 med,
                 None,
                 upper,
+                # step times alone (no data waits): a straggler computes slowly
+                {"rank": rank, "waits_on": "compute"} if slow else None,
             )
         )
     return out

@@ -242,3 +242,50 @@ def test_a_window_std_is_its_relative_noise_without_its_trend():
     # a window of few steps is one value of the step series (no std verdict)
     short = volatility.update(st_, cfg, "loss", window(1.0, 0.3, 500, 502)).views()[0]
     assert short.value == 0.0 and math.isnan(short.score)
+
+
+# ------------------------------------------------------------------------------ update share
+def update_alerts(schedule, lr_at, share_at, steps):
+    """The incidents a run logging ``update_ratio`` (and its lr) every 10 steps opens, through
+    the worker's detector: (rule, step) of each opened."""
+    from steplens.schema import Record
+    from steplens.stream_jobs.engine.detector import RunDetector
+
+    det = RunDetector("r")
+    if schedule is not None:
+        det.process(Record("run_meta", "r", 0, 0, "h", 1, 0, 1, {"lr_schedule": schedule}))
+    out = []
+    for step in steps:
+        cols = {"update_ratio": [share_at(step)], "lr": [lr_at(step)]}
+        got = det.evaluate(det.process_columns(0, [step], [step], cols), 1, [step])
+        out += [(a.rule, a.started_step) for a in got if a.state == "firing"]
+    return out
+
+
+COSINE = {"kind": "cosine", "peak_lr": 1e-3, "warmup_steps": 100, "total_steps": 2000}
+
+
+def test_update_share_follows_the_lr_a_cosine_to_zero_is_not_paged():
+    """An HF Trainer run: cosine to zero at step 2000, the update share about proportional to
+    the lr (0.6 at the peak, 0.0078 at step 1970). Its end is not a collapse, declared or
+    only logged; a share of 1 % at the peak lr (a broken optimizer state) still warns."""
+    from steplens.stream_jobs.engine.signals.lr_schedule import expected_lr
+
+    def lr(step):
+        return expected_lr(COSINE, step)
+
+    def share(step):
+        return 0.6 * lr(step) / 1e-3
+
+    steps = range(0, 2000, 10)
+    assert share(1970) < 0.01  # the issue's value: 0.0078 < 0.05 paged
+    assert update_alerts(COSINE, lr, share, steps) == []
+    assert update_alerts(None, lr, share, steps) == []  # the logged lr only
+
+    def broken(step):
+        return 0.01 if 500 <= step < 600 else share(step)
+
+    for schedule in (COSINE, None):
+        got = update_alerts(schedule, lr, broken, steps)
+        assert [r for r, _ in got] == ["training:update_ratio"]
+        assert 500 <= got[0][1] <= 530

@@ -13,10 +13,10 @@ import pandas as pd
 
 from steplens.schema import THROTTLE_REASONS
 from steplens.sinks.report_data import RunData
-from steplens.sinks.report_plot import nothing
+from steplens.sinks.report_plot import alert_line, nothing
 
 # Thresholds of the stream jobs (stream_jobs/.../signals/thresholds.py, ThresholdConfig),
-# drawn as dashed lines as on the hardware board.
+# drawn as dashed lines as on the hardware board where no stored signal says the worker's own.
 COMM_LATENCY_MS = 50.0
 DISK_LATENCY_MS = 10.0
 
@@ -146,12 +146,14 @@ def fig_io(data: RunData) -> Any:
         _comm(ax_comm, data.comm),
     ]
     ax_disk.set(title="Disk throughput (MB/s)", ylabel="MB/s")
-    ax_lat.axhline(DISK_LATENCY_MS, ls="--", color="#e45756", lw=1, label="alert line")
-    ax_lat.set(title=f"Disk I/O latency (ms per request; alert above {DISK_LATENCY_MS:g} ms)")
+    disk = alert_line(data.signals, "threshold", "disk_io_latency_ms", DISK_LATENCY_MS, "upper")
+    comm = alert_line(data.signals, "threshold", "comm_latency_ms", COMM_LATENCY_MS, "upper")
+    ax_lat.axhline(disk, ls="--", color="#e45756", lw=1, label="alert line")
+    ax_lat.set(title=f"Disk I/O latency (ms per request; alert above {disk:g} ms)")
     ax_net.set(title="Network throughput (MB/s)", ylabel="MB/s")
-    ax_comm.axhline(COMM_LATENCY_MS, ls="--", color="#e45756", lw=1, label="alert line")
+    ax_comm.axhline(comm, ls="--", color="#e45756", lw=1, label="alert line")
     ax_comm.set(
-        title=f"Inter-rank communication latency (ms; alert above {COMM_LATENCY_MS:g} ms)",
+        title=f"Inter-rank communication latency (ms; alert above {comm:g} ms)",
         ylabel="ms",
     )
     return _finish(fig, list(axes), drawn, "no samples")

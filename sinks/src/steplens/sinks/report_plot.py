@@ -1,4 +1,5 @@
-"""What the report's figures share: safe column access, the first rank, a log axis."""
+"""What the report's figures share: safe column access, the first rank, a log axis, the
+threshold a rule judged against (its alert line)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,25 @@ def step_windows(steps: pd.Series, n: int = 12) -> pd.Series:
     lo, hi = s.min(), s.max()
     width = max(1.0, (hi - lo + 1) / n)
     return ((s - lo) // width).clip(upper=n - 1)
+
+
+def alert_line(
+    signals: pd.DataFrame, name: str, metric: str, default: float, field: str = "expected"
+) -> float:
+    """The threshold detector ``name`` judged ``metric`` against, as its latest stored signal
+    says (``field``: ``expected`` or ``upper``, in the signal's unit): the worker's own
+    setting, not a default the report assumes; ``default`` when no signal carries one."""
+    if signals.empty or not {"name", "metric", field} <= set(signals.columns):
+        return default
+    rows = signals[(signals["name"] == name) & (signals["metric"] == metric)]
+    got = pd.to_numeric(rows[field], errors="coerce").dropna()
+    got = got[np.isfinite(got)]
+    if got.empty:
+        return default
+    if "step" in rows.columns:
+        order = pd.to_numeric(rows.loc[got.index, "step"], errors="coerce").fillna(-1)
+        return float(got.loc[order.sort_values(kind="stable").index].iloc[-1])
+    return float(got.iloc[-1])
 
 
 def nothing(ax: Any, text: str) -> None:

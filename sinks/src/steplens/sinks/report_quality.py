@@ -1,8 +1,9 @@
 """The report's figures of data quality and of the loss's behaviour: label balance, duplicate
 and repeat rates, loss volatility, the train-validation gap. Pure functions of a ``RunData``.
 
-The limits drawn are the stream jobs' defaults (``DataConfig``, ``VolatilityConfig``): the
-report reads stored data only and cannot know a worker's own settings.
+The loss volatility's alert line is the threshold its stored signals were judged against
+(``expected``: the worker's own setting), in percent as the values are drawn; the data limits
+are the stream jobs' defaults (``DataConfig``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import numpy as np
 import pandas as pd
 
 from steplens.sinks.report_data import RunData
-from steplens.sinks.report_plot import column, nothing, signal_rows, step_windows
+from steplens.sinks.report_plot import alert_line, column, nothing, signal_rows, step_windows
 
 LABEL_IMBALANCE: Final = 100.0  # most / least frequent label (DataConfig.label_imbalance)
 DUPLICATE_RATE: Final = 0.05  # DataConfig.duplicate_rate, for duplicates and repeats
-VOLATILITY: Final = 0.10  # VolatilityConfig.threshold: relative noise of the loss
+VOLATILITY: Final = 0.10  # VolatilityConfig.threshold, where no stored signal says its own
 TOP_LABELS: Final = 8
 TRAIN_POINTS: Final = 5  # stored training losses averaged before each evaluation
 RATES: Final = {
@@ -181,7 +182,18 @@ def fig_loss_noise(data: RunData) -> Any:
             color="#4c78a8",
             label="relative noise (worst rank)",
         )
-        ax_v.axhline(100 * VOLATILITY, color="#e45756", ls="--", lw=1, label="alert line")
+        line = alert_line(data.signals, "volatility", "loss", VOLATILITY)
+        hot = vol[vol["severity"].isin(["warning", "critical"])] if "severity" in vol else vol[:0]
+        if not hot.empty:
+            ax_v.scatter(
+                hot["step"],
+                100 * hot["value"],
+                s=12,
+                color="#e45756",
+                zorder=3,
+                label="over the line (an alert, or a member of the incident it follows)",
+            )
+        ax_v.axhline(100 * line, color="#e45756", ls="--", lw=1, label=f"alert line {line:.0%}")
         ax_v.legend(loc="upper right", fontsize=8)
     ax_v.set(title="Loss volatility (std of the last steps' changes / mean, %)", ylabel="%")
     gap = train_val_gap(data.steps, data.evals)

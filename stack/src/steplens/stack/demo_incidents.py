@@ -23,7 +23,8 @@ class Incident:
     last_step: int
     rank: int | None  # None: every rank
     description: str
-    # words that appear in the names of rules that should catch it (matched loosely)
+    # words that appear in the names of rules that should catch it (matched loosely): an
+    # incident catches it only when its lead rule has one
     rule_words: tuple[str, ...] = ()
     params: dict[str, float] = field(default_factory=dict)
 
@@ -69,7 +70,7 @@ def plan_incidents(total_steps: int, stall_s: float = 75.0, slow_s: float = 0.5)
             slow + slow_len - 1,
             1,
             f"rank 1 slowed down by {slow_s:.2f} s per step",
-            ("straggl", "slow", "step_time", "data_wait"),
+            ("straggl",),  # the cross-rank rule: a slow step or a data wait names no rank
             {"slow_s": slow_s},
         ),
         Incident(
@@ -179,14 +180,15 @@ def _member_in(
 
 
 def _fits(incident: Incident, alert: dict[str, Any], slack: int, started_ns: int | None) -> bool:
-    """Whether one of the alert's members falls in the incident's window with a rule that fits
-    it (a member that joined an incident opened earlier, elsewhere, catches nothing unless
-    the incident is reported again for it: ``_reports``)."""
-    return any(
-        _member_in(incident, m, slack, started_ns)
-        and any(w in str(m.get("rule", "")).lower() for w in incident.rule_words)
-        for m in members(alert)
-    )
+    """Whether the alert's lead rule (an incident's ``rule``) belongs to the incident's kind
+    and one of its members falls in the incident's window (a member that joined an incident
+    opened earlier, elsewhere, catches nothing unless the incident is reported again for it:
+    ``_reports``). A straggler found by a disk-latency threshold with a data wait as member
+    is not caught: the lead names the cause."""
+    lead = str(alert.get("rule", "")).lower()
+    if not any(w in lead for w in incident.rule_words):
+        return False
+    return any(_member_in(incident, m, slack, started_ns) for m in members(alert))
 
 
 def score(
@@ -200,11 +202,11 @@ def score(
     any step, from ``started_ns``: incident kind -> wall time it started).
 
     A scripted incident is caught by an incident that opens (or opens again, or escalates:
-    a higher severity or a new rule) inside its window with a member there whose rule fits
-    it; an incident that opened earlier and is still open when the scripted one happens does
-    not catch it by listing a later member. An incident none of whose members falls in any
-    window is a false alarm; one with a member in a window that caught nothing there is
-    related (a side effect); a scripted incident that nothing caught is missed. An incident
+    a higher severity or a new rule) inside its window, led by a rule of its kind, with a
+    member there; an incident that opened earlier and is still open when the scripted one
+    happens does not catch it by listing a later member. An incident none of whose members
+    falls in any window is a false alarm; one with a member in a window that caught nothing
+    there is related (a side effect); a scripted incident that nothing caught is missed. An incident
     counts once: its last report stands for it.
     """
     started_ns = started_ns or {}

@@ -31,7 +31,11 @@ at 0.9999 it is 0.2-0.8 times the nominal 0.01 % on light tails and 2.3-3.7 time
 
 What a score means: 0.99, a raw score this large comes about once in 100 values of this series
 (recently); 0.9999, about once in 10,000: at one value per step, once in 10,000 steps. A NaN (the
-detector has no score yet) has none.
+detector has no score yet) has none. A value that stands for ``w`` steps (``weights``: the mean
+of a logging interval, as the Hugging Face Trainer logs its loss every ``logging_steps``) is
+scored in steps: its tail probability, and the rarity the values seen can claim,
+divided by ``w`` (once in 100 means of 10 steps is once in 1,000 steps), so a series logged
+every 10 steps reaches a rarity of 1 in 1,000 steps after 25 values, not 250.
 
 An infinite raw score is a *saturated* one: the detector's noise scale sits at its floor (a
 series idle most of the time, whose bursts are infinitely many of its zero noise away: disk or
@@ -76,14 +80,22 @@ class CalibrationState:
     counted: int = 0  # raw scores in ``sat`` (at most ``horizon``)
 
 
-def calibrate(state: CalibrationState, cfg: CalibrationConfig, raw: np.ndarray) -> np.ndarray:
-    """The anomaly scores of ``raw`` (one series' new raw scores, in order); learns them."""
+def calibrate(
+    state: CalibrationState,
+    cfg: CalibrationConfig,
+    raw: np.ndarray,
+    weights: np.ndarray | None = None,
+) -> np.ndarray:
+    """The anomaly scores of ``raw`` (one series' new raw scores, in order); learns them.
+    ``weights``: the steps each value stands for (None: one each)."""
     if len(state.warm) < cfg.warmup and state.seen < cfg.warmup:
         warm = np.empty(cfg.warmup)
         warm[: len(state.warm)] = state.warm
         state.warm = warm
+    raw = np.asarray(raw, dtype=float)
     out, u, m1, m2, seen, sat, counted = _calibrate(
-        np.asarray(raw, dtype=float),
+        raw,
+        np.ones(len(raw)) if weights is None else np.asarray(weights, dtype=float),
         state.warm,
         float(state.u),
         float(state.m1),
@@ -111,6 +123,7 @@ def calibrate(state: CalibrationState, cfg: CalibrationConfig, raw: np.ndarray) 
 @_jit
 def _calibrate(  # noqa: PLR0917
     raw: np.ndarray,
+    weights: np.ndarray,
     warm: np.ndarray,
     u: float,
     m1: float,
@@ -137,7 +150,7 @@ def _calibrate(  # noqa: PLR0917
         if saturated:
             # as rare as saturation on this series, then learnt into its share
             floor = 1.0 / (reach * (seen + 1))
-            out[i] = 1.0 - max(sat, floor) if seen >= warmup else math.nan
+            out[i] = 1.0 - max(sat, floor) / weights[i] if seen >= warmup else math.nan
             counted = min(counted + 1, horizon)
             sat += (1.0 - sat) / counted
             continue
@@ -163,7 +176,7 @@ def _calibrate(  # noqa: PLR0917
             p = 1.0
         p = sat + (1.0 - sat) * p  # a saturated score is more extreme than any finite one
         floor = 1.0 / (reach * (seen + 1))  # no rarer than the values seen can tell
-        out[i] = 1.0 - max(p, floor)
+        out[i] = 1.0 - max(p, floor) / weights[i]  # in steps (``weights``)
         u += eta * beta * ((1.0 if r > u else 0.0) - tail)
         u = max(u, 0.0)  # raw scores are >= 0: a series of zeros keeps u at 0
         if r > u:

@@ -69,7 +69,13 @@ from steplens.stream_jobs.engine.core import (
 )
 from steplens.stream_jobs.engine.history import NO_FIRST, History, Rows
 from steplens.stream_jobs.engine.policy import JudgeState, Policy, judge_signals
-from steplens.stream_jobs.engine.signals import arima, dynamic_baseline, lr_schedule, ranks
+from steplens.stream_jobs.engine.signals import (
+    arima,
+    dynamic_baseline,
+    lr_schedule,
+    ranks,
+    training,
+)
 from steplens.stream_jobs.engine.signals.arima_fit import ArimaParams
 from steplens.stream_jobs.engine.signals.registry import (
     ENTRIES,
@@ -324,6 +330,10 @@ class RunDetector:
         first_a = None if firsts is None else np.asarray(firsts, dtype=np.int64)
         want_fit = self._fit_asker(rank)
         batch: list[Signals] = []
+        lrs = columns.get("lr")  # the update share's floor follows the logged lr, row by row
+        if lrs is not None or "training" in s:
+            st = _state(s, "training", "update_ratio", training.TrainingState, self.schedule)
+            training.observe_lrs(st, None if lrs is None else floats_of(lrs)[0])
         for metric, cells in columns.items():
             probe = peaks.get(metric) if peaks else None
             col, bad = _finite(metric, cells, rows, step_a, first_a, rank, probe)
@@ -363,6 +373,8 @@ class RunDetector:
                 )
                 if self.baselines_inline:
                     dynamic_baseline.fit_inline(dyn, cfg.baseline, int(times_ns[-1]))
+        if first_a is not None:
+            _mark_spans(batch, first_a)
         self._mark_baseline(rank, batch, n)
         return batch
 
@@ -747,6 +759,21 @@ class RunDetector:
             return list(CODEC.unpack(head)["ranks"]) if head else []
         except (ValueError, KeyError, TypeError):
             return []
+
+
+def _mark_spans(batch: list[Signals], firsts: np.ndarray) -> None:
+    """A window's breaches name the first step it covers (``span_first``): an aggregate is
+    judged over its span, and one that covers an incident already over adds to it
+    (``incidents``)."""
+    for sigs in batch:
+        hot = np.flatnonzero(sigs.severity).tolist()
+        if not hot:
+            continue
+        if sigs.detail is None:
+            sigs.detail = [None] * len(sigs)
+        for k in hot:
+            first = int(firsts[int(sigs.row[k])])
+            sigs.detail[k] = {**(sigs.detail[k] or {}), "span_first": first}
 
 
 def _remember_peaks(seen: dict[str, list[Any]], entries: list[dict[str, Any]]) -> None:

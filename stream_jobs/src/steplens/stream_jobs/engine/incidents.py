@@ -24,7 +24,11 @@ several topics); otherwise it opens an incident. An incident:
   a loss window that still holds the spike), stays inhibited by it (an incident of followers
   only resolves with its last one);
 * opens again (the same incident) if an alert of its topic that is not a follower starts
-  within ``join_gap`` steps after it resolved.
+  within ``join_gap`` steps after it resolved;
+* is never paged twice for one event by an aggregate: an alert of a ``step_window`` (its
+  evidence's ``span_first``, the window's first step) whose span covers an incident of its
+  topic that opened and resolved joins it quietly, as a follower does (a window over a data
+  stall that arrives after the steps sent raw paged and resolved it).
 
 A new event is its own incident, not a member of the one still open: an alert of a rule that
 already has a member there which has come back in its band (it peaked and resolved) and started
@@ -121,7 +125,7 @@ SPECIFIC: Mapping[str, int] = {
     "data": 3,
     "lr_schedule": 3,
     "hang": 3,
-    "straggler": 3,
+    "straggler": 4,  # names the rank and what it waits on: more than its data wait's share
     "threshold": 3,
     "hardware": 3,
     "memory": 3,
@@ -259,14 +263,21 @@ def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> tuple[Incide
             return inc, False
     if start is None:
         return None, False
+    span = a.evidence.get("span_first")  # an aggregate's first step: it covers its span
+    span = span if isinstance(span, int) and not isinstance(span, bool) else None
+    earliest = start if span is None else min(start, span)
     # one that resolved in the last ``join_gap`` steps opens again (an event whose alerts
-    # breach on and off), or keeps a follower of its event quiet
+    # breach on and off), or keeps a follower of its event quiet; an aggregate whose span
+    # covers it adds to it
     for fp, inc in list(state.closed.items()):
-        if inc.last_step is None or start - inc.last_step > max(cfg.join_gap, cfg.follow_steps):
+        too_old = max(cfg.join_gap, cfg.follow_steps)
+        if inc.last_step is None or earliest - inc.last_step > too_old:
             del state.closed[fp]  # too old to open again: forgotten
         elif inc.run_id == a.run_id and inc.topic == topic:
             ended = max((m.step for m in inc.events() if m.step is not None), default=None)
             if follower(a.rule) and _follows(inc, cfg, a, start, ended):
+                return inc, True
+            if span is not None and _covers(inc, span, ended):
                 return inc, True
             if ended is None or start - ended > cfg.join_gap or _new_event(inc, cfg, a):
                 continue  # (its followers, not its event, moved since)
@@ -279,6 +290,14 @@ def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> tuple[Incide
         if inc.run_id == a.run_id and near and not _new_event(inc, cfg, a):
             return inc, False
     return None, False
+
+
+def _covers(inc: Incident, span: int, ended: int | None) -> bool:
+    """Whether an aggregate from step ``span`` on covers ``inc``'s event (resolved at
+    ``ended``): a window that holds the steps of an incident already paged and over is more
+    evidence of it, never a second page."""
+    end = ended if ended is not None else inc.last_step
+    return end is not None and span <= end
 
 
 def _follows(inc: Incident, cfg: IncidentsConfig, a: Alert, start: int, ended: int | None) -> bool:

@@ -42,7 +42,7 @@ import numba
 import numpy as np
 
 from steplens.stream_jobs.engine.calibration import CalibrationConfig, CalibrationState, calibrate
-from steplens.stream_jobs.engine.core import Signals
+from steplens.stream_jobs.engine.core import NO_STEP, Signals
 
 _jit = numba.njit(cache=True, error_model="numpy")
 
@@ -75,6 +75,10 @@ class Policy:
     # yet) only magnitudes this large warn, and this large are critical
     cold_warning: float = math.inf
     cold_critical: float = math.inf
+    # rarity in steps: a value logged on a regular interval of ``w`` steps (a mean over the
+    # Trainer's ``logging_steps``) stands for ``w`` steps (``calibration``), up to ``max_span``
+    per_step: bool = False
+    max_span: int = 1000
 
 
 @dataclass
@@ -83,6 +87,8 @@ class JudgeState:
 
     cal: CalibrationState = field(default_factory=CalibrationState)
     run: int = 0
+    last_step: int = -1  # the step of its last value (``Policy.per_step``; -1: none)
+    last_gap: int = 0  # steps between its last two values
 
 
 def judge_signals(state: JudgeState, cal: CalibrationConfig, policy: Policy, sigs: Signals) -> None:
@@ -90,11 +96,30 @@ def judge_signals(state: JudgeState, cal: CalibrationConfig, policy: Policy, sig
     s = sigs.score
     with np.errstate(divide="ignore"):
         raw = np.where(s >= 1.0, np.inf, s / (1.0 - s))  # back to the measure (NaN: none)
-    anomaly = calibrate(state.cal, cal, raw)
+    weights = _spans(state, sigs.step, policy.max_span) if policy.per_step else None
+    anomaly = calibrate(state.cal, cal, raw, weights)
     # no anomaly score yet (the series' first values): the detector's own score stands
     cold = np.isnan(anomaly)
     sigs.score = np.where(cold, s, anomaly)
     sigs.severity = judge(policy, state, sigs.value, sigs.expected, sigs.score, cold=cold)
+
+
+def _spans(state: JudgeState, steps: np.ndarray, most: int) -> np.ndarray:
+    """The steps each value stands for: on a regular logging interval (the same number of
+    steps since the last value as between the two before), that interval, at most ``most``;
+    else 1 (a raw step sampled between windows, a step the producer's guard sent at once, the
+    first values, one without a step or whose step went back)."""
+    out = np.ones(len(steps))
+    last, gap = state.last_step, state.last_gap
+    for i, s in enumerate(steps.tolist()):
+        if s == NO_STEP:
+            continue
+        now = s - last if last >= 0 and s > last else 0
+        if now > 1 and now == gap:
+            out[i] = min(now, most)
+        last, gap = s, now
+    state.last_step, state.last_gap = last, gap
+    return out
 
 
 def judge(

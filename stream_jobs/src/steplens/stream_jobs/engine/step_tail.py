@@ -57,6 +57,7 @@ def tail(  # noqa: PLR0917
         run.last_step_ns = max(run.last_step_ns, *times_ns)
     run.last_step = max(run.last_step, int(steps[top]))
     timed: list[tuple[int, float]] = []
+    waited: list[tuple[int, float]] | None = None
     if cells is not None and step_times is not None:
         timed = [
             (st, x)
@@ -65,7 +66,13 @@ def tail(  # noqa: PLR0917
             )
             if c is not None and h
         ]
-    judged = ranks.step_times(state, ranks_cfg, rank, timed, behind, n - 1)
+        if data_times is not None:  # a rank slow before its collective waits on its data
+            waited = [
+                (st, w)
+                for st, w, h in zip(steps.tolist(), data_times, has.tolist(), strict=True)
+                if w is not None and h
+            ]
+    judged = ranks.step_times(state, ranks_cfg, rank, timed, behind, n - 1, waited)
     if judged is not None:
         out.append(judged)
     return out

@@ -1,6 +1,15 @@
 """Across ranks: stragglers (step time above k x the median of all ranks for the same steps)
 and hangs (no step progress for ``hang_after_s`` while the run still sends hardware samples).
 
+A rank slow before its collective does not show in its step time: the all-reduce holds every
+rank until the slowest gets there, so every rank's step takes as long. Its data wait does: a
+rank that waits ``e`` seconds longer for its batch than the median of the other ranks was busy
+``e`` longer before the collective, while they waited for it; their own work took at most the
+step time less ``e``. Its ratio is then at least ``step / (step - e)`` (``_data_ratios``). A
+rank's ratio for a step is the larger of the two, and a straggler's signal says which it is:
+``waits_on`` "data" (its data wait explains it) or "compute" (its step time alone, its data
+wait as the others').
+
 ``tick`` runs on hardware/health records. A hang is confirmed by two checks at least
 ``check_every_s`` apart, so a pause of the whole process (which delays every record alike) is
 not mistaken for a stuck rank."""
@@ -44,6 +53,8 @@ class RanksState:
     hung: set[int] = field(default_factory=set)
     suspects: set[int] = field(default_factory=set)
     data_waits: dict[int, int] = field(default_factory=dict)  # rank -> steps over the share
+    # step -> rank -> data wait (s) of the pending steps, judged with their times
+    waits: dict[int, dict[int, float]] = field(default_factory=dict)
     # steps spanned by the widest step batch of the run (capped): how far behind another rank's
     # batch of the same steps may still be; when to judge, not a judgement (not compared)
     batch_span: int = field(default=0, compare=False)
@@ -61,8 +72,10 @@ def step_times(  # noqa: PLR0917
     times: list[tuple[int, float]],
     behind: int,
     row: int,
+    waits: list[tuple[int, float]] | None = None,
 ) -> Signals | None:
-    """Collect one rank's step times (a record's one, or a batch's), then judge, oldest first,
+    """Collect one rank's step times (a record's one, or a batch's) and data waits (``waits``,
+    of the same steps), then judge, oldest first,
     the pending steps that are complete or old enough: their signals, all on batch row ``row``.
     A step waits ``pending_steps`` newer steps of this rank, plus ``behind`` (the batch's span)
     or the span of the widest batch seen when that is more (up to ``MAX_BATCH_SPAN``): the other
@@ -82,8 +95,15 @@ def step_times(  # noqa: PLR0917
             last = step
     if last is None:
         return None
+    for step, wait in waits or ():
+        if step in pending and math.isfinite(wait):
+            state.waits.setdefault(step, {})[rank] = wait
     ready = _ready(state, cfg, last, behind)
-    return _judge(state, cfg, ready, row) if ready else None
+    got = _judge(state, cfg, ready, row) if ready else None
+    if len(state.waits) > len(pending):  # steps judged, or dropped by a restart
+        for step in [s for s in state.waits if s not in pending]:
+            del state.waits[step]
+    return got
 
 
 def _ready(state: RanksState, cfg: RanksConfig, step: int, behind: int) -> list[int]:
@@ -111,14 +131,17 @@ def _judge(state: RanksState, cfg: RanksConfig, ready: list[int], row: int) -> S
     steps: list[int] = []
     ranks: list[int] = []
     times: list[float] = []
+    data: list[float] = []  # each time's ratio from its data wait (0: none)
     starts = [0]
     for s in ready:
         got = state.pending.pop(s)
+        waited = state.waits.pop(s, None)
         if len(got) < 2:
             continue
         steps += [s] * len(got)
         ranks += got.keys()
         times += got.values()
+        data += _data_ratios(got, waited or {})
         starts.append(len(times))
     if not times:
         return None
@@ -135,8 +158,10 @@ def _judge(state: RanksState, cfg: RanksConfig, ready: list[int], row: int) -> S
             recent = recent[-keep:]
             table[k, : len(recent)] = recent
             counts[k] = len(recent)
+    by_data = np.array(data)
     med, typical, scores, full = _stragglers(
         np.array(times),
+        by_data,
         np.array(starts, dtype=np.int64),
         np.array([index[r] for r in ranks], dtype=np.int64),
         table,
@@ -147,6 +172,12 @@ def _judge(state: RanksState, cfg: RanksConfig, ready: list[int], row: int) -> S
         ratios[r] = table[k, : counts[k]].tolist()
     factor = cfg.straggler_factor
     sev = np.where(full & (typical > factor), WARN_SEV, 0).astype(np.int8)
+    detail: list[dict[str, Any] | None] | None = None
+    if sev.any():  # a straggler: which rank, and what it waits on
+        detail = [None] * len(times)
+        for k in np.flatnonzero(sev).tolist():
+            on_data = by_data[k] > 1.0 and by_data[k] * med[k] >= times[k]
+            detail[k] = {"rank": ranks[k], "waits_on": "data" if on_data else "compute"}
     return Signals(
         "straggler",
         "step_time_s",
@@ -160,12 +191,37 @@ def _judge(state: RanksState, cfg: RanksConfig, ready: list[int], row: int) -> S
         factor * med,
         np.array(ranks, dtype=np.int64),
         [_scope(r) for r in ranks],
+        detail,
     )
+
+
+RATIO_CAP = 100.0  # the most a data wait's ratio says (a wait as long as the step)
+
+
+def _data_ratios(times: dict[int, float], waits: dict[int, float]) -> list[float]:
+    """Each rank of a step's (``times``, in their order) ratio from its data wait: a rank that
+    waited ``e`` s longer than the median of the other ranks did their work in at most the
+    step's median time ``m`` less ``e``, so its own took ``m / (m - e)`` times theirs (0: no
+    longer wait, or waits of fewer than two ranks: its step time alone says)."""
+    out = [0.0] * len(times)
+    if len(waits) < 2:
+        return out
+    m = float(np.median(list(times.values())))
+    for i, r in enumerate(times):
+        w = waits.get(r)
+        if w is None or m <= 0:
+            continue
+        others = [x for q, x in waits.items() if q != r]
+        e = w - float(np.median(others))
+        if e > 0:
+            out[i] = m / (m - e) if m - e > m / RATIO_CAP else RATIO_CAP
+    return out
 
 
 @jit
 def _stragglers(  # noqa: PLR0917
     times: np.ndarray,
+    by_data: np.ndarray,
     starts: np.ndarray,
     who: np.ndarray,
     recents: np.ndarray,
@@ -175,8 +231,9 @@ def _stragglers(  # noqa: PLR0917
     """Each step's ranks against the median of the step: step ``j``'s times are
     ``times[starts[j]:starts[j + 1]]``, of the ranks ``who`` (rows of ``recents``: each rank's
     latest ratios, oldest first, ``counts`` of them; both updated in place, a full row drops
-    its oldest). Returns each time's step median, its rank's typical ratio (the median of its
-    latest), its score and whether the rank's window is full. Medians as ``statistics.median``."""
+    its oldest); a time's ratio is at least its ``by_data`` (``_data_ratios``). Returns each
+    time's step median, its rank's typical ratio (the median of its latest), its score and
+    whether the rank's window is full. Medians as ``statistics.median``."""
     keep = recents.shape[1]
     n = len(times)
     med = np.empty(n)
@@ -195,6 +252,7 @@ def _stragglers(  # noqa: PLR0917
         for t in range(a, b):
             med[t] = m
             ratio = times[t] / m if m > 0 else 1.0
+            ratio = max(ratio, by_data[t])
             r = who[t]
             c = counts[r]
             if c == keep:

@@ -10,6 +10,11 @@ scale``); with ``direction`` "up" only rises score. Whether a spike alerts, and 
 the alert policy's call (``policy``): the score's rarity on its series, and the rise (or ratio)
 over the median, where the design's anchors live (a gradient norm 10x its baseline).
 
+A loss logged every N steps as the mean of those steps (the Hugging Face Trainer's
+``logging_steps``) has the averaged noise of its own points, and its rarity is counted in steps
+(``Policy.per_step``): a +25 % jump after 80 such points is as rare as it is, not capped at 1 in
+320 values, and separates from a +2 % wobble by its rise.
+
 Non-finite values never get here: the detector turns them into ``nonfinite`` signals.
 """
 
@@ -63,6 +68,7 @@ class SpikeConfig:
             note=0.02,
             cold_warning=0.15,
             cold_critical=0.5,
+            per_step=True,  # a loss logged as a mean over steps is as rare per step
         )
     )
 

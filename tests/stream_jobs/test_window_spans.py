@@ -1,0 +1,64 @@
+"""A window is judged over its own span: one that covers an incident already paged and over
+adds evidence to it and pages nothing (a plain-loop run at the producer's defaults)."""
+
+from __future__ import annotations
+
+from steplens.stream_jobs.engine.detector import RunDetector
+
+
+def stalled(step: int) -> bool:
+    return 1300 <= step < 1340
+
+
+def step_entry(step: int) -> dict:
+    slow = stalled(step)
+    return {
+        "step": step,
+        "time_ns": step * 10**8,
+        "loss": 3.0,
+        "step_time_s": 1.0 if slow else 0.1,
+        "data_time_s": 0.86 if slow else 0.005,
+    }
+
+
+def window(det: RunDetector, first: int, last: int) -> list:
+    """The ``step_window`` of steps ``first..last``: its means (the data wait as the worker
+    reads it, without its longest)."""
+    es = [step_entry(s) for s in range(first, last + 1)]
+    mean = {k: sum(e[k] for e in es) / len(es) for k in ("loss", "step_time_s")}
+    waits = sorted(e["data_time_s"] for e in es)
+    wait = sum(waits[:-1]) / (len(waits) - 1)
+    cols = {k: [v] for k, v in mean.items()}
+    t = [es[-1]["time_ns"]]
+    sigs = det.process_columns(0, [last], t, cols, data_times=[wait], firsts=[first])
+    return det.evaluate(sigs, 1, t)
+
+
+def test_a_window_over_a_stall_that_paged_and_resolved_pages_nothing():
+    """Windows of 100 steps; the stalled steps 1300-1339 and the guard's flags of the return
+    (1340-1352) go raw: the stall pages and resolves. The window 1300-1399 then arrives with
+    a mean data wait share of 0.79 (over 0.3): it joins the incident, it opens none."""
+    det = RunDetector("r")
+    reports = []
+    for first in range(0, 1300, 100):
+        reports += window(det, first, first + 99)
+    assert reports == []
+    for step in range(1300, 1353):
+        reports += det.process_entries(0, [step_entry(step)], behind=0)[1]
+    opened = [a for a in reports if a.state == "firing"]
+    assert [a.rule for a in opened] == ["threshold:data_wait_share"]
+    assert [a.state for a in reports][-1] == "resolved"
+    after = window(det, 1300, 1399)
+    assert after == []  # nothing pages again
+    inc = next(iter(det.incidents.closed.values()))
+    spans = [m.evidence.get("span_first") for m in inc.members.values()]
+    assert 1300 in spans  # the window's evidence is the incident's
+    for first in range(1400, 1600, 100):  # the healthy windows after it
+        after += window(det, first, first + 99)
+    assert after == []
+    # a stall seen only in its window (no step sent raw) still pages
+    det2 = RunDetector("r")
+    for first in range(0, 1300, 100):
+        window(det2, first, first + 99)
+    got = window(det2, 1300, 1399)
+    assert [(a.rule, a.state) for a in got] == [("threshold:data_wait_share", "firing")]
