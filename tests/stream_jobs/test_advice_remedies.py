@@ -327,3 +327,27 @@ def test_an_incident_that_escalates_while_judged_is_rewound_before_its_lr_is_low
     advise(s, cfg, [incident("spike:loss", "correlation:loss_grad")], run_at(s, 255))
     got = step_on(s, cfg, range(256, 280), lambda i: 1.15 * trend(i))
     assert [a.action for _, a in got] == ["rewind"]
+
+
+def test_a_decision_behind_its_records_names_a_step_ahead_of_where_the_ranks_are_now():
+    """A worker 3 s behind a run of 0.1 s steps: the ranks are 30 steps past their last report,
+    so at_step is that much further on, and the rewind's cost counts those steps too."""
+    s, cfg = state(remedies=["rewind"]), AdviceConfig()
+    feed(s, range(250))
+    late = RunNow(250, 0, int(250 * STEP_S * 1e9), int((250 * STEP_S + 3.0) * 1e9))
+    [adv], _ = advise(s, cfg, [incident("nonfinite:loss")], late)
+    assert adv.data["at_step"] == 250 + 30 + LEAD
+    assert adv.data["steps_lost"] == adv.data["at_step"] - 225
+    # a decision on time (wall clock at the report's time, or unknown) adds nothing
+    for wall_ns in (int(250 * STEP_S * 1e9), 0):
+        s = state(remedies=["rewind"])
+        feed(s, range(250))
+        on_time = RunNow(250, 0, int(250 * STEP_S * 1e9), wall_ns)
+        [adv], _ = advise(s, cfg, [incident("nonfinite:loss")], on_time)
+        assert adv.data["at_step"] == 250 + LEAD
+    # far behind, the cost outgrows the budget: held for a person, not sent
+    s = state(remedies=["rewind"])
+    feed(s, range(250))
+    far = RunNow(250, 0, int(250 * STEP_S * 1e9), int((250 * STEP_S + 60.0) * 1e9))
+    given, [held] = advise(s, cfg, [incident("nonfinite:loss")], far)
+    assert given == [] and held.held == "budget"

@@ -34,11 +34,14 @@ becomes advice for the remedies the run opted into (its ``run_meta``'s ``remedie
 Shared remedies never stack: an incident gets one (a rewind when one is possible, else the lr
 change), never both at once; the other only when the loss is still off the pre-incident trend
 K steps after the first's ``at_step`` (evidence that it did not work). Each is carried out by
-every rank at the end of its ``at_step``: the run's last reported step (the most of any rank)
-plus a lead covering the advice's latency and, in windowed mode, the window a rank may be
-ahead of its last report: lead = clamp(ceil(``lead_s`` / the run's seconds per step) + the
-steps of its last window + 2, 2, ``max_lead_steps``) (``max_lead_steps`` while the pace is
-unknown).
+every rank at the end of its ``at_step``: the run's last reported step (the most of any rank),
+plus the steps the ranks have run since that report by the run's pace (a worker that is behind
+its records still names a step ahead of the ranks: the decision's wall-clock time against the
+report's), plus a lead covering the advice's latency and, in windowed mode, the window a rank
+may be ahead of its last report: lead = clamp(ceil(``lead_s`` / the run's seconds per step) +
+the steps of its last window + 2, 2, ``max_lead_steps``) (``max_lead_steps`` while the pace is
+unknown). What a late decision adds to ``at_step`` adds to a rewind's cost, which the budget
+and ``rewind_max_back`` then weigh.
 
 A budget bounds what remedies cost a run: its steps lost stay within max(``remedy_budget`` x
 its steps (the lr schedule's declared ``total_steps``, else the last step seen),
@@ -173,11 +176,13 @@ class Advised:
 
 class RunNow(NamedTuple):
     """What a decision reads of its run: the last step any rank reported, the steps it declared
-    (its lr schedule's ``total_steps``; 0: none) and the time of the record being scored."""
+    (its lr schedule's ``total_steps``; 0: none), the time of the record being scored and the
+    wall-clock time of the decision (0: taken as the record's)."""
 
     last_step: int
     total_steps: int
     now_ns: int
+    wall_ns: int = 0
 
 
 class Decisions(NamedTuple):
@@ -254,6 +259,14 @@ def restarted(state: AdviceState, step: int) -> None:
     state.loss_step[state.loss_step >= step] = -1
     state.last_step = int(state.loss_step.max()) if len(state.loss_step) else -1
     state.paced_step = -1
+
+
+def steps_since_report(state: AdviceState, run: RunNow) -> int:
+    """Steps the ranks have run since their last report was timed, by the run's pace, when the
+    decision comes later than that report (a worker behind its records); 0 while unknown."""
+    if run.wall_ns <= 0 or state.step_s <= 0 or state.paced_step < 0:
+        return 0
+    return max(0, int((run.wall_ns - state.paced_ns) / 1e9 / state.step_s))
 
 
 def lead_steps(state: AdviceState, cfg: AdviceConfig) -> int:
@@ -471,7 +484,8 @@ def _decide(  # noqa: PLR0917
     """Damage that stays: the first shared remedy of ``c`` that can be given (a rewind, else
     the lr change); the rest wait for evidence that it did not work."""
     fp = c["fp"]
-    at_step = max(run.last_step, state.last_step, c["base"]) + lead_steps(state, cfg)
+    last = max(run.last_step, state.last_step, c["base"])
+    at_step = last + steps_since_report(state, run) + lead_steps(state, cfg)
     for i, action in enumerate(c["want"]):
         if f"{fp}|{action}" in state.advised:
             continue

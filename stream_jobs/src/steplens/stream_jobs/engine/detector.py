@@ -421,10 +421,13 @@ class RunDetector:
         got, self.touched = self.touched, set()
         return got
 
-    def advise(self, alerts: list[Alert], now_ns: int | None = None) -> advising.Decisions:
+    def advise(
+        self, alerts: list[Alert], now_ns: int | None = None, wall_ns: int = 0
+    ) -> advising.Decisions:
         """The advice the incident reports among ``alerts`` call for, and the judgements the
         run's losses now decide (``engine.advice``), for the remedies the run opted into, at
-        ``now_ns`` (the record's time; default: the alerts'): given, held back, and ``alerts``
+        ``now_ns`` (the record's time; default: the alerts') and ``wall_ns`` (the decision's
+        wall-clock time; 0: the record's): given, held back, and ``alerts``
         with the advice noted on their incidents (given, or suggested and held for a person),
         plus the report of an incident advised after its last report."""
         tail = self.ranks.last_step
@@ -432,6 +435,7 @@ class RunDetector:
             max(tail.values()) if tail else self.run.last_step,
             int((self.schedule or {}).get("total_steps") or 0),
             now_ns if now_ns is not None else max((a.time_ns for a in alerts), default=0),
+            wall_ns,
         )
         given, held = advising.advise(self.advice, self.cfg.advice, alerts, run)
         noted: dict[str, None] = {}

@@ -179,7 +179,7 @@ class Scorer:
         given: list[Any] = []
         held: list[Any] = []
         if det.advice.remedies and (alerts or det.advice.pending):
-            given, held, alerts = det.advise(alerts, max(times, default=0))
+            given, held, alerts = det.advise(alerts, max(times, default=0), time.time_ns())
         await self.out.publish(run, batch, alerts, times)
         if given or held:
             await self.out.advise(run, given, held)
