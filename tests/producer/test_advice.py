@@ -37,7 +37,9 @@ def msg(value: bytes | None, key: bytes | None = b"run-a", offset: int = 0) -> M
 
 
 class Inbox:
-    def __init__(self, rank: int = 0, remedies: frozenset[str] = ALL, queue_max: int = 8):
+    def __init__(
+        self, rank: int = 0, remedies: frozenset[str] = ALL, queue_max: int = 8, burst: int = 4
+    ):
         self.dead: list[tuple[str, Message]] = []
         self.refused: list[tuple[Advice, str]] = []
         self.inbox = AdviceInbox(
@@ -47,6 +49,7 @@ class Inbox:
             queue_max=queue_max,
             dead_letter=lambda reason, m: self.dead.append((reason, m)),
             refused=lambda a, why: self.refused.append((a, why)),
+            burst=burst,
         )
 
 
@@ -68,8 +71,15 @@ def test_another_runs_advice_is_refused_and_counted_undecoded():
     box = Inbox()
     assert box.inbox.offer(msg(b"not even a record", key=b"run-b")) is None
     assert box.inbox.offer(msg(advice_bytes("run-b"), key=b"run-b")) is None
-    assert box.inbox.offer(msg(advice_bytes("run-b"), key=None)) is None  # no key: decoded
-    assert box.inbox.counts == {"other_run": 3}
+    assert box.inbox.counts == {"other_run": 2}
+    assert not box.inbox.queue and not box.dead
+
+
+def test_advice_without_a_key_is_refused_even_for_this_run():
+    box = Inbox()
+    assert box.inbox.offer(msg(advice_bytes("run-a"), key=None)) is None
+    assert box.inbox.offer(msg(advice_bytes("run-b"), key=None)) is None
+    assert box.inbox.counts == {"no_key": 2}
     assert not box.inbox.queue and not box.dead
 
 
@@ -107,9 +117,9 @@ def test_a_broken_or_hostile_message_is_dead_lettered_by_rank_0_only(value, reas
     assert other.inbox.counts == {"broken": 1} and not other.dead
 
 
-def test_a_pair_seen_before_is_ignored_and_the_memory_is_bounded():
+def test_a_pair_seen_before_is_ignored_and_what_was_let_through_never_forgotten():
     box = Inbox()
-    box.inbox._seen_max = 2
+    box.inbox._seen_max = 2  # refused pairs remembered
     assert box.inbox.offer(msg(advice_bytes("run-a", fingerprint="f1"))) is not None
     assert box.inbox.offer(msg(advice_bytes("run-a", fingerprint="f1"))) is None
     # the same incident, another action: a new piece of advice
@@ -117,9 +127,56 @@ def test_a_pair_seen_before_is_ignored_and_the_memory_is_bounded():
         box.inbox.offer(msg(advice_bytes("run-a", fingerprint="f1", action="profile"))) is not None
     )
     assert box.inbox.counts == {"duplicate": 1}
-    box.inbox.offer(msg(advice_bytes("run-a", fingerprint="f2")))
-    assert box.inbox.counts["seen_forgotten"] == 1
+    # a flood of refused pairs (past the rate limit) cannot push out what was let through
+    for i in range(50):
+        box.inbox.offer(msg(advice_bytes("run-a", fingerprint=f"flood-{i}")))
+    assert box.inbox.counts["seen_forgotten"] > 0
+    assert box.inbox.offer(msg(advice_bytes("run-a", fingerprint="f1"))) is None
+    assert box.inbox.counts["duplicate"] == 2
     assert len(box.inbox._seen) == 2
+
+
+def advice_at(run_id: str, decided_s: float, **data: Any) -> bytes:
+    """Advice decided at ``decided_s`` (seconds of the wall clock)."""
+    data.setdefault("action", "lower_lr")
+    ns = int(decided_s * 1e9)
+    return encode(make_record("advice", data, run_id=run_id, rank=RUN_RANK, step=10, time_ns=ns))
+
+
+def test_the_rate_limit_lets_the_same_advice_through_on_every_rank():
+    """4 at once, then one per 60 s of the advice's own time: ranks that receive the same
+    messages at different times let the same ones through."""
+    t0 = time.time() - 3600
+    decided = [t0 + d for d in (0, 1, 2, 3, 4, 5, 70, 71, 200)]
+    got = []
+    for rank, lag_s in ((0, 0.01), (1, 30.0)):
+        box = Inbox(rank=rank, queue_max=64)
+        kept = [
+            box.inbox.offer(
+                msg(advice_at("run-a", d, fingerprint=f"f{i}")), now_ns=int((d + lag_s) * 1e9)
+            )
+            is not None
+            for i, d in enumerate(decided)
+        ]
+        got.append(kept)
+        assert box.inbox.counts == {"rate_limited": 3}
+        assert len(box.refused) == 3 and "rate limit" in box.refused[0][1]
+    assert got[0] == got[1] == [True] * 4 + [False, False, True, False, True]
+
+
+def test_a_flood_of_new_fingerprints_is_refused_answered_within_bounds_logged_once(caplog):
+    box = Inbox(queue_max=64)
+    with caplog.at_level("WARNING", logger="steplens"):
+        for i in range(3000):
+            box.inbox.offer(msg(advice_bytes("run-a", action="lower_lr", fingerprint=f"x{i}")))
+    assert len(box.inbox.queue) == 4  # the burst
+    counts = box.inbox.counts
+    assert counts["rate_limited"] == 2996
+    assert len(box.refused) + counts["refused_unanswered"] == 2996
+    assert len(box.refused) < 100  # answered at a bounded rate
+    assert len(box.inbox._seen) <= 4096 and len(box.inbox._let_through) == 4
+    said = [r for r in caplog.records if "rate_limited" in r.getMessage()]
+    assert len(said) == 1
 
 
 def test_a_remedy_not_opted_into_is_refused_not_queued():
@@ -131,7 +188,7 @@ def test_a_remedy_not_opted_into_is_refused_not_queued():
 
 
 def test_the_queue_is_bounded_drop_oldest_counted():
-    box = Inbox(queue_max=2)
+    box = Inbox(queue_max=2, burst=8)
     for i in range(5):
         box.inbox.offer(msg(advice_bytes("run-a", fingerprint=f"f{i}")))
     assert [a.fingerprint for a in box.inbox.queue] == ["f3", "f4"]

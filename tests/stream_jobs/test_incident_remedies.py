@@ -1,5 +1,6 @@
 """The advice given for an incident and the ranks' answers travel in its reports: the report
-that opened it carries the advice, an answer that is news reports it again."""
+that opened it carries the advice, advice decided on later steps reports it again, and so does
+an answer that is news."""
 
 from __future__ import annotations
 
@@ -15,27 +16,29 @@ def _t(i: int) -> int:
 
 def _spiked_run() -> tuple[RunDetector, list, list]:
     """A 2-rank run that opted into skipping samples and rewinding, a checkpoint at step 200
-    and a loss spike at 250: (the detector, the advice given, the incident reports)."""
+    and a loss spike at 250 after which the loss stays 50 % up: (the detector, the advice
+    given, the incident reports that carried advice given at their step)."""
     rng = random.Random(3)
     det = RunDetector("r")
     meta = {"world_size": 2, "remedies": ["skip_samples", "rewind"]}
     det.process(make_record("run_meta", meta, run_id="r", time_ns=_t(0)))
     given, reports = [], []
-    for i in range(300):
+    for i in range(330):
         if i == 200:
             det.process(make_record("checkpoint", {"path": "/ck/200"}, run_id="r", step=200))
         ids = [f"doc-{i}-{k}" for k in range(4)]
         data = {"n_samples": 4, "sample_ids": ids}
         det.process(make_record("batch", data, run_id="r", step=i, time_ns=_t(i)))
-        loss = 60.0 if i == 250 else 3.0 * (1 - i / 4000) + rng.gauss(0, 0.01)
+        loss = 3.0 * (1 - i / 4000) + rng.gauss(0, 0.01)
+        loss = 60.0 if i == 250 else 1.5 * loss if 250 < i < 320 else loss
         rec = make_record(
             "step", {"loss": loss, "grad_norm": 1.0}, run_id="r", step=i, time_ns=_t(i)
         )
         _, alerts = det.process(rec)
-        now, _ = det.advise(alerts)
+        now, _, out = det.advise(alerts, _t(i))
         given += now
         if now:
-            reports += det.with_remedies(alerts)
+            reports += [a for a in out if a.scope == "incident"]
     return det, given, reports
 
 
@@ -47,19 +50,22 @@ def _acted(det: RunDetector, rank: int, fp: str, action: str, outcome: str, deta
     return det.process(rec)[1]
 
 
-def test_the_report_that_advised_carries_the_advice():
+def test_the_reports_that_advised_carry_the_advice_its_cost_and_evidence():
     _, given, reports = _spiked_run()
-    assert sorted(a.action for a in given) == ["rewind", "skip_samples"]
-    (report,) = [a for a in reports if a.scope == "incident"]
-    remedies = report.evidence["remedies"]
-    assert [r["action"] for r in remedies] == ["skip_samples", "rewind"]
-    skip, rewind = remedies
+    assert [a.action for a in given] == ["skip_samples", "rewind"]
+    first, then = reports  # the report that opened it; the one the rewind's step reported
+    assert first.step == 250 and [r["action"] for r in first.evidence["remedies"]] == [
+        "skip_samples"
+    ]
+    assert then.fingerprint == first.fingerprint and then.step == given[1].step > 250
+    skip, rewind = then.evidence["remedies"]
     assert skip["n_samples"] == 4 and skip["rank"] == -1 and skip["answers"] == []
-    assert (rewind["checkpoint"], rewind["checkpoint_step"], rewind["skip_batches"]) == (
-        "/ck/200",
-        200,
-        250,
-    )
+    assert (skip["steps_lost"], skip["batches_skipped"]) == (0, 0)
+    assert "4 samples" in skip["evidence"]
+    assert (rewind["checkpoint"], rewind["checkpoint_step"]) == ("/ck/200", 200)
+    assert rewind["at_step"] > then.step and rewind["steps_lost"] == rewind["at_step"] - 200
+    assert rewind["skip_batches"] == rewind["batches_skipped"] == 100
+    assert "vs trend" in rewind["evidence"] and "held" not in rewind
     assert "answered" not in rewind  # the ranks that answered stay in the worker's state
 
 
@@ -67,7 +73,8 @@ def test_an_answer_reports_the_incident_again_when_it_is_news():
     det, given, _ = _spiked_run()
     fp = given[0].data["fingerprint"]
     (again,) = _acted(det, 0, fp, "rewind", "acted", "reloaded /ck/200")
-    assert again.fingerprint == fp and again.scope == "incident" and again.step == 260
+    assert again.fingerprint == fp and again.scope == "incident"
+    assert again.state == "resolved"  # the loss came back at 320: reported in its state
     rewind = again.evidence["remedies"][1]
     assert rewind["answers"] == [
         {"outcome": "acted", "n": 1, "ranks": [0], "details": ["reloaded /ck/200"]}

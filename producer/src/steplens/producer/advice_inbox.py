@@ -4,12 +4,21 @@ The worker thread takes the advice topic's messages from an ``AdviceSource`` (a 
 consumer, ``transport.KafkaAdviceSource``, created lazily and only when the run opted into a
 remedy) and hands each to ``AdviceInbox.offer``, which keeps what is for this run and rank:
 
-- a message keyed for another run is refused and counted without being decoded;
+- a message keyed for another run, or without a key (the stream jobs key advice by run), is
+  refused and counted without being decoded;
 - a broken or hostile one (not a record, not ``advice``, a run id that is not the key's) is
   counted and dead-lettered, by rank 0 only (every rank of the run reads the same message);
-- a (fingerprint, action) seen before is ignored (the worker publishes at least once);
+- a (fingerprint, action) seen before is ignored (the worker publishes at least once). What
+  was let through is never forgotten (the rate limit keeps that set small); what was refused
+  is remembered in a bounded set (the oldest forgotten first, counted);
 - advice for a remedy the run did not opt into is answered with an ``acted`` record
   ``refused`` and never reaches the loop;
+- past the rate limit (``RateLimit``: ``burst`` pieces at once, then one per ``refill_s``) a
+  piece of advice is answered ``refused`` too. Advice for every rank and advice for this rank
+  have a limit each; the first is timed by the advice's own time (when the stream jobs
+  decided it, at most when it arrived), so every rank of the run lets the same pieces through;
+- each reason of a refusal is logged once; refusals are answered up to ``ANSWERS_BURST`` at
+  once and one a second after (the rest counted, ``refused_unanswered``);
 - the rest waits in a bounded deque (drop-oldest, counted) that ``Monitor.advice()`` empties
   at a step boundary, without blocking; advice the rank carries out by itself (``AUTO``:
   ``profile``) waits in a deque of its own, ``auto``, and ``ready()`` tells the Monitor
@@ -18,6 +27,7 @@ remedy) and hands each to ``AdviceInbox.offer``, which keeps what is for this ru
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -31,10 +41,38 @@ from steplens.schema import RUN_RANK, DecodeError
 from steplens.schema import kinds as K
 from steplens.schema.codec import decode
 
+log = logging.getLogger("steplens")
+
 # (key, value, partition, offset) of one message of the advice topic
 Message = tuple[bytes | None, bytes | None, int, int]
-SEEN_MAX = 4096  # (fingerprint, action) pairs remembered; the oldest is forgotten beyond
+SEEN_MAX = 4096  # refused (fingerprint, action) pairs remembered; the oldest forgotten beyond
 AUTO = frozenset({"profile"})  # carried out at the next log_step, without sl.act()
+ANSWERS_BURST = 64  # refusals answered at once; then one a second
+
+
+class RateLimit:
+    """A token bucket: ``burst`` at once, then one more every ``refill_s`` (0: no limit).
+    Its clock is the one ``take`` is given, which only goes forward."""
+
+    def __init__(self, burst: int, refill_s: float) -> None:
+        self.burst = max(1, int(burst))
+        self.refill_ns = max(0, int(refill_s * 1e9))
+        self.tokens = float(self.burst)
+        self.clock_ns: int | None = None
+
+    def take(self, now_ns: int) -> bool:
+        """One token at ``now_ns``, if there is one."""
+        if not self.refill_ns:
+            return True
+        last = self.clock_ns
+        if last is None or now_ns > last:
+            if last is not None:
+                self.tokens = min(self.burst, self.tokens + (now_ns - last) / self.refill_ns)
+            self.clock_ns = now_ns
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
 
 
 class AdviceSource(Protocol):
@@ -92,6 +130,8 @@ class AdviceInbox:
         refused: Callable[[Advice, str], None],
         seen_max: int = SEEN_MAX,
         ready: Callable[[], None] | None = None,
+        burst: int = 4,
+        refill_s: float = 60.0,
     ) -> None:
         self.run_id = run_id
         self.rank = rank
@@ -102,10 +142,15 @@ class AdviceInbox:
         self.ready = ready  # AdviceDesk.poll calls it again while auto waits
         self.counts: dict[str, int] = {}  # reason -> messages kept from the loop
         self.received = 0  # pieces of advice queued for the loop
-        self._seen: dict[tuple[str, str], None] = {}  # insertion-ordered: oldest first
+        self._let_through: set[tuple[str, str]] = set()  # never forgotten
+        self._seen: dict[tuple[str, str], None] = {}  # refused; insertion-ordered: oldest first
         self._seen_max = seen_max
         self._dead_letter = dead_letter
         self._refused = refused
+        # advice for every rank (timed by the advice), for this rank (by its arrival)
+        self.limits = {"run": RateLimit(burst, refill_s), "rank": RateLimit(burst, refill_s)}
+        self._answers = RateLimit(ANSWERS_BURST, 1.0)
+        self._logged: set[str] = set()  # reasons of a refusal logged (once each)
 
     def count(self, reason: str) -> None:
         self.counts[reason] = self.counts.get(reason, 0) + 1
@@ -113,7 +158,10 @@ class AdviceInbox:
     def offer(self, message: Message, now_ns: int | None = None) -> Advice | None:
         """Take one message; the advice queued for the loop, or None."""
         key, value, _, _ = message
-        if key is not None and key != self.key:
+        if key is None:
+            self.count("no_key")
+            return None
+        if key != self.key:
             self.count("other_run")
             return None
         rec = decode(value)
@@ -124,9 +172,6 @@ class AdviceInbox:
             self._hostile(f"advice topic: a {rec.kind!r} record, not advice", message)
             return None
         if rec.run_id != self.run_id:
-            if key is None:
-                self.count("other_run")
-                return None
             self._hostile(f"advice for run {rec.run_id!r} under key {key!r}", message)
             return None
         if rec.rank not in (RUN_RANK, self.rank):
@@ -134,16 +179,25 @@ class AdviceInbox:
             return None
         data = msgspec.convert(rec.data, K.Advice)
         pair = (data.fingerprint, data.action)
-        if pair in self._seen:
+        if pair in self._let_through or pair in self._seen:
             self.count("duplicate")
             return None
-        self._remember(pair)
         now = time.time_ns() if now_ns is None else now_ns
         advice = Advice(rec.run_id, rec.rank, rec.step, rec.time_ns, now, data)
         if data.action not in self.remedies:
-            self.count("not_opted_in")
-            self._refused(advice, f"remedy {data.action!r} not enabled: init(remedies=[...])")
+            why = f"remedy {data.action!r} not enabled: init(remedies=[...])"
+            self._refuse(pair, advice, "not_opted_in", why)
             return None
+        shared = rec.rank == RUN_RANK
+        limit = self.limits["run" if shared else "rank"]
+        if not limit.take(min(rec.time_ns, now) if shared else now):
+            why = (
+                f"rate limit: at most {limit.burst} pieces of advice at once, then one every "
+                f"{limit.refill_ns / 1e9:g} s (advice_burst, advice_refill_s)"
+            )
+            self._refuse(pair, advice, "rate_limited", why)
+            return None
+        self._let_through.add(pair)
         queue = self.auto if data.action in AUTO else self.queue
         if len(queue) == queue.maxlen:
             self.count("queue_full")
@@ -158,12 +212,21 @@ class AdviceInbox:
         if self.rank == 0:
             self._dead_letter(reason, message)
 
-    def _remember(self, pair: tuple[str, str]) -> None:
+    def _refuse(self, pair: tuple[str, str], advice: Advice, reason: str, why: str) -> None:
+        """Count, remember (bounded), log once per reason, answer (rate-limited)."""
+        self.count(reason)
         seen = self._seen
         seen[pair] = None
         if len(seen) > self._seen_max:
             del seen[next(iter(seen))]
             self.count("seen_forgotten")
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.warning("steplens: advice refused (%s; said once, counted): %s", reason, why)
+        if self._answers.take(time.monotonic_ns()):
+            self._refused(advice, why)
+        else:
+            self.count("refused_unanswered")
 
 
 class AdviceDesk:

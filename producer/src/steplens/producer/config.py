@@ -250,6 +250,33 @@ class ProducerConfig:
     advice_queue_max: Annotated[
         PositiveInt, about("advice waiting for `sl.advice()` (drop-oldest, counted)")
     ] = 64
+    advice_burst: Annotated[
+        PositiveInt,
+        about(
+            "pieces of advice a rank lets through at once (advice for every rank and for this "
+            "rank counted apart) ..."
+        ),
+    ] = 4
+    advice_refill_s: Annotated[
+        NonNegativeFloat,
+        about("... and one more every this many seconds; the rest is refused; 0: no limit"),
+    ] = 60.0
+    lr_floor: Annotated[
+        Share,
+        about(
+            "`lower_lr`: the lr is never lowered below this share of the declared schedule's "
+            "lr at that step (the product of all lowerings stays at least this; without a "
+            "declared schedule, a share of the lr before the first); 0: no floor"
+        ),
+    ] = 0.1
+    max_skip_batches: Annotated[
+        NonNegativeInt,
+        about("`rewind`: a rewind that asks to skip more batches is refused"),
+    ] = 500
+    max_rewinds_per_hour: Annotated[
+        NonNegativeInt,
+        about("`rewind`: rewinds carried out within an hour (by the advice's time); more: refused"),
+    ] = 2
     kafka_config: Annotated[
         JsonObject,
         about(

@@ -160,6 +160,8 @@ class Monitor(Instruments):
                 dead_letter=self._pipeline.dead_letter_advice,
                 refused=self._pipeline.refuse_advice,
                 ready=self._auto_ready,
+                burst=c.advice_burst,
+                refill_s=c.advice_refill_s,
             )
             self._pipeline.advice = AdviceDesk(inbox, self._make_advice_source)
             self._advice = inbox.queue
@@ -435,7 +437,11 @@ class Monitor(Instruments):
     # ------------------------------------------------------------------ producers of items
     # ------------------------------------------------------------------ counters
     def _caller_counters(self) -> tuple[dict[str, int], dict[str, int]]:
-        return self.counts.health(self._hw)
+        dropped, errors = self.counts.health(self._hw)
+        if self._remedies is not None:  # what the remedies refused, and shared advice late
+            dropped.update(self._remedies.dropped())
+            errors.update(self._remedies.errors())
+        return dropped, errors
 
     @property
     def dropped(self) -> dict[str, int]:
@@ -447,4 +453,5 @@ class Monitor(Instruments):
         out = self._pipeline.stats()
         out["errors"].update(c.errors)
         out.update(dropped_queue=c.queue_full, caller_errors=c.caller, refused=c.refused)
+        out["remedies"] = {} if self._remedies is None else dict(self._remedies.counts)
         return out

@@ -17,10 +17,30 @@ At a step boundary (``act(step)``, or an integration's callback; ``profile`` at
   and stored (``trace_upload``: S3 when configured) in a thread of its own; answered with
   where it is once stored.
 
-Outcomes: ``acted``; ``refused`` (the run did not opt into the action); ``declined`` (nothing to
-act on: no optimizer, no checkpoint named, no ``skipping()`` data, a profile already
-running); ``failed`` (the remedy raised: the reason is the detail). Nothing raises into the
-loop. The set of advice done is bounded (the oldest forgotten first).
+Advice that changes what every replica holds (``SHARED``: ``rewind``, ``lower_lr`` for every
+rank) names the step at whose end every rank carries it out, ``at_step``: it is held until
+``act(step)`` with ``step >= at_step`` (a rewind under a loader that reads ahead starts that
+many steps before, so the reload falls at ``at_step``). No collective: the ranks agree by the
+step the stream jobs chose. A rank that first sees it past that step (the advice came late, or
+the loop skipped ``act`` there) carries it out at once; the answer says how many steps late
+and the ``late`` count goes up (the health record's ``errors.remedy_late``). Shared advice
+without ``at_step`` (older stream jobs) is carried out on arrival, counted the same way
+(``remedy_no_at_step``).
+
+Bounds, whatever the advice says (settings of the same names): the lr never below
+``lr_floor`` of the lr without lowerings (the product of the factors carried out stays at
+least that: the declared schedule's lr at that step when the run follows it; a rewind that
+reloads an lr from before a lowering leaves the product as it was, so the floor is reached
+sooner, never later); ``max_skip_batches`` batches a rewind may skip; ``max_rewinds_per_hour``
+rewinds carried out (timed by the advice's own time, the same on every rank). The rate limit,
+the key check and the seen-set are the inbox's (``advice_inbox``). Past a bound: answered
+``refused`` with the reason, counted (``dropped.remedy_<reason>``), logged once per reason.
+
+Outcomes: ``acted``; ``refused`` (the run did not opt into the action, or a bound);
+``declined`` (nothing to act on: no optimizer, no checkpoint named, no ``skipping()`` data, a
+profile already running); ``failed`` (the remedy raised: the reason is the detail). Nothing
+raises into the loop. The set of advice done is bounded (the oldest forgotten first; the
+inbox never forgets what it let through).
 """
 
 from __future__ import annotations
@@ -29,13 +49,13 @@ import logging
 import os
 import tempfile
 import threading
+import time
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from steplens.producer.lower_lr import lower_lr
-from steplens.producer.rank_agreement import RankAgreement
 from steplens.producer.skipping import SkipList, Skipping
 from steplens.schema import RUN_RANK
 
@@ -46,12 +66,34 @@ MAX_DONE = 4096  # (fingerprint, action) pairs remembered
 MAX_CHECKPOINTS = 256  # reported checkpoints remembered (the newest)
 DEFAULT_LR_FACTOR = 0.5
 SHARED = frozenset({"rewind", "lower_lr"})  # every rank at the same step, or replicas differ
-MAX_WAITING = 64  # shared advice held until every rank has it
+MAX_WAITING = 64  # shared advice held until its step
 MAX_DETAIL = 500
+HOUR_NS = 3600 * 10**9
+ERRORS = frozenset({"late", "no_at_step"})  # counts the health record shows as errors
 
 
 class Declined(Exception):
     """A remedy that cannot be carried out here; the message says why."""
+
+
+class Refused(Exception):
+    """A bound of the rank that the advice is past: ``reason`` (counted) and why."""
+
+    def __init__(self, reason: str, why: str) -> None:
+        super().__init__(why)
+        self.reason = reason
+
+
+def _shared(advice: Any) -> bool:
+    return advice.action in SHARED and getattr(advice, "rank", RUN_RANK) == RUN_RANK
+
+
+def _advice_ns(advice: Any) -> int:
+    """When the advice was decided (at most when it arrived): the same on every rank."""
+    decided, got = getattr(advice, "time_ns", None), getattr(advice, "received_ns", None)
+    if decided is None or got is None:
+        return time.time_ns()
+    return min(int(decided), int(got))
 
 
 class Remedies:
@@ -66,6 +108,12 @@ class Remedies:
         self.monitor = monitor
         self.allowed = frozenset(a for a in allowed if a in ACTIONS)
         self.profile_dir = profile_dir or os.path.join(tempfile.gettempdir(), "steplens-profiles")
+        config = getattr(monitor, "config", None)
+        self.lr_floor = float(getattr(config, "lr_floor", 0.1))
+        self.max_skip_batches = int(getattr(config, "max_skip_batches", 500))
+        self.max_rewinds_per_hour = int(getattr(config, "max_rewinds_per_hour", 2))
+        self.lr_scale = 1.0  # the product of the lr factors carried out
+        self._rewinds: deque[int] = deque(maxlen=max(1, self.max_rewinds_per_hour))  # their ns
         self.skips = SkipList()
         self._wrappers: weakref.WeakSet[Skipping] = weakref.WeakSet()
         self._done: OrderedDict[tuple[str, str], None] = OrderedDict()
@@ -76,8 +124,11 @@ class Remedies:
         # reloads that many steps later, after the batches read before it was advised
         self.read_ahead = 0
         self._rewinding: Any = None  # (advice, targets, the step to reload at)
-        self._shared: list[Any] = []  # shared advice waiting for every rank to hold it
-        self._agreement = RankAgreement()
+        self._held: list[Any] = []  # shared advice waiting for its at_step
+        self._take = getattr(monitor, "advice", None)
+        self._take_auto = getattr(monitor, "auto_advice", None)
+        self.counts: dict[str, int] = {}  # late, no_at_step, and refusals by reason
+        self._logged: set[str] = set()  # reasons of a refusal logged (once each)
         # (action, fingerprint, outcome, detail, step) of the last MAX_DONE answers, for the
         # run's own log and tests
         self.answers: list[tuple[str, str, str, str, int | None]] = []
@@ -101,27 +152,28 @@ class Remedies:
     ) -> int:
         """Carry out ``advice`` (default: what the Monitor received) at the end of ``step``;
         returns the step the model is at (a rewind's checkpoint step, else ``step``).
-        ``model``/``optimizer``/``scheduler`` default to the watched ones. Run-wide advice
-        that changes the shared model (``SHARED``) waits until every rank holds it
-        (``rank_agreement``): call ``act`` on every rank at the same steps."""
+        ``model``/``optimizer``/``scheduler`` default to the watched ones. Shared advice
+        (``SHARED``) waits for its ``at_step``; nothing here waits on another rank."""
+        if not self.allowed:  # no remedy: nothing to read
+            return step
         at = step
-        if not self.allowed:  # no remedy: nothing to read, nothing to agree on
-            return at
         try:
+            if advice is None:  # nothing arrived, nothing held or under way: done
+                auto = self._take_auto() if self._take_auto is not None else ()
+                new = self._take() if self._take is not None else ()
+                if not (new or auto or self._held or self._trace or self._rewinding):
+                    return step
+                advice = [*auto, *new]
             self._finish_profile(step, force=False)
             rewound = self._finish_rewind(step)
             at = step if rewound is None else rewound
-            if advice is None:
-                source = getattr(self.monitor, "advice", None)
-                advice = [*self._auto_advice(), *(source() if source is not None else ())]
             now: list[Any] = []
             for a in advice:
-                shared = a.action in SHARED and getattr(a, "rank", RUN_RANK) == RUN_RANK
-                (self._shared if shared else now).append(a)
-            n = self._agreement.smallest(len(self._shared))
-            now += self._shared[:n]
-            del self._shared[:n]
-            del self._shared[:-MAX_WAITING]
+                if _shared(a) and getattr(a, "at_step", None) is not None:
+                    self._hold(a, step)
+                else:
+                    now.append(a)
+            now += self._due(step)
             if not now:
                 return at
             targets = _Targets(self.monitor, model, optimizer, scheduler, load)
@@ -130,6 +182,53 @@ class Remedies:
         except Exception:
             self.monitor.counts.caller += 1
         return at
+
+    def _hold(self, advice: Any, step: int) -> None:
+        if len(self._held) >= MAX_WAITING:
+            why = f"{MAX_WAITING} pieces of shared advice already wait for their step"
+            self._refuse(advice, Refused("held_full", why), step)
+            return
+        self._held.append(advice)
+
+    def _due(self, step: int) -> list[Any]:
+        """The held advice whose step has come, by ``at_step`` (a rewind under a loader that
+        reads ahead: that many steps before, so its reload falls at ``at_step``)."""
+        if not self._held:
+            return []
+        due: list[Any] = []
+        held: list[Any] = []
+        for a in self._held:
+            lead = self.read_ahead if a.action == "rewind" else 0
+            (due if step >= int(a.at_step) - lead else held).append(a)
+        self._held = held
+        return sorted(due, key=lambda a: int(a.at_step))
+
+    def _timing(self, advice: Any, carried_at: int) -> str:
+        """How shared advice carried out at the end of ``carried_at`` kept its step: "" on
+        time; else counted, and said in the answer."""
+        if not _shared(advice):
+            return ""
+        agreed = getattr(advice, "at_step", None)
+        if agreed is None:
+            self.count("no_at_step")
+            return "; on arrival: the advice names no step for every rank (at_step)"
+        late = int(carried_at) - int(agreed)
+        if late <= 0:
+            return ""
+        self.count("late")
+        return f"; {late} step{'s' if late > 1 else ''} after the agreed step {int(agreed)}"
+
+    def count(self, reason: str) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+
+    def dropped(self) -> dict[str, int]:
+        """The refusals, for the health record's ``dropped``."""
+        return {f"remedy_{k}": n for k, n in list(self.counts.items()) if k not in ERRORS}
+
+    def errors(self) -> dict[str, int]:
+        """Shared advice carried out late or without a step, for the health record's
+        ``errors``."""
+        return {f"remedy_{k}": n for k, n in list(self.counts.items()) if k in ERRORS}
 
     def at_step(self, step: int) -> None:
         """``log_step``'s share: start the trace advised (``profile``), or stop the running
@@ -147,7 +246,7 @@ class Remedies:
         return self._trace is not None
 
     def _auto_advice(self) -> tuple[Any, ...]:
-        take = getattr(self.monitor, "auto_advice", None)
+        take = self._take_auto
         return take() if take is not None else ()
 
     def reported(self, step: int, path: str) -> None:
@@ -181,6 +280,8 @@ class Remedies:
             return at
         try:
             detail, at = getattr(self, "_" + advice.action)(advice, step, targets, at)
+        except Refused as why:
+            self._refuse(advice, why, step)
         except Declined as why:
             self._answer(advice, "declined", str(why), step)
         except Exception as exc:
@@ -190,11 +291,25 @@ class Remedies:
                 self._answer(advice, "acted", detail, step)
         return at
 
-    def _answer(self, advice: Any, outcome: str, detail: str, step: int | None) -> None:
+    def _refuse(self, advice: Any, why: Refused, step: int | None) -> None:
+        """A bound: counted, logged once per reason, answered."""
+        self.count(why.reason)
+        first = why.reason not in self._logged
+        self._logged.add(why.reason)
+        self._answer(advice, "refused", str(why), step, log_it=first)
+
+    def _answer(
+        self, advice: Any, outcome: str, detail: str, step: int | None, log_it: bool = True
+    ) -> None:
         detail = detail[:MAX_DETAIL]
         level = logging.INFO if outcome == "acted" else logging.WARNING
-        if getattr(self.monitor, "rank", 0) == 0 or outcome != "acted":
-            log.log(level, "steplens: %s %s (%s): %s", advice.action, outcome, advice.rule, detail)
+        if log_it and (getattr(self.monitor, "rank", 0) == 0 or outcome != "acted"):
+            when = f"at step {step}" if step is not None else "when training ended"
+            rule = getattr(advice, "rule", None)
+            about = f"incident {advice.fingerprint}" + (f", {rule}" if rule else "")
+            log.log(
+                level, "steplens: %s %s %s (%s): %s", advice.action, outcome, when, about, detail
+            )
         self.answers.append((advice.action, advice.fingerprint, outcome, detail, step))
         del self.answers[:-MAX_DONE]
         acted = getattr(self.monitor, "acted", None)
@@ -218,6 +333,10 @@ class Remedies:
     def _rewind(self, advice: Any, step: int, t: _Targets, at: int) -> tuple[str | None, int]:
         if not advice.checkpoint:
             raise Declined("the advice names no checkpoint")
+        n = int(advice.skip_batches or 0)
+        if n > self.max_skip_batches:
+            why = f"skip_batches {n} is past the cap of {self.max_skip_batches} (max_skip_batches)"
+            raise Refused("skip_cap", why)
         if advice.checkpoint not in self.checkpoints:  # a path from the wire: never any file
             raise Declined(
                 f"{advice.checkpoint} is not a checkpoint this run reported"
@@ -227,7 +346,15 @@ class Remedies:
             raise Declined("no model to reload: watch() one or give load()")
         if self._rewinding is not None:
             raise Declined("a rewind is under way")
-        n = int(advice.skip_batches or 0)
+        decided = _advice_ns(advice)
+        recent = sum(1 for ns in self._rewinds if decided - HOUR_NS < ns <= decided)
+        if recent >= self.max_rewinds_per_hour:
+            why = (
+                f"{recent} rewinds within the hour already: at most "
+                f"{self.max_rewinds_per_hour} (max_rewinds_per_hour)"
+            )
+            raise Refused("rewinds_per_hour", why)
+        self._rewinds.append(decided)
         for w in list(self._wrappers):
             w.skip_next(n)
         if self.read_ahead:  # the batches already read are trained on, then reloaded over
@@ -250,7 +377,7 @@ class Remedies:
             detail += f"; skipped the {n} batches after"
         elif n:
             detail += f"; {n} batches not skipped: no data goes through skipping()"
-        return detail, back
+        return detail + self._timing(advice, step), back
 
     def _finish_rewind(self, step: int) -> int | None:
         """A rewind put off by the loader's read-ahead, once its step has come: the step
@@ -270,12 +397,32 @@ class Remedies:
     def _lower_lr(self, advice: Any, step: int, t: _Targets, at: int) -> tuple[str, int]:
         if t.optimizer is None:
             raise Declined("no optimizer: watch() one or pass it")
-        factor = float(advice.lr_factor or DEFAULT_LR_FACTOR)
+        asked = float(advice.lr_factor or DEFAULT_LR_FACTOR)
+        if not (0.0 < asked <= 1.0):  # NaN included
+            raise Refused("lr_factor", f"lr_factor {asked!r} is not in (0, 1]")
+        factor, held = asked, ""
+        if self.lr_floor > 0:
+            lowest = self.lr_floor / self.lr_scale  # the smallest factor left
+            if lowest >= 1.0 - 1e-9:
+                why = (
+                    f"the lr is at its floor: {self.lr_floor:g} of the declared schedule's "
+                    "(lr_floor)"
+                )
+                raise Refused("lr_floor", why)
+            if factor < lowest:
+                factor = lowest
+                self.count("lr_floor_held")
+                held = (
+                    f" (x{asked:g} asked: held at its floor, {self.lr_floor:g} of the declared "
+                    "schedule's; lr_floor)"
+                )
         before, after = lower_lr(t.optimizer, t.scheduler, factor)
+        self.lr_scale *= factor
         redeclare = getattr(self.monitor, "scale_declared_lr", None)
         if redeclare is not None:
             redeclare(step + 1, factor)
-        return f"lr x{factor:g} from step {step + 1}: {_num(before)} -> {_num(after)}", at
+        detail = f"lr x{factor:g} from step {step + 1}: {_num(before)} -> {_num(after)}{held}"
+        return detail + self._timing(advice, step), at
 
     def _profile(self, advice: Any, step: int, t: _Targets, at: int) -> tuple[str | None, int]:
         from steplens.producer.rank_profile import RankProfile

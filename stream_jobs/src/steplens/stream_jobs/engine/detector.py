@@ -338,6 +338,10 @@ class RunDetector:
             batch += _score(s, cfg, self.schedule, self.generic, metric, col)
             if metric == "loss":
                 self.run.track_loss(col.xs, cfg.train_loss_alpha)
+                if self.advice.watch and rank != RUN_RANK:  # what a rewind is judged on
+                    top = int(np.argmax(col.steps))
+                    t = int(times_ns[int(col.rows[top])])
+                    advising.track_loss(self.advice, col.steps, col.xs, col.firsts, t)
         if rank != RUN_RANK and n:
             batch += step_tail.tail(
                 self.ranks,
@@ -405,14 +409,35 @@ class RunDetector:
         got, self.touched = self.touched, set()
         return got
 
-    def advise(self, alerts: list[Alert]) -> tuple[list[advising.Advised], list[advising.Advised]]:
-        """The advice the incident reports among ``alerts`` call for, for the remedies the run
-        opted into: (given, held back by the storm limit), the given noted on their incidents
-        (``with_remedies``). See ``engine.advice``."""
-        given, held = advising.advise(self.advice, self.cfg.advice, alerts)
-        for adv in given:
-            incidents.note_advice(self.incidents, adv.data, adv.rank, adv.step)
-        return given, held
+    def advise(self, alerts: list[Alert], now_ns: int | None = None) -> advising.Decisions:
+        """The advice the incident reports among ``alerts`` call for, and the judgements the
+        run's losses now decide (``engine.advice``), for the remedies the run opted into, at
+        ``now_ns`` (the record's time; default: the alerts'): given, held back, and ``alerts``
+        with the advice noted on their incidents (given, or suggested and held for a person),
+        plus the report of an incident advised after its last report."""
+        tail = self.ranks.last_step
+        run = advising.RunNow(
+            max(tail.values()) if tail else self.run.last_step,
+            int((self.schedule or {}).get("total_steps") or 0),
+            now_ns if now_ns is not None else max((a.time_ns for a in alerts), default=0),
+        )
+        given, held = advising.advise(self.advice, self.cfg.advice, alerts, run)
+        noted: dict[str, None] = {}
+        for adv in (*given, *(h for h in held if h.held != "storm")):
+            if incidents.note_advice(self.incidents, adv.data, adv.rank, adv.step, adv.held):
+                noted[str(adv.data["fingerprint"])] = None
+        if not noted:
+            return advising.Decisions(given, held, alerts)
+        out = self.with_remedies(alerts)
+        reported = {a.fingerprint for a in alerts if a.scope == "incident"}
+        for fp in noted:
+            if fp not in reported:
+                again = incidents.report_again(
+                    self.incidents, self.cfg.incidents, fp, run.last_step, run.now_ns
+                )
+                if again is not None:
+                    out.append(again)
+        return advising.Decisions(given, held, out)
 
     def with_remedies(self, alerts: list[Alert]) -> list[Alert]:
         """``alerts`` with their incidents' advice and answers so far in the evidence."""
@@ -562,6 +587,7 @@ class RunDetector:
         window, the fits it asked for, where its baselines came from."""
         state = self.ranks
         state.last_step[rank] = step - 1  # its next steps are progress again
+        advising.restarted(self.advice, step)
         for at in [at for at in state.pending if at >= step]:
             got = state.pending[at]
             got.pop(rank, None)

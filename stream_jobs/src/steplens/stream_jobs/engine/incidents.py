@@ -37,10 +37,13 @@ Its identity (``fingerprint``) derives from the run, the topic and the step it s
 its time from the record it opened on, so a replay after a restart reports the same incident.
 
 The advice given for an incident (``note_advice``) and the ranks' answers to it (``answered``)
-travel in its reports' evidence as ``remedies``: one entry per action, with the answers
-grouped by outcome (``n`` ranks, the first ``MAX_RANKS`` named, ``MAX_DETAILS`` distinct
-details). An answer reports the incident again (in its state: firing, or resolved while it is
-remembered) when it brings an outcome the advice had not had, or is the last rank's.
+travel in its reports' evidence as ``remedies``: one entry per action, with what it costs and
+its evidence, and the answers grouped by outcome (``n`` ranks, the first ``MAX_RANKS`` named,
+``MAX_DETAILS`` distinct details). Advice suggested but not sent (past the run's remedy budget,
+no checkpoint in range) is an entry too, with ``held`` (the reason) and the evidence saying
+that a person decides. An answer reports the incident again (in its state: firing, or resolved
+while it is remembered) when it brings an outcome the advice had not had, or is the last
+rank's; so does advice decided after the incident's last report (``report_again``).
 """
 
 from __future__ import annotations
@@ -59,7 +62,17 @@ MAX_DETAILS = 2  # distinct details kept per outcome
 DETAIL_CHARS = 200
 MAX_ANSWERED = 1024  # ranks remembered per advice, so a repeated answer counts once
 # what the evidence of a piece of advice keeps (the rest is on the advice topic)
-ADVICE_FIELDS = ("checkpoint", "checkpoint_step", "skip_batches", "lr_factor", "duration_s")
+ADVICE_FIELDS = (
+    "checkpoint",
+    "checkpoint_step",
+    "skip_batches",
+    "lr_factor",
+    "duration_s",
+    "at_step",
+    "steps_lost",
+    "batches_skipped",
+    "evidence",
+)
 
 # rule (or its detector's name) -> topic
 TOPICS: Mapping[str, str] = {
@@ -487,14 +500,23 @@ def _of(state: IncidentsState, fingerprint: str) -> tuple[Incident | None, str]:
     return state.closed.get(fingerprint), "resolved"
 
 
-def note_advice(state: IncidentsState, data: dict[str, Any], rank: int, step: int | None) -> bool:
-    """Advice given for an incident (an ``advice`` payload, for ``rank`` at ``step``); whether
-    the incident was found. Its next report carries it (``with_remedies`` for this one)."""
+def note_advice(
+    state: IncidentsState,
+    data: dict[str, Any],
+    rank: int,
+    step: int | None,
+    held: str | None = None,
+) -> bool:
+    """Advice given for an incident (an ``advice`` payload, for ``rank`` at ``step``), or only
+    suggested (``held``: why it was not sent); whether the incident was found. Its next report
+    carries it (``with_remedies`` for this one)."""
     inc, _ = _of(state, str(data.get("fingerprint")))
     action = data.get("action")
     if inc is None or any(r["action"] == action for r in inc.remedies):
         return inc is not None
     entry: dict[str, Any] = {"action": action, "rank": rank, "step": step}
+    if held is not None:
+        entry["held"] = held
     entry.update((k, data[k]) for k in ADVICE_FIELDS if data.get(k) is not None)
     samples = data.get("sample_ids") or data.get("sample_hashes")
     if samples:
@@ -513,6 +535,17 @@ def with_remedies(state: IncidentsState, alerts: list[Alert]) -> list[Alert]:
         else:
             out.append(a)
     return out
+
+
+def report_again(
+    state: IncidentsState, cfg: IncidentsConfig, fingerprint: str, step: int | None, time_ns: int
+) -> Alert | None:
+    """The incident of ``fingerprint`` reported again in its state (at ``step`` while it fires),
+    with its remedies as they are now: advice decided on steps after its last report."""
+    inc, st = _of(state, fingerprint)
+    if inc is None:
+        return None
+    return _report(inc, cfg, st, step if st == "firing" else inc.last_step, time_ns)
 
 
 def answered(  # noqa: PLR0917

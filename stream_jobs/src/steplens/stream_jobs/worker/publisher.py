@@ -66,9 +66,11 @@ class Publisher:
 
     async def advise(self, run: str, given: list[Advised], held: list[Advised]) -> None:
         """Advice to ``run``'s ranks (keyed by run: a rank reads its run's only), and the
-        advice the storm limit held back, counted."""
+        advice held back, counted: by the storm limit (outcome "held"), past the run's remedy
+        budget ("held_budget"), a rewind without a checkpoint in range ("held_no_checkpoint")."""
         for adv in held:
-            self.metrics.advice.labels(adv.action, "held").inc()
+            outcome = "held" if adv.held in (None, "storm") else f"held_{adv.held}"
+            self.metrics.advice.labels(adv.action, outcome).inc()
         for adv in given:
             try:
                 body = advice_bytes(run, adv)

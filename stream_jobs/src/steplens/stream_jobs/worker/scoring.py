@@ -138,10 +138,12 @@ class Scorer:
         self, det: RunDetector, run: str, batch: list[Any], alerts: list[Any], times: list[int]
     ) -> None:
         """The signals and alerts of a record, then the advice its incident reports call for
+        and, while an incident waits for its judgement, the advice the record's steps decide
         (only for a run that opted in), decided first so that the reports carry it."""
-        given, held = det.advise(alerts) if alerts and det.advice.remedies else ([], [])
-        if given:
-            alerts = det.with_remedies(alerts)
+        given: list[Any] = []
+        held: list[Any] = []
+        if det.advice.remedies and (alerts or det.advice.pending):
+            given, held, alerts = det.advise(alerts, max(times, default=0))
         await self.out.publish(run, batch, alerts, times)
         if given or held:
             await self.out.advise(run, given, held)

@@ -100,14 +100,63 @@ class AdviceOptions:
         about("`lower_lr`: ... on the correlation's Nth incident within `lower_lr_window` steps"),
     ] = 2
     lower_lr_window: Annotated[PositiveInt, about("`lower_lr`: ... steps")] = 2000
-    rewind_skip_after: Annotated[
-        NonNegativeInt,
+    rewind_confirm_steps: Annotated[
+        PositiveInt,
         about(
-            "`rewind`: batches skipped past the incident's onset after reloading the checkpoint "
-            "before it (PaLM: 200-500 batches around a spike)"
+            "`rewind`, `lower_lr`: steps after a loss incident's onset its damage is judged at: "
+            "still off the loss's pre-incident trend, it stays (a remedy); back on it, a blip "
+            "(none). A non-finite loss or gradient, or a diverging loss, is judged at once"
+        ),
+    ] = 20
+    trend_steps: Annotated[
+        PositiveInt,
+        about("... the trend: the median of this many finite losses before the onset"),
+    ] = 50
+    trend_tolerance: Annotated[
+        NonNegativeFloat,
+        about("... off it: above it by more than this share of it (or 3 MADs, if more)"),
+    ] = 0.05
+    rewind_max_back: Annotated[
+        PositiveInt,
+        about(
+            "`rewind`: to the latest checkpoint before the onset at most this many steps back "
+            "(PaLM: about 100); none: not sent, the incident says so and a person decides"
         ),
     ] = 200
-    rewind_max_skip: Annotated[PositiveInt, about("`rewind`: batches skipped at most")] = 1000
+    rewind_skip_margin: Annotated[
+        NonNegativeInt,
+        about(
+            "`rewind`: batches skipped after the reload (the loader is not rewound: the steps "
+            "undone, from the checkpoint to the rewind, are already batches not trained on) ..."
+        ),
+    ] = 100
+    rewind_max_skip: Annotated[
+        PositiveInt,
+        about("... so that at most this many batches are not trained on in all (PaLM: 200-500)"),
+    ] = 500
+    remedy_budget: Annotated[
+        Annotated[float, Meta(ge=0, le=1)],
+        about(
+            "share of a run's steps (its lr schedule's `total_steps`, else its last step) "
+            "remedies may undo; past it and past `remedy_budget_floor` a remedy is not sent, "
+            "the incident says what was suggested and a person decides"
+        ),
+    ] = 0.05
+    remedy_budget_floor: Annotated[
+        NonNegativeInt, about("... steps remedies may undo in any run")
+    ] = 200
+    lead_s: Annotated[
+        NonNegativeFloat,
+        about(
+            "`rewind`, `lower_lr`: every rank carries it out at the end of the same step, this "
+            "many seconds of the run's steps (plus its window, in windowed mode, and 2) past "
+            "its last reported step: more than the advice's latency (p99 0.3 s locally)"
+        ),
+    ] = 5.0
+    max_lead_steps: Annotated[
+        Annotated[int, Meta(ge=2)],
+        about("... at most this many steps past it (this many while the run's pace is unknown)"),
+    ] = 200
     profile_s: Annotated[
         PositiveFloat, about("`profile`: seconds a straggler or idle GPU is profiled")
     ] = 30.0
