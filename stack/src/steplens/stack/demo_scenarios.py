@@ -4,7 +4,8 @@ Each scenario is one training run, trained twice from the same seed: with the re
 without. A plan is a pure function of the scenario and the run length, so the training script
 (which injects) and the demo (which scores) agree without talking. Steps here are the loop's
 iterations (``demo_train``): a rewind sends the model's step back, not the iterations, so a
-rewound run meets nothing twice; a bad shard comes back with the data (batches drawn).
+rewound run meets nothing twice; a bad shard's samples come back at their iterations until
+they are skipped.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def plan_scenario(name: str, steps: int, batch_size: int = 16, ranks: int = 2) -
                 last,
                 None,
                 f"the same {batch_size * ranks} corrupted samples (one batch a rank) come back "
-                f"every {every} batches",
+                f"every {every} steps",
                 ("spike", "loss", "batch", "data"),
                 {"every": float(every)},
             )

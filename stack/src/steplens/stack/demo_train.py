@@ -17,16 +17,18 @@ opt-in remedies: ``init(remedies=...)``, ``skipping(loader)``, ``checkpoint`` an
 
 Incidents follow the loop's iterations (its wall progress), not the model's step nor the
 batches read: a rewind sends the step back and skips batches, and the run meets each
-incident once, as a bad moment happens once. A bad shard (``--scenario bad_shard``) is in the
-data instead: it comes back with the batches drawn. ``--scenario``: one of ``demo_scenarios``
-instead of the demo's incident plan. ``--loss-file``: rank 0 writes each iteration's loss, the
-held-out loss at the end and what the remedies did (JSON lines), for the demo's comparison.
+incident once, as a bad moment happens once; a bad shard (``--scenario bad_shard``) comes back
+at its iterations until its samples are skipped. ``--scenario``: one of ``demo_scenarios``
+instead of the demo's incident plan; each iteration's batch then comes from its own seed, so
+the run with remedies and the run without train on the same batches except where a remedy
+changed them (a skipped batch is replaced, not the rest shifted). ``--loss-file``: rank 0
+writes each iteration's loss, the held-out loss at the end and what the remedies did (JSON
+lines), for the demo's comparison.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -117,9 +119,9 @@ class Incidents:
                 return inc
         return None
 
-    def shard_visit(self, drawn: int) -> bool:
-        """Whether this rank's ``drawn``-th batch is the bad shard's (it recurs)."""
-        return any(drawn in visits(i) for i in self.plan if i.kind == "bad_shard")
+    def shard_visit(self, it: int) -> bool:
+        """Whether the bad shard's samples come back at iteration ``it`` (they recur)."""
+        return any(it in visits(i) for i in self.plan if i.kind == "bad_shard")
 
     def announce(self, it: int) -> None:
         for inc in self.plan:
@@ -315,11 +317,14 @@ def train(args: argparse.Namespace) -> int:
 
         A straggler's delay happens here, so it shows as data loading time (``sl.timed``); a
         corrupted batch has over-length rows, of which the model reads the first ``seq_len``."""
-        slept, hit = -1, -1
-        for drawn in itertools.count():
+        slept, hit, last, k = -1, -1, -1, 0
+        while True:
             it = at[0]
+            k, last = (k + 1 if it == last else 0), it  # k: batches drawn for this iteration
+            if args.scenario is not None:  # twins differ only where a remedy changed the data
+                grammar.rng = np.random.default_rng([args.seed + 1, rank, it, k])
             ids_np, mask_np = make_batch(grammar, args.batch_size, args.seq_len)
-            names = [f"{rank}:{drawn}:{i}" for i in range(args.batch_size)]
+            names = [f"{rank}:{it}.{k}:{i}" for i in range(args.batch_size)]
             if incidents.active("duplicates", it):
                 rows = noise.integers(0, 4, size=args.batch_size)
                 ids_np, mask_np = dup_pool[0][rows], dup_pool[1][rows]
@@ -328,7 +333,7 @@ def train(args: argparse.Namespace) -> int:
                 hit = it
                 ids_np = corrupted_batch(noise, args.batch_size, args.seq_len)
                 mask_np = np.ones_like(ids_np)
-            if incidents.shard_visit(drawn):
+            if k == 0 and incidents.shard_visit(it):
                 ids_np, mask_np = shard, np.ones_like(shard)
                 names = [f"shard:{rank}:{i}" for i in range(args.batch_size)]
             slow = incidents.active("straggler", it)
