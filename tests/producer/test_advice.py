@@ -311,3 +311,16 @@ def test_the_desk_opens_its_source_aside_and_retries_after_a_failure():
     assert desk.poll(112.0) == 1 and len(box.inbox.queue) == 1
     desk.close()
     assert desk.source is None
+
+
+def test_past_the_cap_of_pairs_let_through_advice_is_refused_not_forgotten(monkeypatch):
+    import steplens.producer.advice_inbox as inbox_module
+
+    monkeypatch.setattr(inbox_module, "MAX_LET_THROUGH", 3)
+    box = Inbox(burst=10)
+    kept = [box.inbox.offer(msg(advice_bytes("run-a", fingerprint=f"f{i}"))) for i in range(5)]
+    assert [k is not None for k in kept] == [True, True, True, False, False]
+    assert box.inbox.counts == {"let_through_full": 2}
+    assert "no more this run" in box.refused[0][1]
+    assert box.inbox.offer(msg(advice_bytes("run-a", fingerprint="f0"))) is None  # remembered
+    assert box.inbox.counts["duplicate"] == 1

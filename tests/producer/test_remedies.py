@@ -128,10 +128,12 @@ def test_outcomes_refused_declined_failed_and_once_per_fingerprint(memory_monito
 
 
 class _Advice:
-    """Advice handed to ``Remedies.act`` directly (as ``sl.advice()`` yields it)."""
+    """Advice handed to ``Remedies.act`` directly (as ``sl.advice()`` yields it); for every
+    rank unless ``rank`` is given."""
 
     def __init__(self, action: str, fingerprint: str, **data: Any) -> None:
         self.action, self.fingerprint, self.rule = action, fingerprint, None
+        self.rank = data.get("rank", RUN_RANK)
         for k in (
             "sample_ids",
             "sample_hashes",
@@ -140,6 +142,9 @@ class _Advice:
             "skip_batches",
             "lr_factor",
             "duration_s",
+            "at_step",
+            "time_ns",
+            "received_ns",
         ):
             setattr(self, k, data.get(k))
 
@@ -247,6 +252,7 @@ def run_rewind(memory_monitor, tmp_path, remedy: bool) -> tuple[list[float], Any
                 checkpoint=ckpt,
                 checkpoint_step=39,
                 skip_batches=3,
+                at_step=42,
             )
         step = m.act(step) + 1
         steps.append(step)
@@ -295,7 +301,7 @@ def run_lower_lr(memory_monitor, remedy: bool) -> tuple[list[float], Any, Any, A
         m.log_step(step, loss=loss.detach())
         losses.append(float(loss.detach()))
         if remedy and step == 15:
-            advise(m, t, 15, action="lower_lr", fingerprint="corr-1", lr_factor=0.5)
+            advise(m, t, 15, action="lower_lr", fingerprint="corr-1", lr_factor=0.5, at_step=15)
         m.act(step)
     return losses, acted(t, m), (opt, sched), t
 
@@ -310,7 +316,7 @@ def test_lower_lr_scales_groups_and_schedule_and_the_loss_settles(memory_monitor
     assert opt.param_groups[0]["lr"] == pytest.approx(0.4)
     assert sched.base_lrs == [pytest.approx(0.4)]
     data = answers["lower_lr"].data
-    assert data["outcome"] == "acted" and data["detail"].startswith("lr x0.5 from step 16")
+    assert data["outcome"] == "acted" and data["detail"] == "lr x0.5 from step 16: 0.8 -> 0.4"
     assert answers["lower_lr"].step == 15
     metas = t.records("run_meta")
     assert metas[0].data["lr_schedule"] == {"kind": "constant", "peak_lr": 0.8}
@@ -357,30 +363,70 @@ def test_profile_writes_one_bounded_trace_and_names_it(memory_monitor, tmp_path,
 
 
 # ---------------------------------------------------------------------- ranks agree
+STEPS = 12
+
+
 def _rank_main(rank: int, port: int, out: str) -> None:
+    """Two runs of ``STEPS`` steps with a gradient all-reduce each (DDP's share): rank 0
+    receives the advice at step 2, rank 1 at step 5, agreed for step 8. In the first rank 1
+    calls ``act`` every step, in the second only at odd steps."""
     import torch.distributed as dist
 
-    from steplens.producer.monitor import Monitor
-    from steplens.producer.transport import MemoryTransport
-
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    m = Monitor("agree", transport=MemoryTransport(), rank=rank, hw_interval_s=0, remedies=ALL)
-    model = torch.nn.Linear(2, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    lower = _Advice("lower_lr", "corr-9", lr_factor=0.5)
-    lower.rank = RUN_RANK  # type: ignore[attr-defined]
-    arrives = 3 if rank == 0 else 6  # the advice reaches rank 1 three steps later
-    lrs = []
-    for step in range(10):
-        m.remedies.act(step, advice=[lower] if step == arrives else [], optimizer=opt)
-        lrs.append(opt.param_groups[0]["lr"])
-    Path(out).write_text(json.dumps(lrs))
-    m.shutdown(2)
+    calls = [0]
+    all_reduce = dist.all_reduce
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return all_reduce(*args, **kwargs)
+
+    dist.all_reduce = counted  # every collective of the process is the loop's own
+    result: dict[str, Any] = {}
+    t0 = time.monotonic()
+    for run, every in (("each", 1), ("odd", 2)):
+        m, t = _monitor(run, rank)
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        lrs, calls[0] = [], 0
+        for step in range(STEPS):
+            loss = model(torch.ones(4, 2)).sum()
+            opt.zero_grad()
+            loss.backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+            opt.step()
+            if step == (2 if rank == 0 else 5):
+                advise(m, t, step, action="lower_lr", fingerprint="c-1", lr_factor=0.5, at_step=8)
+            if rank == 0 or step % every == every - 1:
+                m.act(step, optimizer=opt)
+            lrs.append(opt.param_groups[0]["lr"])
+        m.flush(5)
+        answers = [r.data["detail"] for r in t.records("acted")]
+        result[run] = {
+            "lrs": lrs,
+            "collectives": calls[0],
+            "answers": answers,
+            "errors": m.stats()["remedies"],
+        }
+        m.shutdown(2)
+    result["seconds"] = time.monotonic() - t0
+    Path(out).write_text(json.dumps(result))
     dist.destroy_process_group()
 
 
+def _monitor(run: str, rank: int) -> tuple[Any, Any]:
+    from steplens.producer.monitor import Monitor
+    from steplens.producer.transport import MemoryTransport
+
+    t = MemoryTransport()
+    m = Monitor(f"agree-{run}", transport=t, rank=rank, hw_interval_s=0, remedies=ALL)
+    return m, t
+
+
 @pytest.mark.slow
-def test_ranks_lower_the_lr_at_the_same_step(tmp_path):
+def test_ranks_agree_by_at_step_without_a_collective(tmp_path):
+    """No collective in ``act``: a rank that calls it every other step does not stall the
+    other; the advice is carried out at its step on both ranks, or counted late."""
     import socket
 
     mp = torch.multiprocessing.get_context("spawn")
@@ -394,10 +440,25 @@ def test_ranks_lower_the_lr_at_the_same_step(tmp_path):
     for p in procs:
         p.start()
     for p in procs:
-        p.join(120)
+        p.join(180)
     assert [p.exitcode for p in procs] == [0, 0]
-    lrs = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
-    assert lrs[0] == lrs[1] == [1.0] * 6 + [0.5] * 4  # both at step 6, when rank 1 had it
+    got = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
+    at_8 = [1.0] * 8 + [0.5] * (STEPS - 8)
+    for r in range(2):
+        assert got[r]["each"]["collectives"] == got[r]["odd"]["collectives"] == 2 * STEPS
+        assert got[r]["seconds"] < 120
+    # both call act each step: both lower the lr at the end of step 8, on time
+    assert got[0]["each"]["lrs"] == got[1]["each"]["lrs"] == at_8
+    assert (
+        got[0]["each"]["answers"] == got[1]["each"]["answers"] == ["lr x0.5 from step 9: 1 -> 0.5"]
+    )
+    assert got[1]["each"]["errors"] == {}
+    # rank 1 skips act at step 8: it lowers the lr at step 9 and says so
+    assert got[0]["odd"]["lrs"] == at_8
+    assert got[1]["odd"]["lrs"] == [1.0] * 9 + [0.5] * (STEPS - 9)
+    [late] = got[1]["odd"]["answers"]
+    assert late == "lr x0.5 from step 10: 1 -> 0.5; 1 step after the agreed step 8"
+    assert got[1]["odd"]["errors"] == {"late": 1}
 
 
 def test_a_rewind_forgets_the_checkpoints_of_the_steps_it_left_behind(memory_monitor):

@@ -102,6 +102,7 @@ def test_hf_callback_reports_checkpoints_and_rewinds(memory_monitor, tmp_path):
         "checkpoint": "{out}/checkpoint-40",
         "checkpoint_step": 40,
         "skip_batches": 3,
+        "at_step": 44,  # the loader read batch 44 ahead: skipped from 45 on, reloaded at 44
     }
     without, _ = run_hf(memory_monitor, tmp_path, None)
     with_, t = run_hf(memory_monitor, tmp_path, rewind)
@@ -110,6 +111,7 @@ def test_hf_callback_reports_checkpoints_and_rewinds(memory_monitor, tmp_path):
     [answer] = t.records("acted")
     assert answer.data["outcome"] == "acted", answer.data
     assert "restored model, optimizer, scheduler" in answer.data["detail"]
+    assert answer.data["detail"].endswith("at step 44; skipped the 3 batches after")  # on time
     pre = without[39]  # after step 40
     assert with_[39] == pytest.approx(pre)
     back_with, back_without = back_on_trend(with_, 40, pre), back_on_trend(without, 40, pre)
@@ -119,7 +121,7 @@ def test_hf_callback_reports_checkpoints_and_rewinds(memory_monitor, tmp_path):
 
 @pytest.mark.slow
 def test_hf_callback_lowers_the_lr_of_the_trainers_optimizer(memory_monitor, tmp_path):
-    lower = {"action": "lower_lr", "fingerprint": "corr-hf", "lr_factor": 0.25}
+    lower = {"action": "lower_lr", "fingerprint": "corr-hf", "lr_factor": 0.25, "at_step": 43}
     _, t = run_hf(memory_monitor, tmp_path, lower)
     [answer] = t.records("acted")
     assert answer.data["outcome"] == "acted"
@@ -165,6 +167,7 @@ def run_lightning(memory_monitor, tmp_path, remedy: bool) -> tuple[list[float], 
                     checkpoint=path,
                     checkpoint_step=40,
                     skip_batches=3,
+                    at_step=44,
                 )
 
     class Record(L.Callback):  # type: ignore[misc,name-defined]
@@ -287,7 +290,7 @@ def test_lightning_callback_lowers_the_lr_and_profiles(memory_monitor, tmp_path,
     class Advise(L.Callback):  # type: ignore[misc,name-defined]
         def on_train_batch_end(self, trainer: Any, *_: Any) -> None:
             if trainer.global_step == 5:
-                advise(m, t, 5, action="lower_lr", fingerprint="c-pl", lr_factor=0.5)
+                advise(m, t, 5, action="lower_lr", fingerprint="c-pl", lr_factor=0.5, at_step=5)
                 advise(m, t, 5, action="profile", fingerprint="p-pl", duration_s=0.2)
 
     module = Module()
@@ -474,6 +477,7 @@ def test_lightning_trains_the_batch_after_a_rewinds_skip_from_the_checkpoint(
                     checkpoint=ckpt,
                     checkpoint_step=40,
                     skip_batches=3,
+                    at_step=44,
                 )
 
     trainer = L.Trainer(
@@ -492,6 +496,7 @@ def test_lightning_trains_the_batch_after_a_rewinds_skip_from_the_checkpoint(
     m.flush(5)
     [answer] = t.records("acted")
     assert answer.data["outcome"] == "acted", answer.data
+    assert answer.data["detail"].endswith("at step 44; skipped the 3 batches after")  # on time
     batches = [b for b, _ in trained]
     gap = next(k for k in range(1, len(batches)) if batches[k] != batches[k - 1] + 1)
     assert batches[gap] - batches[gap - 1] == 4, batches  # 3 skipped

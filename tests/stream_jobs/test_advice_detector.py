@@ -10,6 +10,7 @@ import asyncio
 import random
 from types import SimpleNamespace
 
+import numpy as np
 import orjson
 from prometheus_client import CollectorRegistry
 
@@ -99,6 +100,8 @@ def test_damage_that_stays_is_rewound_on_a_step_without_alerts_and_reported_agai
     head, parts = det.dump(det.series)
     back = RunDetector.load(head, lambda r, _slot: parts.get(r))
     assert back is not None and back.advice == det.advice
+    for name in ("loss_step", "loss_x", "loss_first"):
+        assert np.array_equal(getattr(back.advice, name), getattr(det.advice, name))
     assert back.advice.steps_lost == 122
     assert CODEC.unpack(CODEC.pack(det.advice)) == det.advice
 
@@ -107,9 +110,9 @@ def test_a_rank_that_rewinds_drops_the_losses_of_its_abandoned_steps():
     base = _noisy()
     det = RunDetector("r")
     _through(det, _records(range(300), lambda i, r: base(i)))
-    assert max(det.advice.losses) == 299
+    assert det.advice.loss_step.max() == 299
     _through(det, _records(range(201, 205), lambda i, r: base(i)))  # back to 201
-    assert max(det.advice.losses) == 204 and det.advice.last_step == 204
+    assert det.advice.loss_step.max() == 204 and det.advice.last_step == 204
 
 
 def _scorer(sent: list, registry: CollectorRegistry) -> Scorer:
@@ -157,3 +160,31 @@ def test_the_worker_sends_advice_decided_on_step_batches_without_alerts_and_coun
     ]
     assert suggested and suggested[-1]["held"] == "budget"
     assert "a person decides" in suggested[-1]["evidence"]
+
+
+def test_windowed_runs_are_judged_on_their_windows_with_the_window_in_the_lead():
+    base = _noisy()
+    det = RunDetector("r")
+    meta = {"world_size": 1, "remedies": ["rewind"]}
+    det.process(make_record("run_meta", meta, run_id="r", time_ns=_t(0)))
+    given = []
+    for first in range(0, 400, 10):
+        if first % 100 == 0:
+            det.process(make_record("checkpoint", {"path": f"/ck/{first}"}, run_id="r", step=first))
+        xs = [base(i) * (1.15 if i > 250 else 1.0) for i in range(first, first + 10)]
+        peak = 40.0 if first == 250 else max(xs)
+        mean = (sum(xs) + (peak - xs[0] if first == 250 else 0.0)) / 10
+        stats = {"count": 10, "mean": mean, "min": min(xs), "max": peak, "last": xs[-1]}
+        data = {"step_first": first, "step_last": first + 9, "count": 10, "metrics": {
+            "loss": stats,
+            "grad_norm": {"count": 10, "mean": 1.0, "min": 1.0, "max": 1.0, "last": 1.0},
+        }}  # fmt: skip
+        rec = make_record("step_window", data, run_id="r", step=first + 9, time_ns=_t(first + 9))
+        _, alerts = det.process(rec)
+        given += det.advise(alerts, rec.time_ns).given
+    [rewind] = given
+    assert det.advice.window == 10
+    d = rewind.data
+    # the spike's window ends at 259, its onset; judged at the first window starting past 269
+    assert (d["onset_step"], rewind.step, d["checkpoint_step"]) == (259, 279, 200)
+    assert d["at_step"] == rewind.step + 50 + 10 + 2  # 5 s of 0.1 s steps, the window, 2

@@ -12,6 +12,7 @@ import numpy as np
 
 from steplens.schema import RUN_RANK, decode
 from steplens.stream_jobs.engine.advice import (
+    LOSS_ROWS,
     AdviceConfig,
     AdviceState,
     RunNow,
@@ -27,6 +28,7 @@ from steplens.stream_jobs.engine.core import Alert
 from steplens.stream_jobs.engine.outputs import advice_bytes
 
 STEP_S = 0.1  # the run's pace in these tests
+ROW = np.zeros(1, np.int64)  # a loss of one row
 LEAD = math.ceil(5.0 / STEP_S) + 2  # the default lead of a run sending its steps one by one
 CKPTS = [(s, f"/c/{s}") for s in range(0, 400, 25)]
 
@@ -63,7 +65,7 @@ def trend(step: int) -> float:
 
 def feed(s: AdviceState, steps, loss=trend) -> None:
     for i in steps:
-        track_loss(s, np.array([i]), np.array([loss(i)]), None, int(i * STEP_S * 1e9))
+        track_loss(s, 0, np.array([i]), np.array([loss(i)]), None, ROW, [int(i * STEP_S * 1e9)])
 
 
 def run_at(s: AdviceState, step: int, total: int = 0) -> RunNow:
@@ -176,7 +178,7 @@ def test_windows_are_judged_once_one_starts_past_half_the_confirm_steps():
 
     def window(last: int, loss: float) -> None:
         t = int(last * STEP_S * 1e9)
-        track_loss(s, np.array([last]), np.array([loss]), np.array([last - 9]), t)
+        track_loss(s, 0, np.array([last]), np.array([loss]), np.array([last - 9]), ROW, [t])
 
     for last in range(9, 250, 10):
         window(last, trend(last))
@@ -265,24 +267,33 @@ def test_the_lead_covers_the_latency_in_steps_and_the_window():
     assert lead_steps(s, AdviceConfig(lead_s=0.0)) == 2
 
 
-def test_the_pace_is_measured_from_the_steps_of_every_rank():
+def test_the_loss_and_pace_are_the_lowest_ranks():
     s = AdviceState()
     rng = random.Random(1)
-    for i in range(100):
-        for rank_delay in (0.0, 0.03):  # a second rank reports the same steps later
-            t = int((i * 0.2 + rank_delay + rng.uniform(0, 0.01)) * 1e9)
-            track_loss(s, np.array([i]), np.array([2.0]), None, t)
-    assert abs(s.step_s - 0.2) < 0.02
-    assert s.losses[50] == [4.0, 2, 50]  # both ranks' losses of the step
+    for i in range(0, 100, 10):  # batches of 10 steps, rank 1's first
+        steps = np.arange(i, i + 10)
+        for rank in (1, 0):
+            times = [int((j * 0.2 + rank * 0.03 + rng.uniform(0, 0.01)) * 1e9) for j in steps]
+            xs = np.full(10, 2.0 + rank)
+            track_loss(s, rank, steps, xs, None, np.arange(10), times)
+    assert s.loss_rank == 0 and abs(s.step_s - 0.2) < 0.02
+    assert (s.loss_step[50], s.loss_x[50], s.last_step) == (50, 2.0, 99)  # rank 0's
 
 
 def test_the_losses_of_abandoned_steps_go_with_a_restart():
     s = AdviceState()
     feed(s, range(100))
     restarted(s, 60)
-    assert max(s.losses) == 59 and s.last_step == 59 and s.paced_step == -1
+    assert s.loss_step.max() == 59 and s.last_step == 59 and s.paced_step == -1
     feed(s, range(60, 70), lambda i: 5.0)
-    assert s.losses[65][0] == 5.0
+    assert s.loss_x[65] == 5.0
+
+
+def test_the_latest_steps_take_over_the_slots_of_older_ones():
+    s = AdviceState()
+    feed(s, range(LOSS_ROWS + 10))
+    assert s.loss_step[5] == LOSS_ROWS + 5
+    assert s.loss_step.min() == 10
 
 
 def test_pending_judgements_are_capped_and_counted():
@@ -291,3 +302,28 @@ def test_pending_judgements_are_capped_and_counted():
     for k in range(20):
         advise(s, cfg, [incident("spike:loss", fp=f"f{k}")], run_at(s, 250))
     assert len(s.pending) == 16 and s.dropped == 4
+
+
+def test_a_shared_remedy_the_storm_limit_holds_is_not_replaced_by_the_other():
+    cfg = AdviceConfig(lower_lr_repeats=1, burst=1, refill_s=3600.0)
+    s = state(remedies=["profile", "rewind", "lower_lr"])
+    feed(s, range(251))
+    [profile], _ = advise(s, cfg, [incident("straggler", fp="slow")], run_at(s, 250))
+    assert profile.action == "profile"  # the one token
+    advise(s, cfg, [incident("spike:loss", "correlation:loss_grad")], run_at(s, 250))
+    got = step_on(s, cfg, range(251, 280), lambda i: 1.15 * trend(i))
+    assert [(a.action, a.held) for _, a in got] == [("rewind", "storm")]
+    assert s.shared == {} and s.pending == []
+
+
+def test_an_incident_that_escalates_while_judged_is_rewound_before_its_lr_is_lowered():
+    cfg = AdviceConfig(lower_lr_repeats=1)
+    s = state()
+    feed(s, range(251))
+    warned = incident("spike:loss", "correlation:loss_grad", severity="warning")
+    advise(s, cfg, [warned], run_at(s, 250))
+    assert [c["want"] for c in s.pending] == [["lower_lr"]]
+    feed(s, range(251, 256), lambda i: 1.15 * trend(i))
+    advise(s, cfg, [incident("spike:loss", "correlation:loss_grad")], run_at(s, 255))
+    got = step_on(s, cfg, range(256, 280), lambda i: 1.15 * trend(i))
+    assert [a.action for _, a in got] == ["rewind"]

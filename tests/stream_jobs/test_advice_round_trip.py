@@ -1,8 +1,9 @@
 """The round trip on the local stack: two runs' ranks (real producers) and a worker on one set
-of topics; a loss spike in one run reaches that run's rank as advice (skip its samples, rewind
-to the checkpoint before it) and never the other run's, which refuses it unread; the rank's
-answer (``acted``) and its checkpoint go to the raw topic, and the incident is reported again
-with the advice and the answer in its evidence."""
+of topics; a loss that jumps in one run and stays up reaches that run's rank as advice (skip
+its samples, rewind to the checkpoint before it, at a step ahead of the run, with its cost)
+and never the other run's, which refuses it unread; the rank's answer (``acted``) and its
+checkpoint go to the raw topic, and the incident is reported again with the advice and the
+answer in its evidence."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from steplens.schema import RUN_RANK
 
 
 def test_advice_reaches_the_right_run_only_and_its_answer_comes_back(kafka, workers, tmp_path):
-    w = workers("--no-arima").start()
+    # 1 s of lead: at 50 steps a second the rewind undoes fewer steps than the budget's floor
+    w = workers("--no-arima", "--advice-lead-s", "1").start()
     w.wait_metrics()
     tag = uuid.uuid4().hex[:6]
     common = {
@@ -28,7 +30,7 @@ def test_advice_reaches_the_right_run_only_and_its_answer_comes_back(kafka, work
         f"spiky-{tag}",
         spool=tmp_path / "a",
         remedies=["skip_samples", "rewind"],
-        spikes=frozenset({120}),
+        spikes=frozenset(range(120, 160)),  # damage that stays: up from 120 to 159
         checkpoints={100: "/ckpt/step-100"},
         **common,
     )
@@ -48,7 +50,9 @@ def test_advice_reaches_the_right_run_only_and_its_answer_comes_back(kafka, work
     assert skip.run_id == spiky.run_id and skip.rank == RUN_RANK and skip.onset_step == 120
     assert skip.sample_ids == [f"{spiky.run_id}-120-{k}" for k in range(4)]
     assert (rewind.checkpoint, rewind.checkpoint_step) == ("/ckpt/step-100", 100)
-    assert rewind.skip_batches == 120 - 100 + 200
+    assert rewind.at_step > 120 and rewind.steps_lost == rewind.at_step - 100
+    assert rewind.skip_batches == rewind.batches_skipped == min(100, 500 - rewind.steps_lost)
+    assert "far off trend" in rewind.evidence and (skip.steps_lost, skip.batches_skipped) == (0, 0)
     assert skip.fingerprint == rewind.fingerprint  # one incident
     assert calm.seen == []  # the other run on the same topic got nothing
     assert calm.monitor is not None and spiky.monitor is not None
@@ -89,9 +93,14 @@ def test_advice_reaches_the_right_run_only_and_its_answer_comes_back(kafka, work
 
     alerts = kafka.collect(kafka.topics.alerts, lambda recs: bool(answered(recs)), timeout_s=30)
     advised = [r for r in alerts if r.data["evidence"].get("remedies")]
-    first = advised[0].data["evidence"]["remedies"]  # the report that advised
-    assert {a["action"] for a in first} == {"skip_samples", "rewind"}
-    assert all(a["answers"] == [] for a in first)
+    both = next(  # the report of the rewind's step
+        r.data["evidence"]["remedies"]
+        for r in advised
+        if {a["action"] for a in r.data["evidence"]["remedies"]} == {"skip_samples", "rewind"}
+    )
+    assert all(a["answers"] == [] for a in both)
+    (told,) = [a for a in both if a["action"] == "rewind"]
+    assert (told["at_step"], told["steps_lost"]) == (rewind.at_step, rewind.steps_lost)
     (again, *_) = answered(alerts)
     assert again.data["fingerprint"] == skip.fingerprint
     (skipped,) = [a for a in again.data["evidence"]["remedies"] if a["action"] == "skip_samples"]

@@ -170,7 +170,7 @@ def act(step: int, **targets: Any) -> int:
     if m is None:
         _missing()
         return step
-    return m.act(step, **targets)
+    return m.act(step, **targets) if targets else m.act(step)  # no empty dict passed on
 
 
 def probe_comm(every: int = 100) -> None:

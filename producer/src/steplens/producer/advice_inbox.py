@@ -9,8 +9,9 @@ remedy) and hands each to ``AdviceInbox.offer``, which keeps what is for this ru
 - a broken or hostile one (not a record, not ``advice``, a run id that is not the key's) is
   counted and dead-lettered, by rank 0 only (every rank of the run reads the same message);
 - a (fingerprint, action) seen before is ignored (the worker publishes at least once). What
-  was let through is never forgotten (the rate limit keeps that set small); what was refused
-  is remembered in a bounded set (the oldest forgotten first, counted);
+  was let through is never forgotten (the rate limit keeps that set small; past
+  ``MAX_LET_THROUGH`` everything is refused rather than forgotten); what was refused is
+  remembered in a bounded set (the oldest forgotten first, counted);
 - advice for a remedy the run did not opt into is answered with an ``acted`` record
   ``refused`` and never reaches the loop;
 - past the rate limit (``RateLimit``: ``burst`` pieces at once, then one per ``refill_s``) a
@@ -48,6 +49,8 @@ Message = tuple[bytes | None, bytes | None, int, int]
 SEEN_MAX = 4096  # refused (fingerprint, action) pairs remembered; the oldest forgotten beyond
 AUTO = frozenset({"profile"})  # carried out at the next log_step, without sl.act()
 ANSWERS_BURST = 64  # refusals answered at once; then one a second
+# pairs let through, never forgotten: past this many (weeks at the rate limit) all is refused
+MAX_LET_THROUGH = 65_536
 
 
 class RateLimit:
@@ -187,6 +190,10 @@ class AdviceInbox:
         if data.action not in self.remedies:
             why = f"remedy {data.action!r} not enabled: init(remedies=[...])"
             self._refuse(pair, advice, "not_opted_in", why)
+            return None
+        if len(self._let_through) >= MAX_LET_THROUGH:
+            why = f"{MAX_LET_THROUGH} pieces of advice let through already: no more this run"
+            self._refuse(pair, advice, "let_through_full", why)
             return None
         shared = rec.rank == RUN_RANK
         limit = self.limits["run" if shared else "rank"]

@@ -37,6 +37,8 @@ class Instruments:
     pid: int
     _accepting: bool
     _remedies: Any  # Remedies, made on first use
+    _advice: Any  # deques of the advice that arrived: for the loop, and for log_step
+    _auto: Any
 
     def _put(self, item: Any) -> None:
         raise NotImplementedError  # pragma: no cover - the Monitor's
@@ -296,9 +298,16 @@ class Instruments:
     def act(self, step: int, **targets: Any) -> int:
         """Carry out the advice that arrived, at the end of ``step``; the step the model is at
         after it (a rewind's checkpoint step, else ``step``). ``targets``: ``model``,
-        ``optimizer``, ``scheduler`` (default: the watched ones), ``load(path)``."""
+        ``optimizer``, ``scheduler`` (default: the watched ones), ``load(path)``. Advice for
+        every rank that changes the model waits for its ``at_step``; no collective, so a
+        rank may call this at any steps (a late one is counted)."""
         try:
-            return int(self.remedies.act(step, **targets))
+            r = self._remedies
+            if r is None:
+                r = self.remedies
+            if not (self._advice or self._auto or r.busy() or "advice" in targets):
+                return step  # the common case: nothing arrived, nothing under way
+            return int(r.act(step, **targets))
         except Exception:
             self.counts.caller += 1
             return step

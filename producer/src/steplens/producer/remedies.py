@@ -161,7 +161,7 @@ class Remedies:
             if advice is None:  # nothing arrived, nothing held or under way: done
                 auto = self._take_auto() if self._take_auto is not None else ()
                 new = self._take() if self._take is not None else ()
-                if not (new or auto or self._held or self._trace or self._rewinding):
+                if not (new or auto or self.busy()):
                     return step
                 advice = [*auto, *new]
             self._finish_profile(step, force=False)
@@ -182,6 +182,11 @@ class Remedies:
         except Exception:
             self.monitor.counts.caller += 1
         return at
+
+    def busy(self) -> bool:
+        """Advice held for its step, a trace or a rewind under way: ``act`` has work even
+        when nothing new arrived."""
+        return bool(self._held) or self._trace is not None or self._rewinding is not None
 
     def _hold(self, advice: Any, step: int) -> None:
         if len(self._held) >= MAX_WAITING:

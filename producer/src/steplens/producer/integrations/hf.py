@@ -48,9 +48,11 @@ class SteplensCallback(TrainerCallback):
 
     Every checkpoint the Trainer saves is reported (``checkpoint``). With remedies
     (``init(remedies=[...])``) the advice is carried out after each optimizer step
-    (``Monitor.act``): a rewind reloads a ``checkpoint-N`` folder into the model, optimizer and
-    scheduler and, when ``train_dataset`` is a ``skipping()`` dataset, skips the next
-    batches' samples; the Trainer's step count goes on (the run keeps its length)."""
+    (``Monitor.act``, no collective): a rewind reloads a ``checkpoint-N`` folder into the
+    model, optimizer and scheduler and, when ``train_dataset`` is a ``skipping()`` dataset,
+    skips the next batches' samples; the Trainer's step count goes on (the run keeps its
+    length). The loader reads one batch ahead: a rewind for ``at_step`` starts one step
+    before, so the reload falls at the end of ``at_step`` on every rank."""
 
     def __init__(self, monitor: Any = None, watch_every: int | None = None, **init_kwargs: Any):
         self._monitor = monitor

@@ -28,9 +28,11 @@ class SteplensCallback(Callback):
 
     Every checkpoint a ``ModelCheckpoint`` saves is reported (``checkpoint``), at the step it
     was saved at. With remedies (``init(remedies=[...])``) the advice is carried out after each
-    training batch (``Monitor.act``): a rewind reloads a Lightning checkpoint into the module,
-    the first optimizer and scheduler and skips the next batches of a ``skipping()`` loader;
-    the Trainer's step count goes on."""
+    training batch (``Monitor.act``, no collective): a rewind reloads a Lightning checkpoint
+    into the module, the first optimizer and scheduler and skips the next batches of a
+    ``skipping()`` loader; the Trainer's step count goes on. Where the fit loop reads a batch
+    ahead (a loader without a length) a rewind for ``at_step`` starts one step before, so the
+    reload falls at the end of ``at_step`` on every rank."""
 
     def __init__(self, monitor: Any = None, watch_every: int | None = 10, **init_kwargs: Any):
         self._monitor = monitor

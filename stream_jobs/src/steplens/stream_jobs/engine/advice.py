@@ -9,21 +9,22 @@ becomes advice for the remedies the run opted into (its ``run_meta``'s ``remedie
   It costs nothing: no step lost, no batch skipped; its evidence names how many samples.
 * ``rewind`` (shared by every rank): only for damage that stays. A loss spike (or non-finite
   loss or gradient) of at least ``rewind_severity`` is judged against the loss's trend before
-  its onset: the median of the last ``trend_steps`` finite losses before it (each step's
-  mean over the ranks that reported it; in windowed mode each window's). ``rewind_confirm_steps``
-  (K) steps after the onset (windowed: at the first window past it that starts after onset +
-  K/2), the median loss of the steps after onset + K/2 still above the trend by more than its
-  tolerance (``trend_tolerance`` of the trend, or 3 MADs of those losses, whichever is more) is
-  damage that stays; back within it, a blip: no rewind, no lr change. A non-finite loss or
-  gradient is damage at once; a loss far above the trend (4 tolerances) at every step since the
-  onset, and not falling, is divergence: damage before K steps. The checkpoint: the latest the
-  run reported before the onset and at most ``rewind_max_back`` steps before it (PaLM restarted
-  about 100 steps before a spike); none: not sent, the incident says what was suggested and
-  that a person decides. The loader is not rewound: after the reload the run goes on with its
-  next batches, so the ``steps_lost`` (``at_step`` - the checkpoint's step) batches trained on
-  since the checkpoint are not trained on again, and ``skip_batches`` = min(``rewind_skip_margin``,
-  ``rewind_max_skip`` - ``steps_lost``), at least 0, skips a margin more: ``batches_skipped``,
-  at most ``rewind_max_skip`` in all (PaLM: 200 to 500).
+  its onset: the median of the last ``trend_steps`` finite losses before it (the run's lowest
+  rank's: the weights' damage shows on every rank; in windowed mode its windows'). K
+  (``rewind_confirm_steps``) steps after the onset (windowed: at the first window that starts
+  past onset + K/2), the median loss of the latest K/2 steps (past onset + K/2) still above the
+  trend by more than its tolerance (``trend_tolerance`` of the trend, or 3 MADs of those
+  losses, whichever is more) is damage that stays; back within it, a blip: no rewind, no lr
+  change. A non-finite loss or gradient is damage at once; a loss far above the trend (4
+  tolerances) at every step since the onset, and not falling, is damage before K steps. The
+  checkpoint: the latest the run reported before the onset and at most ``rewind_max_back``
+  steps before it (PaLM restarted about 100 steps before a spike); none: not sent, the
+  incident says what was suggested and that a person decides. The loader is not rewound: after
+  the reload the run goes on with its next batches, so the ``steps_lost`` (``at_step`` - the
+  checkpoint's step) batches trained on since the checkpoint are not trained on again, and
+  ``skip_batches`` = min(``rewind_skip_margin``, ``rewind_max_skip`` - ``steps_lost``), at
+  least 0, skips a margin more: ``batches_skipped``, at most ``rewind_max_skip`` in all (PaLM:
+  200 to 500).
 * ``lower_lr`` (shared): a loss and gradient correlation that keeps coming back (its
   ``lower_lr_repeats``-th incident or episode within ``lower_lr_window`` steps), when its damage
   stays (judged as for a rewind); the lr is multiplied by ``lr_factor``.
@@ -51,14 +52,16 @@ Each piece of advice carries its cost (``steps_lost``, ``batches_skipped``) and 
 restart is harmless. A storm is limited per run by a token bucket on the records' time
 (``burst`` at once, one more every ``refill_s``): what it holds back is counted (``held``,
 reason "storm") and not sent later. Incidents waiting for their judgement are kept per run
-(``MAX_PENDING``, the oldest dropped and counted), with the run's last ``LOSS_ROWS`` losses
-(``track_loss``: fed per step only for a run that opted into a shared remedy).
+(``MAX_PENDING``, the oldest dropped and counted), with the run's losses of its last
+``LOSS_ROWS`` steps (``track_loss``: a few array writes per step batch of its lowest rank, only
+for a run that opted into a shared remedy).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -84,7 +87,7 @@ PROFILE_RULES = frozenset({"straggler", "threshold:gpu_util", "correlation:data_
 
 TREND_MADS = 3.0  # a loss is off its trend past this many MADs (x 1.4826) of the pre-onset ones
 DIVERGED_TOLERANCES = 4.0  # ... and diverging past this many tolerances at every step
-LOSS_ROWS = 256  # the run's latest loss rows kept (steps, or windows)
+LOSS_ROWS = 1024  # slots of the run's loss rows (steps, or windows: the latest ones)
 MAX_PENDING = 16  # incidents of a run waiting for their judgement
 MIN_TREND = 5  # finite losses before the onset needed to judge against them
 EMA = 0.2  # weight of the latest pace in the run's seconds per step
@@ -114,6 +117,10 @@ class AdviceConfig:
     max_advised: int = 1024
 
 
+def _no_rows() -> np.ndarray:
+    return np.zeros(0, np.int64)
+
+
 @dataclass
 class AdviceState:
     remedies: list[str] = field(default_factory=list)  # what the run opted into
@@ -124,9 +131,14 @@ class AdviceState:
     refilled_ns: int = 0
     given: int = 0
     held: int = 0  # held back: by the storm limit, the budget, no checkpoint in range
-    # the run's loss (``track_loss``): step -> [sum over ranks, ranks, first step (a window's)]
-    losses: dict[int, list[Any]] = field(default_factory=dict)
-    last_step: int = -1  # the largest step of ``losses``
+    # the run's loss (``track_loss``): its lowest rank's (the weights' damage shows on every
+    # rank), each step (a window: its last) in slot step % LOSS_ROWS: the step (-1: none),
+    # the loss, the first step (a window's)
+    loss_rank: int = -1
+    loss_step: np.ndarray = field(default_factory=_no_rows, compare=False)
+    loss_x: np.ndarray = field(default_factory=_no_rows, compare=False)
+    loss_first: np.ndarray = field(default_factory=_no_rows, compare=False)
+    last_step: int = -1  # the largest step of the losses
     paced_step: int = -1  # the step and time the run's pace was last measured at
     paced_ns: int = 0
     step_s: float = 0.0  # seconds per step (EMA; 0: unknown)
@@ -192,34 +204,43 @@ def keep_checkpoint(state: AdviceState, cfg: AdviceConfig, step: int | None, pat
 
 
 # ------------------------------------------------------------------ the run's loss
-def track_loss(
+def track_loss(  # noqa: PLR0917
     state: AdviceState,
+    rank: int,
     steps: np.ndarray,
     xs: np.ndarray,
     firsts: np.ndarray | None,
-    time_ns: int,
+    rows: np.ndarray,
+    times_ns: Sequence[int],
 ) -> None:
-    """A rank's finite losses at ``steps`` (windowed: means over ``firsts``..``steps``), the
-    row of the largest step at ``time_ns``: each step's sum and count over the ranks, the
-    run's pace (seconds per step) and its window."""
-    table = state.losses
-    step_list = steps.tolist()
-    first_list = step_list if firsts is None else firsts.tolist()
-    for s, x, f in zip(step_list, xs.tolist(), first_list, strict=True):
-        if s < 0:
-            continue
-        got = table.get(s)
-        if got is None:
-            table[s] = [x, 1, f]
-        else:
-            got[0] += x
-            got[1] += 1
-    while len(table) > LOSS_ROWS:
-        del table[next(iter(table))]
-    top = max(step_list, default=-1)
+    """A rank's finite losses at ``steps`` (windowed: means over ``firsts``..``steps``), of
+    batch ``rows`` (each row's time in ``times_ns``): kept when it is the run's lowest rank (a
+    lower one takes over), with the run's pace (seconds per step) and its window."""
+    if state.loss_rank < 0 or rank < state.loss_rank:
+        state.loss_rank = rank
+    elif rank != state.loss_rank or not len(steps):
+        return
+    if len(state.loss_step) != LOSS_ROWS:
+        state.loss_step = np.full(LOSS_ROWS, -1, np.int64)
+        state.loss_x = np.zeros(LOSS_ROWS)
+        state.loss_first = np.zeros(LOSS_ROWS, np.int64)
+    if firsts is None:
+        firsts = steps
+    if steps.min() < 0:  # rows without a step
+        ok = steps >= 0
+        steps, xs, firsts, rows = steps[ok], xs[ok], firsts[ok], rows[ok]
+        if not len(steps):
+            return
+    at = steps % LOSS_ROWS
+    state.loss_step[at] = steps
+    state.loss_x[at] = xs
+    state.loss_first[at] = firsts
+    k = int(np.argmax(steps))
+    top = int(steps[k])
+    time_ns = int(times_ns[int(rows[k])])
     state.last_step = max(state.last_step, top)
-    if firsts is not None and step_list:  # windows: the last one's steps
-        state.window = max(1, step_list[-1] - first_list[-1] + 1)
+    if firsts is not steps:  # windows: the last one's steps
+        state.window = max(1, int(steps[-1]) - int(firsts[-1]) + 1)
     if top > state.paced_step:
         if state.paced_step >= 0 and time_ns > state.paced_ns:
             pace = (time_ns - state.paced_ns) / 1e9 / (top - state.paced_step)
@@ -230,8 +251,8 @@ def track_loss(
 def restarted(state: AdviceState, step: int) -> None:
     """A rank resumes at ``step`` (a rewind, a restart): the losses of the abandoned steps go,
     and the pace is measured again from its next steps."""
-    state.losses = {s: e for s, e in state.losses.items() if s < step}
-    state.last_step = max(state.losses, default=-1)
+    state.loss_step[state.loss_step >= step] = -1
+    state.last_step = int(state.loss_step.max()) if len(state.loss_step) else -1
     state.paced_step = -1
 
 
@@ -252,13 +273,20 @@ def budget(cfg: AdviceConfig, run: RunNow) -> int:
 def _trend(state: AdviceState, cfg: AdviceConfig, onset: int) -> list[float] | None:
     """[trend, tolerance]: the median of the last ``trend_steps`` finite losses before the onset
     and how far above it a loss may be; None without ``MIN_TREND`` of them."""
-    before = sorted((s, e) for s, e in state.losses.items() if s < onset)[-cfg.trend_steps :]
-    xs = [e[0] / e[1] for _, e in before]
+    _, xs, _ = _rows(state, state.loss_step < onset)
+    xs = xs[-cfg.trend_steps :]
     if len(xs) < MIN_TREND:
         return None
-    trend = statistics.median(xs)
-    mad = statistics.median(abs(x - trend) for x in xs)
+    trend = float(np.median(xs))
+    mad = float(np.median(np.abs(xs - trend)))
     return [trend, max(cfg.trend_tolerance * abs(trend), TREND_MADS * 1.4826 * mad)]
+
+
+def _rows(state: AdviceState, where: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The kept loss rows ``where`` says, by step: (steps, losses, first steps)."""
+    pick = np.flatnonzero(where & (state.loss_step >= 0))
+    order = pick[np.argsort(state.loss_step[pick], kind="stable")]
+    return state.loss_step[order], state.loss_x[order], state.loss_first[order]
 
 
 def _verdict(state: AdviceState, cfg: AdviceConfig, c: dict[str, Any]) -> tuple[bool, str] | None:
@@ -267,10 +295,13 @@ def _verdict(state: AdviceState, cfg: AdviceConfig, c: dict[str, Any]) -> tuple[
     base, (trend, tol) = c["base"], c["trend"]
     k = cfg.rewind_confirm_steps
     since = "the onset" if c["first"] is None else f"the {c['first']}'s step {base}"
-    after = sorted((s, e[0] / e[1], e[2]) for s, e in state.losses.items() if e[2] > base)
-    if not after:
+    if not len(state.loss_step):
         return None
-    xs = [x for _, x, _ in after]
+    steps, values, firsts = _rows(state, state.loss_first > base)
+    if not len(steps):
+        return None
+    after = list(zip(steps.tolist(), values.tolist(), firsts.tolist(), strict=True))
+    xs = values.tolist()
     half = len(xs) // 2
     far = trend + DIVERGED_TOLERANCES * tol
     if (
@@ -403,7 +434,7 @@ def _register(state: AdviceState, cfg: AdviceConfig, a: Alert) -> None:
         return
     c = next((p for p in state.pending if p["fp"] == fp), None)
     if c is not None:
-        c["want"] += [w for w in want if w not in c["want"]]
+        c["want"] = [w for w in SHARED if w in c["want"] or w in want]  # a rewind first
         return
     first = state.shared.get(fp)
     c = {
@@ -453,8 +484,8 @@ def _decide(  # noqa: PLR0917
             )
             data = {"lr_factor": cfg.lr_factor, "steps_lost": 0, "batches_skipped": 0}
             adv = _advised(c, run, "lower_lr", at_step, text, data)
-        sent = _emit(state, cfg, adv, run.now_ns, given, held)
-        if sent:
+        outcome = _emit(state, cfg, adv, run.now_ns, given, held)
+        if outcome == "sent":
             state.steps_lost += int(adv.data.get("steps_lost") or 0)
             state.shared[fp] = [action, at_step]
             while len(state.shared) > cfg.max_advised:
@@ -464,7 +495,7 @@ def _decide(  # noqa: PLR0917
                 again = {"base": at_step, "first": action, "want": rest, "evidence": ""}
                 state.pending.append({**c, **again})
             return
-        if adv.held == "storm":
+        if outcome == "storm":  # not sent later, and nothing else now
             return
 
 
@@ -538,21 +569,22 @@ def _emit(  # noqa: PLR0917
     now_ns: int,
     given: list[Advised],
     held: list[Advised],
-) -> bool:
-    """Give ``adv`` once per (incident, action), within the storm limit; whether it was sent."""
+) -> str | None:
+    """Give ``adv`` once per (incident, action), within the storm limit: "sent", why it was
+    held, or None (advised before)."""
     key = f"{adv.data['fingerprint']}|{adv.action}"
     if key in state.advised:
-        return False
+        return None
     state.advised[key] = adv.step if adv.step is not None else -1
     while len(state.advised) > cfg.max_advised:
         del state.advised[next(iter(state.advised))]
     if adv.held is None and _take_token(state, cfg, now_ns):
         state.given += 1
         given.append(adv)
-        return True
+        return "sent"
     state.held += 1
     held.append(adv if adv.held is not None else replace(adv, held="storm"))
-    return False
+    return held[-1].held
 
 
 def _samples(members: list[dict[str, Any]]) -> tuple[list[str], list[str]]:

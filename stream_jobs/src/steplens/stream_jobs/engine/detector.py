@@ -339,9 +339,9 @@ class RunDetector:
             if metric == "loss":
                 self.run.track_loss(col.xs, cfg.train_loss_alpha)
                 if self.advice.watch and rank != RUN_RANK:  # what a rewind is judged on
-                    top = int(np.argmax(col.steps))
-                    t = int(times_ns[int(col.rows[top])])
-                    advising.track_loss(self.advice, col.steps, col.xs, col.firsts, t)
+                    advising.track_loss(
+                        self.advice, rank, col.steps, col.xs, col.firsts, col.rows, times_ns
+                    )
         if rank != RUN_RANK and n:
             batch += step_tail.tail(
                 self.ranks,
