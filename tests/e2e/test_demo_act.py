@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import pytest
 
-pytestmark = [pytest.mark.stack, pytest.mark.slow]
+from steplens.stack.demo_recovery import TOLERANCE
 
-TOLERANCE = 0.01  # the demo's (steplens.stack.demo_recovery.TOLERANCE): the tests read its output
+pytestmark = [pytest.mark.stack, pytest.mark.slow]
 
 
 @dataclass

@@ -4,9 +4,10 @@ scorecard (``demo_recovery``). Exits non-zero when a scenario breaks its promise
 
 The run with remedies instruments itself as the README's loop does (``init(remedies=[...])``,
 ``timed(skipping(loader))``, a checkpoint and ``checkpoint(step, path)`` about six times a run,
-``act(step)`` every step); the run without is the same script with ``remedies=[]``. Both send
-every step (``STEPLENS_FULL_RESOLUTION``): the demo's steps take about 0.1 s, so a 10 s window
-would be a third of a run, where a real job's steps of seconds make it a few steps.
+``act(step)`` every step); the run without is the same script with ``remedies=[]``. Both at the
+producer's defaults but one: windows of at most 1 s (``STEPLENS_WINDOW_S``), as the steps are
+scaled: a demo step takes about 0.1 s, so the default 10 s window would be a third of a run,
+where a real job's steps of a second or more make it 10 steps or fewer.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from steplens.stack.demo_scenarios import SCENARIOS, checkpoint_every, plan_scen
 
 ACT_STEPS = 300
 QUICK_ACT_STEPS = 200
-ACT_ENV = {"STEPLENS_FULL_RESOLUTION": "1"}
+ACT_ENV = {"STEPLENS_WINDOW_S": "1"}
 SEED = 1234
 
 Train = Callable[[str, list[str], dict[str, str]], int]  # (run id, script args, env) -> exit

@@ -23,9 +23,11 @@ from typing import Any
 from steplens.stack.demo_incidents import Incident
 from steplens.stack.demo_scenarios import EXPECT, visits
 
-# The final held-out loss of two runs that differ only in what they train on after a remedy
-# (skipped samples, a different batch order) moves by up to 0.3 % on this model (the same
-# run with three other data orders: docs/demo.md); 1 % is a third of the bad shard's harm.
+# Twins train on the same batches (each iteration's from its own seed), so a scenario's two
+# runs differ only where a remedy changed what they train on: the blip's and the healthy
+# run's end identical. Whole other data orders end up to 5.8 % apart on this model (four
+# orders, bench/RESULTS.md): the comparison is fair only between such twins, and 1 % is what a
+# remedy that replaced a few batches may move the end by without having helped or hurt.
 TOLERANCE = 0.01
 EVIDENCE_CHARS = 160
 
