@@ -159,6 +159,12 @@ def parse_args(argv: list[str], prog: str) -> argparse.Namespace:
         help="prove the remedies: each scenario trained with them and without (docs/demo.md)",
     )
     p.add_argument(
+        "--scenario",
+        action="append",
+        default=None,
+        help="--act: only this scenario (repeatable; default: all four)",
+    )
+    p.add_argument(
         "--settle-s",
         type=float,
         default=120.0,

@@ -48,12 +48,16 @@ def run_scenarios(
 
     steps = act_steps(args)
     every = checkpoint_every(steps)
+    names = [n for n in SCENARIOS if n in (args.scenario or SCENARIOS)]
+    if not names:
+        say(f"[demo] no such scenario: {', '.join(args.scenario)} (one of {', '.join(SCENARIOS)})")
+        return 2
     say(
-        f"[demo] {len(SCENARIOS)} scenarios x 2 runs of {steps} steps from seed {SEED} "
+        f"[demo] {len(names)} scenarios x 2 runs of {steps} steps from seed {SEED} "
         f"(checkpoints every {every} steps)"
     )
     results: list[tuple[str, list[Any], LossRun, LossRun]] = []
-    for name in SCENARIOS:
+    for name in names:
         runs: dict[bool, LossRun] = {}
         for act in (True, False):
             run_id = f"{args.run_id}-{name}" + ("" if act else "-base")
