@@ -11,7 +11,7 @@ way makes. Prints the slowest rank's median step time of each way and its ratio 
 the wall clock and in the process's CPU time (gloo's threads included: the figure that holds
 on a loaded machine), per world size; and the calls alone (one rank, no training) in ns.
 
-    python bench/bench_act_overhead.py             # 2 and 4 ranks, about a minute
+    python bench/bench_act_overhead.py             # 2 and 4 ranks, about 2 minutes on 2 cores
     python bench/bench_act_overhead.py --worlds 2 --blocks 20
 """
 
