@@ -7,9 +7,10 @@ under torchrun (``demo_train``) with scripted incidents, waits for the stream jo
 up, prints what steplens caught next to what was injected, and writes the report (``steplens
 report``). The stack stays up; `steplens stack down` stops it.
 
-With ``--act`` the run opts into every remedy, and the same run from the same seed trains again
-without them (its stall and straggler left out: they change no loss) for the scorecard's
-remedies lines (``demo_recovery``).
+With ``--act`` it proves the remedies instead (``demo_act``): four scenarios (a one-batch
+blip, an lr blow-up that diverges, a bad shard that recurs, a healthy run), each trained from
+one seed with the remedies and without, and a scorecard of what the remedies did, what they
+cost and how each run ended (``demo_recovery``); a broken promise exits non-zero.
 """
 
 from __future__ import annotations
@@ -59,10 +60,11 @@ def run_training(
     children: Children,
     *,
     run_id: str | None = None,
-    extra: tuple[str, ...] = (),
+    script: list[str] | None = None,
 ) -> int:
     """torchrun with 2 ranks; its lines are shown as they come (they carry the progress).
-    ``run_id`` (default: the demo's) and ``extra`` arguments of the training script."""
+    ``run_id`` (default: the demo's); ``script``: the training script's arguments (default:
+    the demo's run with its incident plan)."""
     cmd = [
         sys.executable,
         "-m",
@@ -79,15 +81,20 @@ def run_training(
         "steplens.stack.demo_train",
         "--run-id",
         run_id or args.run_id,
-        "--steps",
-        str(args.steps),
-        "--stall-s",
-        str(args.stall_s),
-        "--slow-s",
-        str(args.slow_s),
-        "--incidents-file",
-        str(plan_file),
-        *extra,
+        *(
+            script
+            if script is not None
+            else [
+                "--steps",
+                str(args.steps),
+                "--stall-s",
+                str(args.stall_s),
+                "--slow-s",
+                str(args.slow_s),
+                "--incidents-file",
+                str(plan_file),
+            ]
+        ),
     ]
     train_env = {**env, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     log = open_private(log_dir / f"train-{run_id}.log" if run_id else log_dir / "train.log")
@@ -126,42 +133,15 @@ def run_training(
             proc.wait(timeout=10)
 
 
-def compare_without_remedies(
-    args: argparse.Namespace,
-    env: dict[str, str],
-    run_dir: Path,
-    children: Children,
-    plan: list[Any],
-) -> int:
-    """Train the same run again without remedies and print the remedies lines."""
-    from steplens.stack.demo_recovery import read_run, remedy_lines
-
-    say("[demo] the same run without remedies, for the comparison ...")
-    base = run_dir / "losses-base.jsonl"
-    rc = run_training(
-        args,
-        env,
-        run_dir / "incidents-base.json",
-        run_dir,
-        children,
-        run_id=f"{args.run_id}-base",
-        extra=("--no-timing-incidents", "--loss-file", str(base)),
-    )
-    if rc != 0:
-        say(f"[demo] the run without remedies failed (exit {rc})")
-        return 1
-    with_ = read_run(run_dir / "losses-act.jsonl")
-    say("\n".join(remedy_lines(plan, with_, read_run(base))))
-    return 0
-
-
 def parse_args(argv: list[str], prog: str) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=500, help="training steps (default 500)")
+    p.add_argument(
+        "--steps", type=int, default=None, help="training steps (default 500; --act: 300 a run)"
+    )
     p.add_argument(
         "--quick",
         action="store_true",
-        help=f"{QUICK_STEPS} steps and a 35 s stall (about 3 minutes in all)",
+        help=f"{QUICK_STEPS} steps and a 35 s stall (about 3 minutes in all; --act: 200 a run)",
     )
     p.add_argument("--run-id", default="", help="default: demo-<random>")
     p.add_argument("--ranks", type=int, default=2)
@@ -183,7 +163,13 @@ def parse_args(argv: list[str], prog: str) -> argparse.Namespace:
     p.add_argument(
         "--act",
         action="store_true",
-        help="opt into the remedies; compare the loss incidents with the same run without",
+        help="prove the remedies: each scenario trained with them and without (docs/demo.md)",
+    )
+    p.add_argument(
+        "--scenario",
+        action="append",
+        default=None,
+        help="--act: only this scenario (repeatable; default: all four)",
     )
     p.add_argument(
         "--settle-s",
@@ -193,6 +179,9 @@ def parse_args(argv: list[str], prog: str) -> argparse.Namespace:
     )
     p.add_argument("--train-timeout-s", type=float, default=900.0)
     args = p.parse_args(argv)
+    args.steps_given = args.steps is not None
+    if args.steps is None:
+        args.steps = 500
     if args.quick:
         args.steps = min(args.steps, QUICK_STEPS)
     args.hang_after_s = QUICK_HANG_AFTER_S if args.quick else HANG_AFTER_S
@@ -300,13 +289,21 @@ def _run(
     if live is not None:
         say(f"[demo] live view: {wait_file(live, live_child, 120.0)}")
     say("[demo] worker and sinks are up; training starts")
+    if args.act:
+        from steplens.stack.demo_act import run_scenarios
+
+        def train(run_id: str, script: list[str], train_env: dict[str, str]) -> int:
+            plan = run_dir / f"incidents-{run_id}.json"
+            return run_training(
+                args, train_env, plan, run_dir, children, run_id=run_id, script=script
+            )
+
+        return run_scenarios(args, env, topics.advice, run_dir, train, say=say)
 
     tail = RunTail(env["STEPLENS_KAFKA_BOOTSTRAP"], [topics.signals, topics.alerts], args.run_id)
     plan_file = run_dir / "incidents.json"
-    losses, ckpts = str(run_dir / "losses-act.jsonl"), str(run_dir / "checkpoints")
-    act = ("--act", "--loss-file", losses, "--checkpoint-dir", ckpts) if args.act else ()
     t0 = time.monotonic()
-    rc = run_training(args, env, plan_file, run_dir, children, extra=act)
+    rc = run_training(args, env, plan_file, run_dir, children)
     say(f"[demo] training finished in {time.monotonic() - t0:.0f} s (exit {rc})")
     if rc != 0:
         say(f"[demo] training failed; see {run_dir / 'train.log'}")
@@ -322,8 +319,6 @@ def _run(
     card = score(plan, alerts, slack=max(10, args.steps // 40), started_ns=starts)
     say(format_scorecard(plan, card))
     say(f"({n_signals} signal records, {len(alerts)} alert records for this run)")
-    if args.act and compare_without_remedies(args, env, run_dir, children, plan) != 0:
-        return 1
 
     if args.no_report:
         return 0

@@ -15,15 +15,20 @@ gradient norm ``clip_grad_norm_`` returns, ``log_eval`` and ``shutdown``; and th
 opt-in remedies: ``init(remedies=...)``, ``skipping(loader)``, ``checkpoint`` and ``act``
 (inert without ``--act``). A test holds the two to the same calls.
 
-Incidents follow the training step, not the batches read, so a run that skips batches (a
-rewind) meets them at the same steps as one that does not. ``--loss-file``: rank 0 writes
-each step's loss and what the remedies did (JSON lines), for the demo's comparison.
+Incidents follow the loop's iterations (its wall progress), not the model's step nor the
+batches read: a rewind sends the step back and skips batches, and the run meets each
+incident once, as a bad moment happens once; a bad shard (``--scenario bad_shard``) comes back
+at its iterations until its samples are skipped. ``--scenario``: one of ``demo_scenarios``
+instead of the demo's incident plan; each iteration's batch then comes from its own seed, so
+the run with remedies and the run without train on the same batches except where a remedy
+changed them (a skipped batch is replaced, not the rest shifted). ``--loss-file``: rank 0
+writes each iteration's loss, the held-out loss at the end and what the remedies did (JSON
+lines), for the demo's comparison.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -42,12 +47,14 @@ from torch import nn
 
 from steplens.stack.demo_corpus import PAD, VOCAB, Grammar, make_batch
 from steplens.stack.demo_incidents import Incident, plan_incidents, save_plan
+from steplens.stack.demo_scenarios import SCENARIOS, plan_scenario, visits
 
 # Nominal peak of one CPU core for the MFU figure (the demo runs one thread per rank).
 CPU_PEAK_FLOPS = 5.0e10
 REMEDIES = ["skip_samples", "rewind", "lower_lr", "profile"]
 KEEP_CHECKPOINTS = 8
 TIMING_INCIDENTS = ("stall", "straggler")  # they change no number of the run
+MAX_ITERATIONS = 3  # a run with remedies stops after 3x its steps of iterations, rewound or not
 
 
 class TinyLM(nn.Module):
@@ -97,41 +104,40 @@ def cosine_lr(step: int, peak: float, floor: float, warmup: int, total: int) -> 
 
 
 class Incidents:
-    """Decides, step by step, what goes wrong on this rank; announces each incident once.
-    A step trained again after a rewind meets no incident: they happen once, as a bad batch
-    or a bad moment does."""
+    """Decides, iteration by iteration, what goes wrong on this rank; announces each incident
+    once. Keyed by the loop's iterations, not the model's step: a rewind does not replay them."""
 
     def __init__(self, plan: list[Incident], rank: int, log_file: Path | None) -> None:
         self.plan = plan
         self.rank = rank
         self.log_file = log_file
         self.announced: set[str] = set()
-        self.trained = -1  # the highest step trained so far
 
-    def active(self, kind: str, step: int) -> Incident | None:
-        if step <= self.trained:
-            return None
+    def active(self, kind: str, it: int) -> Incident | None:
         for inc in self.plan:
-            if inc.kind == kind and inc.covers(step):
+            if inc.kind == kind and inc.covers(it):
                 return inc
         return None
 
-    def announce(self, step: int) -> None:
+    def shard_visit(self, it: int) -> bool:
+        """Whether the bad shard's samples come back at iteration ``it`` (they recur)."""
+        return any(it in visits(i) for i in self.plan if i.kind == "bad_shard")
+
+    def announce(self, it: int) -> None:
         for inc in self.plan:
-            if inc.first_step == step and inc.kind not in self.announced:
+            if inc.first_step == it and inc.kind not in self.announced:
                 self.announced.add(inc.kind)
                 if self.rank != 0:
                     continue
                 where = "every rank" if inc.rank is None else f"rank {inc.rank}"
                 print(
-                    f"[demo] INCIDENT {inc.kind} starts at step {step} on {where}: "
-                    f"{inc.description}",
+                    f"[demo] INCIDENT {inc.kind} starts at step {it} on {where}: {inc.description}",
                     flush=True,
                 )
                 if self.log_file is not None:
                     with self.log_file.open("a") as f:
                         f.write(
-                            json.dumps({"kind": inc.kind, "step": step, "time_ns": time.time_ns()})
+                            json.dumps({"kind": inc.kind, "step": it, "time_ns": time.time_ns()})
                             + "\n"
                         )
 
@@ -170,6 +176,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stall-s", type=float, default=75.0)
     p.add_argument("--slow-s", type=float, default=0.5)
     p.add_argument("--no-incidents", action="store_true")
+    p.add_argument("--scenario", choices=SCENARIOS, default=None, help="demo --act's scenarios")
     p.add_argument(
         "--no-timing-incidents",
         action="store_true",
@@ -177,7 +184,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--act", action="store_true", help="opt into every remedy (init remedies)")
     p.add_argument("--checkpoint-every", type=int, default=25)
-    p.add_argument("--checkpoint-dir", type=Path, default=None)
+    p.add_argument(
+        "--checkpoint-dir", type=Path, default=None, help="checkpoints without --act too"
+    )
     p.add_argument("--loss-file", type=Path, default=None, help="rank 0: each step's loss")
     p.add_argument(
         "--incidents-file",
@@ -235,7 +244,12 @@ def train(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)  # same initial weights on every rank
     run_id = args.run_id or f"demo-{uuid.uuid4().hex[:8]}"
 
-    plan = [] if args.no_incidents else plan_incidents(args.steps, args.stall_s, args.slow_s)
+    if args.scenario is not None:
+        plan = plan_scenario(args.scenario, args.steps, args.batch_size, world)
+    elif args.no_incidents:
+        plan = []
+    else:
+        plan = plan_incidents(args.steps, args.stall_s, args.slow_s)
     if args.no_timing_incidents:
         plan = [i for i in plan if i.kind not in TIMING_INCIDENTS]
     starts_log = None
@@ -273,7 +287,8 @@ def train(args: argparse.Namespace) -> int:
     sl.watch(model, optimizer, scheduler, every=10, max_grad_norm=1.0)
     # ----------------------------------------------------------------------------------------
     ckpt_dir = args.checkpoint_dir or Path(tempfile.gettempdir()) / f"steplens-{run_id}"
-    if args.act and rank == 0:
+    checkpoints = args.act or args.checkpoint_dir is not None
+    if checkpoints and rank == 0:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
     losses = open(args.loss_file, "w") if args.loss_file and rank == 0 else None  # noqa: SIM115
     grammar = Grammar(np.random.default_rng(args.seed + 1 + rank))
@@ -283,6 +298,10 @@ def train(args: argparse.Namespace) -> int:
     ]
     dup_pool = make_batch(Grammar(np.random.default_rng(args.seed + 77)), 4, args.seq_len)
     noise = np.random.default_rng(args.seed + 99 + rank)
+    # the bad shard: this rank's share of it, the same rows at every visit
+    shard = corrupted_batch(
+        np.random.default_rng(args.seed + 555 + rank), args.batch_size, args.seq_len
+    )
     if rank == 0:
         print(
             f"[demo] run {run_id}: {n_params:,} parameters, {world} rank(s), "
@@ -290,40 +309,50 @@ def train(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    at = [0]  # the step the next batch is for: incidents follow it, not the batches read
+    at = [0]  # the loop's iteration the next batch is for: incidents follow it
 
-    def batches() -> Iterator[dict[str, torch.Tensor]]:
-        """This rank's batches, as a collator gives them, incidents included.
+    def batches() -> Iterator[dict[str, Any]]:
+        """This rank's batches, as a collator gives them (with their samples' ids), incidents
+        included.
 
         A straggler's delay happens here, so it shows as data loading time (``sl.timed``); a
         corrupted batch has over-length rows, of which the model reads the first ``seq_len``."""
-        slept = -1
-        for _ in itertools.count():
-            step = at[0]
+        slept, hit, last, k = -1, -1, -1, 0
+        while True:
+            it = at[0]
+            k, last = (k + 1 if it == last else 0), it  # k: batches drawn for this iteration
+            if args.scenario is not None:  # twins differ only where a remedy changed the data
+                grammar.rng = np.random.default_rng([args.seed + 1, rank, it, k])
             ids_np, mask_np = make_batch(grammar, args.batch_size, args.seq_len)
-            if incidents.active("duplicates", step):
+            names = [f"{rank}:{it}.{k}:{i}" for i in range(args.batch_size)]
+            if incidents.active("duplicates", it):
                 rows = noise.integers(0, 4, size=args.batch_size)
                 ids_np, mask_np = dup_pool[0][rows], dup_pool[1][rows]
-            bad = incidents.active("corrupted_batch", step)
-            if bad is not None and bad.rank == rank:
+            bad = incidents.active("corrupted_batch", it) or incidents.active("blip", it)
+            if bad is not None and bad.rank == rank and hit != it:  # once, even if skipped
+                hit = it
                 ids_np = corrupted_batch(noise, args.batch_size, args.seq_len)
                 mask_np = np.ones_like(ids_np)
-            slow = incidents.active("straggler", step)
-            if slow is not None and slow.rank == rank and slept != step:
+            if k == 0 and incidents.shard_visit(it):
+                ids_np, mask_np = shard, np.ones_like(shard)
+                names = [f"shard:{rank}:{i}" for i in range(args.batch_size)]
+            slow = incidents.active("straggler", it)
+            if slow is not None and slow.rank == rank and slept != it:
                 time.sleep(slow.params["slow_s"])
-                slept = step
+                slept = it
             yield {
                 "input_ids": torch.from_numpy(ids_np),
                 "attention_mask": torch.from_numpy(mask_np),
+                "sample_ids": names,
             }
 
     t_begin = time.perf_counter()
-    step = 0
+    step = it = 0  # the model's step (a rewind sends it back) and the loop's iteration
     for batch in sl.timed(sl.skipping(batches())):
-        if step >= args.steps:
+        if step >= args.steps or it >= MAX_ITERATIONS * args.steps:
             break
-        incidents.announce(step)
-        stall = incidents.active("stall", step)
+        incidents.announce(it)
+        stall = incidents.active("stall", it)
         if stall is not None and stall.rank == rank:
             time.sleep(stall.params["stall_s"])
         ids = batch["input_ids"][:, : args.seq_len]
@@ -334,7 +363,7 @@ def train(args: argparse.Namespace) -> int:
         if world > 1:
             _flat_allreduce(params, world)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
-        blow = incidents.active("lr_blowup", step)
+        blow = incidents.active("lr_blowup", it)
         if blow is not None:
             for group in optimizer.param_groups:
                 group["lr"] = group["lr"] * blow.params["factor"]
@@ -345,25 +374,34 @@ def train(args: argparse.Namespace) -> int:
         sl.log_step(step, loss=loss, grad_norm=grad_norm, tokens=n_tokens)
         if rank == 0 and args.eval_every and (step + 1) % args.eval_every == 0:
             sl.log_eval(step, **evaluate(model, eval_batches))
-        if args.act and step % args.checkpoint_every == 0:
+        if checkpoints and step % args.checkpoint_every == 0:
             path = save_checkpoint(ckpt_dir, step, (model, optimizer, scheduler), rank)
             sl.checkpoint(step, path)
+        if args.scenario == "bad_shard":  # the shard's rows trained on, every rank's
+            bad = torch.tensor([sum(str(n).startswith("shard:") for n in batch["sample_ids"])])
+            if world > 1:
+                dist.all_reduce(bad)
         if losses is not None:
-            losses.write(json.dumps({"step": step, "loss": float(loss.detach())}) + "\n")
-        if rank == 0 and args.log_every and (step % args.log_every == 0 or step == args.steps - 1):
+            row: dict[str, Any] = {"it": it, "step": step, "loss": float(loss.detach())}
+            if args.scenario == "bad_shard" and int(bad):
+                row["shard_rows"] = int(bad)
+            losses.write(json.dumps(row) + "\n")
+        if rank == 0 and args.log_every and (it % args.log_every == 0 or step == args.steps - 1):
             elapsed = time.perf_counter() - t_begin
             print(
                 f"[demo] step {step + 1}/{args.steps}  loss {loss.item():.3f}  "
                 f"lr {lr:.2e}  grad {float(grad_norm):.2f}  {elapsed:.0f}s",
                 flush=True,
             )
-        incidents.trained = max(incidents.trained, step)
         # what the stream jobs advised (run-wide: every rank at the same step); a rewind
         # goes back to its checkpoint's step, as a restart from it would
         step = sl.act(step) + 1
-        at[0] = step
+        it += 1
+        at[0] = it
 
     if losses is not None:
+        final = evaluate(model, eval_batches)["loss"]  # the held-out loss the run ends with
+        losses.write(json.dumps({"final": final, "iterations": it}) + "\n")
         monitor = get_monitor()  # the remedies' answers, for the comparison (no instrumentation)
         for answer in monitor.remedies.answers if monitor is not None else ():
             keys = ("action", "fingerprint", "outcome", "detail", "step")
