@@ -61,3 +61,18 @@ def test_every_s3_failure_makes_the_chunk_retryable_after_one_attempt(exc: Excep
     chunk.records = 1
     result = S3Roller(client, S3Settings(bucket="b")).export(chunk)
     assert result.retryable and client.calls == 1 and type(exc).__name__ in result.error
+
+
+def test_a_full_influx_query_queue_is_busy_not_a_refusal() -> None:
+    """InfluxDB answers HTTP 400 "queue length exceeded" when its query queue is full: the
+    query layer skips or retries it, as a 429; another 400 is a refusal with its reason."""
+    from steplens.sinks.query_hot import refusal
+    from steplens.sinks.settings import InfluxSettings
+
+    s = InfluxSettings(url="http://127.0.0.1:1", token="t", org="o", bucket="b")
+    busy = ApiException(status=400)
+    busy.body = b'{"code":"invalid","message":"queue length exceeded"}'
+    assert refusal(s, busy) is None
+    bad = ApiException(status=400)
+    bad.body = b'{"code":"invalid","message":"compilation failed"}'
+    assert "compilation failed" in (refusal(s, bad) or "")

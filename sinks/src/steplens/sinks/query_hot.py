@@ -23,19 +23,23 @@ from steplens.sinks.settings import InfluxSettings
 _NONFINITE: Final = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
+# InfluxDB's answer when its query queue is full (HTTP 400): busy, not a refusal
+BUSY = "queue length exceeded"
+
+
 def refusal(s: InfluxSettings, exc: BaseException) -> str | None:
     """Why InfluxDB refused a request for good (an HTTP 4xx but 429), or None (unreachable,
     busy, failing: worth skipping)."""
     if not isinstance(exc, ApiException) or exc.status is None:
         return None
-    if exc.status >= 500 or exc.status == 429:
+    body = exc.body.decode("utf-8", "replace") if isinstance(exc.body, bytes) else exc.body
+    if exc.status >= 500 or exc.status == 429 or BUSY in (body or ""):
         return None
     hint = {
         401: "check STEPLENS_INFLUX_TOKEN",
         403: "the token may not read this bucket",
         404: "check STEPLENS_INFLUX_ORG and STEPLENS_INFLUX_BUCKET",
     }.get(exc.status, "")
-    body = exc.body.decode("utf-8", "replace") if isinstance(exc.body, bytes) else exc.body
     detail = f"InfluxDB at {s.url} answered HTTP {exc.status} ({(body or exc.reason or '')[:200]})"
     return f"{detail}: {hint}" if hint else detail
 
