@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
@@ -131,6 +132,8 @@ class Sampler(threading.Thread):
         row["sinks_cpu_s"] = sum(self.tree(p)[0] for p in self.sinks)
         row["lag"] = metric(self.port, "steplens_worker_consumer_lag")
         row["worker_records"] = metric(self.port, "steplens_worker_records_total")
+        for name in ("alerts", "signals", "dead_letters", "advice"):
+            row[f"worker_{name}"] = metric(self.port, f"steplens_worker_{name}_total")
         if self.influxd is not None:
             try:
                 row["influxd_rss"] = float(self.influxd.memory_info().rss)
@@ -149,6 +152,18 @@ class Sampler(threading.Thread):
 
 
 def flux(env: dict[str, str], query: str) -> list[list[str]]:
+    """A Flux query's CSV rows, tried again while InfluxDB's query queue is full."""
+    for _ in range(3):
+        try:
+            return _flux(env, query)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 400 or b"queue" not in exc.read():
+                raise
+            time.sleep(6.0)
+    return _flux(env, query)
+
+
+def _flux(env: dict[str, str], query: str) -> list[list[str]]:
     org = urllib.parse.quote(env["STEPLENS_INFLUX_ORG"])
     url = f"{env['STEPLENS_INFLUX_URL']}/api/v2/query?org={org}"
     req = urllib.request.Request(
@@ -183,29 +198,20 @@ def cardinality(env: dict[str, str], bucket: str, run_id: str) -> int | None:
     return sum(int(r[i]) for r in rows[1:] if len(r) > i and r[i].isdigit())
 
 
-def series_by_measurement(env: dict[str, str], run_id: str) -> dict[str, int]:
-    """Series of the run per measurement (one cardinality query each)."""
-    q = (
-        'import "influxdata/influxdb/schema"\n'
-        f'schema.measurements(bucket: "{env["STEPLENS_INFLUX_BUCKET"]}", start: -3h, '
-        f'predicate: (r) => r.run_id == "{run_id}")'
-    )
-    out: dict[str, int] = {}
-    try:
-        rows = flux(env, q)
-        i = rows[0].index("_value")
-        names = [r[i] for r in rows[1:] if len(r) > i and r[i] != "_value"]
-        for m in names:
-            q2 = (
-                'import "influxdata/influxdb"\n'
-                f'influxdb.cardinality(bucket: "{env["STEPLENS_INFLUX_BUCKET"]}", start: -3h, '
-                f'predicate: (r) => r.run_id == "{run_id}" and r._measurement == "{m}")'
-            )
-            r2 = flux(env, q2)
-            j = r2[0].index("_value")
-            out[m] = sum(int(r[j]) for r in r2[1:] if len(r) > j and r[j].isdigit())
-    except Exception as exc:
-        print(f"series by measurement: {exc}", file=sys.stderr)
+def bucket_series(env: dict[str, str]) -> dict[str, float]:
+    """Series per bucket name, from influxd's /metrics (``storage_bucket_series_num``)."""
+    base, tok = env["STEPLENS_INFLUX_URL"], env["STEPLENS_INFLUX_TOKEN"]
+    headers = {"Authorization": f"Token {tok}"}
+    req = urllib.request.Request(f"{base}/api/v2/buckets?limit=100", headers=headers)
+    with urllib.request.urlopen(req, timeout=20) as r:
+        names = {b["id"]: b["name"] for b in json.loads(r.read())["buckets"]}
+    with urllib.request.urlopen(f"{base}/metrics", timeout=20) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith('storage_bucket_series_num{bucket="'):
+            bid = line.split('"')[1]
+            out[names.get(bid, bid)] = float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -261,10 +267,17 @@ def s3_usage(env: dict[str, str], prefix: str) -> tuple[int, int]:
     return n, size
 
 
-def scope_of(rec: Any) -> tuple[str, int | None]:
+def members(rec: Any) -> list[tuple[str, str, int | None]]:
+    """(rule, scope, rank) of an incident's members (of the alert itself, if it has none)."""
+    out = []
     ev = rec.data.get("evidence") or {}
-    rank = ev.get("rank") if isinstance(ev, dict) and isinstance(ev.get("rank"), int) else None
-    return str(rec.data.get("scope", "")), rank if rank is not None else rec.rank
+    for m in ev.get("members") or [rec.data]:
+        scope = str(m.get("scope", ""))
+        rank = m.get("rank") if isinstance(m.get("rank"), int) else None
+        if rank is None and scope.startswith("rank:") and scope[5:].isdigit():
+            rank = int(scope[5:])
+        out.append((str(m.get("rule", "")), scope, rank))
+    return out
 
 
 def matches(fault: dict[str, Any], rule: str, scope: str, rank: int | None) -> bool:
@@ -277,55 +290,43 @@ def matches(fault: dict[str, Any], rule: str, scope: str, rank: int | None) -> b
         return scope == f"gpu:{fault['host']}/{fault['gpu']}"
     if kind == "node_network":
         return fault["host"] in scope or (rank is not None and rank in fault["ranks"])
-    return scope == f"rank:{fault['rank']}" or (scope in ("", "run") and rank == fault["rank"])
+    return rank == fault["rank"]
 
 
 def judge(
     alerts: list[tuple[int, Any]], faults: list[dict[str, Any]], onsets: dict[str, int]
 ) -> dict[str, Any]:
-    """Each fault's first matching firing incident (latency from its onset); the firing
-    incidents that match none are false alarms."""
+    """Each fault's first firing incident with a member that names it (rule and scope; the
+    latency from the fault's onset); an incident that names no fault is a false alarm."""
     firsts: dict[str, tuple[int, Any]] = {}
     for t, rec in alerts:
         fp = rec.data.get("fingerprint")
         if rec.kind == "alert" and rec.data.get("state") == "firing" and fp not in firsts:
             firsts[fp] = (t, rec)
+    ordered = sorted(firsts.items(), key=lambda kv: kv[1][0])
     found: dict[str, dict[str, Any]] = {}
-    used: set[str] = set()
-    for f in faults:
-        onset = onsets.get(f["kind"])
-        if onset is None:
-            continue
-        for fp, (t, rec) in sorted(firsts.items(), key=lambda kv: kv[1][0]):
-            scope, rank = scope_of(rec)
-            members = (rec.data.get("evidence") or {}).get("members") or []
-            rules = [rec.data["rule"]] + [m.get("rule", "") for m in members if isinstance(m, dict)]
-            if t >= onset - 2e9 and any(matches(f, r, scope, rank) for r in rules):
-                found[f["kind"]] = {
-                    "latency_s": (t - onset) / 1e9,
-                    "rule": rec.data["rule"],
-                    "scope": scope,
-                    "rank": rank,
-                    "severity": rec.data.get("severity"),
-                }
-                used.add(fp)
-                break
-    false = []
-    for fp, (t, rec) in firsts.items():
-        if fp in used:
-            continue
-        scope, rank = scope_of(rec)
-        # a later report of a fault already found (another of its scopes) is no false alarm
-        same = any(
-            matches(f, rec.data["rule"], scope, rank) and t >= onsets.get(f["kind"], 1 << 62)
+    other = []
+    for _fp, (t, rec) in ordered:
+        named = [
+            f["kind"]
             for f in faults
-        )
-        row = {"rule": rec.data["rule"], "scope": scope, "rank": rank, "step": rec.step,
-               "severity": rec.data.get("severity")}  # fmt: skip
-        if same:
-            row["repeat_of_fault"] = True
-        false.append(row)
-    return {"found": found, "other_pages": false}
+            if f["kind"] in onsets
+            and t >= onsets[f["kind"]] - 2e9
+            and any(matches(f, *m) for m in members(rec))
+        ]
+        row = {
+            "rule": rec.data["rule"],
+            "members": sorted({f"{r}@{sc}" for r, sc, _ in members(rec)})[:6],
+            "step": rec.step,
+            "severity": rec.data.get("severity"),
+            "names": named,
+        }
+        new = [k for k in named if k not in found]
+        for k in new:
+            found[k] = {**row, "latency_s": (t - onsets[k]) / 1e9}
+        if not new:
+            other.append(row)
+    return {"found": found, "other_pages": other}
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -410,6 +411,7 @@ def main() -> int:
         other_partitions=d.other_partitions,
     )
     ensure_topics(boot, topics)
+    series_before = bucket_series(senv)
     work = Path(tempfile.mkdtemp(prefix=f"{tag}-"))
     ports = {k: free_port() for k in ("worker", "influx", "s3")}
     s3_prefix = f"bench/{tag}"
@@ -463,13 +465,21 @@ def main() -> int:
                     pass
             time.sleep(2.0)
         t_sent = time.monotonic()
-        # settle: the worker caught up and no new alert for 15 s
+        # settle: the worker scored every record sent (or stopped moving for 20 s)
+        sent = 0
+        for f in range(0, args.ranks, args.ranks_per_process):
+            counts = json.loads((work / f"sim-{f}.json").read_text())["counts"]
+            sent += sum(counts["records"].values())
         deadline = time.monotonic() + args.settle_s
+        last, moved = -1.0, time.monotonic()
         while time.monotonic() < deadline:
-            quiet = not tail.rows or time.time_ns() - tail.rows[-1][0] > 15e9
-            if metric(ports["worker"], "steplens_worker_consumer_lag") == 0 and quiet:
+            done = metric(ports["worker"], "steplens_worker_records_total") - base["worker_records"]
+            if done != last:
+                last, moved = done, time.monotonic()
+            if done >= sent or time.monotonic() - moved > 20:
                 break
             time.sleep(2.0)
+        time.sleep(10.0)  # the last incidents' reports
         end = sampler.sample()
         sampler.stop.set()
         sims_out = [json.loads((work / f"sim-{f}.json").read_text())
@@ -507,7 +517,16 @@ def main() -> int:
             "lag_max": max(lags, default=0),
             "lag_p50": pct(lags, 0.5),
             "records_consumed": end["worker_records"] - base["worker_records"],
-            "caught_up_after_s": time.monotonic() - t_sent,
+            "records_sent": sent,
+            "scoring_backlog_max": max(
+                (sent / busy * min(r["t"] - t_start, busy) - (r["worker_records"]
+                 - base["worker_records"]) for r in rows),
+                default=0.0,
+            ),
+            "alerts": end["worker_alerts"] - base["worker_alerts"],
+            "signals": end["worker_signals"] - base["worker_signals"],
+            "dead_letters": end["worker_dead_letters"] - base["worker_dead_letters"],
+            "caught_up_after_s": moved - t_sent,
         }  # fmt: skip
         result["sinks_cpu_s"] = end["sinks_cpu_s"] - base["sinks_cpu_s"]
         if "influxd_rss" in end:
@@ -517,6 +536,10 @@ def main() -> int:
                 "cpu_s": end.get("influxd_cpu_s", 0) - base.get("influxd_cpu_s", 0),
             }
         alerts = list(tail.rows)
+        with open(work / "alerts.jsonl", "w") as f:
+            for t, rec in alerts:
+                row = {"t": t, "step": rec.step, "rank": rec.rank, **rec.data}
+                f.write(json.dumps(row, default=str) + "\n")
         faults = sims_out[0]["faults"]
         verdict = judge(alerts, faults, onsets)
         lat = [v["latency_s"] for v in verdict["found"].values()]
@@ -526,17 +549,19 @@ def main() -> int:
             "latency_p50_s": pct(lat, 0.5),
             "latency_p99_s": pct(lat, 0.99),
             "other_pages": verdict["other_pages"],
-            "false_alarms": sum(1 for r in verdict["other_pages"] if not r.get("repeat_of_fault")),
+            "false_alarms": sum(1 for r in verdict["other_pages"] if not r["names"]),
             "alert_records": len(alerts),
         }
     finally:
         stop(children)
         tail.stop.set()
     # after the sinks stopped (the roller uploads what it holds on the way out)
+    time.sleep(5.0)
+    after = bucket_series(senv)
     result["influx"] = {
+        "bucket_series_added": {k: v - series_before.get(k, 0.0) for k, v in after.items()},
         "series_hot": cardinality(senv, senv["STEPLENS_INFLUX_BUCKET"], run_id),
         "series_rollup": cardinality(senv, senv["STEPLENS_INFLUX_ROLLUP_BUCKET"], run_id),
-        "series_by_measurement": series_by_measurement(senv, run_id),
         "rollup_task_runs_s": rollup_runs(senv, since_iso),
     }
     try:
