@@ -41,7 +41,7 @@ from steplens.producer.items import StepItem
 from steplens.producer.pipeline import Pipeline
 from steplens.producer.sender import Sender
 from steplens.producer.spool import Spool
-from steplens.producer.transport import OnResult, Transport, kafka_transport
+from steplens.producer.transport import MemoryTransport, OnResult, Transport, kafka_transport
 
 GPUS_PER_NODE = 8
 HBM = 80 << 30
@@ -273,7 +273,10 @@ class Fleet:
             spool_dir=tempfile.mkdtemp(prefix="sim-spool-"),
         )
         rank0 = Identity(args.run_id, args.first, 0, args.ranks, host_of(args.first))
-        self.tx = CountingTransport(kafka_transport(self.config, rank0))
+        inner: Transport = (
+            MemoryTransport() if args.bootstrap == "memory" else kafka_transport(self.config, rank0)
+        )
+        self.tx = CountingTransport(inner)
         spool = Spool(
             os.path.join(self.config.spool_dir, f"ranks{args.first}-{args.last}"),
             self.config.spool_max_bytes,
@@ -284,6 +287,15 @@ class Fleet:
             ident = Identity(args.run_id, r, r % GPUS_PER_NODE, args.ranks, host_of(r))
             self.ranks.append(SimRank(ident, self.config, self.delivery, random.Random(r)))
         self.onsets: dict[str, int] = {}
+        self.k = 0  # the step being logged
+        self.t0_ns = time.monotonic_ns()
+
+    def now_ns(self) -> int:
+        """The ranks' monotonic clock: real, or simulated when paced faster than real time."""
+        a = self.args
+        if a.pace_s is None or a.pace_s == a.step_s:
+            return time.monotonic_ns()
+        return self.t0_ns + int(self.k * a.step_s * 1e9)
 
     def _active(self, kind: str, step: int) -> Fault | None:
         for f in self.faults:
@@ -306,7 +318,7 @@ class Fleet:
         net = self._active("node_network", k)
         nan = self._active("nonfinite_loss", k)
         thermal = self._active("gpu_thermal", k)
-        now_ns = time.monotonic_ns()
+        now_ns = self.now_ns()
         tx.label = "steps"
         for sr in self.ranks:
             rng, r = sr.rng, sr.ident.rank
@@ -347,7 +359,7 @@ class Fleet:
         ecc = self._active("gpu_ecc_xid", k)
         thermal = self._active("gpu_thermal", k)
         net = self._active("node_network", k)
-        now_ns = time.monotonic_ns()
+        now_ns = self.now_ns()
         node_sampler: HardwareSampler | None = None
         for sr in self.ranks:
             lr = sr.ident.local_rank
@@ -385,14 +397,14 @@ class Fleet:
 
     def health(self) -> None:
         self.tx.label = "health"
-        now_ns = time.monotonic_ns()
+        now_ns = self.now_ns()
         for sr in self.ranks:
             sr.pipeline.emit_health(now_ns)
 
     def run(self) -> Counts:
         a, cfg = self.args, self.config
         self.tx.label = "run_meta"
-        now_ns = time.monotonic_ns()
+        now_ns = self.now_ns()
         for sr in self.ranks:
             sr.sender.send("run_meta", None, now_ns, sr.meta)
         t0 = time.monotonic() + 1.0
@@ -400,8 +412,10 @@ class Fleet:
         hw_every = max(1, round(cfg.hw_interval_s / a.step_s))
         health_every = max(1, round(cfg.health_interval_s / a.step_s))
         samples = 0
+        pace = a.step_s if a.pace_s is None else a.pace_s
         for k in range(a.steps):
-            due = t0 + k * a.step_s
+            self.k = k
+            due = t0 + k * pace
             while (wait := due - time.monotonic()) > 0:
                 self.delivery.service()
                 time.sleep(min(wait, 0.05))
@@ -413,12 +427,12 @@ class Fleet:
             if k % health_every == 0:
                 self.health()
             self.tx.label = "steps"
-            now_ns = time.monotonic_ns()
+            now_ns = self.now_ns()
             for sr in self.ranks:
                 sr.pipeline.steps.emit_due(now_ns)
             self.delivery.service()
         self.tx.label = "steps"
-        now_ns = time.monotonic_ns()
+        now_ns = self.now_ns()
         for sr in self.ranks:
             sr.pipeline.steps.emit_all(now_ns)
         left = self.delivery.close(30.0)
@@ -442,9 +456,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--last", type=int, default=None, help="last rank simulated here")
     p.add_argument("--steps", type=int, default=240)
     p.add_argument("--step-s", type=float, default=1.0, help="seconds a step takes (1-10)")
+    p.add_argument(
+        "--pace-s", type=float, default=None, help="real seconds a step takes (default: step-s)"
+    )
     p.add_argument("--run-id", required=True)
     p.add_argument("--seed", type=int, default=7, help="the fault plan's")
-    p.add_argument("--bootstrap", default=os.environ.get("STEPLENS_KAFKA_BOOTSTRAP"))
+    p.add_argument(
+        "--bootstrap",
+        default=os.environ.get("STEPLENS_KAFKA_BOOTSTRAP"),
+        help="Kafka; `memory`: a MemoryTransport (bench_rank_state.py)",
+    )
     p.add_argument("--topic", default=os.environ.get("STEPLENS_TOPIC_RAW", "steplens.raw"))
     p.add_argument("--full-resolution", action="store_true", help="every step, in batches")
     p.add_argument(
