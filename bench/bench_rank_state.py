@@ -35,13 +35,19 @@ def measure(n: int, steps: int, every: int) -> dict[str, float]:
     recs = [r for r in map(decode, raw) if isinstance(r, Record)]
     det = RunDetector(args.run_id, fit_inline=False)
     score_s = dump_s = 0.0
+    by_kind: dict[str, list[float]] = {}
     dumps: list[int] = []
     last_ck = 0
     for rec in recs:
         t = time.process_time()
         with contextlib.suppress(ValueError):
             det.process(rec)
-        score_s += time.process_time() - t
+        dt = time.process_time() - t
+        score_s += dt
+        kind = f"{rec.kind}{'/node' if rec.kind == 'hw' and 'nets' in rec.data else ''}"
+        got = by_kind.setdefault(kind, [0, 0.0])
+        got[0] += 1
+        got[1] += dt
         step = rec.step if rec.kind in ("step", "step_window") else None
         if step is not None and step >= last_ck + every:
             last_ck = step
@@ -57,6 +63,7 @@ def measure(n: int, steps: int, every: int) -> dict[str, float]:
         "checkpoints": len(dumps),
         "checkpoint_mb": max(dumps, default=0) / 2**20,
         "checkpoint_s": dump_s / max(1, len(dumps)),
+        "by_kind": {k: f"{n} x {1e6 * t / n:.0f} µs" for k, (n, t) in by_kind.items()},
     }
 
 
@@ -79,6 +86,7 @@ def main() -> int:
             f"{m['checkpoints']} checkpoints",
             flush=True,
         )
+        print(f"  by kind: {m['by_kind']}", flush=True)
     return 0
 
 
