@@ -1,0 +1,94 @@
+"""What one worker pays for a run as its ranks multiply, without Kafka: the records of N
+simulated ranks (``sim_ranks.py``, the producer's own code, into a ``MemoryTransport``, steps
+as fast as they can be made) scored by one ``RunDetector`` as the worker's ``detect`` does,
+with its checkpoint (``dump`` of the ranks touched) every ``--checkpoint-steps`` steps (the
+worker: every 5 s, so 5 steps of 1 s).
+
+Prints, per N: records, scoring µs per record, CPU seconds per simulated second, and the
+checkpoint's size and time. The smallest N is the baseline of the ratios.
+
+    python bench/bench_rank_state.py --ranks 64 256 1024 --steps 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import contextlib
+
+from sim_ranks import Fleet, parse
+from steplens.schema import Record, decode
+from steplens.stream_jobs.engine.detector import RunDetector
+
+
+def measure(n: int, steps: int, every: int) -> dict[str, float]:
+    args = parse(["--ranks", str(n), "--steps", str(steps), "--pace-s", "0.000001",
+                  "--run-id", f"state-{n}", "--bootstrap", "memory"])  # fmt: skip
+    fleet = Fleet(args)
+    fleet.run()
+    raw = [v for _, v in fleet.tx.inner.messages]  # type: ignore[attr-defined]
+    recs = [r for r in map(decode, raw) if isinstance(r, Record)]
+    det = RunDetector(args.run_id, fit_inline=False)
+    score_s = dump_s = 0.0
+    by_kind: dict[str, list[float]] = {}
+    dumps: list[int] = []
+    last_ck = 0
+    for rec in recs:
+        t = time.process_time()
+        with contextlib.suppress(ValueError):
+            det.process(rec)
+        dt = time.process_time() - t
+        score_s += dt
+        kind = f"{rec.kind}{'/node' if rec.kind == 'hw' and 'nets' in rec.data else ''}"
+        got = by_kind.setdefault(kind, [0, 0.0])
+        got[0] += 1
+        got[1] += dt
+        step = rec.step if rec.kind in ("step", "step_window") else None
+        if step is not None and step >= last_ck + every:
+            last_ck = step
+            t = time.process_time()
+            head, ranks = det.dump(det.take_touched())
+            dump_s += time.process_time() - t
+            dumps.append(len(head) + sum(len(b) for b in ranks.values()))
+    return {
+        "records": len(recs),
+        "records_per_step": len(recs) / steps,
+        "score_us": 1e6 * score_s / len(recs),
+        "score_cpu_per_step_s": score_s / steps,
+        "checkpoints": len(dumps),
+        "checkpoint_mb": max(dumps, default=0) / 2**20,
+        "checkpoint_s": dump_s / max(1, len(dumps)),
+        "by_kind": {k: f"{n} x {1e6 * t / n:.0f} µs" for k, (n, t) in by_kind.items()},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--ranks", type=int, nargs="+", default=[64, 256, 1024])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--checkpoint-steps", type=int, default=5)
+    a = ap.parse_args()
+    base = None
+    for n in a.ranks:
+        m = measure(n, a.steps, a.checkpoint_steps)
+        base = base or m
+        print(
+            f"ranks {n:>6}: {m['records_per_step']:8.0f} records/step, "
+            f"scoring {m['score_us']:6.1f} µs/record = {m['score_cpu_per_step_s']:.3f} CPU s "
+            f"per step ({m['score_cpu_per_step_s'] / base['score_cpu_per_step_s']:.1f}x); "
+            f"checkpoint {m['checkpoint_mb']:.2f} MB in {m['checkpoint_s'] * 1000:.0f} ms "
+            f"({m['checkpoint_s'] / max(base['checkpoint_s'], 1e-9):.1f}x), "
+            f"{m['checkpoints']} checkpoints",
+            flush=True,
+        )
+        print(f"  by kind: {m['by_kind']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
