@@ -63,24 +63,14 @@ def _scratch_env(stack_env: dict[str, str], tag: str) -> dict[str, str]:
     from steplens.schema.settings import kafka_bootstrap
     from steplens.schema.topics import Topics, ensure_topics
 
-    topics = Topics(
-        raw=f"live-{tag}.raw",
-        signals=f"live-{tag}.sig",
-        alerts=f"live-{tag}.alerts",
-        dead_letters=f"live-{tag}.dl",
-        advice=f"live-{tag}.advice",
-    )
+    topics = Topics.prefixed(f"live-{tag}")
     bootstrap = kafka_bootstrap(stack_env.get("STEPLENS_KAFKA_BOOTSTRAP"))
     ensure_topics(bootstrap, topics)
     return {
         **os.environ,
         **stack_env,
         "STEPLENS_KAFKA_BOOTSTRAP": bootstrap,
-        "STEPLENS_TOPIC_RAW": topics.raw,
-        "STEPLENS_TOPIC_SIGNALS": topics.signals,
-        "STEPLENS_TOPIC_ALERTS": topics.alerts,
-        "STEPLENS_TOPIC_DEADLETTER": topics.dead_letters,
-        "STEPLENS_TOPIC_ADVICE": topics.advice,
+        **topics.env(),
         "OMP_NUM_THREADS": "1",
     }
 

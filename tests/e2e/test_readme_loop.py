@@ -29,24 +29,14 @@ def worker(stack_env: dict[str, str], tmp_path: Path):
     from steplens.schema.topics import Topics, ensure_topics
 
     tag = uuid.uuid4().hex[:8]
-    topics = Topics(
-        raw=f"t.{tag}.raw",
-        signals=f"t.{tag}.signals",
-        alerts=f"t.{tag}.alerts",
-        dead_letters=f"t.{tag}.dead",
-        advice=f"t.{tag}.advice",
-    )
+    topics = Topics.prefixed(f"t.{tag}")
     ensure_topics(stack_env["STEPLENS_KAFKA_BOOTSTRAP"], topics)
     proc = WorkerProc(Kafka(stack_env, topics), tmp_path / "w", f"readme-{tag}").start()
     proc.wait_metrics(120)
     env = {
         **os.environ,
         **stack_env,
-        "STEPLENS_TOPIC_RAW": topics.raw,
-        "STEPLENS_TOPIC_SIGNALS": topics.signals,
-        "STEPLENS_TOPIC_ALERTS": topics.alerts,
-        "STEPLENS_TOPIC_DEADLETTER": topics.dead_letters,
-        "STEPLENS_TOPIC_ADVICE": topics.advice,
+        **topics.env(),
         "OMP_NUM_THREADS": "1",
     }
     yield env

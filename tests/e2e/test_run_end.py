@@ -60,25 +60,13 @@ class Sinks:
 @pytest.fixture(scope="module")
 def sinks(stack_env: dict[str, str]) -> Iterator[Sinks]:
     tag = uuid.uuid4().hex[:8]
-    topics = Topics(
-        raw=f"e{tag}.raw",
-        signals=f"e{tag}.sig",
-        alerts=f"e{tag}.al",
-        dead_letters=f"e{tag}.dl",
-        advice=f"e{tag}.adv",
-        raw_partitions=2,
-        other_partitions=1,
-    )
+    topics = Topics.prefixed(f"e{tag}", raw_partitions=2, other_partitions=1)
     ensure_topics(stack_env["STEPLENS_KAFKA_BOOTSTRAP"], topics)
     prefix = f"test-run-end-{tag}"
     env = {
         **os.environ,
         **stack_env,
-        "STEPLENS_TOPIC_RAW": topics.raw,
-        "STEPLENS_TOPIC_SIGNALS": topics.signals,
-        "STEPLENS_TOPIC_ALERTS": topics.alerts,
-        "STEPLENS_TOPIC_DEADLETTER": topics.dead_letters,
-        "STEPLENS_TOPIC_ADVICE": topics.advice,
+        **topics.env(),
     }
     common = ["--topics", topics.raw, "--metrics-port", "0", "--log-level", "WARNING"]
     commands = [

@@ -15,15 +15,7 @@ from steplens.schema.topics import Topics, ensure_topics
 
 def new_raw_topic(bootstrap: str) -> str:
     tag = uuid.uuid4().hex[:8]
-    topics = Topics(
-        raw=f"p{tag}.raw",
-        signals=f"p{tag}.sig",
-        alerts=f"p{tag}.al",
-        dead_letters=f"p{tag}.dl",
-        advice=f"p{tag}.adv",
-        raw_partitions=4,
-        other_partitions=1,
-    )
+    topics = Topics.prefixed(f"p{tag}", raw_partitions=4, other_partitions=1)
     ensure_topics(bootstrap, topics)
     return topics.raw
 

@@ -88,13 +88,7 @@ class Kafka:
 @pytest.fixture
 def kafka(stack_env: dict[str, str]) -> Kafka:
     tag = uuid.uuid4().hex[:8]
-    topics = Topics(
-        raw=f"t.{tag}.raw",
-        signals=f"t.{tag}.signals",
-        alerts=f"t.{tag}.alerts",
-        dead_letters=f"t.{tag}.dead",
-        advice=f"t.{tag}.advice",
-    )
+    topics = Topics.prefixed(f"t.{tag}")
     ensure_topics(stack_env["STEPLENS_KAFKA_BOOTSTRAP"], topics)
     return Kafka(stack_env, topics)
 

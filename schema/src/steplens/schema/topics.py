@@ -41,6 +41,29 @@ class Topics:
         """STEPLENS_TOPIC_RAW, _SIGNALS, _ALERTS, _DEADLETTER, _ADVICE, STEPLENS_RAW_PARTITIONS."""
         return resolve(cls)
 
+    @classmethod
+    def prefixed(cls, prefix: str, **partitions: int) -> Topics:
+        """A set of its own: ``PREFIX.raw``, ``.signals``, ``.alerts``, ``.deadletter``,
+        ``.advice`` (``partitions``: ``raw_partitions``, ``other_partitions``)."""
+        return cls(
+            raw=f"{prefix}.raw",
+            signals=f"{prefix}.signals",
+            alerts=f"{prefix}.alerts",
+            dead_letters=f"{prefix}.deadletter",
+            advice=f"{prefix}.advice",
+            **partitions,
+        )
+
+    def env(self) -> dict[str, str]:
+        """The variables that name these topics to every part (``from_env`` reads them)."""
+        return {
+            "STEPLENS_TOPIC_RAW": self.raw,
+            "STEPLENS_TOPIC_SIGNALS": self.signals,
+            "STEPLENS_TOPIC_ALERTS": self.alerts,
+            "STEPLENS_TOPIC_DEADLETTER": self.dead_letters,
+            "STEPLENS_TOPIC_ADVICE": self.advice,
+        }
+
     def all(self) -> dict[str, int]:
         return {
             self.raw: self.raw_partitions,
