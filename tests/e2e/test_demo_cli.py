@@ -69,7 +69,8 @@ def _incident(state: str, step: int, severity: str, *member_rules: tuple[str, in
 def test_an_incident_open_since_an_earlier_event_catches_a_later_one_only_if_it_pages():
     """The lr blow-up's incident (step 200) lists a loss spike of step 260 on rank 0 when it is
     reported again at step 300: that does not catch the corrupted batch of step 260 unless the
-    incident was reported again for it (escalated) in that window."""
+    incident was reported again for it (escalated) in that window, led by a rule of that kind
+    (the strict scorecard: a page led by the lr rule catches no corrupted batch)."""
     plan = plan_incidents(500)
     blow, corrupt = plan[0], plan[1]
     assert (blow.first_step, corrupt.first_step) == (200, 260)
@@ -82,4 +83,6 @@ def test_an_incident_open_since_an_earlier_event_catches_a_later_one_only_if_it_
     assert "lr_blowup" in card.caught and "corrupted_batch" not in card.caught
     assert not card.false_alarms
     paged = [opened, _incident("firing", 260, "critical", lr, late)]
-    assert "corrupted_batch" in score(plan, paged).caught
+    assert "corrupted_batch" not in score(plan, paged).caught
+    led = [opened, _incident("firing", 260, "critical", late, lr)]
+    assert "corrupted_batch" in score(plan, led).caught
