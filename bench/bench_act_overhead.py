@@ -21,13 +21,14 @@ import argparse
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
+
+from steplens.stack.demo_children import free_port
 
 WAYS = ("a no-op", "b advice()", "c act(step)", "d all-reduce")
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "barrier", "reduce", "gather")
@@ -134,9 +135,7 @@ def calls_alone(sl: object, n: int = 100_000) -> dict[str, float]:
 
 
 def run_world(world: int, blocks: int, steps: int) -> list[dict[str, Any]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for rank in range(world):
         env = {
