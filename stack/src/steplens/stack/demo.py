@@ -257,6 +257,10 @@ def _run(
     ports = {name: port_or_free(port) for name, port in DEFAULT_PORTS.items()}
     # every 5th step's quiet signal is published too, so the report draws the ARIMA band
     hang = ["--hang-after", str(args.hang_after_s), "--signal-every", "5", "--signal-interval", "0"]
+    if args.act:
+        from steplens.stack.demo_act import ACT_WORKER_ARGS
+
+        hang += ACT_WORKER_ARGS
     commands = [
         ("worker", ["worker", *hang, "--state-dir", str(run_dir / "worker-0")]),
         ("sink-influx", ["sink", "influx"]),

@@ -7,7 +7,9 @@ The run with remedies instruments itself as the README's loop does (``init(remed
 ``act(step)`` every step); the run without is the same script with ``remedies=[]``. Both at the
 producer's defaults but one: windows of at most 1 s (``STEPLENS_WINDOW_S``), as the steps are
 scaled: a demo step takes about 0.1 s, so the default 10 s window would be a third of a run,
-where a real job's steps of a second or more make it 10 steps or fewer.
+where a real job's steps of a second or more make it 10 steps or fewer. The demo's worker is
+started with a lead of 1 s for shared remedies (``--advice-lead-s``, 5 by default), scaled the
+same way.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from steplens.stack.demo_scenarios import SCENARIOS, checkpoint_every, plan_scen
 ACT_STEPS = 300
 QUICK_ACT_STEPS = 200
 ACT_ENV = {"STEPLENS_WINDOW_S": "1"}
+# the shared remedies' lead scaled as the window is: 5 s is 5 steps or fewer of a real job but
+# 50 to 80 of a demo step, which would put a rewind past the end of a 200-step run; 1 s is
+# still three times the advice's latency measured on one machine (p99 0.3 s)
+ACT_WORKER_ARGS = ["--advice-lead-s", "1"]
 SEED = 1234
 
 Train = Callable[[str, list[str], dict[str, str]], int]  # (run id, script args, env) -> exit
