@@ -5,7 +5,7 @@ invisible to spike and forecast detectors: every value is close to the one befor
 is when the drift reaches the limit. Over a window of recent samples:
 
 * the rate is the Theil-Sen slope (the median of the pairwise slopes: robust to outliers and to
-  the noise around the trend) with its ``confidence`` interval (``scipy.stats.theilslopes``);
+  the noise around the trend) with its ``confidence`` interval (``theil_sen``);
 * the level is the fitted line at the latest sample, the time to the limit ``(limit - level) /
   slope``.
 
@@ -27,7 +27,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import theilslopes
+
+from steplens.stream_jobs.engine.signals.theil_sen import theil_sen
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def _fit(
 ) -> Headroom:
     if len(t) < cfg.min_samples or not np.ptp(t) > 0:
         return NONE
-    slope, intercept, low, _ = theilslopes(x, t, alpha=confidence)
+    slope, intercept, low, _ = theil_sen(t, x, confidence)
     level = intercept + slope * t[-1]
     if not (slope > 0 and math.isfinite(slope)):
         return Headroom(float(slope), math.inf, 0.0, False)
