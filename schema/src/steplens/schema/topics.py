@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Annotated, ClassVar
 
 from steplens.schema.settings import (
@@ -74,13 +75,22 @@ class Topics:
         }
 
 
-def ensure_topics(
-    bootstrap: str | None = None, topics: Topics | None = None, timeout_s: float = 30.0
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic to create: its name, partitions and topic-level settings."""
+
+    name: str
+    partitions: int
+    config: dict[str, str] = field(default_factory=dict)
+
+
+def create_missing(
+    bootstrap: str | None, specs: Iterable[TopicSpec], timeout_s: float = 30.0
 ) -> list[str]:
-    """Create the steplens topics that do not exist yet; returns the names created."""
+    """Create each topic of ``specs`` that does not exist yet (one another process creates
+    meanwhile counts as there); returns the names created."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    topics = topics or Topics.from_env()
     conf: dict[str, str | int | float | bool] = {
         "bootstrap.servers": kafka_bootstrap(bootstrap),
         **kafka_security_config(),
@@ -88,9 +98,9 @@ def ensure_topics(
     admin = AdminClient(conf)
     existing = set(admin.list_topics(timeout=timeout_s).topics)
     wanted = [
-        NewTopic(name, num_partitions=n, replication_factor=1)
-        for name, n in topics.all().items()
-        if name not in existing
+        NewTopic(t.name, num_partitions=t.partitions, replication_factor=1, config=t.config)
+        for t in specs
+        if t.name not in existing
     ]
     if not wanted:
         return []
@@ -103,3 +113,12 @@ def ensure_topics(
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
     return created
+
+
+def ensure_topics(
+    bootstrap: str | None = None, topics: Topics | None = None, timeout_s: float = 30.0
+) -> list[str]:
+    """Create the steplens topics that do not exist yet; returns the names created."""
+    topics = topics or Topics.from_env()
+    specs = [TopicSpec(name, n) for name, n in topics.all().items()]
+    return create_missing(bootstrap, specs, timeout_s)

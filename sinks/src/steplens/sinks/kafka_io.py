@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,28 @@ from steplens.schema.log_limit import LimitedLog
 
 log = logging.getLogger("steplens.sinks")
 limited = LimitedLog(log)  # errors that repeat while Kafka is down: once a minute, counted
+
+
+def produce_waiting(
+    producer: Producer,
+    topic: str,
+    value: bytes,
+    key: bytes | None,
+    *,
+    on_delivery: Any,
+    timeout_s: float = 10.0,
+) -> bool:
+    """Produce one message; while the producer's local queue is full (``BufferError``), serve
+    its delivery reports and try again, for at most ``timeout_s``. False if it stayed full."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            producer.produce(topic, value, key=key, on_delivery=on_delivery)
+            return True
+        except BufferError:
+            if time.monotonic() >= deadline:
+                return False
+            producer.poll(0.1)
 
 
 @dataclass(frozen=True)
@@ -113,15 +136,9 @@ class DeadLetters:
             rank=rank,
             seq=next(self._seq),
         )
-        for _ in range(100):  # bounded: a full local queue drains within seconds
-            try:
-                self._producer.produce(
-                    self.topic, body, key=item.key, on_delivery=self._on_delivery
-                )
-                break
-            except BufferError:
-                self._producer.poll(0.1)
-        else:
+        if not produce_waiting(
+            self._producer, self.topic, body, item.key, on_delivery=self._on_delivery
+        ):
             self._failed += 1  # flush() reports it; the batch is not committed
         self._producer.poll(0)
         self.sent += 1

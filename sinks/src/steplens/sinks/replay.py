@@ -9,13 +9,15 @@ from confluent_kafka import Producer
 
 from steplens import schema
 from steplens.schema.kafka_config import producer_config
-from steplens.schema.settings import kafka_bootstrap, kafka_security_config
-from steplens.schema.topics import Topics
+from steplens.schema.settings import kafka_bootstrap
+from steplens.schema.topics import Topics, TopicSpec, create_missing
 from steplens.sinks.cold import read_parquet, run_prefix
+from steplens.sinks.kafka_io import produce_waiting
 from steplens.sinks.query import _ns
 from steplens.sinks.s3 import make_s3_client
 from steplens.sinks.settings import S3Settings
 
+QUEUE_FULL_S = 60.0  # longest the producer's local queue may stay full before replay gives up
 # a step_batch is stored as its step rows, so replay re-sends those steps
 REPLAYED_KINDS = [k for k in schema.KINDS if k not in ("dead_letter", "step_batch")]
 
@@ -54,23 +56,6 @@ def cold_records(
         yield schema.record_key(run_id, int(rank)), bytes(payload)
 
 
-def _ensure_topic(topic: str, bootstrap: str | None) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient(
-        {"bootstrap.servers": kafka_bootstrap(bootstrap), **kafka_security_config()}
-    )
-    if topic in admin.list_topics(timeout=30).topics:
-        return
-    partitions = Topics.from_env().raw_partitions
-    for fut in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
-        try:
-            fut.result(timeout=30)
-        except Exception as exc:
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise
-
-
 def replay(
     s: S3Settings,
     run_id: str,
@@ -83,7 +68,7 @@ def replay(
 ) -> int:
     """Produce the run's cold records to ``topic`` (created when missing, with as many
     partitions as the raw topic); returns how many were acknowledged."""
-    _ensure_topic(topic, bootstrap)
+    create_missing(bootstrap, [TopicSpec(topic, Topics.from_env().raw_partitions)])
     producer = Producer(producer_config(bootstrap))
     failed: list[str] = []
 
@@ -93,12 +78,13 @@ def replay(
 
     n = 0
     for key, payload in cold_records(s, run_id, kinds, since, until):
-        while True:
-            try:
-                producer.produce(topic, payload, key=key, on_delivery=on_delivery)
-                break
-            except BufferError:
-                producer.poll(0.5)
+        if not produce_waiting(
+            producer, topic, payload, key, on_delivery=on_delivery, timeout_s=QUEUE_FULL_S
+        ):
+            raise RuntimeError(
+                f"replay: Kafka's local queue stayed full for {QUEUE_FULL_S:.0f} s "
+                f"after {n} records (is the broker at {kafka_bootstrap(bootstrap)} up?)"
+            )
         n += 1
         producer.poll(0)
     left = producer.flush(60)

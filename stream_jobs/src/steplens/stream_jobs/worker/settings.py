@@ -279,31 +279,13 @@ class WorkerSettings:
 
 def ensure_worker_topics(s: WorkerSettings, timeout_s: float = 30.0) -> None:
     """Create the steplens topics and the internal by-run topic if they do not exist."""
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    from steplens.schema.settings import kafka_security_config
-    from steplens.schema.topics import ensure_topics
+    from steplens.schema.topics import TopicSpec, create_missing, ensure_topics
 
     ensure_topics(s.bootstrap, s.topics, timeout_s)
-    admin = AdminClient({"bootstrap.servers": s.bootstrap, **kafka_security_config()})
-    name = f"{s.app_id}-by-run"
-    if name in admin.list_topics(timeout=timeout_s).topics:
-        return
-    new = NewTopic(
-        name,
-        num_partitions=s.by_run_partitions,
-        replication_factor=1,
-        config={
-            "retention.ms": str(24 * 3600 * 1000),
-            "max.message.bytes": str(BY_RUN_MAX_BYTES),
-        },
+    config = {"retention.ms": str(24 * 3600 * 1000), "max.message.bytes": str(BY_RUN_MAX_BYTES)}
+    create_missing(
+        s.bootstrap, [TopicSpec(f"{s.app_id}-by-run", s.by_run_partitions, config)], timeout_s
     )
-    for fut in admin.create_topics([new], operation_timeout=timeout_s).values():
-        try:
-            fut.result(timeout=timeout_s)
-        except Exception as exc:
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise
 
 
 # A by-run message carries raw messages of one run as JSON strings; a batch of a backlog can
