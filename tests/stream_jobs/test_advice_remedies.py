@@ -146,6 +146,19 @@ def test_no_checkpoint_within_reach_no_rewind_the_incident_says_a_person_decides
     assert adv.held is None and adv.data["checkpoint_step"] == 40
 
 
+def test_a_rewind_named_past_the_runs_last_step_is_held_not_sent():
+    """No rank would reach its at_step: the incident says so and a person decides."""
+    for total, held in ((300, "run_ends"), (400, None)):
+        s, cfg = state(remedies=["rewind"]), AdviceConfig()
+        feed(s, range(251))
+        advise(s, cfg, [incident("spike:loss")], run_at(s, 250, total))
+        [(_, adv)] = step_on(s, cfg, range(251, 280), lambda i: 1.15 * trend(i), total)
+        assert adv.held == held and adv.data["at_step"] == 270 + LEAD
+        assert (s.given, s.held) == ((0, 1) if held else (1, 0))
+        ends = f"the run ends at step {total}, before step {270 + LEAD}"
+        assert (ends in adv.data["evidence"]) == bool(held)
+
+
 def test_a_non_finite_loss_rewinds_at_once():
     s, cfg = state(remedies=["rewind"]), AdviceConfig()
     feed(s, range(250))

@@ -47,7 +47,8 @@ A budget bounds what remedies cost a run: its steps lost stay within max(``remed
 its steps (the lr schedule's declared ``total_steps``, else the last step seen),
 ``remedy_budget_floor``). Past it the advice is held (reason "budget"): not sent; the incident's
 evidence says what was suggested and that a person decides. A rewind without a checkpoint in
-range is held the same way (reason "no_checkpoint").
+range is held the same way (reason "no_checkpoint"), and so is shared advice whose ``at_step``
+is past the run's declared ``total_steps`` (reason "run_ends": no rank would carry it out).
 
 Each piece of advice carries its cost (``steps_lost``, ``batches_skipped``) and its evidence
 (what it was judged on). Each (incident, action) is advised once: the pair is remembered
@@ -161,7 +162,8 @@ class AdviceState:
 @dataclass(frozen=True)
 class Advised:
     """One piece of advice: its envelope's rank and step, the record's time, the payload;
-    ``held``: why it was not sent ("storm", "budget", "no_checkpoint"), None when given."""
+    ``held``: why it was not sent ("storm", "budget", "no_checkpoint", "run_ends"), None when
+    given."""
 
     rank: int
     step: int | None
@@ -498,6 +500,8 @@ def _decide(  # noqa: PLR0917
             )
             data = {"lr_factor": cfg.lr_factor, "steps_lost": 0, "batches_skipped": 0}
             adv = _advised(c, run, "lower_lr", at_step, text, data)
+        if adv.held is None and 0 < run.total_steps <= at_step:
+            adv = _too_late(adv, run.total_steps)
         outcome = _emit(state, cfg, adv, run.now_ns, given, held)
         if outcome == "sent":
             state.steps_lost += int(adv.data.get("steps_lost") or 0)
@@ -555,6 +559,16 @@ def _rewind(  # noqa: PLR0917
         )
         return _advised(c, run, "rewind", at_step, text, data, held="budget")
     return _advised(c, run, "rewind", at_step, text, data)
+
+
+def _too_late(adv: Advised, total_steps: int) -> Advised:
+    """``adv`` held: the run's declared last step comes before its ``at_step``, so no rank
+    would carry it out."""
+    text = (
+        f"{adv.data['evidence']}; not sent: the run ends at step {total_steps}, before step "
+        f"{adv.data['at_step']} where every rank would carry it out; a person decides"
+    )
+    return replace(adv, data={**adv.data, "evidence": text[:MAX_STR_LEN]}, held="run_ends")
 
 
 def _advised(  # noqa: PLR0917

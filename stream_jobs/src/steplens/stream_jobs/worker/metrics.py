@@ -29,7 +29,8 @@ class WorkerMetrics:
         self.advice = Counter(
             "steplens_worker_advice",
             "advice to runs' ranks: sent; held back by the storm limit (held), the run's remedy "
-            "budget (held_budget) or no checkpoint in reach (held_no_checkpoint); invalid",
+            "budget (held_budget), no checkpoint in reach (held_no_checkpoint) or a step past "
+            "the run's end (held_run_ends); invalid",
             ["action", "outcome"],
             registry=r,
         )

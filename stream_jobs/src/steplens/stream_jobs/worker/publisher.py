@@ -67,7 +67,8 @@ class Publisher:
     async def advise(self, run: str, given: list[Advised], held: list[Advised]) -> None:
         """Advice to ``run``'s ranks (keyed by run: a rank reads its run's only), and the
         advice held back, counted: by the storm limit (outcome "held"), past the run's remedy
-        budget ("held_budget"), a rewind without a checkpoint in range ("held_no_checkpoint")."""
+        budget ("held_budget"), a rewind without a checkpoint in range ("held_no_checkpoint"), or
+        named past the run's declared last step ("held_run_ends")."""
         for adv in held:
             outcome = "held" if adv.held in (None, "storm") else f"held_{adv.held}"
             self.metrics.advice.labels(adv.action, outcome).inc()
