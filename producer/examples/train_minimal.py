@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             step += 1
             if step >= args.steps:
                 break
-    delivered = sl.flush(timeout_s=5.0)
+    delivered = sl.flush(timeout_s=30.0)  # returns as soon as all is delivered
     sl.shutdown()
     print(json.dumps({"run_id": monitor.run_id, "delivered": delivered, **monitor.stats()}))
     return 0

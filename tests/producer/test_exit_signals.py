@@ -15,6 +15,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from steplens.producer.delivery import Delivery
 from steplens.producer.spool import Spool, iter_frames
 from steplens.producer.transport import MemoryTransport
@@ -46,6 +48,21 @@ def _spooled(folder: Path) -> list[Record]:
             assert isinstance(rec, Record)
             out.append(rec)
     return out
+
+
+@pytest.fixture(autouse=True)
+def default_signals():
+    """Children start with SIGINT and SIGTERM at their defaults, as under a terminal or
+    torchrun, whatever this process inherited: a shell's background job ignores SIGINT, an
+    ignored signal stays ignored across exec, and Python then installs no KeyboardInterrupt
+    handler. A handled one becomes the default in the child."""
+    before = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
+    for n, h in before.items():
+        if h == signal.SIG_IGN:
+            signal.signal(n, signal.default_int_handler if n == signal.SIGINT else signal.SIG_DFL)
+    yield
+    for n, h in before.items():
+        signal.signal(n, h)
 
 
 def test_sigterm_sends_the_last_window_then_ends_by_sigterm(tmp_path: Path) -> None:
@@ -152,7 +169,11 @@ def test_exit_signals_none_leaves_every_signal_alone() -> None:
         " signal.getsignal(signal.SIGINT) is signal.default_int_handler); m.shutdown()"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     assert out.stdout.split() == ["True", "True"]
 
