@@ -10,6 +10,8 @@ import pytest
 
 pytest.importorskip("mlflow")
 
+from mlflow.exceptions import MlflowException
+
 from steplens.schema import encode, make_record
 from steplens.sinks.mlflow_mirror import RUN_TAG, MlflowMirror, run_mirror
 
@@ -141,8 +143,12 @@ def test_mirror_consumes_evals_and_alerts_from_kafka(stack_env, tracking_uri):
     while time.monotonic() < deadline:
         runs = mirror.client.search_runs([mirror.experiment_id])
         if runs:
-            history = mirror.client.get_metric_history(runs[0].info.run_id, "val/loss")
-            alerts = mirror.client.get_metric_history(runs[0].info.run_id, "alert/spike:loss")
+            try:  # the file store can list a run the mirror is still creating
+                history = mirror.client.get_metric_history(runs[0].info.run_id, "val/loss")
+                alerts = mirror.client.get_metric_history(runs[0].info.run_id, "alert/spike:loss")
+            except MlflowException:
+                time.sleep(0.5)
+                continue
             peak = runs[0].data.tags.get("steplens.summary.loss_spike_peak", "")
             state = runs[0].data.tags.get("steplens.summary.state", "")
             if (
