@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.stats import theilslopes
 
-from steplens.stream_jobs.engine.signals.theil_sen import theil_sen
+from steplens.stream_jobs.engine.signals.headroom import theil_sen
 
 
 def _series(kind: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
