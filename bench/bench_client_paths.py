@@ -1,14 +1,17 @@
 """Alerts judged on every client path: real CPU training of a tiny next-token model
 (``tests/producer/tiny_lm.py``) through the plain loop (``timed`` over its batches,
-``log_step`` each step), its records as the producer makes them (``Monitor`` with an
+``log_step`` each step; paths ``windowed`` and ``full``) or the Hugging Face Trainer with
+``SteplensCallback`` (``hf1``, ``hf10``, ``hf50``: its ``logging_steps``, so the loss it logs
+is the mean of that many steps), its records as the producer makes them (``Monitor`` with an
 in-memory transport: windows, raw samples and guard flags at the defaults, or every step with
 ``full_resolution``), scored by the worker's detectors in-process (``RunDetector``, the pure
 engine, as ``bench_stream_incidents.py`` does).
 
 Schedules: cosine to zero at the last step (after a warmup), and constant; both declared in
 ``run_meta``. Incidents, each from a step in the run's second half: one corrupted batch
-(random tokens), an lr blow-up (x30 for 4 steps), a data stall (each batch waits ``--stall-ms``
-for 40 steps); and healthy runs of ``--healthy`` steps.
+(random tokens), an lr blow-up (x30 for 4 steps; in the Trainer set on the optimizer outside
+its scheduler, as a bug would), a data stall (each batch waits ``--stall-ms`` for 40 steps);
+and healthy runs of ``--healthy`` steps.
 
 Printed per path, schedule and incident: whether it was paged (an incident that opened from
 its first step to ``--tolerance`` steps after its last), the delay in steps and in logged
@@ -85,6 +88,8 @@ def lr_at(sched: dict, step: int) -> float:
 
 def train(path: str, sched_kind: str, incident: str | None, steps: int, seed: int, stall_s: float):
     """One run: its records, and the fault's first and last step."""
+    if path.startswith("hf"):
+        return train_hf(int(path[2:]), sched_kind, incident, steps, seed, stall_s)
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     start = steps * 3 // 5 if incident else None
@@ -129,6 +134,75 @@ def train(path: str, sched_kind: str, incident: str | None, steps: int, seed: in
             grad = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
             opt.step()
             mon.log_step(step, loss=loss.detach(), lr=lr, grad_norm=grad, tokens=ids.numel())
+        mon.shutdown()
+    return transport.records(), start, last
+
+
+def train_hf(
+    logging_steps: int, sched_kind: str, incident: str | None, steps: int, seed: int, stall_s: float
+):
+    """One run through the Hugging Face Trainer at its defaults (AdamW, clipping at 1.0, its own
+    cosine or constant schedule, declared to the callback), logging every ``logging_steps``."""
+    import transformers
+
+    from steplens.producer.integrations.hf import SteplensCallback
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    start = steps * 3 // 5 if incident else None
+    last = None if start is None else start + {"bad_batch": 0, "lr_blowup": 3}.get(incident, 39)
+
+    class Rows(torch.utils.data.IterableDataset):
+        def __iter__(self) -> Iterator[dict]:
+            for step in range(steps):
+                if incident == "data_stall" and start <= step <= last:
+                    time.sleep(stall_s)
+                bad = incident == "bad_batch" and step == start
+                for row in corrupted_rows(BATCH, gen) if bad else noisy_rows(BATCH, gen):
+                    yield {"input_ids": row}
+
+    class Blowup(transformers.TrainerCallback):
+        def on_step_begin(self, args, state, control, optimizer=None, **kw):  # type: ignore[no-untyped-def]
+            if incident == "lr_blowup" and start <= state.global_step <= last:
+                for g in optimizer.param_groups:
+                    g["lr"] *= 30.0  # the scheduler sets it back at its next step
+
+    transport = MemoryTransport()
+    with tempfile.TemporaryDirectory() as out, tempfile.TemporaryDirectory() as spool:
+        mon = Monitor(
+            f"hf{logging_steps}-{sched_kind}-{incident or 'healthy'}",
+            transport=transport,
+            rank=0,
+            local_rank=0,
+            world_size=1,
+            hw_interval_s=0,
+            remedies=None,
+            lr_schedule=schedule_of(sched_kind, steps),
+            spool_dir=spool,
+            health_interval_s=3600.0,
+        )
+        args = transformers.TrainingArguments(
+            output_dir=out,
+            max_steps=steps,
+            per_device_train_batch_size=BATCH,
+            learning_rate=PEAK,
+            lr_scheduler_type="cosine" if sched_kind == "cosine" else "constant",
+            warmup_steps=WARMUP if sched_kind == "cosine" else 0,
+            logging_steps=logging_steps,
+            report_to=[],
+            save_strategy="no",
+            use_cpu=True,
+            disable_tqdm=True,
+            seed=seed,
+        )
+        trainer = transformers.Trainer(
+            model=TinyLM(),
+            args=args,
+            train_dataset=Rows(),
+            callbacks=[SteplensCallback(mon), Blowup()],
+        )
+        trainer.train()
         mon.shutdown()
     return transport.records(), start, last
 
@@ -205,7 +279,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=1500, help="steps of a run with an incident")
     ap.add_argument("--healthy", type=int, default=5000, help="steps of a healthy run")
-    ap.add_argument("--paths", default="windowed,full")
+    ap.add_argument("--paths", default="windowed,full,hf1,hf10,hf50")
     ap.add_argument("--schedules", default="cosine,constant")
     ap.add_argument("--incidents", default=",".join(INCIDENTS))
     ap.add_argument("--stall-ms", type=float, default=20.0)

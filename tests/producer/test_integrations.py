@@ -64,6 +64,47 @@ def test_hf_trainer_callback(memory_monitor, tmp_path) -> None:  # type: ignore[
     assert [e.step for e in evals] == [3, 6] and all("loss" in e.data for e in evals)
 
 
+class _SlowData(_Data):
+    """Each sample takes 20 ms to load: a batch of 2 waits at least 40 ms."""
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        import time
+
+        time.sleep(0.02)
+        return super().__getitem__(i)
+
+
+@pytest.mark.slow
+def test_hf_trainer_callback_times_the_input_pipeline(memory_monitor, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The wait for the next batches, from the end of one step to the start of the next, comes
+    with each logged step as the mean per step since the last log."""
+    transformers = pytest.importorskip("transformers")
+    from steplens.producer.integrations.hf import SteplensCallback
+
+    m, tx = memory_monitor(sample_rate=1.0)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=6,
+        logging_steps=2,
+        per_device_train_batch_size=2,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = transformers.Trainer(
+        model=Regressor(),
+        args=args,
+        train_dataset=_SlowData(),
+        callbacks=[SteplensCallback(m)],
+    )
+    trainer.train()
+    m.shutdown()
+    waits = {r.step: r.data.get("data_time_s") for r in tx.records("step")}
+    # the first step's batch is fetched before any step ends: steps 2-6 are timed
+    assert all(waits[s] is not None and waits[s] >= 0.035 for s in (4, 6))
+
+
 @pytest.mark.slow
 def test_lightning_callback(memory_monitor) -> None:  # type: ignore[no-untyped-def]
     L = pytest.importorskip("lightning")

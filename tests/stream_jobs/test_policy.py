@@ -36,18 +36,26 @@ policies = st.builds(
     note=st.sampled_from([None, 0.02, 2.0]),
     cold_warning=st.sampled_from([math.inf, 0.15, 3.0]),
     cold_critical=st.sampled_from([math.inf, 0.5, 10.0]),
+    band=st.sampled_from([None, 0.5]),
 )
 values = st.floats(-1e3, 1e3, allow_nan=False)
 rows = st.lists(
-    st.tuples(values, st.one_of(values, st.just(math.nan)), st.floats(0, 1), st.booleans()),
+    st.tuples(
+        values,
+        st.one_of(values, st.just(math.nan)),
+        st.floats(0, 1),
+        st.booleans(),
+        st.one_of(st.floats(0, 1), st.just(math.nan)),
+    ),
     max_size=60,
 )
 
 
-def reference(policy: Policy, series: list[tuple[float, float, float, bool]]) -> list[int]:
+def reference(policy: Policy, series: list[tuple[float, float, float, bool, float]]) -> list[int]:
     out, run = [], 0
     note = math.inf if policy.note is None else policy.note
-    for v, e, a, cold in series:
+    band = -math.inf if policy.band is None else policy.band
+    for v, e, a, cold, own in series:
         m = magnitude(MEASURES[policy.measure], v, e)
         held = policy.warning if policy.held is None else policy.held
         bar = held if run > 0 else policy.warning
@@ -55,8 +63,9 @@ def reference(policy: Policy, series: list[tuple[float, float, float, bool]]) ->
             run += 1
             sev = CRIT
         elif cold and policy.rarity is not None:
-            sev = CRIT if m >= policy.cold_critical else WARN if m >= policy.cold_warning else NONE
-        elif not ((policy.rarity is None or a >= policy.rarity) and m >= bar):
+            warm = m >= policy.cold_warning and not own < band
+            sev = CRIT if m >= policy.cold_critical else WARN if warm else NONE
+        elif not ((policy.rarity is None or a >= policy.rarity) and m >= bar and not own < band):
             run = 0
             sev = INFO if m >= note and a >= policy.note_rarity else NONE
         else:
@@ -71,9 +80,10 @@ def reference(policy: Policy, series: list[tuple[float, float, float, bool]]) ->
     return out
 
 
-def columns(part: list[tuple[float, float, float, bool]]) -> list[np.ndarray]:
+def columns(part: list[tuple[float, float, float, bool, float]]) -> list[np.ndarray]:
     return [np.array([r[k] for r in part], dtype=float) for k in range(3)] + [
-        np.array([r[3] for r in part], dtype=np.bool_)
+        np.array([r[3] for r in part], dtype=np.bool_),
+        np.array([r[4] for r in part], dtype=float),
     ]
 
 
@@ -85,8 +95,8 @@ def test_judge_equals_the_rule_for_any_batching(policy, series, data):
     cuts = sorted({0, len(series), *data.draw(st.lists(st.integers(0, len(series)), max_size=3))})
     got: list[int] = []
     for lo, hi in itertools.pairwise(cuts):
-        v, e, a, cold = columns(series[lo:hi])
-        got += judge(policy, state, v, e, a, cold=cold).tolist()
+        v, e, a, cold, own = columns(series[lo:hi])
+        got += judge(policy, state, v, e, a, cold=cold, own=own).tolist()
     assert got == want
 
 
@@ -132,3 +142,16 @@ def test_a_hard_batch_is_a_note_a_spike_that_stays_or_is_large_warns():
     v = np.array([1.08, 1.0, 1.08, 1.03, 1.0, 1.12, 1.0])
     sev = judge(loss, JudgeState(), v, np.ones(7), np.where(v > 1.01, 0.9995, 0.5))
     assert sev.tolist() == [INFO, NONE, INFO, WARN, NONE, WARN, NONE]
+
+
+def test_a_rare_rise_inside_the_detectors_band_does_not_warn():
+    """On a noisy series a rare value 12 % up may still lie inside the detector's band (its
+    own score under 0.5): with ``band`` it warns only outside it, cold or warm."""
+    loss = Policy(
+        rarity=0.999, measure="rise", warning=0.08, at_once=0.1, cold_warning=0.15, band=0.5
+    )
+    v = np.array([1.12, 1.12, 1.2, 1.2])
+    own = np.array([0.3, 0.7, 0.3, 0.7])
+    cold = np.array([False, False, True, True])
+    sev = judge(loss, JudgeState(), v, np.ones(4), np.full(4, 0.9995), cold=cold, own=own)
+    assert sev.tolist() == [NONE, WARN, NONE, WARN]

@@ -174,3 +174,35 @@ def test_an_unstable_metric_says_how_often_to_evaluate():
     (detail,) = found
     assert detail["eval_every"] == 1000 and detail["eval_every_suggested"] == round(1000 / 16)
     assert detail["advice"].startswith("evaluate every 62 steps instead of every 1000")
+
+
+def test_data_wait_warns_on_rows_in_a_row_and_windows_judge_the_steps_between():
+    """Three rows over the share in a row warn; a window over it warns alone; once a rank
+    sends windows, the steps it sends between them are in a row only when their steps are (a
+    stall's steps, not a guard's outliers apart)."""
+    from steplens.stream_jobs.engine.signals.thresholds import ThresholdConfig, data_wait
+
+    cfg = ThresholdConfig()
+
+    def sev(steps, sustained=False, streak=(0, -1, False)):
+        n = len(steps)
+        sigs, streak = data_wait(
+            cfg,
+            np.full(n, 0.6),
+            np.ones(n),
+            np.array(steps, dtype=np.int64),
+            np.arange(n, dtype=np.int64),
+            0,
+            sustained=sustained,
+            streak=streak,
+        )
+        return [s.severity for s in sigs.views()], streak
+
+    assert sev([10, 11, 12])[0] == ["info", "info", "warning"]
+    assert sev([10, 20, 30])[0] == ["info", "info", "warning"]  # logged every 10 steps
+    _, streak = sev([10, 11])
+    assert sev([12], streak=streak)[0] == ["warning"]  # the streak goes on across batches
+    got, streak = sev([99], sustained=True)
+    assert got == ["warning"]
+    assert sev([101, 103, 105], streak=streak)[0] == ["info", "info", "info"]
+    assert sev([101, 102, 103], streak=streak)[0] == ["info", "info", "warning"]

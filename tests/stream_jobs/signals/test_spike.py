@@ -131,3 +131,51 @@ def test_a_quantized_series_one_step_is_no_spike_a_jump_is():
     assert np.mean(np.diff(values) == 0) > 0.5 and base
     assert step.score < 0.5, step.score
     assert jump.score > 0.9, jump.score
+
+
+def test_a_window_peak_is_expected_where_the_largest_of_its_steps_lands():
+    """Healthy windows of 100 noisy steps: their peaks sit about 2.5 spreads above the mean and
+    are expected there, so none warns; a window with one corrupted step (+60 %) does."""
+    from steplens.stream_jobs.engine.core import flatten
+    from steplens.stream_jobs.engine.detector import RunDetector
+
+    rng = np.random.default_rng(3)
+    det = RunDetector("r")
+    sigs = []
+    for w in range(60):
+        steps = 2.0 + rng.normal(0, 0.14, 100)  # 7 % noise a step
+        if w == 50:
+            steps[40] = 3.2
+        got = det.process_columns(
+            -1,
+            [w * 100 + 99],
+            [w],
+            {"loss": [float(steps.mean())]},
+            peaks={"loss": float(steps.max())},
+            firsts=[w * 100],
+            spreads={"loss": (float(steps.std()), 100)},
+        )
+        sigs += [s for s in flatten(got) if s.name == "spike"]
+    healthy = [s for s in sigs[SpikeConfig().warmup :] if s.step != 5099]
+    # the expected peak: about 2.5 spreads of a step above the baseline, as drawn
+    assert all(0.25 < s.expected - 2.0 < 0.45 for s in healthy)
+    assert not [s for s in healthy if s.severity in ("warning", "critical")]
+    bad = next(s for s in sigs if s.step == 5099)
+    assert bad.severity == "warning" and (bad.value - bad.expected) / bad.expected > 0.3
+
+
+def test_peak_lifts_leave_the_peak_out_of_the_spread():
+    rng = np.random.default_rng(4)
+    steps = rng.normal(1.0, 0.1, 50)
+    steps[7] = 5.0
+    col = Column(
+        np.array([steps.mean()]),
+        np.array([49]),
+        np.array([0]),
+        spreads=np.array([steps.std()]),
+        counts=np.array([50]),
+    )
+    lift = spike.peak_lifts(col, np.array([5.0]))[0]
+    others = np.delete(steps, 7)
+    assert math.isclose(lift, spike.expected_max(50) * others.std(ddof=1), rel_tol=1e-9)
+    assert math.isclose(spike.expected_max(100), 2.5, abs_tol=0.02)  # tables: 2.5076

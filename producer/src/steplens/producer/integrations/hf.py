@@ -7,6 +7,7 @@ trainer = Trainer(..., callbacks=[SteplensCallback(watch_every=50)])
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from transformers import TrainerCallback
@@ -52,12 +53,29 @@ class SteplensCallback(TrainerCallback):
     model, optimizer and scheduler and, when ``train_dataset`` is a ``skipping()`` dataset,
     skips the next batches' samples; the Trainer's step count goes on (the run keeps its
     length). The loader reads one batch ahead: a rewind for ``at_step`` starts one step
-    before, so the reload falls at the end of ``at_step`` on every rank."""
+    before, so the reload falls at the end of ``at_step`` on every rank.
+
+    The input pipeline's wait is timed as the Trainer's loop allows: from the end of a step
+    (or of its logging, evaluation and saving) to the start of the next, where the Trainer
+    fetches the next batches; a logged step carries it as ``data_time_s``, the mean per step
+    since the last log."""
 
     def __init__(self, monitor: Any = None, watch_every: int | None = None, **init_kwargs: Any):
         self._monitor = monitor
         self._watch_every = watch_every
         self._init_kwargs = init_kwargs
+        self._idle_since: float | None = None  # end of the last step, or of its log/eval/save
+        self._waited = 0.0  # seconds between steps since the last log
+        self._waits = 0  # steps those seconds cover
+
+    def _mark(self) -> None:
+        self._idle_since = time.perf_counter()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._idle_since is not None:
+            self._waited += time.perf_counter() - self._idle_since
+            self._waits += 1
+            self._idle_since = None
 
     def on_train_begin(
         self,
@@ -99,16 +117,17 @@ class SteplensCallback(TrainerCallback):
         **kwargs: Any,
     ) -> None:
         m = self._monitor
-        if m is None or not m.config.remedies:
-            return
-        scheduler = kwargs.get("lr_scheduler")
-        m.act(state.global_step, model=model, optimizer=optimizer, scheduler=scheduler)
+        if m is not None and m.config.remedies:
+            scheduler = kwargs.get("lr_scheduler")
+            m.act(state.global_step, model=model, optimizer=optimizer, scheduler=scheduler)
+        self._mark()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         m = self._monitor
         if m is not None:
             name = f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
             m.checkpoint(state.global_step, os.path.join(args.output_dir, name))
+        self._mark()
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
@@ -129,7 +148,11 @@ class SteplensCallback(TrainerCallback):
             limit = getattr(args, "max_grad_norm", None)
             if limit:
                 values["clipped"] = float(norm) > float(limit)
+        if self._waits:
+            values["data_time_s"] = self._waited / self._waits
+            self._waited, self._waits = 0.0, 0
         m.log_step(state.global_step, **named, **values)
+        self._mark()
 
     def on_evaluate(
         self,
@@ -147,6 +170,7 @@ class SteplensCallback(TrainerCallback):
             "eval_",
         )
         m.log_eval(state.global_step, split="eval", **named, **extra)
+        self._mark()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._monitor is not None:

@@ -22,9 +22,12 @@ signal is a breach only when it is both rare and large enough to matter, or last
 A small deviation that neither persists nor is large stays a signal: it is stored and plotted,
 it never alerts on its own. Before a series has values enough to know its noise (its
 calibration's warm-up) only the cold anchors apply: a loss 15 % above its median so far, a
-gradient norm 5x. One that is fairly rare (``note_rarity``) and of some size
-(``note``) is a *note* (severity info): it feeds the correlations (a loss jump with a gradient
-jump in the same steps) and never alerts alone; so is every breach of a policy that does not
+gradient norm 5x. ``band``: a value must also lie outside the detector's own band to warn (its
+own score at least ``band``), cold or warm, so a series whose steps wander 7 % is not paged for
+a rare 12 % up (before the detector has a band, the anchors alone). One that is
+fairly rare (``note_rarity``) and of some size (``note``) is a *note* (severity info): it
+feeds the correlations (a loss jump with a gradient jump in the same steps) and never alerts
+alone; so is every breach of a policy that does not
 alert (``alerts`` False: an ARIMA excursion of the loss is evidence, not an alert).
 
 ``judge_signals`` applies a policy to a detector's signals of one series: their raw scores
@@ -79,6 +82,10 @@ class Policy:
     # Trainer's ``logging_steps``) stands for ``w`` steps (``calibration``), up to ``max_span``
     per_step: bool = False
     max_span: int = 1000
+    # the detector's own score (0.5 at the edge of its band) a value needs besides its rarity
+    # to warn, cold or warm (None: rarity and magnitude alone): on a noisy series a rare value
+    # a few percent up is still inside the noise
+    band: float | None = None
 
 
 @dataclass
@@ -101,7 +108,7 @@ def judge_signals(state: JudgeState, cal: CalibrationConfig, policy: Policy, sig
     # no anomaly score yet (the series' first values): the detector's own score stands
     cold = np.isnan(anomaly)
     sigs.score = np.where(cold, s, anomaly)
-    sigs.severity = judge(policy, state, sigs.value, sigs.expected, sigs.score, cold=cold)
+    sigs.severity = judge(policy, state, sigs.value, sigs.expected, sigs.score, cold=cold, own=s)
 
 
 def _spans(state: JudgeState, steps: np.ndarray, most: int) -> np.ndarray:
@@ -130,9 +137,11 @@ def judge(
     anomaly: np.ndarray,
     *,
     cold: np.ndarray | None = None,
+    own: np.ndarray | None = None,
 ) -> np.ndarray:
     """Severity codes of one series' consecutive signals (``state.run`` is updated); those
-    ``cold`` (before the series' calibration is warm) are judged by the cold anchors."""
+    ``cold`` (before the series' calibration is warm) are judged by the cold anchors. ``own``:
+    the detector's own scores (``Policy.band``; None: the anomaly scores)."""
     sev, state.run = _judge(
         np.asarray(value, dtype=float),
         np.asarray(expected, dtype=float),
@@ -151,6 +160,8 @@ def judge(
         float(policy.cold_warning),
         float(policy.cold_critical),
         np.zeros(len(value), np.bool_) if cold is None else cold,
+        np.asarray(anomaly if own is None else own, dtype=float),
+        -math.inf if policy.band is None else float(policy.band),
         int(state.run),
     )
     return sev
@@ -192,6 +203,8 @@ def _judge(  # noqa: PLR0917
     cold_warning: float,
     cold_critical: float,
     cold: np.ndarray,
+    own: np.ndarray,
+    band: float,
     run: int,
 ) -> tuple[np.ndarray, int]:
     n = len(value)
@@ -206,14 +219,14 @@ def _judge(  # noqa: PLR0917
         if cold[i] and rarity >= 0.0:  # rarity is asked, and not known yet
             if m >= cold_critical:
                 sev[i] = CRIT
-            elif m >= cold_warning:
+            elif m >= cold_warning and not own[i] < band:  # NaN: no band yet
                 sev[i] = WARN
             if not alerts and sev[i] > INFO:
                 sev[i] = INFO
             continue
         # a run goes on with a rare value at least ``held`` large (NaN is never large)
         bar = held if run > 0 else warning
-        if not ((rarity < 0.0 or a >= rarity) and m >= bar):
+        if not ((rarity < 0.0 or a >= rarity) and m >= bar and not own[i] < band):
             run = 0
             if m >= note and a >= note_rarity:
                 sev[i] = INFO

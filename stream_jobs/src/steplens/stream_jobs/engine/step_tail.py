@@ -38,7 +38,7 @@ def tail(  # noqa: PLR0917
     step_times = floats_of(cells)[0] if cells is not None else None
     if step_times is not None and data_times is not None and any(w is not None for w in data_times):
         waits, _ = floats_of(data_times)
-        got, state.data_waits[rank] = thresholds.data_wait(
+        got, state.data_wait_streaks[rank] = thresholds.data_wait(
             thresholds_cfg,
             waits,
             step_times,
@@ -46,7 +46,7 @@ def tail(  # noqa: PLR0917
             rows,
             rank,
             sustained=windowed,
-            streak=state.data_waits.get(rank, 0),
+            streak=state.data_wait_streaks.get(rank, (0, -1, False)),
         )
         if got is not None:
             out.append(got)

@@ -52,7 +52,9 @@ class RanksState:
     checked_ns: int = 0
     hung: set[int] = field(default_factory=set)
     suspects: set[int] = field(default_factory=set)
-    data_waits: dict[int, int] = field(default_factory=dict)  # rank -> steps over the share
+    # rank -> (rows in a row over the data-wait share, the last row's step, whether the rank
+    # sends windows)
+    data_wait_streaks: dict[int, tuple[int, int, bool]] = field(default_factory=dict)
     # step -> rank -> data wait (s) of the pending steps, judged with their times
     waits: dict[int, dict[int, float]] = field(default_factory=dict)
     # steps spanned by the widest step batch of the run (capped): how far behind another rank's

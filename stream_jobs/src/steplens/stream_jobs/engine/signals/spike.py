@@ -15,6 +15,14 @@ A loss logged every N steps as the mean of those steps (the Hugging Face Trainer
 (``Policy.per_step``): a +25 % jump after 80 such points is as rare as it is, not capped at 1 in
 320 values, and separates from a +2 % wobble by its rise.
 
+A window's peak is the largest of its steps, never their mean: it is expected where the
+largest of that many steps lands, the baseline plus the expected maximum of ``count`` normal
+draws (Blom's approximation) times the window's own spread of its other steps (the peak left
+out, so a bad batch does not widen its own band). A healthy window's peak then sits on its
+expectation, and the magnitude the policy weighs is how far it stands above it. A step sent
+between windows (a guard's outlier, a sample) is one step, its noise at least the spread of a
+step its last window sent: a raw step 15 % up on a series whose steps wander 7 % is inside it.
+
 Non-finite values never get here: the detector turns them into ``nonfinite`` signals.
 """
 
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 import numpy as np
 
@@ -39,6 +48,7 @@ from steplens.stream_jobs.engine.signals.kernels import (
 NAN = math.nan
 _EMPTY = np.empty(0)
 _MEAN_ABS_TO_MAD = math.sqrt(math.pi / 2) / 1.4826  # both then scaled by 1.4826 to a sigma
+_NORMAL = NormalDist()
 
 
 @dataclass
@@ -69,6 +79,7 @@ class SpikeConfig:
             cold_warning=0.15,
             cold_critical=0.5,
             per_step=True,  # a loss logged as a mean over steps is as rare per step
+            band=0.5,  # and outside the band of 7 noise scales
         )
     )
 
@@ -81,6 +92,7 @@ class SpikeState:
     scale: float = 0.0
     since_rescale: int = 0
     first_step: int | None = None  # the earliest step its values cover (None: no value yet)
+    step_spread: float = 0.0  # the spread of a step of its last window (0: none)
 
 
 def update(state: SpikeState, cfg: SpikeConfig, metric: str, col: Column) -> Signals:
@@ -104,8 +116,16 @@ def update(state: SpikeState, cfg: SpikeConfig, metric: str, col: Column) -> Sig
     if len(steps):
         low = int(steps.min()) if col.firsts is None else int(col.firsts.min())
         state.first_step = low if state.first_step is None else min(state.first_step, low)
+    lifts = np.zeros(len(col.xs)) if probes is None else peak_lifts(col, probes)
+    floors = np.zeros(len(col.xs))
+    if col.spreads is None:
+        floors[:] = state.step_spread  # steps of a windowed series: a step's own noise
+    elif math.isfinite(float(col.spreads[-1])):
+        state.step_spread = float(col.spreads[-1])
     out, values, diffs, ordered, scale, since = _spike(
         col.xs if probes is None else probes,
+        lifts,
+        floors,
         col.xs,
         state.values,
         state.diffs,
@@ -140,9 +160,37 @@ def update(state: SpikeState, cfg: SpikeConfig, metric: str, col: Column) -> Sig
     )
 
 
+def expected_max(n: int) -> float:
+    """The expected largest of ``n`` standard normal draws (Blom: 2.51 for 100)."""
+    if n < 2:
+        return 0.0
+    return _NORMAL.inv_cdf((n - 0.375) / (n + 0.25))
+
+
+def peak_lifts(col: Column, probes: np.ndarray) -> np.ndarray:
+    """How far above the baseline each window's peak is expected: the expected largest of its
+    ``count`` steps times the spread of its steps without the peak (0 where the window sent no
+    spread). The window's values are its mean ``xs`` and population ``spreads``."""
+    lifts = np.zeros(len(probes))
+    if col.spreads is None or col.counts is None:
+        return lifts
+    for i in range(len(probes)):
+        n, std, mean, peak = int(col.counts[i]), float(col.spreads[i]), col.xs[i], probes[i]
+        if n < 3 or not math.isfinite(std):
+            continue
+        # the sums of the window's steps, then of the others than its peak
+        total, squares = n * mean, n * (std * std + mean * mean)
+        rest = total - peak
+        var = (squares - peak * peak - rest * rest / (n - 1)) / (n - 2)
+        lifts[i] = expected_max(n) * math.sqrt(max(var, 0.0))
+    return lifts
+
+
 @jit
 def _spike(  # noqa: PLR0917
     probes: np.ndarray,
+    lifts: np.ndarray,
+    floors: np.ndarray,
     xs: np.ndarray,
     values: np.ndarray,
     diffs: np.ndarray,
@@ -158,9 +206,11 @@ def _spike(  # noqa: PLR0917
     rel_floor: float,
     abs_floor: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, int]:
-    """Score each of ``probes`` against the robust baseline, then learn the ``xs`` at the
-    same place (a window's mean is learnt, its peak probed). ``values``: the window (oldest
-    first, at most ``window``), ``ordered``: it sorted, ``diffs``: its differences.
+    """Score each of ``probes`` against the robust baseline (raised by its ``lifts``: where
+    a window's peak is expected above it; its noise scale at least its ``floors``), then learn
+    the ``xs`` at the same place (a window's mean is learnt, its peak probed). ``values``: the
+    window (oldest first, at most ``window``), ``ordered``: it sorted, ``diffs``: its
+    differences.
 
     Returns (rows of scores, medians, lower and upper; the window, its
     differences and the window sorted after the batch; scale, since). Below ``warmup`` values
@@ -186,21 +236,26 @@ def _spike(  # noqa: PLR0917
     root2 = math.sqrt(2.0)
     for i in range(m):
         x = probes[i]
-        if 0 < nv < warmup:  # the median so far, no noise scale yet: no score
-            out[1, i] = _median_sorted(buf, nv)
-        elif nv >= warmup:
+        if nv > 0:
             med = _median_sorted(buf, nv)
             amed = abs(med)
-            sc = scale
+            if lifts[i] != 0.0:  # (a median of -0.0 stays -0.0)
+                med += lifts[i]
+            out[1, i] = med
+        if nv >= warmup or (nv > 0 and floors[i] > 0.0):
+            # before ``warmup`` values only a step of a windowed series has a noise scale: the
+            # spread of a step its windows sent
+            sc = scale if nv >= warmup else 0.0
             floor = rel_floor * amed
             sc = max(sc, floor)
             sc = max(sc, abs_floor)
+            if floors[i] > 0.0:
+                sc = max(sc, floors[i])
             dev = x - med
             if not up:
                 dev = abs(dev)
             band = z_cfg * sc
             out[0, i] = score(dev / band)
-            out[1, i] = med
             out[2, i] = med - band
             out[3, i] = med + band
         # learn x

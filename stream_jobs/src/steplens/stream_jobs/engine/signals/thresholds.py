@@ -280,23 +280,32 @@ def data_wait(  # noqa: PLR0917
     rows: np.ndarray,
     rank: int,
     sustained: bool = False,
-    streak: int = 0,
-) -> tuple[Signals | None, int]:
-    """Share of each step spent waiting for data (NaN: not known), and the rank's streak of
-    consecutive steps over the limit after these rows (``streak``: before them). One step over
-    it is a note for the data-bottleneck correlation; ``data_wait_steps`` in a row, or a
-    ``sustained`` row (a window's means over its steps), warn: the rank's input pipeline holds
-    its steps back."""
+    streak: tuple[int, int, bool] = (0, -1, False),
+) -> tuple[Signals | None, tuple[int, int, bool]]:
+    """Share of each step spent waiting for data (NaN: not known), and the rank's streak
+    after these rows (``streak``: before them): how many rows in a row were over the limit,
+    the step of the last, and whether the rank sends windows. One row over it is a note for
+    the data-bottleneck correlation; ``data_wait_steps`` rows in a row, or a ``sustained`` row
+    (a window's means over its steps), warn: the rank's input pipeline holds its steps back.
+    A rank that sends windows sends the steps between them only when they stand out (a guard's
+    outliers, a sample): those are in a row only when their steps are (a stall's steps), never
+    three outliers apart; a rank that sends every step, or a mean every N steps, is in a row
+    from row to row."""
     ok = (step_times > 0) & np.isfinite(data_times) & np.isfinite(step_times)
+    count, last, windows = streak
+    windows = windows or sustained
     if not ok.any():
-        return None, streak
+        return None, (count, last, windows)
     share = data_times[ok] / step_times[ok]  # finite over positive: finite
     limit = cfg.data_wait_share
     breach = share > limit
     held = np.zeros(len(share), dtype=bool)
-    for i, over in enumerate(breach):
-        streak = streak + 1 if over else 0
-        held[i] = sustained or streak >= cfg.data_wait_steps
+    for i, (over, step) in enumerate(zip(breach.tolist(), steps[ok].tolist(), strict=True)):
+        apart = windows and not sustained and count and step != last + 1
+        count = 0 if not over else 1 if apart else count + 1
+        last = step
+        held[i] = sustained or count >= cfg.data_wait_steps
+    streak = (count, last, windows)
     score = scores_of(share / limit) if limit else np.zeros(len(share))
     return Signals.of(
         "threshold",

@@ -32,11 +32,22 @@ class VolatilityConfig:
     threshold: float = 0.10  # relative noise above this warns
     abs_floor: float = 1e-3  # |mean| below this is treated as this (near-zero losses)
     min_window_values: int = 8  # a window's own std is read from this many values on
-    policy: Policy | None = None  # None: the design's anchor, relative noise over threshold
+    # None: the design's anchor, relative noise over ``threshold``: at once while the run's
+    # own noise is not known (a run noisy from the start), then when that noise is also rare
+    # for this run (1 in 10,000 steps: its windows overlap, so one excursion is many values):
+    # a run whose loss always wanders 8-11 % is not paged each time a window reads 10.5 %;
+    # one that turns unstable is
+    policy: Policy | None = None
 
     def __post_init__(self) -> None:
         if self.policy is None:
-            self.policy = Policy(rarity=None, measure="value", warning=self.threshold)
+            self.policy = Policy(
+                rarity=0.9999,
+                measure="value",
+                warning=self.threshold,
+                cold_warning=self.threshold,
+                per_step=True,
+            )
 
 
 @dataclass
