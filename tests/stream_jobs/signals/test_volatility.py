@@ -46,3 +46,22 @@ def test_a_run_that_always_wanders_is_not_paged_and_one_that_turns_unstable_is()
     assert not [s for s in sigs[500:] if s.severity]
     unstable = steady + [2.0 * (1 + rng.gauss(0, 0.3)) for _ in range(200)]
     assert [s for s in judged(unstable, "loss", "volatility")[3000:] if s.severity]
+
+
+def test_steps_sent_between_windows_are_held_by_the_windows():
+    """A windowed series: each window is judged on its own spread; a raw step sent between
+    them (a guard's outlier, 40 % up) is no noise of its own: no volatility signal, no alert."""
+    st, cfg = VolatilityState(), VolatilityConfig()
+    for w in range(3):
+        col = Column(
+            np.array([2.0]),
+            np.array([w * 100 + 99]),
+            np.array([0]),
+            firsts=np.array([w * 100]),
+            spreads=np.array([0.1]),
+            counts=np.array([100]),
+        )
+        got = volatility.update(st, cfg, "loss", col).views()
+        assert len(got) == 1 and got[0].value < 0.1
+    raw = Column(np.array([2.8]), np.array([350]), np.array([0]))
+    assert volatility.update(st, cfg, "loss", raw).views() == []

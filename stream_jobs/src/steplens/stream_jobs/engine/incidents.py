@@ -245,7 +245,8 @@ def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> tuple[Incide
     ``join_gap`` steps before ``a`` (a new event, while the last one's slow members, such as
     a volatility window, still fire; a follower joins it whenever it started); else one that
     resolved in the last ``join_gap`` steps; else one that started within ``join_steps`` of
-    it."""
+    it. An aggregate (a window's alert, ``span_first`` in its evidence) counts ``join_gap`` as
+    at least its own span."""
     mine = state.of_alert.get(a.fingerprint)
     if mine is not None and mine[1] == f"{a.fingerprint}@{a.started_step}":
         inc = state.open.get(mine[0])
@@ -279,7 +280,10 @@ def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> tuple[Incide
                 return inc, True
             if span is not None and _covers(inc, span, ended):
                 return inc, True
-            if ended is None or start - ended > cfg.join_gap or _new_event(inc, cfg, a):
+            # an aggregate judged once a window has its own span as the gap: the next window
+            # breaching again is the same event going on, not a new page
+            gap = cfg.join_gap if span is None else max(cfg.join_gap, start - span + 1)
+            if ended is None or start - ended > gap or _new_event(inc, cfg, a):
                 continue  # (its followers, not its event, moved since)
             del state.closed[fp]
             state.open[fp] = inc

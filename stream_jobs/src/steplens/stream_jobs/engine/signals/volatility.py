@@ -7,7 +7,8 @@ A ``step_window`` that carries its own standard deviation (of its steps' values)
 it: the window's relative noise is its std over its mean, less the part a linear trend over the
 window explains (the slope between this window's mean and the last's), so "the std of the last
 N steps over 10 %" means what it says. A window without it (or of fewer than
-``min_window_values`` steps) is one value of the series above, as a step record is.
+``min_window_values`` steps) is one value of the series above, as a step record is. The steps a
+windowed series sends between its windows are not judged: the windows hold them.
 """
 
 from __future__ import annotations
@@ -67,6 +68,23 @@ def update(state: VolatilityState, cfg: VolatilityConfig, metric: str, col: Colu
         std, count = float(col.spreads[0]), int(col.counts[0])
         if math.isfinite(std) and count >= cfg.min_window_values:
             return _window(state, cfg, metric, col, std)
+    elif state.window_step >= 0:
+        # steps sent between the windows of a windowed series (a guard's outliers, a sample):
+        # the windows judge their noise; one step among means is no noise of its own
+        none = np.empty(0)
+        return Signals(
+            "volatility",
+            metric,
+            col.rows[:0],
+            col.steps[:0],
+            none,
+            none,
+            np.zeros(0, np.int8),
+            none,
+            none,
+            none,
+            RUN_RANK,
+        )
     cvs, scores, judged, values, diffs = _volatility(
         col.xs,
         state.values,
