@@ -211,3 +211,30 @@ def test_a_corrupted_batch_three_times_the_loss_for_one_step_is_an_incident():
     assert members["spike:loss"]["samples"]["ids"][0] == "doc-350-0"
     ends = [r for r in reports if r.state == "resolved"]
     assert [r.step for r in ends] == [351 + RulesConfig().resolve_after - 1]
+
+
+def test_a_condition_breaching_on_and_off_is_one_incident_a_second_spike_is_not():
+    """A straggler that resolves and breaches again 30 steps later is the same incident, opened
+    again (no second page); a loss spike 30 steps after the last one resolved is a new event."""
+    state = IncidentsState()
+    slow = feed(
+        state,
+        [
+            alert("straggler:step_time_s", "firing", 312, 312),
+            alert("straggler:step_time_s", "resolved", 330, 312),
+            alert("straggler:step_time_s", "firing", 360, 360),
+            alert("straggler:step_time_s", "resolved", 380, 360),
+        ],
+    )
+    opened = [r for r in slow if r.state == "firing"]
+    assert len({r.fingerprint for r in opened}) == 1
+    assert [r.evidence["episode"] for r in opened] == [0, 1]
+    spikes = feed(
+        IncidentsState(),
+        [
+            alert("spike:loss", "firing", 100, 100, value=3.0),
+            alert("spike:loss", "resolved", 110, 100),
+            alert("spike:loss", "firing", 140, 140, value=3.0),
+        ],
+    )
+    assert len({r.fingerprint for r in spikes if r.state == "firing"}) == 2

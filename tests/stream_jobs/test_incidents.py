@@ -103,7 +103,11 @@ def test_each_incident_opens_resolves_last_and_never_steps_down(history, join):
                     and inc_mod.topic_of(a.rule) == topic
                     and before.step <= a.step <= after.step
                 ]
-                assert after.step - max([before.step, *quiet]) <= IncidentsConfig().join_gap
+                gap = max(
+                    inc_mod.join_gap_of(IncidentsConfig(), m["rule"], after.step)
+                    for m in after.evidence["members"]
+                )
+                assert after.step - max([before.step, *quiet]) <= gap
         ranks = [inc_mod.RANK[r.severity] for r in rs]
         assert ranks == sorted(ranks)  # escalates, never steps down
         top = max(inc_mod.RANK[m["severity"]] for m in rs[-1].evidence["members"])

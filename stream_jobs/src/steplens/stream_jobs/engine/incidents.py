@@ -24,7 +24,9 @@ several topics); otherwise it opens an incident. An incident:
   a loss window that still holds the spike), stays inhibited by it (an incident of followers
   only resolves with its last one);
 * opens again (the same incident) if an alert of its topic that is not a follower starts
-  within ``join_gap`` steps after it resolved;
+  within ``join_gap`` steps after it resolved (``follow_steps`` for a condition,
+  ``CONDITIONS``: a straggler or a data wait that breaches on and off is one event; and at
+  least an aggregate's own span: the next window breaching again);
 * is never paged twice for one event by an aggregate: an alert of a ``step_window`` (its
   evidence's ``span_first``, the window's first step) whose span covers an incident of its
   topic that opened and resolved joins it quietly, as a follower does (a window over a data
@@ -153,6 +155,9 @@ def specificity(rule: str) -> int:
 
 # rules whose value is the size of the event (a spike that is larger is a new one)
 SPIKES = frozenset({"spike", "nonfinite"})
+# rules of a condition that holds for a while (a slow rank, a share over a line): breaching on
+# and off within ``follow_steps`` is one event
+CONDITIONS = frozenset({"straggler", "threshold"})
 
 
 def follower(rule: str) -> bool:
@@ -245,8 +250,7 @@ def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> tuple[Incide
     ``join_gap`` steps before ``a`` (a new event, while the last one's slow members, such as
     a volatility window, still fire; a follower joins it whenever it started); else one that
     resolved in the last ``join_gap`` steps; else one that started within ``join_steps`` of
-    it. An aggregate (a window's alert, ``span_first`` in its evidence) counts ``join_gap`` as
-    at least its own span."""
+    it. ``join_gap_of`` widens ``join_gap`` for conditions and aggregates."""
     mine = state.of_alert.get(a.fingerprint)
     if mine is not None and mine[1] == f"{a.fingerprint}@{a.started_step}":
         inc = state.open.get(mine[0])
@@ -280,9 +284,7 @@ def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> tuple[Incide
                 return inc, True
             if span is not None and _covers(inc, span, ended):
                 return inc, True
-            # an aggregate judged once a window has its own span as the gap: the next window
-            # breaching again is the same event going on, not a new page
-            gap = cfg.join_gap if span is None else max(cfg.join_gap, start - span + 1)
+            gap = join_gap_of(cfg, a.rule, start, span)
             if ended is None or start - ended > gap or _new_event(inc, cfg, a):
                 continue  # (its followers, not its event, moved since)
             del state.closed[fp]
@@ -294,6 +296,18 @@ def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> tuple[Incide
         if inc.run_id == a.run_id and near and not _new_event(inc, cfg, a):
             return inc, False
     return None, False
+
+
+def join_gap_of(cfg: IncidentsConfig, rule: str, start: int, span: int | None = None) -> int:
+    """Steps after an alert of ``rule`` resolved within which the same breaching again is its
+    event going on: ``join_gap`` (a second spike, a second correlation is a new event),
+    ``follow_steps`` for a condition (``CONDITIONS``: a straggler or a data wait breaching on
+    and off), and at least an aggregate's own span (``span``: its window's first step; the
+    next window)."""
+    gap = cfg.join_gap
+    if rule.split(":", 1)[0] in CONDITIONS:
+        gap = max(gap, cfg.follow_steps)
+    return gap if span is None else max(gap, start - span + 1)
 
 
 def _covers(inc: Incident, span: int, ended: int | None) -> bool:
@@ -333,7 +347,9 @@ def _new_event(inc: Incident, cfg: IncidentsConfig, a: Alert) -> bool:
             continue
         if start - m.started_step <= cfg.join_steps:
             continue
-        if m.step is not None and start - m.step > cfg.join_gap:
+        span = a.evidence.get("span_first")
+        span = span if isinstance(span, int) and not isinstance(span, bool) else None
+        if m.step is not None and start - m.step > join_gap_of(cfg, a.rule, start, span):
             return True
         if a.rule.split(":", 1)[0] not in SPIKES:
             continue
