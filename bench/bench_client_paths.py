@@ -86,6 +86,25 @@ def lr_at(sched: dict, step: int) -> float:
     return float(expected_lr(sched, step) or 0.0)
 
 
+def monitor(
+    name: str, transport: MemoryTransport, sched: dict, spool: str, full_resolution: bool = False
+) -> Monitor:
+    """Rank 0 of a one-rank run at the producer's defaults, its records kept in memory."""
+    return Monitor(
+        name,
+        transport=transport,
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        hw_interval_s=0,
+        remedies=None,
+        lr_schedule=sched,
+        spool_dir=spool,
+        full_resolution=full_resolution,
+        health_interval_s=3600.0,
+    )
+
+
 def train(path: str, sched_kind: str, incident: str | None, steps: int, seed: int, stall_s: float):
     """One run: its records, and the fault's first and last step."""
     if path.startswith("hf"):
@@ -99,19 +118,8 @@ def train(path: str, sched_kind: str, incident: str | None, steps: int, seed: in
     opt = torch.optim.AdamW(model.parameters(), lr=PEAK)
     transport = MemoryTransport()
     with tempfile.TemporaryDirectory() as spool:
-        mon = Monitor(
-            f"{path}-{sched_kind}-{incident or 'healthy'}",
-            transport=transport,
-            rank=0,
-            local_rank=0,
-            world_size=1,
-            hw_interval_s=0,
-            remedies=None,
-            lr_schedule=sched,
-            spool_dir=spool,
-            full_resolution=path == "full",
-            health_interval_s=3600.0,
-        )
+        name = f"{path}-{sched_kind}-{incident or 'healthy'}"
+        mon = monitor(name, transport, sched, spool, full_resolution=path == "full")
 
         def batches() -> Iterator[torch.Tensor]:
             for step in range(steps):
@@ -170,18 +178,8 @@ def train_hf(
 
     transport = MemoryTransport()
     with tempfile.TemporaryDirectory() as out, tempfile.TemporaryDirectory() as spool:
-        mon = Monitor(
-            f"hf{logging_steps}-{sched_kind}-{incident or 'healthy'}",
-            transport=transport,
-            rank=0,
-            local_rank=0,
-            world_size=1,
-            hw_interval_s=0,
-            remedies=None,
-            lr_schedule=schedule_of(sched_kind, steps),
-            spool_dir=spool,
-            health_interval_s=3600.0,
-        )
+        name = f"hf{logging_steps}-{sched_kind}-{incident or 'healthy'}"
+        mon = monitor(name, transport, schedule_of(sched_kind, steps), spool)
         args = transformers.TrainingArguments(
             output_dir=out,
             max_steps=steps,

@@ -10,6 +10,13 @@ torch = pytest.importorskip("torch")
 from tests.producer.tiny_lm import Regressor  # noqa: E402 - after the torch check
 
 
+def cpu_args(transformers: Any, out: Any, **kw: Any) -> Any:
+    """A Trainer's arguments for a short CPU run: no reports, no checkpoints, no progress bar."""
+    return transformers.TrainingArguments(
+        output_dir=str(out), report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, **kw
+    )
+
+
 class _Data(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return 32
@@ -26,18 +33,15 @@ def test_hf_trainer_callback(memory_monitor, tmp_path) -> None:  # type: ignore[
     from steplens.producer.integrations.hf import SteplensCallback
 
     m, tx = memory_monitor(sample_rate=1.0)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path),
+    args = cpu_args(
+        transformers,
+        tmp_path,
         max_steps=6,
         logging_steps=2,
         eval_strategy="steps",
         eval_steps=3,
         per_device_train_batch_size=8,
         max_grad_norm=0.05,
-        report_to=[],
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
     )
     trainer = transformers.Trainer(
         model=Regressor(),
@@ -82,21 +86,10 @@ def test_hf_trainer_callback_times_the_input_pipeline(memory_monitor, tmp_path) 
     from steplens.producer.integrations.hf import SteplensCallback
 
     m, tx = memory_monitor(sample_rate=1.0)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path),
-        max_steps=6,
-        logging_steps=2,
-        per_device_train_batch_size=2,
-        report_to=[],
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-    )
+    batches = {"max_steps": 6, "logging_steps": 2, "per_device_train_batch_size": 2}
+    args = cpu_args(transformers, tmp_path, **batches)
     trainer = transformers.Trainer(
-        model=Regressor(),
-        args=args,
-        train_dataset=_SlowData(),
-        callbacks=[SteplensCallback(m)],
+        model=Regressor(), args=args, train_dataset=_SlowData(), callbacks=[SteplensCallback(m)]
     )
     trainer.train()
     m.shutdown()
@@ -178,18 +171,15 @@ def test_hf_trainer_at_the_defaults_follows_its_declared_schedule(tmp_path) -> N
             "total_steps": 40,
         },
     )
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path),
+    args = cpu_args(
+        transformers,
+        tmp_path,
         max_steps=40,
         logging_steps=1,
         learning_rate=0.01,
         lr_scheduler_type="cosine",
         warmup_steps=4,
         per_device_train_batch_size=8,
-        report_to=[],
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
     )
     trainer = transformers.Trainer(
         model=Regressor(), args=args, train_dataset=_Data(), callbacks=[SteplensCallback(m)]
