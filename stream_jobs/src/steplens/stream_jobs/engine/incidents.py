@@ -268,8 +268,7 @@ def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> tuple[Incide
             return inc, False
     if start is None:
         return None, False
-    span = a.evidence.get("span_first")  # an aggregate's first step: it covers its span
-    span = span if isinstance(span, int) and not isinstance(span, bool) else None
+    span = span_of(a)
     earliest = start if span is None else min(start, span)
     # one that resolved in the last ``join_gap`` steps opens again (an event whose alerts
     # breach on and off), or keeps a follower of its event quiet; an aggregate whose span
@@ -296,6 +295,13 @@ def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> tuple[Incide
         if inc.run_id == a.run_id and near and not _new_event(inc, cfg, a):
             return inc, False
     return None, False
+
+
+def span_of(a: Alert) -> int | None:
+    """An aggregate's first step (its window's ``span_first``): it covers its span; None for
+    an alert of steps."""
+    span = a.evidence.get("span_first")
+    return span if isinstance(span, int) and not isinstance(span, bool) else None
 
 
 def join_gap_of(cfg: IncidentsConfig, rule: str, start: int, span: int | None = None) -> int:
@@ -347,9 +353,7 @@ def _new_event(inc: Incident, cfg: IncidentsConfig, a: Alert) -> bool:
             continue
         if start - m.started_step <= cfg.join_steps:
             continue
-        span = a.evidence.get("span_first")
-        span = span if isinstance(span, int) and not isinstance(span, bool) else None
-        if m.step is not None and start - m.step > join_gap_of(cfg, a.rule, start, span):
+        if m.step is not None and start - m.step > join_gap_of(cfg, a.rule, start, span_of(a)):
             return True
         if a.rule.split(":", 1)[0] not in SPIKES:
             continue

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from statistics import NormalDist
 
 import numpy as np
@@ -160,6 +161,7 @@ def update(state: SpikeState, cfg: SpikeConfig, metric: str, col: Column) -> Sig
     )
 
 
+@lru_cache(maxsize=256)
 def expected_max(n: int) -> float:
     """The expected largest of ``n`` standard normal draws (Blom: 2.51 for 100)."""
     if n < 2:
