@@ -48,7 +48,7 @@ from influxdb_client import InfluxDBClient
 from steplens.schema import Record, decode, encode, make_record
 from steplens.schema.topics import Topics, ensure_topics
 from steplens.sinks.cold import read_parquet, run_prefix
-from steplens.sinks.rollup import flux_string
+from steplens.sinks.flux_literals import flux_string
 from steplens.sinks.s3 import make_s3_client
 from steplens.sinks.settings import S3Settings
 from steplens.stack import Stack

@@ -8,7 +8,7 @@ with six faults at known steps. Measures:
 * the wire: records/s and bytes/s the ranks handed to Kafka, by kind;
 * the worker: CPU seconds and peak RSS (its process tree, psutil), consumer lag (its /metrics);
 * InfluxDB: the run's series (``influxdb.cardinality``, hot and rollup buckets), influxd's RSS,
-  the rollup task's run times;
+  the influx sink's rollup runs (count, mean duration, runs over a minute, coverage lag);
 * S3: objects and bytes under the run's prefix, after the sinks stopped;
 * alerts: each fault's first incident on the alerts topic, with the right rank/node/GPU and
   rule, its latency from the fault's onset (the time its first step or sample was logged);
@@ -215,35 +215,23 @@ def bucket_series(env: dict[str, str]) -> dict[str, float]:
     return out
 
 
-def rollup_runs(env: dict[str, str], since_iso: str) -> list[float]:
-    """Seconds each run of the rollup task took since ``since_iso`` (the API's task runs)."""
-    base, tok = env["STEPLENS_INFLUX_URL"], env["STEPLENS_INFLUX_TOKEN"]
-    headers = {"Authorization": f"Token {tok}"}
-    try:
-        req = urllib.request.Request(f"{base}/api/v2/tasks?limit=100", headers=headers)
-        with urllib.request.urlopen(req, timeout=20) as r:
-            tasks = json.loads(r.read())["tasks"]
-        out = []
-        for t in tasks:
-            if "rollup" not in t["name"]:
-                continue
-            url = f"{base}/api/v2/tasks/{t['id']}/runs?limit=100&afterTime={since_iso}"
-            with urllib.request.urlopen(urllib.request.Request(url, headers=headers)) as r:
-                for run in json.loads(r.read()).get("runs", []):
-                    if run.get("startedAt") and run.get("finishedAt"):
-                        a = _iso(run["startedAt"])
-                        b = _iso(run["finishedAt"])
-                        out.append(b - a)
-        return out
-    except Exception as exc:
-        print(f"rollup runs: {exc}", file=sys.stderr)
-        return []
-
-
-def _iso(text: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+def rollup_figures(port: int) -> dict[str, float]:
+    """The influx sink's rollup runs (its /metrics): how many, how long, the coverage lag."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=20) as r:
+        text = r.read().decode()
+    got: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith("steplens_sink_rollup_"):
+            got[name] = float(value)
+    n = got.get("steplens_sink_rollup_run_seconds_count", 0.0)
+    return {
+        "runs_ok": got.get('steplens_sink_rollup_runs_total{result="ok"}', 0.0),
+        "runs_failed": got.get('steplens_sink_rollup_runs_total{result="failed"}', 0.0),
+        "run_s_mean": got.get("steplens_sink_rollup_run_seconds_sum", 0.0) / max(n, 1.0),
+        "runs_over_60s": n - got.get('steplens_sink_rollup_run_seconds_bucket{le="60.0"}', n),
+        "coverage_lag_s": got.get("steplens_sink_rollup_coverage_lag_seconds", float("nan")),
+    }
 
 
 def s3_usage(env: dict[str, str], prefix: str) -> tuple[int, int]:
@@ -416,7 +404,6 @@ def main() -> int:
     ports = {k: free_port() for k in ("worker", "influx", "s3")}
     s3_prefix = f"bench/{tag}"
     print(f"run {run_id}; logs in {work}", flush=True)
-    since_iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     worker = start(
         "worker",
         ["worker", "--app-id", f"{tag}-w", "--state-dir", str(work / "worker"),
@@ -552,6 +539,10 @@ def main() -> int:
             "false_alarms": sum(1 for r in verdict["other_pages"] if not r["names"]),
             "alert_records": len(alerts),
         }
+        try:
+            result["rollups"] = rollup_figures(ports["influx"])
+        except (OSError, ValueError) as exc:
+            result["rollups"] = {"error": str(exc)}
     finally:
         stop(children)
         tail.stop.set()
@@ -562,7 +553,6 @@ def main() -> int:
         "bucket_series_added": {k: v - series_before.get(k, 0.0) for k, v in after.items()},
         "series_hot": cardinality(senv, senv["STEPLENS_INFLUX_BUCKET"], run_id),
         "series_rollup": cardinality(senv, senv["STEPLENS_INFLUX_ROLLUP_BUCKET"], run_id),
-        "rollup_task_runs_s": rollup_runs(senv, since_iso),
     }
     try:
         n, size = s3_usage(senv, s3_prefix)

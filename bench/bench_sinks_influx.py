@@ -33,11 +33,11 @@ from scratch_topics import scratch_topics
 from steplens.schema import Record, encode
 from steplens.schema.kafka_config import consumer_config
 from steplens.schema.topics import Topics, ensure_topics
+from steplens.sinks.flux_literals import flux_string
 from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.kafka_io import DeadLetters, poll_batch
 from steplens.sinks.loop import SinkLoop
 from steplens.sinks.points import record_points
-from steplens.sinks.rollup import flux_string
 from steplens.sinks.settings import InfluxSettings
 
 

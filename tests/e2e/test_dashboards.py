@@ -420,7 +420,8 @@ def _client(env: dict[str, str]) -> Any:
 def _roll_up_a_shifted_copy(client: Any, env: dict[str, str], run_id: str) -> None:
     """The run's hot points, ``SHIFT`` earlier, rolled up into the rollup bucket by the sinks'
     own rollup query (through a scratch bucket, which is deleted)."""
-    from steplens.sinks.rollup import flux_string, run_rollup
+    from steplens.sinks.flux_literals import flux_string
+    from steplens.sinks.rollup import run_rollup
     from steplens.sinks.settings import InfluxSettings
 
     org = env["STEPLENS_INFLUX_ORG"]

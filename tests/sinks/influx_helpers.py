@@ -10,12 +10,12 @@ from sinks_helpers import committed, end_offsets, wait_for
 
 from steplens.schema.kafka_config import consumer_config
 from steplens.schema.topics import Topics
+from steplens.sinks.flux_literals import flux_string
 from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.kafka_io import DeadLetters
 from steplens.sinks.loop import SinkLoop
 from steplens.sinks.query_hot import csv_text
 from steplens.sinks.retry import RetryPolicy
-from steplens.sinks.rollup import flux_string
 from steplens.sinks.settings import InfluxSettings
 
 

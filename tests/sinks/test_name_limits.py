@@ -13,10 +13,11 @@ from prometheus_client import REGISTRY
 from sinks_helpers import produce, read_all, unique
 
 from steplens.schema import decode, make_record
+from steplens.sinks.flux_literals import flux_string
 from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.name_limits import NameBudget, NameLimits
 from steplens.sinks.points import record_builders
-from steplens.sinks.rollup import ensure_buckets, flux_string
+from steplens.sinks.rollup import ensure_buckets
 from steplens.sinks.settings import InfluxSettings
 
 PER_RUN, PER_MEASUREMENT = 300, 700

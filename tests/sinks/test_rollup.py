@@ -8,19 +8,24 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from influx_helpers import rows, settings_from
+from influxdb_client import TaskCreateRequest
+from prometheus_client import REGISTRY
 from sinks_helpers import unique
 
 from steplens.schema import make_record
 from steplens.sinks.influx import InfluxSink, make_client
+from steplens.sinks.points import record_builders
 from steplens.sinks.rollup import (
     CHUNK_MIN,
     COVERAGE,
     TASK_NAME,
     ensure_buckets,
-    ensure_rollup_task,
+    remove_rollup_task,
+    run_once,
     run_rollup,
-    run_task_once,
 )
+from steplens.sinks.rollup_loop import RollupLoop
+from steplens.sinks.text_fields import TextFields
 
 pytestmark = pytest.mark.stack
 MIN_NS = 60 * 10**9
@@ -67,18 +72,21 @@ def test_rollup_writes_mean_min_max_last_per_minute(stack_env) -> None:
     assert {r["rank"] for r in got} == {"0"}
 
 
-def test_rollup_task_is_created_once(stack_env) -> None:
+def test_an_earlier_rollup_task_is_removed(stack_env) -> None:
+    """Rollups are made by the sink now: the InfluxDB task of earlier versions goes."""
     s = settings_from(stack_env)
     with make_client(s) as client:
-        first = ensure_rollup_task(client, s)
-        second = ensure_rollup_task(client, s, lookback_min=15)
-        tasks = client.tasks_api().find_tasks(name=TASK_NAME)
-    assert first == second and len(tasks) == 1
-    assert (
-        tasks[0].every == "1m"
-        and "date.sub(d: 15m" in tasks[0].flux
-        and tasks[0].status == "active"
-    )
+        org_id = client.organizations_api().find_organizations(org=s.org)[0].id
+        if not client.tasks_api().find_tasks(name=TASK_NAME, org_id=org_id):
+            flux = f'option task = {{name: "{TASK_NAME}", every: 1h}}\narray.from(rows: [])'
+            client.tasks_api().create_task(
+                task_create_request=TaskCreateRequest(
+                    flux='import "array"\n' + flux, org_id=org_id, status="inactive"
+                )
+            )
+        assert remove_rollup_task(client, s)
+        assert not client.tasks_api().find_tasks(name=TASK_NAME, org_id=org_id)
+        assert not remove_rollup_task(client, s)
 
 
 @pytest.fixture
@@ -114,12 +122,13 @@ def test_minutes_of_failed_runs_are_rolled_up_by_the_next_run(scratch_buckets) -
         )
         for k in range(-5, 12)
     ]
+    fields = TextFields()
     with make_client(s) as client:
-        assert InfluxSink(client, s).export(recs).accepted == len(recs)
+        assert InfluxSink(client, s, text_fields=fields).export(recs).accepted == len(recs)
         for _ in range(60 // CHUNK_MIN):  # no mark yet: from the start of the hot window on
-            run_task_once(client, s, at(0))
+            run_once(client, s, fields, at(0))
         # runs at t0+1 .. t0+9 failed: nothing written, no mark
-        run_task_once(client, s, at(10))
+        run_once(client, s, fields, at(10))
     got = rows(s, 'r._measurement == "step" and r._field == "loss_mean"', bucket=s.rollup_bucket)
     minutes = sorted(round((r["_time"].timestamp() * 1e9 - t0) / MIN_NS) for r in got)
     assert minutes == list(range(-5, 10))
@@ -134,8 +143,59 @@ def test_a_run_reaches_back_one_chunk_at_a_time(scratch_buckets) -> None:
     s = scratch_buckets
     now = datetime.fromtimestamp((time.time_ns() // MIN_NS - 1) * MIN_NS / 1e9, tz=timezone.utc)
     with make_client(s) as client:
-        run_task_once(client, s, now)
+        run_once(client, s, TextFields(), now)
     marks = rows(s, f'r._measurement == "{COVERAGE}"', bucket=s.rollup_bucket)
     assert [r["_time"] for r in marks] == [
         now - timedelta(seconds=s.hot_retention_s) + timedelta(minutes=CHUNK_MIN)
     ]
+
+
+def _step(run_id: str, k: int, t_ns: int, **data: object) -> object:
+    return make_record("step", data, run_id=run_id, seq=k, step=k, time_ns=t_ns)
+
+
+def test_text_fields_are_learnt_once_and_again_when_another_sink_wrote_one(
+    scratch_buckets,
+) -> None:
+    """The fields that are not numbers are not scanned on every run: learnt at the first;
+    one written by another sink fails a run, and the next learns it."""
+    s = scratch_buckets
+    t0 = (time.time_ns() // MIN_NS - 8) * MIN_NS
+    at = lambda k: datetime.fromtimestamp((t0 + k * MIN_NS) / 1e9, tz=timezone.utc)  # noqa: E731
+    fields = TextFields()
+    with make_client(s) as client:
+        mine = InfluxSink(client, s, text_fields=fields)
+        assert mine.export([_step("r", 0, t0 + 10**9, loss=1.0)]).accepted == 1
+        for _ in range(60 // CHUNK_MIN + 1):  # from the start of the hot window to at(2)
+            run_once(client, s, fields, at(2))
+        assert fields.scans == 1 and fields.count() == 0
+        other = InfluxSink(client, s)  # another sink: this one never sees its fields
+        other.export([_step("r", 1, t0 + 3 * MIN_NS + 10**9, loss=2.0, reason="c")])
+        with pytest.raises(Exception):  # noqa: B017 - the storage engine's own error
+            run_once(client, s, fields, at(5))
+        run_once(client, s, fields, at(5))
+        assert fields.scans == 2 and fields.count() == 1
+    got = rows(s, 'r._measurement == "step" and r._field == "loss_mean"', bucket=s.rollup_bucket)
+    assert sorted(r["_value"] for r in got) == [1.0, 2.0]
+
+
+def test_the_fields_written_are_learnt_without_a_scan() -> None:
+    fields = TextFields(max_fields=2)
+    fields.observe(record_builders(_step("r", 0, 1, loss=1.0, reason="x")))
+    assert fields.count() == 1 and '"step": "^(reason)$"' in fields.flux_dict()
+    fields.observe(record_builders(_step("r", 1, 2, loss=float("nan"))))  # loss_nonfinite
+    fields.observe(record_builders(_step("r", 2, 3, grad_norm=float("inf"))))
+    assert fields.count() == 2 and fields.overflow == 1
+
+
+def test_the_loop_runs_and_exports_the_coverage_lag(scratch_buckets) -> None:
+    s = scratch_buckets
+    now_ns = time.time_ns()
+    with make_client(s) as client:
+        InfluxSink(client, s).export([_step("r", 0, now_ns - 3 * MIN_NS, loss=1.0)])
+        loop = RollupLoop(client, s, TextFields())
+        for _ in range(60 // CHUNK_MIN + 1):  # from the start of the hot window to now
+            assert loop.run_now()
+    lag = REGISTRY.get_sample_value("steplens_sink_rollup_coverage_lag_seconds")
+    assert lag is not None and lag < 3 * 60
+    assert REGISTRY.get_sample_value("steplens_sink_rollup_runs_total", {"result": "ok"}) >= 4

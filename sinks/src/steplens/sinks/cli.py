@@ -108,18 +108,25 @@ def _run_influx(
 ) -> int:
     from steplens.sinks.influx import InfluxSink, make_client
     from steplens.sinks.loop import SinkLoop
-    from steplens.sinks.rollup import ensure_buckets, ensure_rollup_task
+    from steplens.sinks.rollup import ensure_buckets, remove_rollup_task
+    from steplens.sinks.rollup_loop import RollupLoop
+    from steplens.sinks.text_fields import TextFields
 
     settings = resolve(InfluxSettings, given(InfluxSettings, args))
     client = make_client(settings)
     if s.setup:
         ensure_buckets(client, settings)
-        ensure_rollup_task(client, settings)
-    sink = InfluxSink(client, settings, bounds=resolve(TimeBounds, given(TimeBounds, args)))
+        remove_rollup_task(client, settings)
+    fields = TextFields()
+    bounds = resolve(TimeBounds, given(TimeBounds, args))
+    sink = InfluxSink(client, settings, bounds=bounds, text_fields=fields)
+    rollups = RollupLoop(client, settings, fields).start() if settings.rollups else None
     consumer.subscribe(names)
     try:
         SinkLoop(consumer, sink, dead, stop=stop, batch_size=s.batch_size).run()
     finally:
+        if rollups is not None:
+            rollups.stop()
         sink.shutdown()
         client.close()
     return 0

@@ -27,10 +27,11 @@ from steplens.schema import Record
 from steplens.schema.time_bounds import TimeBounds
 from steplens.sinks import metrics
 from steplens.sinks.contract import ExportResult, Rejection
+from steplens.sinks.flux_literals import flux_string
 from steplens.sinks.name_limits import NameBudget, NameLimits, refusal_reason
 from steplens.sinks.points import UnwritableRecord, record_builders
-from steplens.sinks.rollup import flux_string
 from steplens.sinks.settings import InfluxSettings
+from steplens.sinks.text_fields import TextFields
 
 log = logging.getLogger("steplens.sinks")
 
@@ -88,8 +89,10 @@ class InfluxSink:
         write_chunk: int = 1000,
         limits: NameLimits | None = None,
         bounds: TimeBounds | None = None,
+        text_fields: TextFields | None = None,
     ) -> None:
         self.settings = settings
+        self.text_fields = text_fields  # told of the fields written that are not numbers
         self.bounds = bounds or TimeBounds.from_env()
         self.limits = limits or NameLimits(
             per_run=settings.max_names_per_run, per_measurement=settings.max_names_per_measurement
@@ -179,6 +182,8 @@ class InfluxSink:
                 left_out += [(b.measurement, name, why) for name, why in dropped]
             if keep:
                 lines.append(b.line())
+                if self.text_fields is not None:
+                    self.text_fields.observe((b,))
         return lines
 
     def _stored_names(self, measurement: str, tag: str | None) -> set[str]:

@@ -16,8 +16,8 @@ from typing import Any, Final
 import pandas as pd
 from influxdb_client.rest import ApiException
 
+from steplens.sinks.flux_literals import flux_string, flux_time
 from steplens.sinks.points import MEASUREMENT
-from steplens.sinks.rollup import flux_string, flux_time
 from steplens.sinks.settings import InfluxSettings
 
 _NONFINITE: Final = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}

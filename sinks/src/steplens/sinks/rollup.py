@@ -1,81 +1,63 @@
 """Buckets and 1-minute rollups.
 
-Rollups run inside InfluxDB as a task (every minute): it aggregates closed minutes of the hot
-bucket into the rollup bucket as ``<field>_mean``, ``_min``, ``_max`` and ``_last`` (floats),
-stamped with the minute's start, keeping measurement and tags. Rewriting a minute rewrites the
-same points, so every run may safely redo minutes.
+A run (``run_once``; the influx sink makes one 5 s after every minute, ``rollup_loop``)
+aggregates closed minutes of the hot bucket into the rollup bucket as ``<field>_mean``,
+``_min``, ``_max`` and ``_last`` (floats), stamped with the minute's start, keeping
+measurement and tags. Rewriting a minute rewrites the same points, so every run may safely
+redo minutes. Runs are made by the sink, one at a time, not by an InfluxDB task: the task
+scheduler starts a run on time even while earlier ones still run, and after a burst they
+piled up (an earlier task of that name is removed, ``remove_rollup_task``).
 
-Coverage: after a run's points are written, the task writes a ``rollup_coverage`` point (no
-tags) into the rollup bucket, stamped with the end of the range it covered. The next run
-starts from the older of that mark and the last ``lookback_min`` minutes (late data, such as a
-sink catching up after an outage, is folded in), so minutes of failed or missed runs are
-redone once a run succeeds. A run covers at most ``CHUNK_MIN`` minutes, and never reaches back
-past the hot window (``floor``): a gap longer than that cannot be rolled up from the hot bucket.
+Coverage: after a run's points are written, it writes a ``rollup_coverage`` point (no tags)
+into the rollup bucket, stamped with the end of the range it covered. The next run starts
+from the older of that mark and the last ``lookback_min`` minutes (late data, such as a sink
+catching up after an outage, is folded in), so minutes of failed or missed runs are redone
+once a run succeeds. A run covers at most ``CHUNK_MIN`` minutes, and never reaches back past
+the hot window (``floor``): a gap longer than that cannot be rolled up from the hot bucket.
 
 Memory: every aggregate is computed by the storage engine (a window aggregate pushed down per
 measurement), so a query holds rollup rows, not raw points, whatever the burst. Fields that
-are not numbers (text, booleans, ``<name>_nonfinite``) are found first with a pushed-down
-``last()`` over the shards the range touches and left out by name, since the storage engine
-refuses to aggregate them.
+are not numbers (text, booleans, ``<name>_nonfinite``), which the storage engine refuses to
+aggregate, are left out by name (``text_fields``: learnt once and from the points written,
+not scanned on every run).
 ``run_rollup`` runs the same aggregation for any past range, in chunks of ``CHUNK_MIN``.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Final
 
-from influxdb_client import BucketRetentionRules, InfluxDBClient, TaskCreateRequest
+from influxdb_client import BucketRetentionRules, InfluxDBClient
 
+from steplens.sinks.flux_literals import flux_string, flux_time
 from steplens.sinks.settings import InfluxSettings
+from steplens.sinks.text_fields import TextFields
 
-TASK_NAME: Final = "steplens-rollup-1m"
+TASK_NAME: Final = "steplens-rollup-1m"  # the InfluxDB task of earlier versions, removed
 ROLLUP_RETENTION_S: Final = 30 * 24 * 3600  # 30 days: the boards' longest range
 AGGREGATES: Final = ("mean", "min", "max", "last")
 COVERAGE: Final = "rollup_coverage"  # measurement of the task's coverage marks
 CHUNK_MIN: Final = 15  # minutes one query rolls up at most
 MAX_LOOKBACK_S: Final = 24 * 3600  # how far back the task reaches when the hot window is longer
-IMPORTS: Final = ("array", "date", "regexp", "strings", "types", "influxdata/influxdb/schema")
-
-
-def flux_string(value: str) -> str:
-    """A Flux string literal (Flux has no query parameters in InfluxDB OSS)."""
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("${", "\\${")
-    return f'"{escaped}"'
-
-
-def flux_time(t: datetime) -> str:
-    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+IMPORTS: Final = ("array", "date", "dict", "regexp", "influxdata/influxdb/schema")
 
 
 def _imports() -> str:
     return "".join(f"import {flux_string(name)}\n" for name in IMPORTS)
 
 
-def _rollup_stream(s: InfluxSettings, run_id: str | None) -> str:
+def _rollup_stream(s: InfluxSettings, run_id: str | None, skips: str) -> str:
     """Flux defining ``rolled``: the rollup points of [start_, stop_), written to the rollup
-    bucket (``start_`` and ``stop_`` are defined by the caller)."""
+    bucket (``start_`` and ``stop_`` are defined by the caller). ``skips``: a Flux dictionary,
+    measurement -> a regular expression of its fields that are not numbers
+    (``TextFields.flux_dict``)."""
     hot = flux_string(s.bucket)
     only_run = "" if run_id is None else f" and r.run_id == {flux_string(run_id)}"
     aggs = ", ".join(
         f"agg(m: m, skip: skip, fn: {a}, suffix: {flux_string('_' + a)})" for a in AGGREGATES
     )
-    return f"""not_numeric = (m) => {{
-    // of every run, in every shard the range touches: the storage engine types a field by
-    // measurement and shard, and refuses a text or boolean field even where a series or the
-    // range holds none of it
-    names = from(bucket: {hot})
-        |> range(start: date.sub(d: 7d, from: start_), stop: date.add(d: 7d, to: stop_))
-        |> filter(fn: (r) => r._measurement == m and r._field != "seq")
-        |> last()
-        |> filter(fn: (r) => not types.isNumeric(v: r._value))
-        |> keep(columns: ["_field"])
-        |> group()
-        |> distinct(column: "_field")
-        |> findColumn(fn: (key) => true, column: "_value")
-    quoted = array.map(arr: names, fn: (x) => regexp.quoteMeta(v: x))
-    return regexp.compile(v: "^(" + strings.joinStr(arr: quoted, v: "|") + ")$")
-}}
+    return f"""skips = {skips}
 agg = (m, skip, fn, suffix) => from(bucket: {hot})
     |> range(start: start_, stop: stop_)
     |> filter(fn: (r) => r._measurement == m and r._field != "seq" and r._field !~ skip{only_run})
@@ -83,7 +65,7 @@ agg = (m, skip, fn, suffix) => from(bucket: {hot})
     |> toFloat()
     |> map(fn: (r) => ({{r with _field: r._field + suffix}}))
 measurement = (m) => {{
-    skip = not_numeric(m: m)
+    skip = regexp.compile(v: dict.get(dict: skips, key: m, default: "^$"))
     return union(tables: [{aggs}])
 }}
 names = schema.measurements(bucket: {hot}, start: start_, stop: stop_)
@@ -95,12 +77,14 @@ rolled = union(tables: array.map(arr: all_names, fn: (x) => measurement(m: x)))
 """
 
 
-def rollup_flux(s: InfluxSettings, start: str, stop: str, run_id: str | None = None) -> str:
+def rollup_flux(
+    s: InfluxSettings, start: str, stop: str, skips: str, run_id: str | None = None
+) -> str:
     """Aggregate the numeric fields of [start, stop) (of one run, or all) into the rollup bucket."""
     return (
         _imports()
         + f"start_ = {start}\nstop_ = {stop}\n"
-        + _rollup_stream(s, run_id)
+        + _rollup_stream(s, run_id, skips)
         + "rolled |> count() |> group() |> sum()\n"
     )
 
@@ -111,8 +95,9 @@ def max_lookback_s(s: InfluxSettings) -> int:
     return min(hot, MAX_LOOKBACK_S) if hot > 0 else MAX_LOOKBACK_S
 
 
-def task_body(s: InfluxSettings, lookback_min: int = 5) -> str:
-    """The task's script without its ``option task`` line (runnable as a query)."""
+def run_body(s: InfluxSettings, skips: str, lookback_min: int = 5) -> str:
+    """One run's query: from the coverage mark (at most ``lookback_min`` minutes back, at
+    least the hot window) to the last closed minute, ``CHUNK_MIN`` minutes at most."""
     rollup = flux_string(s.rollup_bucket)
     org = flux_string(s.org)
     head = f"""now_ = date.truncate(t: now(), unit: 1m)
@@ -140,14 +125,7 @@ stop_ = if chunk_end < now_ then chunk_end else now_
     }}))
     |> to(bucket: {rollup}, org: {org})
 """
-    return _imports() + head + _rollup_stream(s, None) + mark
-
-
-def task_flux(s: InfluxSettings, lookback_min: int = 5) -> str:
-    body = task_body(s, lookback_min)
-    option = f"option task = {{name: {flux_string(TASK_NAME)}, every: 1m, offset: 5s}}\n"
-    cut = body.index("now_ = ")
-    return body[:cut] + option + body[cut:]
+    return _imports() + head + _rollup_stream(s, None, skips) + mark
 
 
 def ensure_buckets(client: InfluxDBClient, s: InfluxSettings) -> None:
@@ -160,30 +138,51 @@ def ensure_buckets(client: InfluxDBClient, s: InfluxSettings) -> None:
             api.create_bucket(bucket_name=name, retention_rules=rules, org=org)
 
 
-def ensure_rollup_task(client: InfluxDBClient, s: InfluxSettings, lookback_min: int = 5) -> str:
-    """Create the rollup task, or update its script; returns its id."""
+def remove_rollup_task(client: InfluxDBClient, s: InfluxSettings) -> bool:
+    """Delete the InfluxDB task that ran the rollups before the sink did (its runs could
+    overlap); True if there was one."""
     api = client.tasks_api()
-    flux = task_flux(s, lookback_min)
     org_id = client.organizations_api().find_organizations(org=s.org)[0].id
-    for task in api.find_tasks(name=TASK_NAME, org_id=org_id):
-        if task.flux != flux:
-            task.flux = flux
-            api.update_task(task)
-        return str(task.id)
-    created = api.create_task(
-        task_create_request=TaskCreateRequest(flux=flux, org_id=org_id, status="active")
-    )
-    return str(created.id)
+    found = api.find_tasks(name=TASK_NAME, org_id=org_id)
+    for task in found:
+        api.delete_task(task.id)
+    return bool(found)
 
 
-def run_task_once(
-    client: InfluxDBClient, s: InfluxSettings, now: datetime, lookback_min: int = 5
+def run_once(
+    client: InfluxDBClient,
+    s: InfluxSettings,
+    fields: TextFields,
+    now: datetime | None = None,
+    lookback_min: int = 5,
 ) -> None:
-    """One run of the task's script as if the scheduler ran it at ``now`` (tests, catch-up)."""
-    flux = task_body(s, lookback_min).replace(
-        "now_ = ", f"option now = () => {flux_time(now)}\nnow_ = ", 1
-    )
-    client.query_api().query(flux, org=s.org)
+    """One rollup run, as if at ``now`` (default: the server's clock). A run that fails
+    marks ``fields`` stale (another sink may have written a text field this one never saw):
+    the next run learns them again."""
+    query_api = client.query_api()
+    fields.scan_if_stale(query_api, s)
+    flux = run_body(s, fields.flux_dict(), lookback_min)
+    if now is not None:
+        flux = flux.replace("now_ = ", f"option now = () => {flux_time(now)}\nnow_ = ", 1)
+    try:
+        query_api.query(flux, org=s.org)
+    except Exception:
+        fields.mark_stale()
+        raise
+
+
+def covered_until(client: InfluxDBClient, s: InfluxSettings) -> datetime | None:
+    """The end of the range the last successful run covered (its coverage mark)."""
+    flux = f"""from(bucket: {flux_string(s.rollup_bucket)})
+    |> range(start: -{max_lookback_s(s) + 3600}s, stop: 1m)
+    |> filter(fn: (r) => r._measurement == {flux_string(COVERAGE)} and r._field == "points")
+    |> last()
+"""
+    for table in client.query_api().query(flux, org=s.org):
+        for r in table.records:
+            t = r.get_time()
+            return t if isinstance(t, datetime) else None
+    return None
 
 
 def run_rollup(
@@ -192,12 +191,17 @@ def run_rollup(
     start: datetime,
     stop: datetime,
     run_id: str | None = None,
+    *,
+    fields: TextFields | None = None,
 ) -> None:
     """Roll up [start, stop) now (backfill after a long outage, tests), ``CHUNK_MIN`` minutes
-    per query; pass whole minutes."""
+    per query; pass whole minutes. ``fields``: the text fields known (else learnt now)."""
+    if fields is None:
+        fields = TextFields()
+    fields.scan_if_stale(client.query_api(), s)
     step = timedelta(minutes=CHUNK_MIN)
     while start < stop:
         end = min(start + step, stop)
-        flux = rollup_flux(s, flux_time(start), flux_time(end), run_id)
+        flux = rollup_flux(s, flux_time(start), flux_time(end), fields.flux_dict(), run_id)
         client.query_api().query(flux, org=s.org)
         start = end

@@ -43,6 +43,14 @@ class InfluxSettings:
         "steplens_rollup"
     )
     hot_retention_s: Annotated[PositiveInt, about("InfluxDB: the hot bucket's retention")] = 3600
+    rollups: Annotated[
+        bool,
+        about(
+            "make the 1-minute rollups, one run 5 s after each minute (--no-rollups: another "
+            "influx sink makes them; runs of several sinks are idempotent but repeat the work)",
+            flag="--no-rollups",
+        ),
+    ] = True
     timeout_ms: Annotated[PositiveInt, about("InfluxDB: timeout of one request")] = 10_000
     max_names_per_run: Annotated[
         PositiveInt,
@@ -163,9 +171,9 @@ class SinkSettings:
             default_doc=", ".join(f"`{p}` ({w})" for w, p in DEFAULT_METRICS_PORTS.items()),
         ),
     ] = None
-    setup: Annotated[
-        bool, about("create the buckets and tasks (--no-setup: do not)", flag="--no-setup")
-    ] = True
+    setup: Annotated[bool, about("create the buckets (--no-setup: do not)", flag="--no-setup")] = (
+        True
+    )
     log_level: Annotated[NonEmptyStr, about("log level")] = "INFO"
 
     def port(self, which: str) -> int:

@@ -64,7 +64,7 @@ def flux(  # noqa: PLR0917
     """The rollup points of ``measurement``'s ``WANTED`` fields for ``run`` in
     [since_ns, until_ns) (of the hosts or ranks ``items`` only, when given), long form, as one
     table (one CSV header)."""
-    from steplens.sinks.rollup import flux_string, flux_time
+    from steplens.sinks.flux_literals import flux_string, flux_time
 
     tag, fields = WANTED[measurement]
     names = " or ".join(f"r._field == {flux_string(f)}" for f in fields)
@@ -150,7 +150,7 @@ def windows_flux(
 ) -> str:
     """The rollups of the step windows' means of ``STEP_METRICS`` (``mean_mean``: a minute's
     windows' mean) for ``run``, of ``ranks`` when given."""
-    from steplens.sinks.rollup import flux_string, flux_time
+    from steplens.sinks.flux_literals import flux_string, flux_time
 
     which = " or ".join(f"r.metric == {flux_string(m)}" for m in STEP_METRICS)
     if ranks is not None:

@@ -95,8 +95,8 @@ class Source:
         self, run: str, since_ns: int, until_ns: int
     ) -> list[tuple[int, int] | None]:
         """The first and last of the run's hot points and rollup minutes."""
+        from steplens.sinks.flux_literals import flux_string
         from steplens.sinks.influx import make_client
-        from steplens.sinks.rollup import flux_string
 
         s = self.stores.influx
         if s is None or "InfluxDB" in self.down:
