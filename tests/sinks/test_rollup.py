@@ -24,7 +24,7 @@ from steplens.sinks.rollup import (
     run_once,
     run_rollup,
 )
-from steplens.sinks.rollup_loop import RollupLoop
+from steplens.sinks.rollup_loop import RollupLoop, take_lease
 from steplens.sinks.text_fields import TextFields
 
 pytestmark = pytest.mark.stack
@@ -199,3 +199,13 @@ def test_the_loop_runs_and_exports_the_coverage_lag(scratch_buckets) -> None:
     lag = REGISTRY.get_sample_value("steplens_sink_rollup_coverage_lag_seconds")
     assert lag is not None and lag < 3 * 60
     assert REGISTRY.get_sample_value("steplens_sink_rollup_runs_total", {"result": "ok"}) >= 4
+
+
+def test_of_two_sinks_on_the_same_buckets_one_makes_the_runs(scratch_buckets) -> None:
+    s = scratch_buckets
+    with make_client(s) as client:
+        first, second = RollupLoop(client, s, TextFields()), RollupLoop(client, s, TextFields())
+        assert first.run_now()
+        assert not second.run_now()  # the first holds the lease
+        assert first.run_now()
+        assert take_lease(client, s, first.owner) and not take_lease(client, s, second.owner)

@@ -1,7 +1,10 @@
 """The influx sink's rollups: one run 5 s after every minute, on a thread of its own.
 
-One thread makes every run, so runs never overlap: a run that takes longer than a minute
-delays the next, which starts from the coverage mark and so skips nothing. Each run's
+One thread makes every run, so a sink's runs never overlap: a run that takes longer than a
+minute delays the next, which starts from the coverage mark and so skips nothing. Of several
+sinks writing to the same buckets one makes the runs: it holds a lease, a point in the rollup
+bucket it renews at each run; the others wait while it is younger than ``LEASE_S`` (two
+sinks that find it stale at once may both run once: runs are idempotent). Each run's
 duration and outcome are exported, and the coverage lag (now minus the end of the range the
 last successful run covered) after each.
 """
@@ -9,13 +12,18 @@ last successful run covered) after each.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 from datetime import datetime, timezone
 
-from influxdb_client import InfluxDBClient
+from influxdb_client import InfluxDBClient, Point, WritePrecision
+from influxdb_client.client.write_api import SYNCHRONOUS
 from prometheus_client import Counter, Gauge, Histogram
 
+from steplens.sinks.flux_literals import flux_string
 from steplens.sinks.rollup import covered_until, run_once
 from steplens.sinks.settings import InfluxSettings
 from steplens.sinks.text_fields import TextFields
@@ -27,13 +35,19 @@ RUN_SECONDS = Histogram(
     "Duration of one rollup run",
     buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
 )
-RUNS = Counter("steplens_sink_rollup_runs", "Rollup runs, by result (ok, failed)", ["result"])
+RUNS = Counter(
+    "steplens_sink_rollup_runs",
+    "Rollup runs, by result: ok, failed, standby (another sink holds the lease)",
+    ["result"],
+)
 LAG = Gauge(
     "steplens_sink_rollup_coverage_lag_seconds",
     "Seconds from the end of the range the last successful rollup run covered to now",
 )
 TEXT_FIELDS = Gauge("steplens_sink_rollup_text_fields", "Fields the rollups leave out: not numbers")
 OFFSET_S = 5.0  # into each minute: its points have arrived
+LEASE = "rollup_lease"  # measurement of the lease, in the rollup bucket
+LEASE_S = 150.0  # a lease not renewed for this long is taken over
 
 
 class RollupLoop:
@@ -48,6 +62,7 @@ class RollupLoop:
         self.settings = settings
         self.fields = fields
         self.lookback_min = lookback_min
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="steplens-rollup", daemon=True)
 
@@ -56,7 +71,15 @@ class RollupLoop:
         return self
 
     def run_now(self) -> bool:
-        """One run; True if it succeeded."""
+        """One run, if this sink holds the lease; True if it ran and succeeded."""
+        try:
+            mine = take_lease(self.client, self.settings, self.owner)
+        except Exception as exc:
+            log.warning("steplens rollup lease not read: %s", exc)
+            mine = True  # the store is unwell: the run will say so
+        if not mine:
+            RUNS.labels("standby").inc()
+            return False
         t0 = time.monotonic()
         try:
             run_once(self.client, self.settings, self.fields, lookback_min=self.lookback_min)
@@ -82,6 +105,26 @@ class RollupLoop:
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
         self._thread.join(timeout_s)
+
+
+def take_lease(client: InfluxDBClient, s: InfluxSettings, owner: str) -> bool:
+    """True when ``owner`` holds the rollup lease (renewed now), False while another sink
+    holds one younger than ``LEASE_S``."""
+    flux = f"""from(bucket: {flux_string(s.rollup_bucket)})
+    |> range(start: -{int(LEASE_S) + 60}s, stop: 1m)
+    |> filter(fn: (r) => r._measurement == {flux_string(LEASE)} and r._field == "owner")
+    |> last()
+"""
+    now = datetime.now(timezone.utc)
+    for table in client.query_api().query(flux, org=s.org):
+        for r in table.records:
+            at = r.get_time()
+            fresh = isinstance(at, datetime) and (now - at).total_seconds() < LEASE_S
+            if fresh and r.get_value() != owner:
+                return False
+    point = Point(LEASE).field("owner", owner).time(now, WritePrecision.NS)
+    client.write_api(write_options=SYNCHRONOUS).write(s.rollup_bucket, s.org, point)
+    return True
 
 
 def _until_next(now_s: float) -> float:
