@@ -91,20 +91,28 @@ class RollupLoop:
         RUNS.labels("ok" if ok else "failed").inc()
         TEXT_FIELDS.set(self.fields.count())
         try:
-            mark = covered_until(self.client, self.settings)
+            lag = covered_lag_s(self.client, self.settings)
         except Exception:
-            mark = None
-        if mark is not None:
-            LAG.set(max(0.0, datetime.now(timezone.utc).timestamp() - mark.timestamp()))
+            lag = None
+        if lag is not None:
+            LAG.set(lag)
         return ok
 
     def _run(self) -> None:
-        while not self._stop.wait(_until_next(time.time())):
+        while not self._stop.wait(until_next(time.time())):
             self.run_now()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
         self._thread.join(timeout_s)
+
+
+def covered_lag_s(client: InfluxDBClient, s: InfluxSettings) -> float | None:
+    """Seconds from the end of the range the last successful run covered to now."""
+    mark = covered_until(client, s)
+    if mark is None:
+        return None
+    return max(0.0, datetime.now(timezone.utc).timestamp() - mark.timestamp())
 
 
 def take_lease(client: InfluxDBClient, s: InfluxSettings, owner: str) -> bool:
@@ -127,7 +135,7 @@ def take_lease(client: InfluxDBClient, s: InfluxSettings, owner: str) -> bool:
     return True
 
 
-def _until_next(now_s: float) -> float:
+def until_next(now_s: float) -> float:
     """Seconds until ``OFFSET_S`` past the next minute (or this one's, if still ahead)."""
     into = now_s % 60.0
     return (OFFSET_S - into) if into < OFFSET_S else (60.0 - into + OFFSET_S)
