@@ -17,7 +17,9 @@ InfluxDB sink dead-lettered each hostile record with a reason.
 loss spike every 150 steps, against two workers of one app id with one SIGKILLed (g), or three
 with two killed one after the other (h); the alert topic is judged for lost, doubled and false
 incidents and the takeover (kill to the alert of the next spike, on the slowest run). (i) is the
-worker's drain of one backlog with 1 and with 2 workers, and their ratio.
+worker's drain of one backlog with 1 and with 2 workers, and their ratio. (j) is hostile advice
+against a run with remedies on (``fault_advice.py``): every forged message refused or bounded,
+the lr never below its floor, the ranks train to their last step.
 
     python bench/bench_faults.py               # about 10 minutes on 2 busy cores
     python bench/bench_faults.py --quick       # shorter training and outages
@@ -56,7 +58,8 @@ from steplens.stack.demo_children import Child, Children, free_port
 from steplens.stack.process import free_ports
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import scale_out  # beside this file
+import fault_advice  # beside this file
+import scale_out
 
 SPIKE_RULE = "spike:loss"
 
@@ -528,6 +531,23 @@ def fault_hostile(sc: Scenario) -> str:
     return _steps_line(sc, "f hostile records", extra, settled)
 
 
+def fault_hostile_advice(sc: Scenario) -> str:
+    advice_topic = sc.topics.advice
+    sc.env["STEPLENS_TOPIC_ADVICE"] = advice_topic
+    sc.ranks = fault_advice.start_ranks(
+        sc.env, sc.run_id, sc.plan.ranks, sc.plan.steps, sc.plan.step_s, sc.dir
+    )
+    ckpt = fault_advice.first_checkpoint(sc.bootstrap, sc.topics.raw, sc.run_id, timeout_s=120)
+    messages = fault_advice.forged(sc.run_id, ckpt)
+    sent = fault_advice.send(sc.bootstrap, advice_topic, messages)
+    sc.wait_trained()
+    settled = sc.settle()
+    lettered = sum(1 for d in sc.dead_letters() if d.data.get("source_topic") == advice_topic)
+    seen = [fault_advice.rank_seen(sc.dir / f"rank{r}.log") for r in range(sc.plan.ranks)]
+    line, held = fault_advice.judge(seen, sent, sc.plan.steps, messages, lettered)
+    return _steps_line(sc, "j hostile advice", line + ("" if held else "; NOT HELD"), settled)
+
+
 def _group_kill(sc: Scenario, label: str, workers: int, kills: tuple[int, ...]) -> str:
     steps = sc.plan.group_steps
     plan = scale_out.Plan(workers=workers, kills=kills, steps=steps, rate=30.0)
@@ -579,6 +599,7 @@ SCENARIOS: dict[str, Callable[[Scenario], str]] = {
     "g": fault_group_one_kill,
     "h": fault_group_two_kills,
     "i": drain_ratio,
+    "j": fault_hostile_advice,
 }
 GROUPS = frozenset("ghi")  # scenarios that start their own workers and no sinks
 BAD_GROUP = r"(lost|doubled|false) [1-9]|takeover inf"  # a scale-out line that went wrong
@@ -618,7 +639,7 @@ def main() -> int:
         return rank_process(run_id, int(steps), float(step_s), int(spike_at))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="shorter training and outages")
-    ap.add_argument("--only", default="abcdefghi", help="scenarios to run, e.g. a,c")
+    ap.add_argument("--only", default="abcdefghij", help="scenarios to run, e.g. a,c")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (logs)")
     args = ap.parse_args()
     keys = [k for k in args.only.replace(",", "") if k in SCENARIOS]
@@ -627,7 +648,11 @@ def main() -> int:
     lines = run(keys, QUICK if args.quick else FULL, root)
     print(f"{len(lines)} scenarios in {time.monotonic() - t0:.0f} s (logs: {root})")
     trouble = any(
-        ": failed:" in line or "NOT SETTLED" in line or re.search(BAD_GROUP, line) for line in lines
+        ": failed:" in line
+        or "NOT SETTLED" in line
+        or "NOT HELD" in line
+        or re.search(BAD_GROUP, line)
+        for line in lines
     )
     if not args.keep and not trouble:  # logs of a scenario that went wrong are kept
         import shutil

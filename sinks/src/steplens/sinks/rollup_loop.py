@@ -1,7 +1,10 @@
 """The influx sink's rollups: one run 5 s after every minute, on a thread of its own.
 
 One thread makes every run, so a sink's runs never overlap: a run that takes longer than a
-minute delays the next, which starts from the coverage mark and so skips nothing. Of several
+minute delays the next, which starts from the coverage mark and so skips nothing. A run covers
+at most ``CHUNK_MIN`` minutes; while coverage is further behind than ``CATCH_UP_LAG_S`` (a
+fresh bucket, a sink back from an outage) the next run follows at once, for up to
+``CATCH_UP_S`` each minute. Of several
 sinks writing to the same buckets one makes the runs: it holds a lease, a point in the rollup
 bucket it renews at each run; the others wait while it is younger than ``LEASE_S`` (two
 sinks that find it stale at once may both run once: runs are idempotent). Each run's
@@ -48,6 +51,8 @@ TEXT_FIELDS = Gauge("steplens_sink_rollup_text_fields", "Fields the rollups leav
 OFFSET_S = 5.0  # into each minute: its points have arrived
 LEASE = "rollup_lease"  # measurement of the lease, in the rollup bucket
 LEASE_S = 150.0  # a lease not renewed for this long is taken over
+CATCH_UP_LAG_S = 120.0  # coverage further behind than this: one more run at once ...
+CATCH_UP_S = 40.0  # ... while the runs of one minute took less than this
 
 
 class RollupLoop:
@@ -71,7 +76,8 @@ class RollupLoop:
         return self
 
     def run_now(self) -> bool:
-        """One run, if this sink holds the lease; True if it ran and succeeded."""
+        """One run (more at once while catching up), if this sink holds the lease; True if it
+        ran and the last run succeeded."""
         try:
             mine = take_lease(self.client, self.settings, self.owner)
         except Exception as exc:
@@ -80,6 +86,18 @@ class RollupLoop:
         if not mine:
             RUNS.labels("standby").inc()
             return False
+        began = time.monotonic()
+        ok = self._one_run()
+        lag = self._lag()
+        # behind by more than a run covers (a fresh bucket, an outage): go on at once
+        while ok and lag is not None and lag > CATCH_UP_LAG_S:
+            if time.monotonic() - began > CATCH_UP_S:
+                break
+            ok = self._one_run()
+            lag = self._lag()
+        return ok
+
+    def _one_run(self) -> bool:
         t0 = time.monotonic()
         try:
             run_once(self.client, self.settings, self.fields, lookback_min=self.lookback_min)
@@ -90,13 +108,16 @@ class RollupLoop:
         RUN_SECONDS.observe(time.monotonic() - t0)
         RUNS.labels("ok" if ok else "failed").inc()
         TEXT_FIELDS.set(self.fields.count())
+        return ok
+
+    def _lag(self) -> float | None:
         try:
             lag = covered_lag_s(self.client, self.settings)
         except Exception:
-            lag = None
+            return None
         if lag is not None:
             LAG.set(lag)
-        return ok
+        return lag
 
     def _run(self) -> None:
         while not self._stop.wait(until_next(time.time())):
