@@ -193,3 +193,108 @@ def test_hf_trainer_at_the_defaults_follows_its_declared_schedule(tmp_path) -> N
     assert [(a.rule, a.step) for a in reports if a.state == "firing" and "lr" in a.rule] == []
     first = min(tx.records("step_window"), key=lambda w: w.step)
     assert first.step == 1 and first.data["metrics"]["lr"]["last"] > 0
+
+
+class _RecordingRegressor(Regressor):
+    """Keeps the loss of each training forward (a host number: the test's own sync)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.losses: list[float] = []
+
+    def forward(self, x: Any, labels: Any = None) -> dict[str, Any]:
+        out = super().forward(x, labels)
+        if self.training:
+            self.losses.append(float(out["loss"].detach()))
+        return out
+
+
+@pytest.mark.slow
+def test_hf_every_step_carries_its_own_loss_and_the_lr_it_ran_at(memory_monitor, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """logging_steps 3 with 2 micro-batches a step: each of the 6 steps is sent with the mean
+    of its micro-batches' losses (the Trainer logs the mean of 3 steps); an lr multiplied
+    outside the scheduler for one step is sent at that step; the Trainer's linear schedule
+    is declared for a run that declared none."""
+    transformers = pytest.importorskip("transformers")
+    from steplens.producer.integrations.hf import SteplensCallback
+
+    class Blowup(transformers.TrainerCallback):  # type: ignore[misc]
+        def on_step_begin(self, args, state, control, optimizer=None, **kw):  # type: ignore[no-untyped-def]
+            if state.global_step == 2:  # the third step
+                for g in optimizer.param_groups:
+                    g["lr"] *= 30.0  # the scheduler sets it back at its next step
+
+    m, tx = memory_monitor(sample_rate=1.0)
+    model = _RecordingRegressor()
+    batches = {"max_steps": 6, "logging_steps": 3, "per_device_train_batch_size": 4}
+    args = cpu_args(transformers, tmp_path, gradient_accumulation_steps=2, **batches)
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=_Data(), callbacks=[SteplensCallback(m), Blowup()]
+    )
+    trainer.train()
+    m.shutdown()
+    steps = {r.step: r.data for r in tx.records("step")}
+    assert sorted(steps) == [1, 2, 3, 4, 5, 6]
+    micro = model.losses
+    assert len(micro) == 12
+    for s in range(1, 7):
+        assert steps[s]["loss"] == pytest.approx((micro[2 * s - 2] + micro[2 * s - 1]) / 2)
+    logged = {e["step"]: e["loss"] for e in trainer.state.log_history if "loss" in e}
+    for s in (3, 6):  # the Trainer's mean of 3 steps, rounded to 4 digits
+        mean = sum(steps[k]["loss"] for k in range(s - 2, s + 1)) / 3
+        assert logged[s] == pytest.approx(mean, abs=1e-4)
+    linear = lambda s: 5e-5 * (1 - s / 6)  # noqa: E731 - the scheduler's lr after step s
+    assert steps[3]["lr"] == pytest.approx(30 * linear(3))
+    assert [steps[s]["lr"] for s in (2, 4)] == [pytest.approx(linear(2)), pytest.approx(linear(4))]
+    declared = tx.records("run_meta")[-1].data["lr_schedule"]
+    assert declared == {
+        "kind": "linear",
+        "peak_lr": 5e-5,
+        "warmup_steps": 0,
+        "total_steps": 6,
+        "min_lr": 0.0,
+    }
+
+
+@pytest.mark.slow
+def test_lightning_sends_each_optimizer_step_once_with_accumulation(memory_monitor) -> None:  # type: ignore[no-untyped-def]
+    """accumulate_grad_batches 2: each optimizer step is sent once, with the mean of its two
+    micro-batches' losses, and the time its batches waited for a slow loader."""
+    L = pytest.importorskip("lightning")
+    from steplens.producer.integrations.lightning import SteplensCallback
+
+    net = _RecordingRegressor()
+
+    class Module(L.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def training_step(self, batch: Any, _i: int) -> Any:
+            return self.net(batch["x"], batch["labels"])["loss"]
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    m, tx = memory_monitor(sample_rate=1.0)
+    loader = torch.utils.data.DataLoader(_SlowData(), batch_size=2)
+    trainer = L.Trainer(
+        max_steps=4,
+        accumulate_grad_batches=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[SteplensCallback(m, watch_every=None)],
+    )
+    trainer.fit(Module(), loader)
+    m.shutdown()
+    steps = {r.step: r.data for r in tx.records("step")}
+    assert [r.step for r in tx.records("step")] == [1, 2, 3, 4]
+    micro = net.losses
+    assert len(micro) == 8
+    for s in range(1, 5):
+        assert steps[s]["loss"] == pytest.approx((micro[2 * s - 2] + micro[2 * s - 1]) / 2)
+    # from the second step on, both batches of a step waited for 2 samples of 20 ms each
+    assert all(steps[s]["data_time_s"] >= 0.07 for s in (2, 3, 4))

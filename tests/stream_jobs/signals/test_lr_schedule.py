@@ -35,6 +35,14 @@ def test_expected_lr_shapes():
     assert math.isclose(expected_lr(COSINE, 100), 1e-5)
     step = {"kind": "step", "peak_lr": 1.0, "milestones": [30, 60], "gamma": 0.1}
     assert [expected_lr(step, s) for s in (29, 30, 60)] == [1.0, 0.1, 0.1**2]
+    # warmup-stable-decay: the peak until the last decay_steps, then the decay to min_lr
+    wsd = {"kind": "wsd", "peak_lr": 1.0, "warmup_steps": 10, "total_steps": 100}
+    wsd |= {"decay_steps": 20, "decay_type": "linear", "min_lr": 0.1}
+    assert [expected_lr(wsd, s) for s in (9, 50, 80, 90, 100, 120)] == pytest.approx(
+        [1.0, 1.0, 1.0, 0.55, 0.1, 0.1]
+    )
+    assert expected_lr({**wsd, "decay_type": "1-sqrt"}, 85) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert expected_lr({**wsd, "decay_type": None}, 90) == pytest.approx(0.55)  # cosine
 
 
 def test_missed_milestone_alerts_with_the_step_where_it_started():
@@ -110,6 +118,8 @@ def test_back_on_schedule_after_a_blow_up_is_quiet_again():
         ({**COSINE, "peak_lr": "3e-4"}, "lr_schedule.peak_lr"),
         ({**COSINE, "min_lr": math.inf}, "lr_schedule.min_lr"),
         ({**COSINE, "kind": "exponential"}, "lr_schedule.kind"),
+        ({**COSINE, "kind": "wsd", "decay_type": "exp"}, "lr_schedule.decay_type"),
+        ({**COSINE, "kind": "wsd", "decay_steps": -1}, "lr_schedule.decay_steps"),
         ({"kind": "step", "peak_lr": 1.0, "milestones": [10, "20"]}, "lr_schedule.milestones"),
         ({"kind": "step", "peak_lr": 1.0, "milestones": 10}, "lr_schedule.milestones"),
         ([1e-3], "lr_schedule"),

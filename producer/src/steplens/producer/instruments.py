@@ -324,12 +324,24 @@ class Instruments:
         follows the new level and the change is an lr event. Nothing without a schedule."""
         if not self.config.lr_schedule:
             return
+        from steplens.producer.lower_lr import scaled_schedule
+
+        self._declare(scaled_schedule(self.config.lr_schedule, from_step, factor))
+
+    def declare_schedule(self, schedule: dict[str, Any]) -> bool:
+        """Declare the lr schedule after ``init`` (a trainer integration reads it from the
+        trainer's arguments): ``run_meta`` again with it. A schedule declared at ``init`` is
+        kept; True when this one was sent."""
+        if self.config.lr_schedule:
+            return False
+        self._declare(dict(schedule))
+        return True
+
+    def _declare(self, schedule: dict[str, Any]) -> None:
         import dataclasses
 
         from steplens.producer import checks
-        from steplens.producer.lower_lr import scaled_schedule
 
-        schedule = scaled_schedule(self.config.lr_schedule, from_step, factor)
         self.config = dataclasses.replace(self.config, lr_schedule=schedule)
         meta = self.config.run_meta(self.identity)
         meta["checks"] = checks.design_checks(self.config, self.identity)

@@ -14,6 +14,9 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from steplens.producer.integrations._common import monitor_for, numeric, split_eval
+from steplens.producer.integrations.hf_schedule import trainer_schedule
+from steplens.producer.integrations.step_loss import StepLoss
+from steplens.producer.lower_lr import unwrap_optimizer
 
 _STEP_KEYS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm"}
 _SKIP = {
@@ -37,15 +40,25 @@ def _scheduled_lr(scheduler: Any) -> float | None:
 
 
 class SteplensCallback(TrainerCallback):
-    """Sends the Trainer's logs as steps, its evaluations as eval records; optional watch().
+    """Sends every optimizer step as a step, the Trainer's evaluations as eval records;
+    optional watch().
 
-    A logged step carries the learning rate and the gradient norm, which the Trainer takes
+    Every step carries its own loss, read from the model's outputs (``StepLoss``: the mean of
+    its micro-batches as the Trainer counts it, kept on the device), whatever
+    ``logging_steps`` is: the Trainer logs the mean of that many steps, in which one bad batch
+    fades. A model whose output carries no loss (the Trainer computes it: label smoothing, a
+    ``compute_loss_func``) sends the Trainer's logged loss at its logging steps instead. A
+    logging step adds what the Trainer logged: the gradient norm, which the Trainer takes
     before clipping, as ``grad_norm`` and ``grad_norm_preclip``, with ``clipped`` when it
-    exceeds ``args.max_grad_norm``. The lr is the scheduler's after its step (PyTorch's
-    ``get_last_lr()`` convention, which the schedule check allows for), not the Trainer's
-    logged one: the Trainer numbers its steps from 1 and logs the lr step ``g`` used, the
-    schedule's value at index ``g - 1`` (0.0 at step 1 in a warmup), one step behind the
-    declared schedule's convention (step ``s`` at index ``s``).
+    exceeds ``args.max_grad_norm``, and any other number.
+
+    The lr is the scheduler's after its step (PyTorch's ``get_last_lr()`` convention, which
+    the schedule check allows for), not the Trainer's logged one: the Trainer numbers its
+    steps from 1 and logs the lr step ``g`` used, the schedule's value at index ``g - 1`` (0.0
+    at step 1 in a warmup), one step behind the declared schedule's convention (step ``s`` at
+    index ``s``). When the step ran at another lr than the scheduler set (something changed
+    the optimizer's lr outside it), the lr sent is scaled by the same factor. A run that
+    declared no schedule gets the Trainer's own, read from its arguments (``trainer_schedule``).
 
     Every checkpoint the Trainer saves is reported (``checkpoint``). With remedies
     (``init(remedies=[...])``) the advice is carried out after each optimizer step
@@ -57,24 +70,36 @@ class SteplensCallback(TrainerCallback):
 
     The input pipeline's wait is timed as the Trainer's loop allows: from the end of a step
     (or of its logging, evaluation and saving) to the start of the next, where the Trainer
-    fetches the next batches; a logged step carries it as ``data_time_s``, the mean per step
-    since the last log."""
+    fetches the next batches; each step carries it as ``data_time_s``."""
 
     def __init__(self, monitor: Any = None, watch_every: int | None = None, **init_kwargs: Any):
         self._monitor = monitor
         self._watch_every = watch_every
         self._init_kwargs = init_kwargs
         self._idle_since: float | None = None  # end of the last step, or of its log/eval/save
-        self._waited = 0.0  # seconds between steps since the last log
-        self._waits = 0  # steps those seconds cover
+        self._waited: float | None = None  # seconds before this step's start
+        self._losses = StepLoss()
+        self._processes = 1  # the Trainer multiplies a token-averaged loss by this
+        self._lr_ratio = 1.0  # the lr the step ran at over the one its scheduler set
+        self._scheduler: Any = None
+        self._lr_hook: Any = None
+        # the last step, sent once the Trainer's log for it (if any) is in
+        self._pending: tuple[int, dict[str, Any], dict[str, Any]] | None = None
 
     def _mark(self) -> None:
         self._idle_since = time.perf_counter()
 
+    def _send_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        m = self._monitor
+        if pending is not None and m is not None:
+            step, named, values = pending
+            m.log_step(step, **named, **values)
+
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._send_pending()
         if self._idle_since is not None:
-            self._waited += time.perf_counter() - self._idle_since
-            self._waits += 1
+            self._waited = time.perf_counter() - self._idle_since
             self._idle_since = None
 
     def on_train_begin(
@@ -97,6 +122,17 @@ class SteplensCallback(TrainerCallback):
                     every=self._watch_every,
                     max_grad_norm=limit if limit else None,
                 )
+            schedule = trainer_schedule(args, state.max_steps)
+            if schedule is not None:
+                self._monitor.declare_schedule(schedule)
+            if model is not None:
+                self._losses.attach(model)
+            if getattr(args, "average_tokens_across_devices", False):
+                self._processes = max(1, int(getattr(args, "world_size", 1) or 1))
+            self._scheduler = kwargs.get("lr_scheduler")
+            if optimizer is not None:
+                inner = unwrap_optimizer(optimizer)
+                self._lr_hook = inner.register_step_pre_hook(self._before_optimizer_step)
             self._monitor.remedies.read_ahead = 1  # accelerate's loader reads one batch ahead
             ds: Any = getattr(kwargs.get("train_dataloader"), "dataset", None)
             if hasattr(ds, "items_per_batch"):  # a skipping() dataset of samples
@@ -106,6 +142,16 @@ class SteplensCallback(TrainerCallback):
                 ds.items_per_batch = per_rank * world
         except Exception:  # never break training
             self._monitor = None
+
+    def _before_optimizer_step(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        """The lr the step runs at against the one its scheduler set (host numbers)."""
+        try:
+            used = optimizer.param_groups[0].get("lr")
+            planned = _scheduled_lr(self._scheduler)
+            ok = isinstance(used, float) and planned
+            self._lr_ratio = used / planned if ok else 1.0
+        except Exception:  # never break training
+            self._lr_ratio = 1.0
 
     def on_step_end(
         self,
@@ -117,9 +163,22 @@ class SteplensCallback(TrainerCallback):
         **kwargs: Any,
     ) -> None:
         m = self._monitor
-        if m is not None and m.config.remedies:
-            scheduler = kwargs.get("lr_scheduler")
-            m.act(state.global_step, model=model, optimizer=optimizer, scheduler=scheduler)
+        if m is not None:
+            named: dict[str, Any] = {}
+            loss = self._losses.take(self._processes)
+            if loss is not None:
+                named["loss"] = loss
+            lr = _scheduled_lr(kwargs.get("lr_scheduler"))
+            if lr is not None:
+                named["lr"] = lr * self._lr_ratio
+            values: dict[str, Any] = {}
+            if self._waited is not None:
+                values["data_time_s"], self._waited = self._waited, None
+            self._send_pending()
+            self._pending = (state.global_step, named, values)
+            if m.config.remedies:
+                scheduler = kwargs.get("lr_scheduler")
+                m.act(state.global_step, model=model, optimizer=optimizer, scheduler=scheduler)
         self._mark()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -139,19 +198,24 @@ class SteplensCallback(TrainerCallback):
         named = {_STEP_KEYS[k]: values.pop(k) for k in list(values) if k in _STEP_KEYS}
         if not named and not values:  # the end-of-training summary
             return
-        lr = _scheduled_lr(kwargs.get("lr_scheduler"))
-        if lr is not None:
-            named["lr"] = lr
+        named.pop("lr", None)  # the scheduler's, taken at the step's end (on_step_end)
         norm = named.get("grad_norm")
         if norm is not None:  # the Trainer's norm is clip_grad_norm_'s: before clipping
             values["grad_norm_preclip"] = norm
             limit = getattr(args, "max_grad_norm", None)
             if limit:
                 values["clipped"] = float(norm) > float(limit)
-        if self._waits:
-            values["data_time_s"] = self._waited / self._waits
-            self._waited, self._waits = 0.0, 0
-        m.log_step(state.global_step, **named, **values)
+        pending = self._pending
+        if pending is not None and pending[0] == state.global_step:
+            _, step_named, step_values = pending
+            if "loss" in step_named:  # the step's own loss, not the mean of logging_steps
+                named.pop("loss", None)
+            step_named.update(named)
+            step_values.update(values)
+            self._send_pending()
+        else:
+            self._send_pending()
+            m.log_step(state.global_step, **named, **values)
         self._mark()
 
     def on_evaluate(
@@ -173,6 +237,11 @@ class SteplensCallback(TrainerCallback):
         self._mark()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._send_pending()
+        self._losses.detach()
+        if self._lr_hook is not None:
+            self._lr_hook.remove()
+            self._lr_hook = None
         if self._monitor is not None:
             self._monitor.remedies.close(state.global_step)
             self._monitor.flush(10.0)

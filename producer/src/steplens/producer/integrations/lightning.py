@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from typing import Any
 
 try:
@@ -16,10 +17,14 @@ except ImportError:  # the older distribution name
     from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
 
 from steplens.producer.integrations._common import monitor_for, split_eval
+from steplens.producer.integrations.step_loss import StepLoss
 
 
 class SteplensCallback(Callback):
-    """Every training batch: loss (kept on the device) and lr; validation metrics as eval.
+    """Every optimizer step: its loss (kept on the device; with ``accumulate_grad_batches``
+    the sum of its micro-batches' losses, each of which Lightning divides by their number),
+    its lr and the time its batches waited for the loader (``data_time_s``: from the end of
+    one training batch to the start of the next); validation metrics as eval.
 
     Every ``watch_every`` optimizer steps (default 10; None: never) ``watch()`` adds the
     gradient norm before clipping, clipping (against the Trainer's ``gradient_clip_val`` when
@@ -40,6 +45,10 @@ class SteplensCallback(Callback):
         self._init_kwargs = init_kwargs
         self._saving_at: int | None = None  # the step of a checkpoint being saved
         self._reported: set[str] = set()
+        self._losses = StepLoss()
+        self._sent_step: int | None = None  # the optimizer step sent last
+        self._batch_end: float | None = None  # when the last training batch ended
+        self._waited: float | None = None  # seconds the step's batches waited for the loader
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         try:
@@ -58,6 +67,17 @@ class SteplensCallback(Callback):
         except Exception:  # never break training
             self._monitor = None
 
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._sent_step = trainer.global_step  # a resumed run's first step is the next one
+
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._batch_end is not None:
+            waited = time.perf_counter() - self._batch_end
+            self._waited = waited if self._waited is None else self._waited + waited
+            self._batch_end = None
+
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         m = self._monitor
         if m is None:
@@ -75,11 +95,17 @@ class SteplensCallback(Callback):
             return
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None and hasattr(loss, "detach"):
-            loss = loss.detach()
+            self._losses.add(loss.detach(), shared=True)
+        self._batch_end = time.perf_counter()
+        if self._sent_step is not None and trainer.global_step == self._sent_step:
+            return  # a micro-batch of a step still accumulating
+        self._sent_step = trainer.global_step
         lr = None
         if trainer.optimizers:
             lr = trainer.optimizers[0].param_groups[0].get("lr")
-        m.log_step(trainer.global_step, loss=loss, lr=lr)
+        timed = {} if self._waited is None else {"data_time_s": self._waited}
+        self._waited = None
+        m.log_step(trainer.global_step, loss=self._losses.take(), lr=lr, **timed)
         self._report_checkpoints(m, trainer)
         if m.config.remedies:
             schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]

@@ -45,7 +45,8 @@ class LrState:
     deviating_since: int | None = None
 
 
-KINDS = ("constant", "linear", "cosine", "step")
+KINDS = ("constant", "linear", "cosine", "step", "wsd")
+DECAYS = ("linear", "cosine", "1-sqrt")  # the shapes of a ``wsd`` schedule's decay
 
 
 def check_schedule(raw: Any) -> dict[str, Any]:
@@ -63,7 +64,12 @@ def check_schedule(raw: Any) -> dict[str, Any]:
         v = out.get(key)
         if v is not None and not _real(v):
             raise ValueError(f"lr_schedule.{key}: must be a finite number, got {v!r}")
-    for key in ("warmup_steps", "total_steps"):
+    decay = out.get("decay_type")
+    if decay is not None and decay not in DECAYS:
+        raise ValueError(
+            f"lr_schedule.decay_type: must be one of {', '.join(DECAYS)}, got {decay!r}"
+        )
+    for key in ("warmup_steps", "total_steps", "decay_steps"):
         v = out.get(key)
         if v is not None:
             if not _real(v) or v < 0 or v != int(v):
@@ -127,8 +133,10 @@ def warmup_end(schedule: dict[str, Any] | None) -> int:
 
 
 def expected_lr(schedule: dict[str, Any], step: int) -> float | None:
-    """The declared lr at ``step``: linear warmup, then constant / linear / cosine / step decay,
-    times the ``lr_scale`` factors in force."""
+    """The declared lr at ``step``: linear warmup, then constant / linear / cosine / step decay
+    or warmup-stable-decay (``wsd``: the peak until the last ``decay_steps`` steps before
+    ``total_steps``, then ``decay_type`` down to ``min_lr``), times the ``lr_scale`` factors in
+    force."""
     lr = _declared_lr(schedule, step)
     if lr is None or not schedule.get("lr_scale"):
         return lr
@@ -153,11 +161,19 @@ def _declared_lr(schedule: dict[str, Any], step: int) -> float | None:
         return peak * float(schedule.get("gamma", 0.1)) ** passed
     if total <= warm:
         return peak
-    progress = min(1.0, max(0.0, (step - warm) / (total - warm)))
-    if kind == "linear":
+    start = warm
+    if kind == "wsd":
+        start = max(warm, total - int(schedule.get("decay_steps") or 0))
+        if step < start:
+            return peak
+    progress = min(1.0, max(0.0, (step - start) / max(1, total - start)))
+    shape = (schedule.get("decay_type") or "cosine") if kind == "wsd" else kind
+    if shape == "linear":
         return peak + (floor - peak) * progress
-    if kind == "cosine":
+    if shape == "cosine":
         return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if shape == "1-sqrt":
+        return floor + (peak - floor) * (1.0 - math.sqrt(progress))
     return None
 
 
