@@ -1,17 +1,21 @@
 """Alerts judged on every client path: real CPU training of a tiny next-token model
 (``tests/producer/tiny_lm.py``) through the plain loop (``timed`` over its batches,
-``log_step`` each step; paths ``windowed`` and ``full``) or the Hugging Face Trainer with
-``SteplensCallback`` (``hf1``, ``hf10``, ``hf50``: its ``logging_steps``, so the loss it logs
-is the mean of that many steps), its records as the producer makes them (``Monitor`` with an
-in-memory transport: windows, raw samples and guard flags at the defaults, or every step with
+``log_step`` each step; paths ``windowed`` and ``full``), the Hugging Face Trainer with
+``SteplensCallback`` (``hf1``, ``hf10``, ``hf50``: its ``logging_steps``, the mean the Trainer
+logs) or the Lightning Trainer with its ``SteplensCallback`` (``lightning``), each at the
+callback's defaults; the records as the producer makes them (``Monitor`` with an in-memory
+transport: windows, raw samples and guard flags at the defaults, or every step with
 ``full_resolution``), scored by the worker's detectors in-process (``RunDetector``, the pure
 engine, as ``bench_stream_incidents.py`` does).
 
-Schedules: cosine to zero at the last step (after a warmup), and constant; both declared in
-``run_meta``. Incidents, each from a step in the run's second half: one corrupted batch
-(random tokens), an lr blow-up (x30 for 4 steps; in the Trainer set on the optimizer outside
-its scheduler, as a bug would), a data stall (each batch waits ``--stall-ms`` for 40 steps);
-and healthy runs of ``--healthy`` steps.
+Schedules: cosine and linear to zero at the last step, warmup-stable-decay (the last fifth
+decays, cosine, to zero) and constant, after a warmup; declared in ``run_meta`` by the plain
+loop and Lightning, read by the Hugging Face callback from the Trainer's arguments.
+``--accumulate N``: N micro-batches a step (gradient accumulation; a bad batch is one of them).
+Incidents, each from a step in the run's second half: one corrupted batch (random tokens), an
+lr blow-up (x30 for 4 steps; in the Trainers set on the optimizer outside its scheduler, as a
+bug would), a data stall (each batch waits ``--stall-ms`` for 40 steps); and healthy runs of
+``--healthy`` steps.
 
 Printed per path, schedule and incident: whether it was paged (an incident that opened from
 its first step to ``--tolerance`` steps after its last), the delay in steps and in logged
@@ -19,8 +23,8 @@ points (the records of its rank with a step in between: windows and raw steps, o
 whether the incident's lead rule names the cause; per path, the pages per 10,000 healthy
 steps (every incident opened in a healthy run, or before the fault in a faulty one).
 
-    python bench/bench_client_paths.py                      # a few minutes on 2 cores
-    python bench/bench_client_paths.py --healthy 2000 --steps 800   # quicker
+    python bench/bench_client_paths.py                      # about an hour on 2 cores
+    python bench/bench_client_paths.py --paths hf10,lightning --schedules cosine --healthy 2000
 """
 
 from __future__ import annotations
@@ -75,9 +79,27 @@ def noisy_rows(n: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def schedule_of(kind: str, steps: int) -> dict:
-    if kind == "cosine":
-        return {"kind": "cosine", "peak_lr": PEAK, "warmup_steps": WARMUP, "total_steps": steps}
-    return {"kind": "constant", "peak_lr": PEAK}
+    """The declared schedule of ``kind`` over ``steps``."""
+    if kind == "constant":
+        return {"kind": "constant", "peak_lr": PEAK}
+    base = {"peak_lr": PEAK, "warmup_steps": WARMUP, "total_steps": steps, "min_lr": 0.0}
+    if kind == "wsd":
+        return {**base, "kind": "wsd", "decay_steps": steps // 5, "decay_type": "cosine"}
+    return {**base, "kind": kind}
+
+
+def hf_scheduler(kind: str, steps: int) -> dict:
+    """The Trainer's arguments for the same schedule."""
+    if kind == "constant":
+        return {"lr_scheduler_type": "constant", "warmup_steps": 0}
+    if kind == "wsd":
+        decay = {"num_decay_steps": steps // 5, "decay_type": "cosine"}
+        return {
+            "lr_scheduler_type": "warmup_stable_decay",
+            "lr_scheduler_kwargs": decay,
+            "warmup_steps": WARMUP,
+        }
+    return {"lr_scheduler_type": kind, "warmup_steps": WARMUP}
 
 
 def lr_at(sched: dict, step: int) -> float:
@@ -87,7 +109,11 @@ def lr_at(sched: dict, step: int) -> float:
 
 
 def monitor(
-    name: str, transport: MemoryTransport, sched: dict, spool: str, full_resolution: bool = False
+    name: str,
+    transport: MemoryTransport,
+    sched: dict | None,
+    spool: str,
+    full_resolution: bool = False,
 ) -> Monitor:
     """Rank 0 of a one-rank run at the producer's defaults, its records kept in memory."""
     return Monitor(
@@ -105,94 +131,118 @@ def monitor(
     )
 
 
-def train(path: str, sched_kind: str, incident: str | None, steps: int, seed: int, stall_s: float):
+@dataclass(frozen=True)
+class Run:
+    path: str
+    schedule: str
+    incident: str | None
+    steps: int
+    seed: int
+    stall_s: float
+    accumulate: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"{self.path}-{self.schedule}-{self.incident or 'healthy'}"
+
+    @property
+    def start(self) -> int | None:
+        return self.steps * 3 // 5 if self.incident else None
+
+    @property
+    def last(self) -> int | None:
+        start = self.start
+        if start is None:
+            return None
+        return start + {"bad_batch": 0, "lr_blowup": 3}.get(self.incident or "", 39)
+
+    def rows(self, step: int, gen: torch.Generator) -> list[torch.Tensor]:
+        """The micro-batches of ``step`` (the first one corrupted at a bad batch), after the
+        stall's wait."""
+        if self.incident == "data_stall" and self.start <= step <= self.last:  # type: ignore[operator]
+            time.sleep(self.stall_s)
+        out = [noisy_rows(BATCH, gen) for _ in range(self.accumulate)]
+        if self.incident == "bad_batch" and step == self.start:
+            out[0] = corrupted_rows(BATCH, gen)
+        return out
+
+    def blown(self, step: int) -> bool:
+        return self.incident == "lr_blowup" and self.start <= step <= self.last  # type: ignore[operator]
+
+
+def train(run: Run) -> tuple[list, int | None, int | None]:
     """One run: its records, and the fault's first and last step."""
-    if path.startswith("hf"):
-        return train_hf(int(path[2:]), sched_kind, incident, steps, seed, stall_s)
-    torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed)
-    start = steps * 3 // 5 if incident else None
-    last = None if start is None else start + {"bad_batch": 0, "lr_blowup": 3}.get(incident, 39)
-    sched = schedule_of(sched_kind, steps)
+    if run.path.startswith("hf"):
+        return train_hf(run, int(run.path[2:])), run.start, run.last
+    if run.path == "lightning":
+        return train_lightning(run), run.start, run.last
+    torch.manual_seed(run.seed)
+    gen = torch.Generator().manual_seed(run.seed)
+    sched = schedule_of(run.schedule, run.steps)
     model = TinyLM()
     opt = torch.optim.AdamW(model.parameters(), lr=PEAK)
     transport = MemoryTransport()
     with tempfile.TemporaryDirectory() as spool:
-        name = f"{path}-{sched_kind}-{incident or 'healthy'}"
-        mon = monitor(name, transport, sched, spool, full_resolution=path == "full")
-
-        def batches() -> Iterator[torch.Tensor]:
-            for step in range(steps):
-                if incident == "data_stall" and start <= step <= last:
-                    time.sleep(stall_s)
-                if incident == "bad_batch" and step == start:
-                    yield corrupted_rows(BATCH, gen)
-                else:
-                    yield noisy_rows(BATCH, gen)
-
-        for step, ids in enumerate(mon.timed(batches())):
-            lr = lr_at(sched, step)
-            if incident == "lr_blowup" and start <= step <= last:
-                lr *= 30.0
+        mon = monitor(run.name, transport, sched, spool, full_resolution=run.path == "full")
+        batches = (run.rows(step, gen) for step in range(run.steps))
+        for step, micro in enumerate(mon.timed(batches)):
+            lr = lr_at(sched, step) * (30.0 if run.blown(step) else 1.0)
             for g in opt.param_groups:
                 g["lr"] = lr
-            loss = model(ids)["loss"]
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss = torch.zeros(())
+            for ids in micro:
+                part = model(ids)["loss"] / len(micro)
+                part.backward()
+                loss += part.detach()
             grad = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
             opt.step()
-            mon.log_step(step, loss=loss.detach(), lr=lr, grad_norm=grad, tokens=ids.numel())
+            tokens = sum(ids.numel() for ids in micro)
+            mon.log_step(step, loss=loss, lr=lr, grad_norm=grad, tokens=tokens)
         mon.shutdown()
-    return transport.records(), start, last
+    return transport.records(), run.start, run.last
 
 
-def train_hf(
-    logging_steps: int, sched_kind: str, incident: str | None, steps: int, seed: int, stall_s: float
-):
+def train_hf(run: Run, logging_steps: int) -> list:
     """One run through the Hugging Face Trainer at its defaults (AdamW, clipping at 1.0, its own
-    cosine or constant schedule, declared to the callback), logging every ``logging_steps``."""
+    schedule, which the callback declares), logging every ``logging_steps``."""
     import transformers
 
     from steplens.producer.integrations.hf import SteplensCallback
 
     transformers.logging.set_verbosity_error()
-    torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed)
-    start = steps * 3 // 5 if incident else None
-    last = None if start is None else start + {"bad_batch": 0, "lr_blowup": 3}.get(incident, 39)
+    torch.manual_seed(run.seed)
+    gen = torch.Generator().manual_seed(run.seed)
 
     class Rows(torch.utils.data.IterableDataset):
         def __iter__(self) -> Iterator[dict]:
-            for step in range(steps):
-                if incident == "data_stall" and start <= step <= last:
-                    time.sleep(stall_s)
-                bad = incident == "bad_batch" and step == start
-                for row in corrupted_rows(BATCH, gen) if bad else noisy_rows(BATCH, gen):
-                    yield {"input_ids": row}
+            for step in range(run.steps):
+                for ids in run.rows(step, gen):
+                    for row in ids:
+                        yield {"input_ids": row}
 
     class Blowup(transformers.TrainerCallback):
         def on_step_begin(self, args, state, control, optimizer=None, **kw):  # type: ignore[no-untyped-def]
-            if incident == "lr_blowup" and start <= state.global_step <= last:
+            if run.blown(state.global_step):
                 for g in optimizer.param_groups:
                     g["lr"] *= 30.0  # the scheduler sets it back at its next step
 
     transport = MemoryTransport()
     with tempfile.TemporaryDirectory() as out, tempfile.TemporaryDirectory() as spool:
-        name = f"hf{logging_steps}-{sched_kind}-{incident or 'healthy'}"
-        mon = monitor(name, transport, schedule_of(sched_kind, steps), spool)
+        mon = monitor(run.name, transport, None, spool)
         args = transformers.TrainingArguments(
             output_dir=out,
-            max_steps=steps,
+            max_steps=run.steps,
             per_device_train_batch_size=BATCH,
+            gradient_accumulation_steps=run.accumulate,
             learning_rate=PEAK,
-            lr_scheduler_type="cosine" if sched_kind == "cosine" else "constant",
-            warmup_steps=WARMUP if sched_kind == "cosine" else 0,
             logging_steps=logging_steps,
             report_to=[],
             save_strategy="no",
             use_cpu=True,
             disable_tqdm=True,
-            seed=seed,
+            seed=run.seed,
+            **hf_scheduler(run.schedule, run.steps),
         )
         trainer = transformers.Trainer(
             model=TinyLM(),
@@ -202,7 +252,62 @@ def train_hf(
         )
         trainer.train()
         mon.shutdown()
-    return transport.records(), start, last
+    return transport.records()
+
+
+def train_lightning(run: Run) -> list:
+    """One run through the Lightning Trainer with the callback at its defaults: AdamW and the
+    schedule as a per-step LambdaLR, declared at init as the README shows."""
+    import lightning as L
+
+    from steplens.producer.integrations.lightning import SteplensCallback
+
+    torch.manual_seed(run.seed)
+    gen = torch.Generator().manual_seed(run.seed)
+    sched = schedule_of(run.schedule, run.steps)
+
+    class Rows(torch.utils.data.IterableDataset):
+        def __iter__(self) -> Iterator[torch.Tensor]:
+            for step in range(run.steps):
+                yield from run.rows(step, gen)
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = TinyLM()
+
+        def training_step(self, ids: torch.Tensor, _i: int) -> torch.Tensor:
+            return self.net(ids)["loss"]
+
+        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+            opt = torch.optim.AdamW(self.parameters(), lr=PEAK)
+            lam = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(sched, s) / PEAK)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": lam, "interval": "step"}}
+
+    class Blowup(L.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):  # type: ignore[no-untyped-def]
+            if batch_idx % run.accumulate == 0 and run.blown(trainer.global_step):
+                for g in trainer.optimizers[0].param_groups:
+                    g["lr"] *= 30.0  # the scheduler sets it back at its next step
+
+    transport = MemoryTransport()
+    with tempfile.TemporaryDirectory() as spool:
+        mon = monitor(run.name, transport, sched, spool)
+        trainer = L.Trainer(
+            max_steps=run.steps,
+            accumulate_grad_batches=run.accumulate,
+            gradient_clip_val=1.0,
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[SteplensCallback(mon), Blowup()],
+        )
+        loader = torch.utils.data.DataLoader(Rows(), batch_size=None)
+        trainer.fit(Module(), loader)
+        mon.shutdown()
+    return transport.records()
 
 
 def judge(records: list) -> tuple[list[tuple[str, int]], list[int]]:
@@ -277,30 +382,34 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=1500, help="steps of a run with an incident")
     ap.add_argument("--healthy", type=int, default=5000, help="steps of a healthy run")
-    ap.add_argument("--paths", default="windowed,full,hf1,hf10,hf50")
-    ap.add_argument("--schedules", default="cosine,constant")
+    ap.add_argument("--paths", default="windowed,full,hf1,hf10,hf50,lightning")
+    ap.add_argument("--schedules", default="cosine,linear,wsd,constant")
     ap.add_argument("--incidents", default=",".join(INCIDENTS))
+    ap.add_argument("--accumulate", type=int, default=1, help="micro-batches a step")
     ap.add_argument("--stall-ms", type=float, default=20.0)
     ap.add_argument("--tolerance", type=int, default=150, help="steps (a window is 100)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     logging.getLogger("steplens").setLevel(logging.WARNING)  # each run's list of checks
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     outs: list[Outcome] = []
     t0 = time.perf_counter()
     for path in args.paths.split(","):
         for sched in args.schedules.split(","):
             for incident in [None, *filter(None, args.incidents.split(","))]:
                 steps = args.healthy if incident is None else args.steps
-                recs, start, last = train(
-                    path, sched, incident, steps, args.seed, args.stall_ms / 1e3
+                run = Run(
+                    path, sched, incident, steps, args.seed, args.stall_ms / 1e3, args.accumulate
                 )
+                recs, start, last = train(run)
                 pages, points = judge(recs)
                 outs.append(Outcome(path, sched, incident, steps, start, last, pages, points))
                 print(
                     f"  {path} {sched} {incident or 'healthy'}: {len(recs)} records, pages {pages}",
                     flush=True,
                 )
-    print(f"\n{time.perf_counter() - t0:.0f} s\n")
+    print(f"\n{time.perf_counter() - t0:.0f} s, {args.accumulate} micro-batches a step\n")
     summarise(outs, args.tolerance)
 
 

@@ -259,7 +259,9 @@ def test_hf_every_step_carries_its_own_loss_and_the_lr_it_ran_at(memory_monitor,
 @pytest.mark.slow
 def test_lightning_sends_each_optimizer_step_once_with_accumulation(memory_monitor) -> None:  # type: ignore[no-untyped-def]
     """accumulate_grad_batches 2: each optimizer step is sent once, with the mean of its two
-    micro-batches' losses, and the time its batches waited for a slow loader."""
+    micro-batches' losses, the time its batches waited for a slow loader, and the lr it ran
+    at: the scheduler's after its step (PyTorch's convention), times 30 for the step whose
+    lr was multiplied outside the scheduler."""
     L = pytest.importorskip("lightning")
     from steplens.producer.integrations.lightning import SteplensCallback
 
@@ -274,7 +276,15 @@ def test_lightning_sends_each_optimizer_step_once_with_accumulation(memory_monit
             return self.net(batch["x"], batch["labels"])["loss"]
 
         def configure_optimizers(self) -> Any:
-            return torch.optim.SGD(self.parameters(), lr=0.01)
+            opt = torch.optim.SGD(self.parameters(), lr=0.01)
+            lam = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / 10)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": lam, "interval": "step"}}
+
+    class Blowup(L.Callback):  # type: ignore[misc,name-defined]
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):  # type: ignore[no-untyped-def]
+            if trainer.global_step == 2 and batch_idx % 2 == 0:  # the third step
+                for g in trainer.optimizers[0].param_groups:
+                    g["lr"] *= 30.0  # the scheduler sets it back at its next step
 
     m, tx = memory_monitor(sample_rate=1.0)
     loader = torch.utils.data.DataLoader(_SlowData(), batch_size=2)
@@ -286,7 +296,7 @@ def test_lightning_sends_each_optimizer_step_once_with_accumulation(memory_monit
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[SteplensCallback(m, watch_every=None)],
+        callbacks=[SteplensCallback(m, watch_every=None), Blowup()],
     )
     trainer.fit(Module(), loader)
     m.shutdown()
@@ -298,3 +308,7 @@ def test_lightning_sends_each_optimizer_step_once_with_accumulation(memory_monit
         assert steps[s]["loss"] == pytest.approx((micro[2 * s - 2] + micro[2 * s - 1]) / 2)
     # from the second step on, both batches of a step waited for 2 samples of 20 ms each
     assert all(steps[s]["data_time_s"] >= 0.07 for s in (2, 3, 4))
+    scheduled = lambda s: 0.01 * (1 - s / 10)  # noqa: E731 - get_last_lr() after step s
+    assert [steps[s]["lr"] for s in (1, 2, 3, 4)] == pytest.approx(
+        [scheduled(1), scheduled(2), 30 * scheduled(3), scheduled(4)]
+    )

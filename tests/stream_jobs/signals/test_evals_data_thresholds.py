@@ -132,6 +132,12 @@ def test_update_share_below_five_percent_warns_once_it_persists_and_param_norm_i
         st, sigs = one(st, cfg, "param_norm", 100.0 if i < 25 else 100.0 * 1.5 ** (i - 24), i)
         flags += [s.step for s in sigs if s.severity]
     assert flags and 25 < flags[0] < 32
+    # a norm growing steadily, 4x over the window (early training), is its trend: quiet
+    st, flags = training.TrainingState(), []
+    for i in range(60):
+        st, sigs = one(st, cfg, "param_norm", 10.0 + 2.0 * i, i)
+        flags += [s.step for s in sigs if s.severity]
+    assert flags == []
 
 
 def test_eval_interval_from_the_cadence_and_the_noise():

@@ -16,7 +16,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from steplens.producer.integrations._common import monitor_for, numeric, split_eval
 from steplens.producer.integrations.hf_schedule import trainer_schedule
 from steplens.producer.integrations.step_loss import StepLoss
-from steplens.producer.lower_lr import unwrap_optimizer
+from steplens.producer.integrations.step_lr import StepLr
 
 _STEP_KEYS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm"}
 _SKIP = {
@@ -28,15 +28,6 @@ _SKIP = {
     "train_loss",
     "step",
 }
-
-
-def _scheduled_lr(scheduler: Any) -> float | None:
-    """The first group's lr a scheduler holds now (a host number), or None."""
-    try:
-        last = scheduler.get_last_lr() if scheduler is not None else None
-        return float(last[0]) if last else None
-    except Exception:  # a scheduler that has not stepped yet, or none of torch's
-        return None
 
 
 class SteplensCallback(TrainerCallback):
@@ -52,13 +43,12 @@ class SteplensCallback(TrainerCallback):
     before clipping, as ``grad_norm`` and ``grad_norm_preclip``, with ``clipped`` when it
     exceeds ``args.max_grad_norm``, and any other number.
 
-    The lr is the scheduler's after its step (PyTorch's ``get_last_lr()`` convention, which
-    the schedule check allows for), not the Trainer's logged one: the Trainer numbers its
+    The lr is the scheduler's after its step (``StepLr``: scaled where the step ran at another
+    lr than its scheduler had set), not the Trainer's logged one: the Trainer numbers its
     steps from 1 and logs the lr step ``g`` used, the schedule's value at index ``g - 1`` (0.0
     at step 1 in a warmup), one step behind the declared schedule's convention (step ``s`` at
-    index ``s``). When the step ran at another lr than the scheduler set (something changed
-    the optimizer's lr outside it), the lr sent is scaled by the same factor. A run that
-    declared no schedule gets the Trainer's own, read from its arguments (``trainer_schedule``).
+    index ``s``). A run that declared no schedule gets the Trainer's own, read from its
+    arguments (``trainer_schedule``).
 
     Every checkpoint the Trainer saves is reported (``checkpoint``). With remedies
     (``init(remedies=[...])``) the advice is carried out after each optimizer step
@@ -80,9 +70,7 @@ class SteplensCallback(TrainerCallback):
         self._waited: float | None = None  # seconds before this step's start
         self._losses = StepLoss()
         self._processes = 1  # the Trainer multiplies a token-averaged loss by this
-        self._lr_ratio = 1.0  # the lr the step ran at over the one its scheduler set
-        self._scheduler: Any = None
-        self._lr_hook: Any = None
+        self._lr = StepLr()
         # the last step, sent once the Trainer's log for it (if any) is in
         self._pending: tuple[int, dict[str, Any], dict[str, Any]] | None = None
 
@@ -129,10 +117,8 @@ class SteplensCallback(TrainerCallback):
                 self._losses.attach(model)
             if getattr(args, "average_tokens_across_devices", False):
                 self._processes = max(1, int(getattr(args, "world_size", 1) or 1))
-            self._scheduler = kwargs.get("lr_scheduler")
             if optimizer is not None:
-                inner = unwrap_optimizer(optimizer)
-                self._lr_hook = inner.register_step_pre_hook(self._before_optimizer_step)
+                self._lr.attach(optimizer, kwargs.get("lr_scheduler"))
             self._monitor.remedies.read_ahead = 1  # accelerate's loader reads one batch ahead
             ds: Any = getattr(kwargs.get("train_dataloader"), "dataset", None)
             if hasattr(ds, "items_per_batch"):  # a skipping() dataset of samples
@@ -142,16 +128,6 @@ class SteplensCallback(TrainerCallback):
                 ds.items_per_batch = per_rank * world
         except Exception:  # never break training
             self._monitor = None
-
-    def _before_optimizer_step(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        """The lr the step runs at against the one its scheduler set (host numbers)."""
-        try:
-            used = optimizer.param_groups[0].get("lr")
-            planned = _scheduled_lr(self._scheduler)
-            ok = isinstance(used, float) and planned
-            self._lr_ratio = used / planned if ok else 1.0
-        except Exception:  # never break training
-            self._lr_ratio = 1.0
 
     def on_step_end(
         self,
@@ -168,9 +144,9 @@ class SteplensCallback(TrainerCallback):
             loss = self._losses.take(self._processes)
             if loss is not None:
                 named["loss"] = loss
-            lr = _scheduled_lr(kwargs.get("lr_scheduler"))
+            lr = self._lr.lr()
             if lr is not None:
-                named["lr"] = lr * self._lr_ratio
+                named["lr"] = lr
             values: dict[str, Any] = {}
             if self._waited is not None:
                 values["data_time_s"], self._waited = self._waited, None
@@ -239,9 +215,7 @@ class SteplensCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._send_pending()
         self._losses.detach()
-        if self._lr_hook is not None:
-            self._lr_hook.remove()
-            self._lr_hook = None
+        self._lr.detach()
         if self._monitor is not None:
             self._monitor.remedies.close(state.global_step)
             self._monitor.flush(10.0)

@@ -18,13 +18,16 @@ except ImportError:  # the older distribution name
 
 from steplens.producer.integrations._common import monitor_for, split_eval
 from steplens.producer.integrations.step_loss import StepLoss
+from steplens.producer.integrations.step_lr import StepLr
 
 
 class SteplensCallback(Callback):
     """Every optimizer step: its loss (kept on the device; with ``accumulate_grad_batches``
     the sum of its micro-batches' losses, each of which Lightning divides by their number),
-    its lr and the time its batches waited for the loader (``data_time_s``: from the end of
-    one training batch to the start of the next); validation metrics as eval.
+    its lr (``StepLr``: the scheduler's after its step, scaled where the step ran at another
+    lr than its scheduler had set) and the time its batches waited for the loader
+    (``data_time_s``: from the end of one training batch to the start of the next);
+    validation metrics as eval.
 
     Every ``watch_every`` optimizer steps (default 10; None: never) ``watch()`` adds the
     gradient norm before clipping, clipping (against the Trainer's ``gradient_clip_val`` when
@@ -46,6 +49,7 @@ class SteplensCallback(Callback):
         self._saving_at: int | None = None  # the step of a checkpoint being saved
         self._reported: set[str] = set()
         self._losses = StepLoss()
+        self._lr = StepLr()
         self._sent_step: int | None = None  # the optimizer step sent last
         self._batch_end: float | None = None  # when the last training batch ended
         self._waited: float | None = None  # seconds the step's batches waited for the loader
@@ -69,6 +73,9 @@ class SteplensCallback(Callback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._sent_step = trainer.global_step  # a resumed run's first step is the next one
+        if self._monitor is not None and trainer.optimizers:
+            schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]
+            self._lr.attach(trainer.optimizers[0], schedulers[0] if schedulers else None)
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
@@ -100,9 +107,7 @@ class SteplensCallback(Callback):
         if self._sent_step is not None and trainer.global_step == self._sent_step:
             return  # a micro-batch of a step still accumulating
         self._sent_step = trainer.global_step
-        lr = None
-        if trainer.optimizers:
-            lr = trainer.optimizers[0].param_groups[0].get("lr")
+        lr = self._lr.lr()
         timed = {} if self._waited is None else {"data_time_s": self._waited}
         self._waited = None
         m.log_step(trainer.global_step, loss=self._losses.take(), lr=lr, **timed)
@@ -143,6 +148,7 @@ class SteplensCallback(Callback):
         m.log_eval(trainer.global_step, split="val", **named, **extra)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self._lr.detach()
         if self._monitor is not None:
             self._report_checkpoints(self._monitor, trainer)
             self._monitor.remedies.close(trainer.global_step)

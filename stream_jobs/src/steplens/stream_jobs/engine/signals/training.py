@@ -1,5 +1,9 @@
 """Optimizer health from watch(): update-ratio collapse and parameter-norm instability.
 
+``param_norm`` is unstable when its spread around the trend of its last ``param_norm_window``
+values exceeds ``param_norm_std`` (10 %) of its current value: a steady growth (early
+training) or decay (weight decay) is its trend, not a spread.
+
 ``update_ratio`` is the share of parameter elements whose update exceeded 1e-3 of their
 magnitude in the step (the producer samples the elements); below ``update_share_floor`` (5 %)
 for ``update_persist`` values in a row, the optimizer has nearly stopped moving the model (a
@@ -17,7 +21,6 @@ collapse at the peak lr still is.
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,6 +161,17 @@ def _update_share(state: TrainingState, cfg: TrainingConfig, col: Column) -> Sig
     )
 
 
+def _spread_around_trend(values: deque[float]) -> float:
+    """The standard deviation of ``values`` around their least-squares line: a norm that
+    grows or shrinks steadily (early training, weight decay) spreads nothing; one that
+    swings or jumps does."""
+    ys = np.fromiter(values, float, len(values))
+    ts = np.arange(len(ys), dtype=float)
+    ts -= ts.mean()
+    slope = float(ts @ (ys - ys.mean())) / float(ts @ ts)
+    return float(np.std(ys - ys.mean() - slope * ts))
+
+
 def _param_norm(
     state: TrainingState, cfg: TrainingConfig, x: float
 ) -> tuple[float, float, float, float, float] | None:
@@ -167,7 +181,7 @@ def _param_norm(
         recent.popleft()
     if len(recent) < cfg.param_norm_window or x == 0:
         return None
-    rel = statistics.pstdev(recent) / abs(x)
+    rel = _spread_around_trend(recent) / abs(x)
     breach = rel > cfg.param_norm_std
     return (
         rel,
