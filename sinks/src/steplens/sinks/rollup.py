@@ -195,10 +195,11 @@ def run_rollup(
     fields: TextFields | None = None,
 ) -> None:
     """Roll up [start, stop) now (backfill after a long outage, tests), ``CHUNK_MIN`` minutes
-    per query; pass whole minutes. ``fields``: the text fields known (else learnt now)."""
+    per query; pass whole minutes. ``fields``: the text fields known (else learnt now, from
+    the shards the range touches)."""
     if fields is None:
         fields = TextFields()
-    fields.scan_if_stale(client.query_api(), s)
+    fields.scan_if_stale(client.query_api(), s, (start, stop))
     step = timedelta(minutes=CHUNK_MIN)
     while start < stop:
         end = min(start + step, stop)

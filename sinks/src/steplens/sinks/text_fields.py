@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from datetime import datetime
 
 from influxdb_client import QueryApi
 
-from steplens.sinks.flux_literals import flux_string
+from steplens.sinks.flux_literals import flux_string, flux_time
 from steplens.sinks.point_builder import PointBuilder
 from steplens.sinks.settings import InfluxSettings
 
@@ -66,13 +67,26 @@ class TextFields:
     def mark_stale(self) -> None:
         self._stale = True
 
-    def scan_if_stale(self, query_api: QueryApi, s: InfluxSettings) -> bool:
-        """Learn the hot bucket's non-numeric fields when the set is stale; True if it did."""
+    def scan_if_stale(
+        self,
+        query_api: QueryApi,
+        s: InfluxSettings,
+        around: tuple[datetime, datetime] | None = None,
+    ) -> bool:
+        """Learn the hot bucket's non-numeric fields when the set is stale; True if it did.
+        ``around``: a past range to roll up (a backfill): the shards it touches are scanned
+        (a week either side: the longest shard group), else the hot window."""
         if not self._stale:
             return False
+        if around is None:
+            span = f"start: -{max(s.hot_retention_s, 60) + 3600}s"
+        else:
+            first, last = (flux_time(t) for t in around)
+            span = f"start: date.sub(d: 7d, from: {first}), stop: date.add(d: 7d, to: {last})"
         flux = f"""import "types"
+import "date"
 from(bucket: {flux_string(s.bucket)})
-    |> range(start: -{max(s.hot_retention_s, 60) + 3600}s)
+    |> range({span})
     |> filter(fn: (r) => r._field != "seq")
     |> last()
     |> filter(fn: (r) => not types.isNumeric(v: r._value))
