@@ -20,8 +20,10 @@ bug would), a data stall (each batch waits ``--stall-ms`` for 40 steps); and hea
 Printed per path, schedule and incident: whether it was paged (an incident that opened from
 its first step to ``--tolerance`` steps after its last), the delay in steps and in logged
 points (the records of its rank with a step in between: windows and raw steps, or steps), and
-whether the incident's lead rule names the cause; per path, the pages per 10,000 healthy
-steps (every incident opened in a healthy run, or before the fault in a faulty one).
+whether the incident's lead rule names the cause, and the event's best score among its cause's
+rules against the 99.99th percentile of the same rule's scores in the path's healthy runs; per
+path, the pages per 10,000 healthy steps (every incident opened in a healthy run, or before the
+fault in a faulty one).
 
     python bench/bench_client_paths.py                      # about an hour on 2 cores
     python bench/bench_client_paths.py --paths hf10,lightning --schedules cosine --healthy 2000
@@ -38,6 +40,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "producer"))
@@ -68,6 +71,7 @@ class Outcome:
     last: int | None
     pages: list[tuple[str, int]]  # (lead rule, step) of each incident opened
     points: list[int]  # steps of rank 0's logged points (windows' last steps, raw steps)
+    scores: dict[str, list[tuple[int, float]]]  # rule -> (step, score) of the cause's signals
 
 
 def noisy_rows(n: int, gen: torch.Generator) -> torch.Tensor:
@@ -310,11 +314,16 @@ def train_lightning(run: Run) -> list:
     return transport.records()
 
 
-def judge(records: list) -> tuple[list[tuple[str, int]], list[int]]:
-    """The incidents opened (lead rule, started step) and rank 0's logged points."""
+def judge(
+    records: list,
+) -> tuple[list[tuple[str, int]], list[int], dict[str, list[tuple[int, float]]]]:
+    """The incidents opened (lead rule, started step), rank 0's logged points, and the scores
+    of every signal whose rule names a cause (rule -> (step, score))."""
     det = RunDetector(records[0].run_id if records else "r")
     pages: list[tuple[str, int]] = []
     points: list[int] = []
+    scores: dict[str, list[tuple[int, float]]] = {}
+    prefixes = tuple(w for words in CAUSES.values() for w in words)
     last = 0
     for rec in records:
         if rec.kind in ("step", "step_window") and rec.step is not None:
@@ -322,13 +331,18 @@ def judge(records: list) -> tuple[list[tuple[str, int]], list[int]]:
         elif rec.kind == "step_batch":
             points += [e["step"] for e in rec.data["records"]]
         last = max(last, rec.step or 0)
-        _, alerts = det.process(rec)
+        signals, alerts = det.process(rec)
+        for sig in signals:
+            rule = f"{sig.name}:{sig.metric}"
+            if rule.startswith(prefixes):
+                got = scores.setdefault(rule, [])
+                got += [(int(st), float(sc)) for st, sc in zip(sig.step, sig.score, strict=True)]
         for a in alerts:
             if a.scope == "incident" and a.state == "firing" and a.evidence.get("episode") == 0:
                 step = a.started_step if a.started_step is not None else last
                 if all(p[1] != step or p[0] != a.rule for p in pages):
                     pages.append((a.rule, step))
-    return _first_reports(pages), sorted(set(points))
+    return _first_reports(pages), sorted(set(points)), scores
 
 
 def _first_reports(pages: list[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -337,6 +351,32 @@ def _first_reports(pages: list[tuple[str, int]]) -> list[tuple[str, int]]:
     for rule, step in pages:
         out[step] = rule
     return sorted(((r, s) for s, r in out.items()), key=lambda p: p[1])
+
+
+def separation(outs: list[Outcome], o: Outcome, tolerance: int) -> str:
+    """The event's best score among its cause's rules against the 99.99th percentile of the
+    same rule's scores in the path's healthy runs: "0.998 > 0.71 (spike:loss)"."""
+    healthy: dict[str, list[float]] = {}
+    for h in outs:
+        if h.path == o.path and h.incident is None:
+            for rule, got in h.scores.items():
+                healthy.setdefault(rule, []).extend(sc for _, sc in got if np.isfinite(sc))
+    best: tuple[float, float, float, str] | None = None
+    for rule, got in o.scores.items():
+        if not rule.startswith(CAUSES[o.incident or ""]):
+            continue
+        inside = [sc for st, sc in got if o.start - 2 <= st <= o.last + tolerance]
+        inside = [sc for sc in inside if np.isfinite(sc)]
+        if not inside:
+            continue
+        base = healthy.get(rule) or [0.0]
+        top, noise = max(inside), float(np.percentile(base, 99.99))
+        if best is None or top - noise > best[0]:
+            best = (top - noise, top, noise, rule)
+    if best is None:
+        return "no score"
+    _, top, noise, rule = best
+    return f"{top:.4f} {'>' if top > noise else '<='} {noise:.4f} ({rule})"
 
 
 def summarise(outs: list[Outcome], tolerance: int) -> None:
@@ -355,8 +395,9 @@ def summarise(outs: list[Outcome], tolerance: int) -> None:
             print(f"{o.path:<9} {o.schedule:<9} {'healthy':<11} pages {len(before)}")
             continue
         hit = [p for p in o.pages if o.start - 2 <= p[1] <= o.last + tolerance]
+        sep = separation(outs, o, tolerance)
         if not hit:
-            print(f"{o.path:<9} {o.schedule:<9} {o.incident:<11} {'no':>5}")
+            print(f"{o.path:<9} {o.schedule:<9} {o.incident:<11} {'no':>5}  score {sep}")
             continue
         rule, step = hit[0]
         delay = max(0, step - o.start)
@@ -364,7 +405,7 @@ def summarise(outs: list[Outcome], tolerance: int) -> None:
         named = any(rule.startswith(w) for w in CAUSES[o.incident])
         print(
             f"{o.path:<9} {o.schedule:<9} {o.incident:<11} {'yes':>5} {delay:>6} {pts:>6}  "
-            f"{rule} ({'yes' if named else 'NO'})"
+            f"{rule} ({'yes' if named else 'NO'}); score {sep}"
         )
     print()
     for path, (n, steps) in healthy.items():
@@ -403,8 +444,10 @@ def main() -> None:
                     path, sched, incident, steps, args.seed, args.stall_ms / 1e3, args.accumulate
                 )
                 recs, start, last = train(run)
-                pages, points = judge(recs)
-                outs.append(Outcome(path, sched, incident, steps, start, last, pages, points))
+                pages, points, scores = judge(recs)
+                outs.append(
+                    Outcome(path, sched, incident, steps, start, last, pages, points, scores)
+                )
                 print(
                     f"  {path} {sched} {incident or 'healthy'}: {len(recs)} records, pages {pages}",
                     flush=True,

@@ -335,6 +335,8 @@ class Instruments:
         if self.config.lr_schedule:
             return False
         self._declare(dict(schedule))
+        if self.identity.rank == 0:
+            log.info("steplens checks: lr schedule on, declared after init: %s", schedule)
         return True
 
     def _declare(self, schedule: dict[str, Any]) -> None:
