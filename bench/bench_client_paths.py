@@ -254,6 +254,7 @@ def train_hf(run: Run, logging_steps: int) -> list:
             train_dataset=Rows(),
             callbacks=[SteplensCallback(mon), Blowup()],
         )
+        trainer.remove_callback(transformers.PrinterCallback)  # its logs on stdout
         trainer.train()
         mon.shutdown()
     return transport.records()

@@ -120,3 +120,26 @@ def test_scratch_topics_deletes_only_what_the_block_created(
     assert not set(newer.all()) & names
     assert set(older.all()) <= names
     assert set(Topics().all()) <= names
+
+
+def test_the_demo_tail_reads_on_while_a_partition_is_unknown(stack_env) -> None:
+    """The demo's scorecard tail asks each partition for its end; a partition the client's
+    metadata does not hold ("Unknown partition", seen right after a topic was made) means
+    "not known to be at the end", never an exception that ends the demo."""
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    from steplens.schema import encode, make_record
+    from steplens.stack.demo_kafka import RunTail
+
+    topics = _topics()
+    bootstrap = stack_env["STEPLENS_KAFKA_BOOTSTRAP"]
+    ensure_topics(bootstrap, topics)
+    rec = make_record("step", {"loss": 1.0}, run_id="tail-run", step=1, time_ns=time.time_ns())
+    _produce(bootstrap, topics.alerts, [encode(rec)])
+    tail = RunTail(bootstrap, [topics.alerts], "tail-run")
+    assert tail.settle(quiet_s=1.0, timeout_s=30.0, progress=lambda _line: None)
+    assert [r.step for r in tail.records] == [1]
+    # a partition that does not exist stands for one not yet in the client's metadata
+    tail._consumer.assign([TopicPartition(topics.alerts, 7, OFFSET_BEGINNING)])
+    assert tail.drain(1.0) == 0  # no exception: read on until the deadline
+    assert not tail.settle(quiet_s=30.0, timeout_s=2.0, progress=lambda _line: None)

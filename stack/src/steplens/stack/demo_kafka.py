@@ -47,6 +47,16 @@ class RunTail:
         return len(self.records) - before
 
     def _at_end(self) -> bool:
+        """Every assigned partition read to its end; False while that is not known (a
+        partition the client's metadata does not hold yet answers "Unknown partition")."""
+        from confluent_kafka import KafkaException
+
+        try:
+            return self._read_to_end()
+        except KafkaException:
+            return False
+
+    def _read_to_end(self) -> bool:
         for tp in self._consumer.position(self._consumer.assignment()):
             _, high = self._consumer.get_watermark_offsets(tp, timeout=5, cached=False)
             if tp.offset < 0 and high > 0:  # nothing fetched yet from a non-empty partition
