@@ -23,6 +23,8 @@ SECRETS = {
     "AWS_SECRET_ACCESS_KEY": "compose-test-secret",
     "STEPLENS_KAFKA_SASL_USERNAME": "compose-test-user",
     "STEPLENS_KAFKA_SASL_PASSWORD": "compose-test-kafka-password",
+    "STEPLENS_KAFKA_TRAINER_USERNAME": "compose-test-trainer",
+    "STEPLENS_KAFKA_TRAINER_PASSWORD": "compose-test-trainer-password",
     "STEPLENS_TLS_KEYSTORE_PASSWORD": "compose-test-keystore-password",
 }
 TLS_DIR = "/srv/compose-test-tls"  # what deploy/tls/make-certs.sh writes (DIR/server)

@@ -22,8 +22,10 @@ alone (local development) and with docker-compose.exposed.yml (other machines le
    listener serves a client with the CA and the password, and refuses one without credentials,
    with a wrong password, without the CA, and one speaking plain text; InfluxDB and S3 answer
    over TLS with the CA and refuse a client without it and plain HTTP on their TLS ports; a
-   producer and a worker on this host, given only the STEPLENS_KAFKA_* variables, work through
-   the SASL_SSL listener; the worker's incidents reach InfluxDB (read back over https) and S3.
+   producer (the trainers' user) and a worker (the services' user) on this host, given only
+   the STEPLENS_KAFKA_* variables, work through the SASL_SSL listener; the trainers' user
+   writes raw records and reads advice but may not write advice (ACLs); the worker's
+   incidents reach InfluxDB (read back over https) and S3.
 5. After each project, `down -v`, then checks that no container, volume or network of it is
    left.
 
@@ -84,6 +86,8 @@ SECRET_NAMES = (
     "AWS_SECRET_ACCESS_KEY",
     "STEPLENS_KAFKA_SASL_USERNAME",
     "STEPLENS_KAFKA_SASL_PASSWORD",
+    "STEPLENS_KAFKA_TRAINER_USERNAME",
+    "STEPLENS_KAFKA_TRAINER_PASSWORD",
     "STEPLENS_TLS_KEYSTORE_PASSWORD",
     "STEPLENS_TLS_DIR",
 )
@@ -176,6 +180,8 @@ class Project:
                 "AWS_SECRET_ACCESS_KEY": secrets.token_hex(24),
                 "STEPLENS_KAFKA_SASL_USERNAME": "steplens-check",
                 "STEPLENS_KAFKA_SASL_PASSWORD": secrets.token_hex(24),
+                "STEPLENS_KAFKA_TRAINER_USERNAME": "steplens-check-trainer",
+                "STEPLENS_KAFKA_TRAINER_PASSWORD": secrets.token_hex(24),
                 "STEPLENS_TLS_KEYSTORE_PASSWORD": secrets.token_hex(24),
             }
             self.tls = Path(tempfile.mkdtemp(prefix="steplens-check-tls-"))
@@ -478,18 +484,24 @@ class Checks:
                 raise CheckFailed(f"S3 answered a client with {what}")
         say(f"ok   {endpoint} refuses no CA, plain HTTP and a wrong secret key")
 
-    def remote_clients(self) -> None:
-        """A producer and a worker on this host take the SCRAM credentials from the usual
-        STEPLENS_KAFKA_* variables and work through the authenticated listener."""
-        remote = {
+    def remote_env(self, who: str) -> dict[str, str]:
+        """A client's environment on this host through the SASL_SSL listener, as the
+        ``who`` user (``SASL``: the services', ``TRAINER``: the trainers')."""
+        return {
             **{k: v for k, v in os.environ.items() if not k.startswith("STEPLENS_")},
             "STEPLENS_KAFKA_BOOTSTRAP": f"127.0.0.1:{self.p.ports['STEPLENS_KAFKA_REMOTE_PORT']}",
             "STEPLENS_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
             "STEPLENS_KAFKA_SSL_CA_LOCATION": self.p.ca,
             "STEPLENS_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
-            "STEPLENS_KAFKA_SASL_USERNAME": self.p.secrets["STEPLENS_KAFKA_SASL_USERNAME"],
-            "STEPLENS_KAFKA_SASL_PASSWORD": self.p.secrets["STEPLENS_KAFKA_SASL_PASSWORD"],
+            "STEPLENS_KAFKA_SASL_USERNAME": self.p.secrets[f"STEPLENS_KAFKA_{who}_USERNAME"],
+            "STEPLENS_KAFKA_SASL_PASSWORD": self.p.secrets[f"STEPLENS_KAFKA_{who}_PASSWORD"],
         }
+
+    def remote_clients(self) -> None:
+        """A producer (the trainers' user) and a worker (the services' user) on this host take
+        the SCRAM credentials from the usual STEPLENS_KAFKA_* variables and work through the
+        authenticated listener."""
+        remote = self.remote_env("TRAINER")
         run = f"check-remote-{secrets.token_hex(3)}"
         produce = (
             "import steplens.producer as sl\n"
@@ -521,7 +533,7 @@ class Checks:
         with tempfile.TemporaryDirectory() as state:
             worker = subprocess.Popen(
                 [*argv, f"--state-dir={state}"],
-                env=remote,
+                env=self.remote_env("SASL"),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
@@ -537,6 +549,56 @@ class Checks:
             finally:
                 worker.terminate()
                 worker.wait(timeout=60)
+
+    def advice_acl(self) -> None:
+        """The trainers' user writes raw records and reads advice, and is refused when it
+        writes advice; the services' user writes advice."""
+        from confluent_kafka import Consumer, Producer, TopicPartition
+
+        def conf(who: str) -> dict[str, str]:
+            env = self.remote_env(who)
+            return {
+                "bootstrap.servers": env["STEPLENS_KAFKA_BOOTSTRAP"],
+                "security.protocol": "SASL_SSL",
+                "ssl.ca.location": self.p.ca,
+                "sasl.mechanism": "SCRAM-SHA-512",
+                "sasl.username": env["STEPLENS_KAFKA_SASL_USERNAME"],
+                "sasl.password": env["STEPLENS_KAFKA_SASL_PASSWORD"],
+                "log_level": "0",
+            }
+
+        def produce(who: str, topic: str) -> str | None:
+            """None when delivered, else the error's name."""
+            errors: list[Any] = []
+            p = Producer({**conf(who), "message.timeout.ms": "20000"})
+            p.produce(
+                topic, b"compose-check", key=b"check", on_delivery=lambda e, _m: errors.append(e)
+            )
+            p.flush(30)
+            if not errors:
+                return "not answered"
+            return None if errors[0] is None else str(errors[0].name())
+
+        for who, topic, want in (
+            ("TRAINER", self.topics.raw, None),
+            ("TRAINER", self.topics.advice, "TOPIC_AUTHORIZATION_FAILED"),
+            ("SASL", self.topics.advice, None),
+        ):
+            got = produce(who, topic)
+            if got != want:
+                raise CheckFailed(f"the {who.lower()} user writing {topic}: {got}, not {want}")
+        reader = Consumer({**conf("TRAINER"), "group.id": "unused", "enable.auto.commit": False})
+        try:
+            reader.assign([TopicPartition(self.topics.advice, 0, 0)])
+            msgs = reader.consume(10, timeout=20)
+            if not any(m.error() is None and m.value() == b"compose-check" for m in msgs):
+                raise CheckFailed(f"the trainer user read no advice from {self.topics.advice}")
+        finally:
+            reader.close()
+        say(
+            f"ok   the trainers' user writes {self.topics.raw} and reads {self.topics.advice}, "
+            "and is refused writing advice; the services' user writes advice"
+        )
 
     def incidents(self) -> dict[str, float]:
         """Every trainer's run has an alert; returns when each was first seen."""
@@ -777,6 +839,7 @@ def exposed_checks(project: Project) -> None:
     checks.tls_endpoints()
     checks.incidents()
     checks.remote_clients()
+    checks.advice_acl()
     checks.stored()
 
 
