@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "producer"))
-from tiny_lm import VOCAB, TinyLM, clean_rows, corrupted_rows
+from tiny_lm import LIGHTNING_CPU, VOCAB, TinyLM, clean_rows, corrupted_rows
 
 from steplens.producer import MemoryTransport
 from steplens.producer.monitor import Monitor
@@ -302,11 +302,7 @@ def train_lightning(run: Run) -> list:
             max_steps=run.steps,
             accumulate_grad_batches=run.accumulate,
             gradient_clip_val=1.0,
-            accelerator="cpu",
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
+            **LIGHTNING_CPU,
             callbacks=[SteplensCallback(mon), Blowup()],
         )
         loader = torch.utils.data.DataLoader(Rows(), batch_size=None)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 torch = pytest.importorskip("torch")
-from tests.producer.tiny_lm import Regressor  # noqa: E402 - after the torch check
+from tests.producer.tiny_lm import LIGHTNING_CPU, Regressor  # noqa: E402 - after the torch check
 
 
 def cpu_args(transformers: Any, out: Any, **kw: Any) -> Any:
@@ -121,11 +121,7 @@ def test_lightning_callback(memory_monitor) -> None:  # type: ignore[no-untyped-
     loader = torch.utils.data.DataLoader(_Data(), batch_size=8)
     trainer = L.Trainer(
         max_steps=4,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        **LIGHTNING_CPU,
         val_check_interval=2,
         gradient_clip_val=0.05,
         callbacks=[SteplensCallback(m, watch_every=1)],
@@ -291,11 +287,7 @@ def test_lightning_sends_each_optimizer_step_once_with_accumulation(memory_monit
     trainer = L.Trainer(
         max_steps=4,
         accumulate_grad_batches=2,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        **LIGHTNING_CPU,
         callbacks=[SteplensCallback(m, watch_every=None), Blowup()],
     )
     trainer.fit(Module(), loader)

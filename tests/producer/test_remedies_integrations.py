@@ -15,7 +15,7 @@ from tests.producer.test_remedies import advise, back_on_trend
 from tests.waiting import wait_until
 
 torch = pytest.importorskip("torch")
-from tests.producer.tiny_lm import Regressor  # noqa: E402 - after the torch check
+from tests.producer.tiny_lm import LIGHTNING_CPU, Regressor  # noqa: E402 - after the torch check
 
 BATCH = 8
 BAD = range(40, 46)  # batches (0-based) of corrupted labels: the Trainers' steps 41-46
@@ -296,11 +296,7 @@ def test_lightning_callback_lowers_the_lr_and_profiles(memory_monitor, tmp_path,
     module = Module()
     trainer = L.Trainer(
         max_steps=40,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        **LIGHTNING_CPU,
         callbacks=[Advise(), SteplensCallback(m, watch_every=None)],
     )
     trainer.fit(module, torch.utils.data.DataLoader(Stream(), batch_size=BATCH))
@@ -405,11 +401,7 @@ def test_lightning_callback_skips_the_named_samples_of_its_loader(memory_monitor
 
     trainer = L.Trainer(
         max_steps=40,  # 5 epochs of 8 batches
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        **LIGHTNING_CPU,
         callbacks=[Advise(), SteplensCallback(m, watch_every=None)],
     )
     trainer.fit(Module())

@@ -13,6 +13,14 @@ import torch
 
 VOCAB = 16
 SEQ = 12
+# a Lightning Trainer on the CPU that writes and prints nothing of its own
+LIGHTNING_CPU: dict[str, Any] = {
+    "accelerator": "cpu",
+    "logger": False,
+    "enable_checkpointing": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+}
 
 
 class Regressor(torch.nn.Module):
