@@ -14,8 +14,9 @@ loop and Lightning, read by the Hugging Face callback from the Trainer's argumen
 ``--accumulate N``: N micro-batches a step (gradient accumulation; a bad batch is one of them).
 Incidents, each from a step in the run's second half: one corrupted batch (random tokens), an
 lr blow-up (x30 for 4 steps; in the Trainers set on the optimizer outside its scheduler, as a
-bug would), a data stall (each batch waits ``--stall-ms`` for 40 steps); and healthy runs of
-``--healthy`` steps.
+bug would), a data stall (for 40 steps each batch waits twice the run's median step, at least
+``--stall-ms``: the same share of a step on a loaded machine); and healthy runs of ``--healthy``
+steps.
 
 Printed per path, schedule and incident: whether it was paged (an incident that opened from
 its first step to ``--tolerance`` steps after its last), the delay in steps and in logged
@@ -37,7 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -135,15 +136,17 @@ def monitor(
     )
 
 
-@dataclass(frozen=True)
+@dataclass
 class Run:
     path: str
     schedule: str
     incident: str | None
     steps: int
     seed: int
-    stall_s: float
+    stall_s: float  # the least a stalled batch waits
     accumulate: int = 1
+    gaps: list[float] = field(default_factory=list)  # seconds between the first steps' batches
+    last_batch: float | None = None
 
     @property
     def name(self) -> str:
@@ -162,9 +165,15 @@ class Run:
 
     def rows(self, step: int, gen: torch.Generator) -> list[torch.Tensor]:
         """The micro-batches of ``step`` (the first one corrupted at a bad batch), after the
-        stall's wait."""
+        stall's wait: twice the median step of the run's first 100 (at least ``stall_s``), so
+        the stall is the same share of a step on an idle or a loaded machine."""
+        now = time.perf_counter()
+        if self.last_batch is not None and len(self.gaps) < 100:
+            self.gaps.append(now - self.last_batch)
+        self.last_batch = now
         if self.incident == "data_stall" and self.start <= step <= self.last:  # type: ignore[operator]
-            time.sleep(self.stall_s)
+            typical = float(np.median(self.gaps)) if self.gaps else 0.0
+            time.sleep(max(self.stall_s, 2.0 * typical))
         out = [noisy_rows(BATCH, gen) for _ in range(self.accumulate)]
         if self.incident == "bad_batch" and step == self.start:
             out[0] = corrupted_rows(BATCH, gen)
