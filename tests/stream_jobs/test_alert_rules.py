@@ -51,6 +51,26 @@ def test_nonfinite_without_clean_signals_resolves_by_step():
     ]
 
 
+def test_a_correlation_a_window_fires_covers_the_windows_span():
+    """A window's loss and gradient breaches name the first step they cover (``span_first``);
+    the correlation they fire is an aggregate over the same span, so an incident of those
+    steps already paged and resolved takes it as evidence instead of paging again (as a
+    spike of the window does; incidents.span_of)."""
+    window = [sig(999, "warning"), sig(999, "warning", metric="grad_norm")]
+    for s in window:
+        s.detail = {"span_first": 900}
+    _, alerts = run([[sig(i), sig(i, metric="grad_norm")] for i in range(800, 999)] + [window])
+    corr = [a for a in alerts if a.rule == "correlation:loss_grad"]
+    assert [(a.state, a.evidence.get("span_first")) for a in corr] == [("firing", 900)]
+    # of raw steps, a correlation covers no span
+    _, alerts = run(
+        [[sig(i), sig(i, metric="grad_norm")] for i in range(800, 999)]
+        + [[sig(999, "warning"), sig(999, "warning", metric="grad_norm")]]
+    )
+    corr = [a for a in alerts if a.rule == "correlation:loss_grad"]
+    assert [(a.state, a.evidence.get("span_first")) for a in corr] == [("firing", None)]
+
+
 def test_loss_and_grad_together_fire_the_correlation_with_the_hint():
     batches = [
         [

@@ -233,13 +233,21 @@ def _correlate(
     so every correlation alert carries its steps.
     """
     steps = [s.step for s in signals if s.step is not None]
-    return _correlate_at(state, cfg, run_id, max(steps) if steps else state.latest_step)
+    spans = [
+        s.detail["span_first"]
+        for s in signals
+        if s.detail and isinstance(s.detail.get("span_first"), int)
+    ]
+    top = max(steps) if steps else state.latest_step
+    return _correlate_at(state, cfg, run_id, top, min(spans) if spans else None)
 
 
 def _correlate_at(
-    state: RulesState, cfg: RulesConfig, run_id: str, step: int
+    state: RulesState, cfg: RulesConfig, run_id: str, step: int, span: int | None = None
 ) -> tuple[RulesState, list[Alert]]:
-    """``_correlate`` at ``step``, the largest step of the record's signals."""
+    """``_correlate`` at ``step``, the largest step of the record's signals; ``span``: the
+    first step a window's breaches cover (a correlation a window fires is an aggregate over
+    it: ``span_first``, so it adds to an incident its span covers, never a second page)."""
     if step < 0:
         return state, []
     w = cfg.correlation_steps
@@ -255,7 +263,9 @@ def _correlate_at(
             because = [r for p in parts for r in p]
             seen = {**state.noted, **state.recent}
             started = min((seen[r] for r in because if r in seen), default=step)
-            ev = {"because": because}
+            ev: dict[str, Any] = {"because": because}
+            if span is not None:
+                ev["span_first"] = span
             state.firing[key] = Firing(WARNING, started, step, 0, ev)
             out.append(
                 _alert(
