@@ -398,7 +398,15 @@ def fault_kafka_kill(sc: Scenario) -> str:
         sc.stack.start("kafka")
 
     _during_training(sc, 0.3, fault)
-    return _steps_line(sc, "a kafka SIGKILL + restart", sc.settle())
+    # a run that ends before Kafka is back leaves the rest in its spool and says how to send
+    # it: what a user then does, once Kafka answers
+    left = sc.dir / "spool"
+    sent = ""
+    if left.is_dir() and any(p.is_file() for p in left.rglob("*")):
+        cmd = [sys.executable, "-m", "steplens.schema.command", "spool", "send", str(left)]
+        done = subprocess.run(cmd, env=sc.env, capture_output=True, text=True, check=False)
+        sent = f"after the run `steplens spool send`: {done.stderr.strip().splitlines()[-1:]}"
+    return _steps_line(sc, "a kafka SIGKILL + restart", sc.settle(), sent)
 
 
 def fault_kafka_freeze(sc: Scenario) -> str:
