@@ -71,8 +71,8 @@ class SteplensCallback(TrainerCallback):
         self._losses = StepLoss()
         self._processes = 1  # the Trainer multiplies a token-averaged loss by this
         self._lr = StepLr()
-        # the last step, sent once the Trainer's log for it (if any) is in
-        self._pending: tuple[int, dict[str, Any], dict[str, Any]] | None = None
+        # the last step and its fields, sent once the Trainer's log for it (if any) is in
+        self._pending: tuple[int, dict[str, Any]] | None = None
 
     def _mark(self) -> None:
         self._idle_since = time.perf_counter()
@@ -81,8 +81,8 @@ class SteplensCallback(TrainerCallback):
         pending, self._pending = self._pending, None
         m = self._monitor
         if pending is not None and m is not None:
-            step, named, values = pending
-            m.log_step(step, **named, **values)
+            step, fields = pending
+            m.log_step(step, **fields)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._send_pending()
@@ -140,18 +140,14 @@ class SteplensCallback(TrainerCallback):
     ) -> None:
         m = self._monitor
         if m is not None:
-            named: dict[str, Any] = {}
-            loss = self._losses.take(self._processes)
-            if loss is not None:
-                named["loss"] = loss
-            lr = self._lr.lr()
-            if lr is not None:
-                named["lr"] = lr
-            values: dict[str, Any] = {}
-            if self._waited is not None:
-                values["data_time_s"], self._waited = self._waited, None
+            fields = {
+                "loss": self._losses.take(self._processes),
+                "lr": self._lr.lr(),
+                "data_time_s": self._waited,
+            }
+            self._waited = None
             self._send_pending()
-            self._pending = (state.global_step, named, values)
+            self._pending = (state.global_step, {k: v for k, v in fields.items() if v is not None})
             if m.config.remedies:
                 scheduler = kwargs.get("lr_scheduler")
                 m.act(state.global_step, model=model, optimizer=optimizer, scheduler=scheduler)
@@ -183,11 +179,11 @@ class SteplensCallback(TrainerCallback):
                 values["clipped"] = float(norm) > float(limit)
         pending = self._pending
         if pending is not None and pending[0] == state.global_step:
-            _, step_named, step_values = pending
-            if "loss" in step_named:  # the step's own loss, not the mean of logging_steps
+            fields = pending[1]
+            if "loss" in fields:  # the step's own loss, not the mean of logging_steps
                 named.pop("loss", None)
-            step_named.update(named)
-            step_values.update(values)
+            fields.update(named)
+            fields.update(values)
             self._send_pending()
         else:
             self._send_pending()
