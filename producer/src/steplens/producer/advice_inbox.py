@@ -79,6 +79,8 @@ class RateLimit:
 
 
 class AdviceSource(Protocol):
+    label: str  # where the messages come from, for ``stats()``
+
     def take_advice(self, max_n: int) -> list[Message]:
         """Messages that arrived since the last call (never waits)."""
         ...
@@ -262,8 +264,11 @@ class AdviceDesk:
             return 0
         try:
             messages = source.take_advice(max_n)
-        except Exception as exc:
+        except Exception as exc:  # opened again after ``retry_s``, from the rank's start
             self._failed(exc)
+            self.source = None
+            self._next_try = now + self._retry_s
+            threading.Thread(target=_close_quietly, args=(source,), daemon=True).start()
             return 0
         inbox = self.inbox
         for message in messages:
@@ -274,6 +279,12 @@ class AdviceDesk:
         if inbox.auto and inbox.ready is not None:  # until log_step takes it
             inbox.ready()
         return len(messages)
+
+    @property
+    def source_label(self) -> str | None:
+        """Where the advice comes from now (None: not open)."""
+        source = self.source
+        return None if source is None else source.label
 
     def _open_later(self, now: float) -> None:
         if now < self._next_try or (self._opening is not None and self._opening.is_alive()):
@@ -307,6 +318,13 @@ class AdviceDesk:
                 source.close_advice()
             except Exception as exc:
                 self._failed(exc)
+
+
+def _close_quietly(source: AdviceSource) -> None:
+    try:
+        source.close_advice()
+    except Exception:
+        log.debug("steplens: closing a failed advice source", exc_info=True)
 
 
 __all__ = ["Advice", "AdviceDesk", "AdviceInbox", "AdviceSource", "Message"]

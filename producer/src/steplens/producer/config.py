@@ -33,11 +33,19 @@ from steplens.schema.settings import (
 from steplens.schema.topics import Topics
 
 
-def _default_spool_dir() -> str:
+def _cache_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     if not os.access(os.path.dirname(base) or "/", os.W_OK):
         base = tempfile.gettempdir()
-    return os.path.join(base, "steplens", "spool")
+    return os.path.join(base, "steplens")
+
+
+def _default_spool_dir() -> str:
+    return os.path.join(_cache_dir(), "spool")
+
+
+def _default_advice_relay_dir() -> str:
+    return os.path.join(_cache_dir(), "advice")
 
 
 def _default_topic() -> str:
@@ -272,6 +280,21 @@ class ProducerConfig:
         NonNegativeFloat,
         about("... and one more every this many seconds; the rest is refused; 0: no limit"),
     ] = 60.0
+    advice_per_node: Annotated[
+        bool,
+        about(
+            "one advice reader per node: local rank 0 reads the advice topic and relays the "
+            "run's advice to the node's other ranks through a file (`advice_relay_dir`); "
+            "false: every rank opens its own consumer"
+        ),
+    ] = True
+    advice_relay_dir: Annotated[
+        NonEmptyStr,
+        about(
+            "folder of the node's advice relay (a file per run and host, private to the user)",
+            default_doc="`$XDG_CACHE_HOME/steplens/advice` (`~/.cache/...`)",
+        ),
+    ] = field(default_factory=_default_advice_relay_dir)
     lr_floor: Annotated[
         Share,
         about(

@@ -24,6 +24,7 @@ from typing import Any
 from steplens.producer import checks
 from steplens.producer import values as V
 from steplens.producer.advice_inbox import AUTO, Advice, AdviceDesk, AdviceInbox, AdviceSource
+from steplens.producer.advice_relay import advice_source
 from steplens.producer.caller_counts import CallerCounts
 from steplens.producer.config import ProducerConfig
 from steplens.producer.delivery import Delivery
@@ -41,7 +42,7 @@ from steplens.producer.items import (
 from steplens.producer.pipeline import Pipeline
 from steplens.producer.sender import Sender
 from steplens.producer.spool import Spool
-from steplens.producer.transport import Transport, kafka_advice_source, kafka_transport
+from steplens.producer.transport import Transport, kafka_transport
 from steplens.schema import MAX_STR_LEN
 
 log = logging.getLogger("steplens")
@@ -117,6 +118,7 @@ class Monitor(Instruments):
         self._closed = False
         self._wall_offset_ns = time.time_ns() - time.monotonic_ns()
         self._started_ms = time.time_ns() // 1_000_000  # advice from then on
+        self._relay_missing = False  # the node relays no advice: this rank reads Kafka
         self._creator_pid = os.getpid()  # the process that may act on advice (no forked child)
         self._init_process_state()
         self._put(MetaItem(_monotonic_ns(), self._run_meta()))
@@ -201,10 +203,24 @@ class Monitor(Instruments):
         return given is None or hasattr(given, "take_advice")
 
     def _make_advice_source(self) -> AdviceSource:
+        """The given transport, else Kafka: on a node of several ranks, through the node's
+        relay (``advice_relay``), its local rank 0 the one reader; a rank whose node relays
+        nothing within a minute reads Kafka itself."""
         given = self._given_transport
         if given is not None:
             return given  # type: ignore[return-value]  # a MemoryTransport: see there
-        return kafka_advice_source(self.config, self.identity, self._started_ms)
+        return advice_source(
+            self.config,
+            self.identity,
+            self._started_ms,
+            per_node=not self._relay_missing,
+            on_missing=self._no_relay,
+        )
+
+    def _no_relay(self) -> None:
+        """The node's relay never appeared: this rank opens its own consumer from now on."""
+        self._relay_missing = True
+        log.warning("steplens: no advice relay from local rank 0 on this node: own consumer")
 
     def _start_exporter(self) -> None:
         """The node exporter (opt-in: ``exporter_port``), serving the sampler's samples."""

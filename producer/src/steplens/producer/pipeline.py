@@ -355,6 +355,7 @@ class Pipeline:
             "seq": self.sender.seq,
             "advice": None if self.advice is None else dict(self.advice.inbox.counts),
             "advice_received": 0 if self.advice is None else self.advice.inbox.received,
+            "advice_source": None if self.advice is None else self.advice.source_label,
         }
 
     def emit_health(self, now_ns: int) -> None:

@@ -73,6 +73,8 @@ class MemoryTransport:
     Monitor's worker takes on its next wake-up. Messages to another topic than the raw one
     (dead letters) land in ``aside``."""
 
+    label = "memory"  # as an advice source
+
     def __init__(self) -> None:
         self.messages: list[tuple[bytes, bytes]] = []
         self.aside: list[tuple[str, bytes, bytes]] = []  # (topic, key, value)
@@ -273,6 +275,8 @@ class KafkaAdviceSource:
     (no group to join, no offsets committed), so each rank reads its run's advice itself
     from the moment it started. Created in the worker thread; raises when Kafka or the topic
     does not answer within ``timeout_s`` (the worker tries again later)."""
+
+    label = "kafka"
 
     def __init__(self, topic: str, conf: dict[str, Any], start_ms: int, timeout_s: float) -> None:
         from confluent_kafka import Consumer
