@@ -196,12 +196,13 @@ def test_the_rules_read_of_many_signals_of_a_row_is_the_read_of_every_one():
 
 def test_a_quiet_record_while_correlating_reads_only_what_fires():
     """``quiet_while_correlating`` (the firing keys' signals, the last step and the largest
-    one) changes the rules' state and alerts as ``evaluate`` of every signal does, for records
+    one, after the row's ranks' steps are noted) changes the rules' state and alerts as
+    ``evaluate`` of every signal does, for records
     without a breach while correlations are open or breaches recent."""
     import copy
     import random
 
-    from steplens.stream_jobs.engine.rules import Firing, quiet_while_correlating
+    from steplens.stream_jobs.engine.rules import Firing, note_rank_steps, quiet_while_correlating
 
     rng = random.Random(11)
     rules_ = ["spike:loss", "spike:grad_norm", "volatility:loss", "arima:loss", "straggler:x"]
@@ -227,9 +228,36 @@ def test_a_quiet_record_while_correlating_reads_only_what_fires():
         _, want = evaluate(every, cfg, "r", sigs)
         firing = [s for s in sigs if (s.rule, s.scope) in part.firing]
         steps = [s.step for s in sigs if s.step is not None]
+        note_rank_steps(part, [(s.rank, s.step) for s in sigs])  # as the batch's rows do
         got = quiet_while_correlating(
             part, cfg, "r", firing, sigs[-1].step, max(steps) if steps else None
         )
         assert (got, part) == (want, every)
         changed += bool(want)
     assert changed > 50
+
+
+def test_a_ranks_alert_is_swept_by_its_own_steps_not_another_ranks_batch_ahead():
+    """Rank 1's data wait breaches at steps 100-120 of its batches; rank 0's batches run 40
+    steps ahead (they are sent at other times). Rank 1's alert holds while rank 1's steps
+    still breach, and resolves 10 of its own quiet steps after its last breach; a straggler (judged
+    across ranks, behind both) is never resolved by steps alone until far behind."""
+    wait = {"name": "threshold", "metric": "data_wait_share", "scope": "rank:1", "rank": 1}
+    strag = {"name": "straggler", "metric": "step_time_s", "scope": "rank:1", "rank": 1}
+    batches = []
+    for k in range(100, 140):
+        other = sig(k + 40, name="spike", metric="loss", scope="run", rank=0)
+        mine = sig(k, "warning" if k <= 120 else None, **wait)
+        batches.append([other, mine])
+    batches.insert(1, [sig(100, "warning", **strag)])
+    _, alerts = run(batches)
+    got = [(a.rule, a.state, a.step) for a in alerts]
+    assert ("threshold:data_wait_share", "resolved", 130) in got
+    assert next(g for g in got if g[0] == "threshold:data_wait_share")[1] == "firing"
+    assert all(g[0] != "straggler:step_time_s" or g[1] == "firing" for g in got)
+    # a rank that stopped sending: swept once the run is ``sweep_lag`` steps past its alert
+    _st, alerts = run([[sig(5, "warning", **wait)], [sig(5 + 12 + 200, name="spike", rank=0)]])
+    assert [(a.rule, a.state) for a in alerts] == [
+        ("threshold:data_wait_share", "firing"),
+        ("threshold:data_wait_share", "resolved"),
+    ]

@@ -62,3 +62,40 @@ def test_a_window_over_a_stall_that_paged_and_resolved_pages_nothing():
         window(det2, first, first + 99)
     got = window(det2, 1300, 1399)
     assert [(a.rule, a.state) for a in got] == [("threshold:data_wait_share", "firing")]
+
+
+def rank_window(det: RunDetector, rank: int, first: int, last: int, slow: bool) -> list:
+    """A window of ``rank`` for two ranks held together by their all-reduce: both take the
+    stalled rank's time; only the stalled one waited for its data."""
+    es = [step_entry(s) for s in range(first, last + 1)]
+    step_time = sum(e["step_time_s"] for e in es) / len(es)
+    waits = sorted(e["data_time_s"] if slow else 0.005 for e in es)
+    wait = sum(waits[:-1]) / (len(waits) - 1)
+    cols = {"loss": [3.0], "step_time_s": [step_time]}
+    t = [es[-1]["time_ns"]]
+    sigs = det.process_columns(rank, [last], t, cols, data_times=[wait], firsts=[first])
+    return det.evaluate(sigs, 1, t)
+
+
+def test_a_window_that_names_a_resolved_incidents_cause_better_reports_it_again_resolved():
+    """Rank 1 of two waits for its data at steps 1300-1339 (sent raw: its outliers) and pages
+    on its data wait, which resolves. The two ranks' windows 1300-1399 then show rank 1 a
+    straggler (it waited, rank 0 did not): no new page, the incident reported again as
+    resolved, led by the straggler naming rank 1 and its data."""
+    det = RunDetector("r")
+    reports = []
+    for first in range(0, 1300, 100):
+        for rank in (0, 1):
+            reports += rank_window(det, rank, first, first + 99, slow=False)
+    assert reports == []
+    for step in range(1300, 1353):
+        reports += det.process_entries(1, [step_entry(step)], behind=0)[1]
+    assert [a.rule for a in reports if a.state == "firing"] == ["threshold:data_wait_share"]
+    assert reports[-1].state == "resolved"
+    after = rank_window(det, 0, 1300, 1399, slow=False)
+    after += rank_window(det, 1, 1300, 1399, slow=True)
+    assert [a.state for a in after] == ["resolved"]
+    (again,) = after
+    assert again.rule == "straggler:step_time_s" and again.fingerprint == reports[-1].fingerprint
+    lead = [m for m in again.evidence["members"] if m["rule"] == "straggler:step_time_s"]
+    assert lead and lead[0]["rank"] == 1 and lead[0]["waits_on"] == "data"

@@ -32,6 +32,28 @@ def test_straggler_needs_most_recent_steps_slow():
     assert {r for _, r in flagged} == {2}
 
 
+def test_one_window_whose_rank_waited_on_data_is_a_straggler_by_itself():
+    """Windows' means: each is sustained over its steps, so one window over the factor
+    fires (steps need ``straggler_steps`` of them); the rank waited on its data."""
+    st = RanksState(world_size=2)
+    cfg = RanksConfig()
+    fired = []
+    for k, extra in enumerate([0.0, 0.0, 0.0, 0.08, 0.0, 0.03]):  # rank 1's mean extra wait
+        step = 100 * k + 99
+        for rank in (0, 1):
+            wait = 0.002 + (extra if rank == 1 else 0.0)
+            # the all-reduce holds both ranks: the same mean step time
+            got = ranks.step_times(st, cfg, rank, [(step, 0.1 + extra)], 0, 0, [(step, wait)], True)
+            fired += [
+                (s.step, s.rank, s.detail)
+                for s in ([] if got is None else got.views())
+                if s.severity
+            ]
+    # 0.18 s steps of which rank 1 waited 0.08 s more: the others worked 0.1 s, it 0.18 s
+    # (x1.8); at 0.03 s more, x1.3: under the factor
+    assert fired == [(399, 1, {"rank": 1, "waits_on": "data"})]
+
+
 def test_isolated_slow_steps_are_not_a_straggler():
     st = RanksState(world_size=4)
     cfg = RanksConfig()

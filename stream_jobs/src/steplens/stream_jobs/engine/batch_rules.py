@@ -38,6 +38,8 @@ def evaluate_batch(
     last_rows: list[int] = last.tolist()
     for i in range(n):
         row_last = None if last_rows[i] == NO_STEP else last_rows[i]
+        if full_rows[i] or state.firing or state.correlating:
+            _note_rank_steps(state, batch, i)  # as ``rules.evaluate`` reads every signal
         if full_rows[i]:
             yield rules.evaluate(state, cfg, run_id, _acted_on(batch, i, state))[1]
         elif state.correlating:  # a quiet row: resolutions, then the correlations
@@ -60,6 +62,22 @@ def evaluate_batch(
         else:
             rules.quiet(state, row_last)
             yield []
+
+
+def _note_rank_steps(state: RulesState, batch: list[Signals], i: int) -> None:
+    """Each rank's latest step from row ``i``'s signals (``rules.note_rank_steps``)."""
+    for s in batch:
+        got = s.at_row(i)
+        if not got:
+            continue
+        steps = s.step[got]
+        ok = steps != NO_STEP
+        if isinstance(s.rank, np.ndarray):
+            ranks = s.rank[got]
+            ok &= ranks >= 0
+            rules.note_rank_steps(state, zip(ranks[ok].tolist(), steps[ok].tolist(), strict=True))
+        elif s.rank >= 0 and ok.any():
+            rules.note_rank_steps(state, [(s.rank, int(steps[ok].max()))])
 
 
 def _firing(batch: list[Signals], i: int, state: RulesState) -> list[Signal]:

@@ -30,7 +30,9 @@ several topics); otherwise it opens an incident. An incident:
 * is never paged twice for one event by an aggregate: an alert of a ``step_window`` (its
   evidence's ``span_first``, the window's first step) whose span covers an incident of its
   topic that opened and resolved joins it quietly, as a follower does (a window over a data
-  stall that arrives after the steps sent raw paged and resolved it).
+  stall that arrives after the steps sent raw paged and resolved it); where it names the
+  cause better than the incident's lead (a straggler over one rank's data wait), the
+  incident is reported again as resolved, with the better lead: no page.
 
 A new event is its own incident, not a member of the one still open: an alert of a rule that
 already has a member there which has come back in its band (it peaked and resolved) and started
@@ -389,8 +391,9 @@ def update(
     )
     # a new event's alerts first: it opens its incident, and the rest of the record's joins it
     fresh = [a for a in firing if any(_new_event(i, cfg, a) for i in state.open.values())]
+    relabelled: dict[str, Incident] = {}  # resolved incidents a quiet member names better
     for a in fresh + [a for a in firing if a not in fresh]:
-        inc, grew = _firing(state, cfg, a, time_ns)
+        inc, grew = _firing(state, cfg, a, time_ns, relabelled)
         if inc is None:  # a follower kept quiet by an incident that resolved
             continue
         changed[inc.fingerprint] = inc
@@ -403,6 +406,9 @@ def update(
         # new, escalated, a better hint, a new finding, or a member's evidence completed
         if was is None or _news(inc, *was) or inc.fingerprint in grown:
             out.append(_report(inc, cfg, "firing", step, time_ns))
+    for inc in relabelled.values():  # no page: the resolved incident, its cause named better
+        if inc.fingerprint in state.closed:
+            out.append(_report(inc, cfg, "resolved", step, time_ns))
     for a in alerts:
         if a.state != "firing":
             out += _resolved(state, cfg, a, time_ns)
@@ -410,18 +416,26 @@ def update(
 
 
 def _firing(
-    state: IncidentsState, cfg: IncidentsConfig, a: Alert, time_ns: int
+    state: IncidentsState,
+    cfg: IncidentsConfig,
+    a: Alert,
+    time_ns: int,
+    relabelled: dict[str, Incident],
 ) -> tuple[Incident | None, bool]:
     """The incident ``a`` joins (or opens), and whether it adds evidence to a member it
     already is; a member inhibited from now on. None: a follower kept quiet by an incident
-    that resolved (a member of it, not reported)."""
+    that resolved (a member of it, not reported; ``relabelled`` gets the incident when the
+    member is more specific than its lead: a window's straggler over a data wait's steps)."""
     inc, quiet = _home(state, cfg, a)
     member = Member(a.rule, a.scope, a.severity, a.hint, a.started_step, a.step, True, a.evidence)
     if quiet:
         key = f"{a.fingerprint}@{a.started_step}"
         if inc is not None:  # its steps keep the incident's followers quiet
+            lead = inc.lead.rule
             inc.members[key] = member
             _seen(inc, a.step)
+            if inc.lead.rule != lead:
+                relabelled[inc.fingerprint] = inc
         state.of_alert[a.fingerprint] = [inc.fingerprint if inc else "", key]
         return None, False
     if inc is None:

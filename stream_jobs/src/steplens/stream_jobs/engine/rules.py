@@ -4,6 +4,7 @@ once), a diagnosis hint per rule, and correlation rules that combine what is fir
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +12,7 @@ from steplens.stream_jobs.engine.core import CRITICAL, INFO, WARNING, Alert, Sig
 from steplens.stream_jobs.engine.hints import hint_for
 
 SEVERITY_ORDER = {INFO: 0, WARNING: 1, CRITICAL: 2}
+CROSS_RANK = ("straggler:",)  # judged across ranks, behind the ranks' own records
 
 
 def fingerprint(run_id: str, rule: str, scope: str) -> str:
@@ -20,6 +22,8 @@ def fingerprint(run_id: str, rule: str, scope: str) -> str:
 @dataclass
 class RulesConfig:
     resolve_after: int = 10  # steps without a breach (or clean samples, for step-less signals)
+    # steps the run's latest may run ahead of a rank's alert before it is swept regardless
+    sweep_lag: int = 200
     correlation_steps: int = 20  # how recent a breach must be to correlate
     note_steps: int = 2  # how recent a note must be (a loss jump with a gradient jump)
     # rules whose info-level breaches only feed correlations, never alert on their own
@@ -46,6 +50,9 @@ class RulesState:
     swept_step: int = -1
     latest_step: int = -1
     correlating: bool = False  # a correlation is firing or a breach is recent
+    # rank -> the latest step of its signals seen while something fires: a rank's alert is
+    # swept by its own steps (ranks' batches of the same steps arrive at different times)
+    rank_steps: dict[int, int] = field(default_factory=dict)
 
 
 def _evidence(sig: Signal) -> dict[str, Any]:
@@ -85,6 +92,7 @@ def evaluate(
             quiet(state, signals[-1].step if signals else None)
             return state, alerts
     breached = False
+    note_rank_steps(state, ((sig.rank, sig.step) for sig in signals))
     for sig in signals:
         rule = f"{sig.name}:{sig.metric}"
         key = (rule, sig.scope)
@@ -135,6 +143,15 @@ def evaluate(
             state.swept_step = step
             alerts += _sweep(state, cfg, run_id, step)
     return state, alerts
+
+
+def note_rank_steps(state: RulesState, pairs: Iterable[tuple[int, int | None]]) -> None:
+    """Each rank's latest step, from (rank, step) pairs of signals (run-wide and step-less
+    ones left out): what ``_sweep`` judges a rank's alert by."""
+    ranks = state.rank_steps
+    for rank, step in pairs:
+        if rank >= 0 and step is not None and step > ranks.get(rank, -1):
+            ranks[rank] = step
 
 
 def quiet_while_firing(
@@ -207,12 +224,21 @@ def _resolved(run_id: str, key: tuple[str, str], cur: Firing, step: int | None) 
 
 
 def _sweep(state: RulesState, cfg: RulesConfig, run_id: str, step: int) -> list[Alert]:
-    """Resolve step-based alerts whose signal stopped coming (e.g. a non-finite value)."""
+    """Resolve step-based alerts whose signal stopped coming (e.g. a non-finite value): a
+    rank's by its own latest step, as its records come (the run's latest may be another
+    rank's batch, ahead); a rule judged across ranks (``CROSS_RANK``: it reports every rank
+    at every step it judges, quiet or not) only by its own quiet signals. Either, past
+    ``sweep_lag`` steps of the run's latest (a rank that stopped sending)."""
     out = []
     for key, cur in list(state.firing.items()):
         if key[0].startswith("correlation:") or cur.last_step is None:
             continue
-        if step - cur.last_step >= cfg.resolve_after + 1:
+        rank = cur.evidence.get("rank")
+        at = state.rank_steps.get(rank, step) if isinstance(rank, int) else step
+        if key[0].startswith(CROSS_RANK):
+            at = -1
+        gap = cfg.resolve_after + 1
+        if at - cur.last_step >= gap or step - cur.last_step >= gap + cfg.sweep_lag:
             del state.firing[key]
             out.append(_resolved(run_id, key, cur, step))
     return out

@@ -72,7 +72,7 @@ def tail(  # noqa: PLR0917
                 for st, w, h in zip(steps.tolist(), data_times, has.tolist(), strict=True)
                 if w is not None and h
             ]
-    judged = ranks.step_times(state, ranks_cfg, rank, timed, behind, n - 1, waited)
+    judged = ranks.step_times(state, ranks_cfg, rank, timed, behind, n - 1, waited, windowed)
     if judged is not None:
         out.append(judged)
     return out

@@ -57,6 +57,8 @@ class RanksState:
     data_wait_streaks: dict[int, tuple[int, int, bool]] = field(default_factory=dict)
     # step -> rank -> data wait (s) of the pending steps, judged with their times
     waits: dict[int, dict[int, float]] = field(default_factory=dict)
+    # pending steps whose times are windows' means (sustained over the window by themselves)
+    windows: set[int] = field(default_factory=set)
     # steps spanned by the widest step batch of the run (capped): how far behind another rank's
     # batch of the same steps may still be; when to judge, not a judgement (not compared)
     batch_span: int = field(default=0, compare=False)
@@ -75,9 +77,12 @@ def step_times(  # noqa: PLR0917
     behind: int,
     row: int,
     waits: list[tuple[int, float]] | None = None,
+    windowed: bool = False,
 ) -> Signals | None:
-    """Collect one rank's step times (a record's one, or a batch's) and data waits (``waits``,
-    of the same steps), then judge, oldest first,
+    """Collect one rank's step times (a record's one, or a batch's, or ``windowed``: windows'
+    means, each judged by itself: one window over the factor is a straggler, as
+    ``straggler_steps`` steps are) and data waits (``waits``, of the same steps), then judge,
+    oldest first,
     the pending steps that are complete or old enough: their signals, all on batch row ``row``.
     A step waits ``pending_steps`` newer steps of this rank, plus ``behind`` (the batch's span)
     or the span of the widest batch seen when that is more (up to ``MAX_BATCH_SPAN``): the other
@@ -93,6 +98,8 @@ def step_times(  # noqa: PLR0917
         if got is None:
             got = pending[step] = {}
         got[rank] = seconds
+        if windowed:
+            state.windows.add(step)
         if last is None or step > last:
             last = step
     if last is None:
@@ -105,6 +112,8 @@ def step_times(  # noqa: PLR0917
     if len(state.waits) > len(pending):  # steps judged, or dropped by a restart
         for step in [s for s in state.waits if s not in pending]:
             del state.waits[step]
+    if len(state.windows) > len(pending):
+        state.windows.intersection_update(pending)
     return got
 
 
@@ -134,12 +143,16 @@ def _judge(state: RanksState, cfg: RanksConfig, ready: list[int], row: int) -> S
     ranks: list[int] = []
     times: list[float] = []
     data: list[float] = []  # each time's ratio from its data wait (0: none)
+    sustained: list[bool] = []  # each time's step is a window's (its ratio is its typical)
     starts = [0]
     for s in ready:
         got = state.pending.pop(s)
         waited = state.waits.pop(s, None)
+        window = s in state.windows
+        state.windows.discard(s)
         if len(got) < 2:
             continue
+        sustained += [window] * len(got)
         steps += [s] * len(got)
         ranks += got.keys()
         times += got.values()
@@ -164,6 +177,7 @@ def _judge(state: RanksState, cfg: RanksConfig, ready: list[int], row: int) -> S
     med, typical, scores, full = _stragglers(
         np.array(times),
         by_data,
+        np.array(sustained, dtype=np.bool_),
         np.array(starts, dtype=np.int64),
         np.array([index[r] for r in ranks], dtype=np.int64),
         table,
@@ -224,6 +238,7 @@ def _data_ratios(times: dict[int, float], waits: dict[int, float]) -> list[float
 def _stragglers(  # noqa: PLR0917
     times: np.ndarray,
     by_data: np.ndarray,
+    sustained: np.ndarray,
     starts: np.ndarray,
     who: np.ndarray,
     recents: np.ndarray,
@@ -233,7 +248,8 @@ def _stragglers(  # noqa: PLR0917
     """Each step's ranks against the median of the step: step ``j``'s times are
     ``times[starts[j]:starts[j + 1]]``, of the ranks ``who`` (rows of ``recents``: each rank's
     latest ratios, oldest first, ``counts`` of them; both updated in place, a full row drops
-    its oldest); a time's ratio is at least its ``by_data`` (``_data_ratios``). Returns each
+    its oldest); a time's ratio is at least its ``by_data`` (``_data_ratios``); a
+    ``sustained`` time (a window's mean) is its own typical ratio. Returns each
     time's step median, its rank's typical ratio (the median of its latest), its score and
     whether the rank's window is full. Medians as ``statistics.median``."""
     keep = recents.shape[1]
@@ -265,12 +281,16 @@ def _stragglers(  # noqa: PLR0917
                 recents[r, c] = ratio
                 c += 1
                 counts[r] = c
-            for u in range(c):
-                _insert(w, u, recents[r, u])
-            ty = _median_sorted(w, c)
+            if sustained[t]:
+                ty = ratio
+                full[t] = True
+            else:
+                for u in range(c):
+                    _insert(w, u, recents[r, u])
+                ty = _median_sorted(w, c)
+                full[t] = c == keep
             typical[t] = ty
             scores[t] = score(ty / factor)
-            full[t] = c == keep
     return med, typical, scores, full
 
 
