@@ -15,8 +15,10 @@ loop and Lightning, read by the Hugging Face callback from the Trainer's argumen
 Incidents, each from a step in the run's second half: one corrupted batch (random tokens), an
 lr blow-up (x30 for 4 steps; in the Trainers set on the optimizer outside its scheduler, as a
 bug would), a data stall (for 40 steps each batch waits twice the run's median step, at least
-``--stall-ms``: the same share of a step on a loaded machine); and healthy runs of ``--healthy``
-steps.
+``--stall-ms``: the same share of a step on a loaded machine), a straggler rank (the plain
+loop's paths only: two ranks in processes of their own, gloo and DistributedDataParallel, and
+for 40 steps rank 1 waits for each batch as the stall does, while rank 0 waits for it at the
+all-reduce); and healthy runs of ``--healthy`` steps.
 
 Printed per path, schedule and incident: whether it was paged (an incident that opened from
 its first step to ``--tolerance`` steps after its last), the delay in steps and in logged
@@ -34,11 +36,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import pickle
+import socket
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -58,8 +62,10 @@ CAUSES = {
     "bad_batch": ("spike:loss", "correlation:loss_grad", "data:", "nonfinite"),
     "lr_blowup": ("lr_schedule", "spike:", "correlation:loss_grad", "nonfinite"),
     "data_stall": ("threshold:data_wait_share", "correlation:data_bottleneck"),
+    "straggler": ("straggler",),
 }
-INCIDENTS = ("bad_batch", "lr_blowup", "data_stall")
+INCIDENTS = ("bad_batch", "lr_blowup", "data_stall", "straggler")
+PLAIN = ("windowed", "full")  # the paths a straggler (two ranks, gloo) is trained on
 
 
 @dataclass
@@ -119,14 +125,16 @@ def monitor(
     sched: dict | None,
     spool: str,
     full_resolution: bool = False,
+    rank: int = 0,
+    world: int = 1,
 ) -> Monitor:
-    """Rank 0 of a one-rank run at the producer's defaults, its records kept in memory."""
+    """A rank of a run on one node at the producer's defaults, its records kept in memory."""
     return Monitor(
         name,
         transport=transport,
-        rank=0,
-        local_rank=0,
-        world_size=1,
+        rank=rank,
+        local_rank=rank,
+        world_size=world,
         hw_interval_s=0,
         remedies=None,
         lr_schedule=sched,
@@ -145,6 +153,7 @@ class Run:
     seed: int
     stall_s: float  # the least a stalled batch waits
     accumulate: int = 1
+    rank: int = 0  # of a straggler's two
     gaps: list[float] = field(default_factory=list)  # seconds between the first steps' batches
     last_batch: float | None = None
 
@@ -171,7 +180,8 @@ class Run:
         if self.last_batch is not None and len(self.gaps) < 100:
             self.gaps.append(now - self.last_batch)
         self.last_batch = now
-        if self.incident == "data_stall" and self.start <= step <= self.last:  # type: ignore[operator]
+        waits = self.incident == "data_stall" or (self.incident == "straggler" and self.rank == 1)
+        if waits and self.start <= step <= self.last:  # type: ignore[operator]
             typical = float(np.median(self.gaps)) if self.gaps else 0.0
             time.sleep(max(self.stall_s, 2.0 * typical))
         out = [noisy_rows(BATCH, gen) for _ in range(self.accumulate)]
@@ -184,36 +194,82 @@ class Run:
 
 
 def train(run: Run) -> tuple[list, int | None, int | None]:
-    """One run: its records, and the fault's first and last step."""
+    """One run: its records (of every rank, in time order), and the fault's first and last
+    step."""
     if run.path.startswith("hf"):
         return train_hf(run, int(run.path[2:])), run.start, run.last
     if run.path == "lightning":
         return train_lightning(run), run.start, run.last
+    if run.incident == "straggler":
+        return train_ranks(run), run.start, run.last
     torch.manual_seed(run.seed)
-    gen = torch.Generator().manual_seed(run.seed)
-    sched = schedule_of(run.schedule, run.steps)
-    model = TinyLM()
-    opt = torch.optim.AdamW(model.parameters(), lr=PEAK)
     transport = MemoryTransport()
     with tempfile.TemporaryDirectory() as spool:
-        mon = monitor(run.name, transport, sched, spool, full_resolution=run.path == "full")
-        batches = (run.rows(step, gen) for step in range(run.steps))
-        for step, micro in enumerate(mon.timed(batches)):
-            lr = lr_at(sched, step) * (30.0 if run.blown(step) else 1.0)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            opt.zero_grad(set_to_none=True)
-            loss = torch.zeros(())
-            for ids in micro:
-                part = model(ids)["loss"] / len(micro)
-                part.backward()
-                loss += part.detach()
-            grad = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
-            opt.step()
-            tokens = sum(ids.numel() for ids in micro)
-            mon.log_step(step, loss=loss, lr=lr, grad_norm=grad, tokens=tokens)
-        mon.shutdown()
+        plain_loop(run, TinyLM(), transport, spool)
     return transport.records(), run.start, run.last
+
+
+def plain_loop(run: Run, model: torch.nn.Module, transport: MemoryTransport, spool: str) -> None:
+    """The README's loop: ``timed`` over the batches, ``log_step`` each step."""
+    gen = torch.Generator().manual_seed(run.seed + run.rank)
+    sched = schedule_of(run.schedule, run.steps)
+    opt = torch.optim.AdamW(model.parameters(), lr=PEAK)
+    world = 2 if run.incident == "straggler" else 1
+    mon = monitor(run.name, transport, sched, spool, run.path == "full", run.rank, world)
+    batches = (run.rows(step, gen) for step in range(run.steps))
+    for step, micro in enumerate(mon.timed(batches)):
+        lr = lr_at(sched, step) * (30.0 if run.blown(step) else 1.0)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.zero_grad(set_to_none=True)
+        loss = torch.zeros(())
+        for ids in micro:
+            part = model(ids)["loss"] / len(micro)
+            part.backward()
+            loss += part.detach()
+        grad = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+        opt.step()
+        tokens = sum(ids.numel() for ids in micro)
+        mon.log_step(step, loss=loss, lr=lr, grad_norm=grad, tokens=tokens)
+    mon.shutdown()
+
+
+def train_ranks(run: Run) -> list:
+    """Two ranks of the plain loop on this machine (processes, gloo, DistributedDataParallel),
+    rank 1 the straggler: its records and rank 0's, in time order."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as out:
+        port = free_port()
+        mp.spawn(_rank_main, args=(run, port, out), nprocs=2, join=True)
+        records = []
+        for rank in (0, 1):
+            with open(Path(out) / f"rank{rank}.pkl", "rb") as f:
+                records += pickle.load(f)
+    return sorted(records, key=lambda r: r.time_ns)
+
+
+def _rank_main(rank: int, run: Run, port: int, out: str) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    logging.getLogger("steplens").setLevel(logging.WARNING)
+    dist.init_process_group("gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    torch.manual_seed(run.seed)
+    model = DistributedDataParallel(TinyLM())
+    transport = MemoryTransport()
+    with tempfile.TemporaryDirectory() as spool:
+        plain_loop(replace(run, rank=rank, gaps=[]), model, transport, spool)
+    with open(Path(out) / f"rank{rank}.pkl", "wb") as f:
+        pickle.dump(transport.records(), f)
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def train_hf(run: Run, logging_steps: int) -> list:
@@ -330,9 +386,12 @@ def judge(
     points: list[int] = []
     scores: dict[str, list[tuple[int, float]]] = {}
     prefixes = tuple(w for words in CAUSES.values() for w in words)
+    resolved: set[str] = set()  # incidents whose resolution was reported
     last = 0
     for rec in records:
-        if rec.kind in ("step", "step_window") and rec.step is not None:
+        if rec.rank != 0:
+            pass
+        elif rec.kind in ("step", "step_window") and rec.step is not None:
             points.append(rec.step)
         elif rec.kind == "step_batch":
             points += [e["step"] for e in rec.data["records"]]
@@ -343,11 +402,19 @@ def judge(
             if rule.startswith(prefixes):
                 got = scores.setdefault(rule, [])
                 got += [(int(st), float(sc)) for st, sc in zip(sig.step, sig.score, strict=True)]
-        for a in alerts:
-            if a.scope == "incident" and a.state == "firing" and a.evidence.get("episode") == 0:
-                step = a.started_step if a.started_step is not None else last
-                if all(p[1] != step or p[0] != a.rule for p in pages):
-                    pages.append((a.rule, step))
+        for a in alerts:  # pages, and a resolved page reported again with a better lead
+            if a.scope != "incident" or a.evidence.get("episode") != 0:
+                continue
+            step = a.started_step if a.started_step is not None else last
+            if a.state == "firing":
+                rule = a.rule
+            elif a.fingerprint not in resolved:
+                resolved.add(a.fingerprint)  # its resolution: no news
+                continue
+            else:
+                rule = f"{a.rule} (named when resolved)"
+            if all(p != (rule, step) for p in pages):
+                pages.append((rule, step))
     return _first_reports(pages), sorted(set(points)), scores
 
 
@@ -445,6 +512,8 @@ def main() -> None:
     for path in args.paths.split(","):
         for sched in args.schedules.split(","):
             for incident in [None, *filter(None, args.incidents.split(","))]:
+                if incident == "straggler" and path not in PLAIN:
+                    continue  # one process: the Trainers' launchers are not simulated here
                 steps = args.healthy if incident is None else args.steps
                 run = Run(
                     path, sched, incident, steps, args.seed, args.stall_ms / 1e3, args.accumulate
