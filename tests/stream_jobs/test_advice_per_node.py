@@ -9,11 +9,14 @@ import time
 import uuid
 from dataclasses import replace
 
+import pytest
 from confluent_kafka import Producer
 from tests.waiting import wait_until
 
 from steplens.producer.monitor import Monitor
 from steplens.schema import RUN_RANK, encode, make_record
+
+pytestmark = pytest.mark.stack
 
 
 def advice(run_id: str, fingerprint: str) -> bytes:
