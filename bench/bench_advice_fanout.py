@@ -15,6 +15,7 @@ until the last rank has it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -30,12 +31,17 @@ from steplens.producer.config import ProducerConfig
 from steplens.producer.identity import Identity
 
 
-def broker() -> psutil.Process:
+def broker(bootstrap: str) -> psutil.Process:
+    """The Kafka broker process (``kafka.Kafka``) listening on ``bootstrap``'s port."""
+    port = int(bootstrap.rsplit(":", 1)[1])
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if any(c == "kafka.Kafka" for c in cmd):
-            return p
-    raise SystemExit("no Kafka broker process (kafka.Kafka) found")
+        if not any(c == "kafka.Kafka" for c in cmd):
+            continue
+        with contextlib.suppress(psutil.Error):
+            if any(c.laddr.port == port for c in p.net_connections(kind="tcp") if c.laddr):
+                return p
+    raise SystemExit(f"no Kafka broker process (kafka.Kafka) listening on {bootstrap}")
 
 
 def cpu_per_s(p: psutil.Process, seconds: float, poll: list | None = None) -> float:
@@ -112,7 +118,7 @@ def main() -> int:
             kafka_bootstrap=os.environ.get("STEPLENS_KAFKA_BOOTSTRAP", "127.0.0.1:19092"),
             advice_relay_dir=relay,
         )
-        kafka = broker()
+        kafka = broker(config.kafka_bootstrap)
         idle = cpu_per_s(kafka, args.seconds)
         idle_conns = len(kafka.net_connections(kind="tcp"))
         got = {

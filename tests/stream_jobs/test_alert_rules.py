@@ -261,3 +261,16 @@ def test_a_ranks_alert_is_swept_by_its_own_steps_not_another_ranks_batch_ahead()
         ("threshold:data_wait_share", "firing"),
         ("threshold:data_wait_share", "resolved"),
     ]
+
+
+def test_a_ranks_alert_is_not_swept_by_its_later_steps_judged_before_its_rows():
+    """A straggler judged at rank 1's step 519 (when rank 0's batch arrived) comes before
+    rank 1's own rows 506-510 are read: the rows' data wait, breaching at each, fires once
+    and holds; none is swept by the later step."""
+    strag = {"name": "straggler", "metric": "step_time_s", "scope": "rank:1", "rank": 1}
+    wait = {"name": "threshold", "metric": "data_wait_share", "scope": "rank:1", "rank": 1}
+    batches = [[sig(519, "warning", **strag), sig(505, name="spike", rank=0)]]  # a row's last
+    batches += [[sig(k, "warning", **wait)] for k in range(506, 511)]
+    _, alerts = run(batches)
+    got = [(a.rule, a.state) for a in alerts if a.rule == "threshold:data_wait_share"]
+    assert got == [("threshold:data_wait_share", "firing")]

@@ -226,15 +226,16 @@ def _resolved(run_id: str, key: tuple[str, str], cur: Firing, step: int | None) 
 def _sweep(state: RulesState, cfg: RulesConfig, run_id: str, step: int) -> list[Alert]:
     """Resolve step-based alerts whose signal stopped coming (e.g. a non-finite value): a
     rank's by its own latest step, as its records come (the run's latest may be another
-    rank's batch, ahead); a rule judged across ranks (``CROSS_RANK``: it reports every rank
-    at every step it judges, quiet or not) only by its own quiet signals. Either, past
-    ``sweep_lag`` steps of the run's latest (a rank that stopped sending)."""
+    rank's batch, ahead), never past the step judged now; a rule judged across ranks
+    (``CROSS_RANK``: it reports every rank at every step it judges, quiet or not) only by its
+    own quiet signals. Either, past ``sweep_lag`` steps of the run's latest (a rank that
+    stopped sending)."""
     out = []
     for key, cur in list(state.firing.items()):
         if key[0].startswith("correlation:") or cur.last_step is None:
             continue
         rank = cur.evidence.get("rank")
-        at = state.rank_steps.get(rank, step) if isinstance(rank, int) else step
+        at = min(state.rank_steps.get(rank, step), step) if isinstance(rank, int) else step
         if key[0].startswith(CROSS_RANK):
             at = -1
         gap = cfg.resolve_after + 1
