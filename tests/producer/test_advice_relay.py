@@ -215,3 +215,28 @@ def test_the_relay_is_on_by_default_under_the_cache_and_can_be_turned_off(monkey
     assert c.advice_per_node and c.advice_relay_dir == str(tmp_path / "steplens" / "advice")
     monkeypatch.setenv("STEPLENS_ADVICE_PER_NODE", "false")
     assert not ProducerConfig.resolve().advice_per_node
+
+
+def test_a_reader_far_behind_the_writer_goes_on_at_the_oldest_generation_left(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(relay, "MAX_FILE_BYTES", 100)
+    folder = relay_folder(str(tmp_path), RUN)
+    assert folder is not None
+    src = Source()
+    writer = RelayWriter(src, folder, "node-1", RUN)
+    clock = [0.0]
+    reader = RelayReader(folder, "node-1", now_ms() - 1, clock=lambda: clock[0])
+    src.waiting = [m(0)]
+    writer.take_advice(10)
+    assert reader.take_advice(10) == [m(0)]  # it holds generation 0 open
+    for i in range(1, 40):  # generations 1.. written and removed while it did not read
+        src.waiting = [m(i)]
+        writer.take_advice(10)
+    left = sorted(int(p.name.rsplit(".", 1)[1]) for p in folder.iterdir())
+    assert left[0] > 1  # the next one it would have read is gone
+    got = reader.take_advice(100)  # the rest of generation 0; the folder listed a moment ago
+    assert got and got[-1] != m(39)
+    clock[0] += relay.LIST_EVERY_S
+    got += reader.take_advice(100)  # listed again: on at the oldest generation left
+    assert got[-1] == m(39) and len(got) < 39

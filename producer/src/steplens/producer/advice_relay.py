@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 import stat
@@ -43,6 +44,7 @@ log = logging.getLogger("steplens")
 
 MAX_FILE_BYTES = 8 << 20  # a generation's size before the next; three kept at most
 MAX_FRAME_BYTES = 4 << 20  # larger than any advice message the broker lets through
+LIST_EVERY_S = 1.0  # a reader at the end of its file lists the folder at most this often
 RELAY_WAIT_S = 60.0  # a reader whose node's file has not appeared by then gives up
 STALE_RUN_S = 7 * 86400.0  # a run's relay folder untouched this long is removed by a writer
 _LEN = struct.Struct(">I")
@@ -172,6 +174,7 @@ class RelayReader:
         self._generation: int | None = None
         self._file: BinaryIO | None = None
         self._buf = b""
+        self._listed = -math.inf  # when the folder was last listed
         self.broken = 0  # frames that could not be read (the rest of their file skipped)
 
     def take_advice(self, max_n: int) -> list[Message]:
@@ -247,8 +250,18 @@ class RelayReader:
 
     def _next_generation(self) -> bool:
         """At the end of this generation: on to the next one the writer started, once this
-        one is read to its end (the writer finished it before starting the next)."""
-        later = [g for g in _generations(self._folder, self._host) if g > (self._generation or 0)]
+        one is read to its end (the writer finished it before starting the next). The next
+        number is looked for at each call (one stat); the folder is listed at most every
+        ``LIST_EVERY_S`` (a reader that fell behind generations the writer removed)."""
+        current = self._generation or 0
+        if _path(self._folder, self._host, current + 1).exists():
+            later = [current + 1]
+        else:
+            now = self._clock()
+            if now < self._listed + LIST_EVERY_S:
+                return False
+            self._listed = now
+            later = [g for g in _generations(self._folder, self._host) if g > current]
         if not later:
             return False
         before = len(self._buf)
