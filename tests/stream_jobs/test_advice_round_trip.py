@@ -10,8 +10,12 @@ from __future__ import annotations
 import time
 import uuid
 
+import pytest
+
 from advice_round_trip import Rank
 from steplens.schema import RUN_RANK
+
+pytestmark = pytest.mark.stack
 
 
 def test_advice_reaches_the_right_run_only_and_its_answer_comes_back(kafka, workers, tmp_path):
