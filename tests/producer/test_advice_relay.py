@@ -37,6 +37,14 @@ def m(i: int, key: bytes | None = RUN.encode()) -> Message:
     return (key, f"advice-{i}".encode(), i % 3, 100 + i)
 
 
+def node(tmp_path) -> tuple:  # type: ignore[no-untyped-def]
+    """The run's relay folder, a consumer's side, and local rank 0's writer of node-1."""
+    folder = relay_folder(str(tmp_path), RUN)
+    assert folder is not None
+    src = Source()
+    return folder, src, RelayWriter(src, folder, "node-1", RUN)
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -62,10 +70,7 @@ def test_the_nodes_other_ranks_read_what_local_rank_0_reads(tmp_path):
 
 
 def test_a_reader_keeps_what_was_relayed_from_its_own_start_on(tmp_path):
-    folder = relay_folder(str(tmp_path), RUN)
-    assert folder is not None
-    src = Source()
-    writer = RelayWriter(src, folder, "node-1", RUN)
+    folder, src, writer = node(tmp_path)
     src.waiting = [m(1)]
     writer.take_advice(10)
     time.sleep(0.01)
@@ -76,10 +81,7 @@ def test_a_reader_keeps_what_was_relayed_from_its_own_start_on(tmp_path):
 
 
 def test_at_most_max_n_at_a_time_and_the_rest_next_time(tmp_path):
-    folder = relay_folder(str(tmp_path), RUN)
-    assert folder is not None
-    src = Source()
-    writer = RelayWriter(src, folder, "node-1", RUN)
+    folder, src, writer = node(tmp_path)
     reader = RelayReader(folder, "node-1", now_ms() - 1)
     src.waiting = [m(i) for i in range(10)]
     writer.take_advice(100)
@@ -88,10 +90,7 @@ def test_at_most_max_n_at_a_time_and_the_rest_next_time(tmp_path):
 
 
 def test_a_half_written_frame_waits_for_its_end(tmp_path):
-    folder = relay_folder(str(tmp_path), RUN)
-    assert folder is not None
-    src = Source()
-    writer = RelayWriter(src, folder, "node-1", RUN)
+    folder, src, writer = node(tmp_path)
     reader = RelayReader(folder, "node-1", now_ms() - 1)
     src.waiting = [m(1), m(2)]
     writer.take_advice(10)
@@ -106,10 +105,7 @@ def test_a_half_written_frame_waits_for_its_end(tmp_path):
 
 def test_generations_roll_over_bounded_and_readers_follow(tmp_path, monkeypatch):
     monkeypatch.setattr(relay, "MAX_FILE_BYTES", 200)
-    folder = relay_folder(str(tmp_path), RUN)
-    assert folder is not None
-    src = Source()
-    writer = RelayWriter(src, folder, "node-1", RUN)
+    folder, src, writer = node(tmp_path)
     reader = RelayReader(folder, "node-1", now_ms() - 1)
     got: list[Message] = []
     for i in range(60):
@@ -221,10 +217,7 @@ def test_a_reader_far_behind_the_writer_goes_on_at_the_oldest_generation_left(
     tmp_path, monkeypatch
 ):
     monkeypatch.setattr(relay, "MAX_FILE_BYTES", 100)
-    folder = relay_folder(str(tmp_path), RUN)
-    assert folder is not None
-    src = Source()
-    writer = RelayWriter(src, folder, "node-1", RUN)
+    folder, src, writer = node(tmp_path)
     clock = [0.0]
     reader = RelayReader(folder, "node-1", now_ms() - 1, clock=lambda: clock[0])
     src.waiting = [m(0)]
