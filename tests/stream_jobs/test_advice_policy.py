@@ -117,8 +117,10 @@ def test_checkpoints_kept_are_the_latest_per_run_one_per_step():
 def test_a_straggler_is_profiled_on_its_rank_low_utilisation_on_every_rank():
     s = state(remedies=["profile"])
     cfg = AdviceConfig(profile_s=12.0)
-    [adv], _ = advise(s, cfg, [incident(member("straggler", rank=3), fp="s")])
+    [adv], _ = advise(s, cfg, [incident(member("straggler:step_time_s", rank=3), fp="s")])
     assert (adv.rank, adv.data["duration_s"]) == (3, 12.0)
+    [adv], _ = advise(s, cfg, [incident(member("straggler:data_wait_share", rank=5), fp="d")])
+    assert adv.rank == 5
     [adv], _ = advise(s, cfg, [incident(member("threshold:gpu_util"), fp="u")])
     assert adv.rank == RUN_RANK
 
@@ -128,10 +130,12 @@ def test_a_storm_is_limited_per_run_and_counted():
     cfg = AdviceConfig(burst=2, refill_s=60.0)
     sent = []
     for i in range(5):  # five incidents in five seconds
-        given, _ = advise(s, cfg, [incident(member("straggler"), fp=f"f{i}", t_s=100 + i)])
+        slow = incident(member("straggler:step_time_s"), fp=f"f{i}", t_s=100 + i)
+        given, _ = advise(s, cfg, [slow])
         sent += given
     assert len(sent) == 2 and (s.given, s.held) == (2, 3)
-    given, _ = advise(s, cfg, [incident(member("straggler"), fp="late", t_s=100 + 5 + 60)])
+    late = incident(member("straggler:step_time_s"), fp="late", t_s=100 + 5 + 60)
+    given, _ = advise(s, cfg, [late])
     assert actions(given) == ["profile"]  # a minute later: one more
 
 

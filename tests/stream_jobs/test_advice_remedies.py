@@ -321,7 +321,7 @@ def test_a_shared_remedy_the_storm_limit_holds_is_not_replaced_by_the_other():
     cfg = AdviceConfig(lower_lr_repeats=1, burst=1, refill_s=3600.0)
     s = state(remedies=["profile", "rewind", "lower_lr"])
     feed(s, range(251))
-    [profile], _ = advise(s, cfg, [incident("straggler", fp="slow")], run_at(s, 250))
+    [profile], _ = advise(s, cfg, [incident("straggler:step_time_s", fp="slow")], run_at(s, 250))
     assert profile.action == "profile"  # the one token
     advise(s, cfg, [incident("spike:loss", "correlation:loss_grad")], run_at(s, 250))
     got = step_on(s, cfg, range(251, 280), lambda i: 1.15 * trend(i))

@@ -137,9 +137,9 @@ def test_a_rank_whose_windows_wait_for_data_warns_and_one_slow_batch_does_not():
     (a loader's start) and a single slow step sent raw stay quiet."""
     det = RunDetector("r")
     reports = []
-    reports += det.process(_window(0, 99, {"mean": 0.03, "max": 2.9}))[1]  # start: one batch
+    reports += det.process(_window(1, 99, {"mean": 0.03, "max": 2.9}))[1]  # start: one batch
     slow = make_record(
-        "step", {"loss": 2.0, "step_time_s": 1.0, "data_time_s": 0.9}, run_id="r", step=120
+        "step", {"loss": 2.0, "step_time_s": 1.0, "data_time_s": 0.9}, run_id="r", rank=1, step=120
     )
     reports += det.process(slow)[1]
     assert not [a for a in reports if a.state == "firing"]

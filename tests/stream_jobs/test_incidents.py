@@ -185,3 +185,33 @@ def test_a_follower_joins_silently_a_new_finding_is_reported():
     assert len(update(state, cfg, [disk])) == 1
     again = update(state, cfg, [alert("straggler:step_time_s", "firing", 201, 201)])
     assert len(again) == 1 and "straggler:step_time_s" in again[0].summary
+
+
+def window_alert(rule: str, first: int, last: int) -> Alert:
+    """A window's alert: it fires at the window's last step, its evidence from ``first``."""
+    a = alert(rule, "firing", last, last)
+    a.evidence["span_first"] = first
+    return a
+
+
+def test_the_next_window_of_a_condition_that_resolved_is_the_same_event():
+    """A data wait on rank 1 at steps 482-496 (steps sent raw) resolved at 496; the window of
+    steps 500-599 still holds the stall's last steps (to 519, never sent raw) and breaches:
+    counted from its first step it is 4 steps after the event, the same incident, no page."""
+    state, cfg = IncidentsState(), IncidentsConfig()
+    rule = "straggler:data_wait_share"
+    [opened] = update(state, cfg, [alert(rule, "firing", 482, 482)])
+    update(state, cfg, [alert(rule, "resolved", 496, 482)])
+    again = update(state, cfg, [window_alert(rule, 500, 599)])
+    assert all(r.fingerprint == opened.fingerprint for r in again)
+    far = update(state, cfg, [window_alert(rule, 700, 799)])  # 204 steps on: a new event
+    assert [r.state for r in far] == ["firing"] and far[0].fingerprint != opened.fingerprint
+
+
+def test_a_window_over_an_open_incidents_steps_joins_it():
+    """An incident opened at step 1302 by a rank's raw steps; the window 1300-1399 (its alert
+    at 1399) of another rule of its topic joins it rather than paging on its own."""
+    state, cfg = IncidentsState(), IncidentsConfig()
+    [opened] = update(state, cfg, [alert("straggler:data_wait_share", "firing", 1302, 1302)])
+    got = update(state, cfg, [window_alert("straggler:step_time_s", 1300, 1399)])
+    assert all(r.fingerprint == opened.fingerprint for r in got)

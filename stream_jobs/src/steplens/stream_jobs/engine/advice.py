@@ -87,6 +87,7 @@ NONFINITE_RULES = frozenset(
 )
 REWIND_RULES = frozenset({"spike:loss", *NONFINITE_RULES})
 LOSS_GRAD = "correlation:loss_grad"
+# "straggler": any of its rules (a slow step, a lone data wait)
 PROFILE_RULES = frozenset({"straggler", "threshold:gpu_util", "correlation:data_bottleneck"})
 
 TREND_MADS = 3.0  # a loss is off its trend past this many MADs (x 1.4826) of the pre-onset ones
@@ -424,7 +425,7 @@ def _immediate(state: AdviceState, cfg: AdviceConfig, a: Alert) -> list[Advised]
                 batches_skipped=0,
                 evidence=f"{n} samples{at} ({a.rule}); nothing undone, no batch skipped",
             )
-    if rules & PROFILE_RULES:
+    if any(r in PROFILE_RULES or str(r).split(":", 1)[0] in PROFILE_RULES for r in rules):
         add("profile", _straggler_rank(members), duration_s=cfg.profile_s)
     return out
 
@@ -646,7 +647,9 @@ def _straggler_rank(members: list[dict[str, Any]]) -> int:
     ranks = {
         m["rank"]
         for m in members
-        if m.get("rule") == "straggler" and isinstance(m.get("rank"), int) and m["rank"] >= 0
+        if str(m.get("rule")).split(":", 1)[0] == "straggler"
+        and isinstance(m.get("rank"), int)
+        and m["rank"] >= 0
     }
     return ranks.pop() if len(ranks) == 1 else RUN_RANK
 

@@ -77,6 +77,7 @@ from steplens.stream_jobs.engine.signals import (
     training,
 )
 from steplens.stream_jobs.engine.signals.arima_fit import ArimaParams
+from steplens.stream_jobs.engine.signals.lone_waits import LoneWaits
 from steplens.stream_jobs.engine.signals.registry import (
     ENTRIES,
     EVIDENCE,
@@ -103,6 +104,7 @@ CODEC = Codec(
         Distinct,
         JudgeState,
         CalibrationState,
+        LoneWaits,
         rules.RulesState,
         incidents.IncidentsState,
         incidents.Incident,

@@ -79,6 +79,8 @@ HINTS: dict[str, str] = {
     "several results (the interval the results support is the evidence's advice), then check "
     "for leakage and the evaluation script",
     "straggler": "one rank is consistently slower: check its GPU, host and data loading",
+    "straggler:data_wait_share": "one rank waits for its data while the others wait for it at "
+    "their collectives: check this rank's data loading (its loader workers, its disk, its shard)",
     "hang": "no progress while records still arrive: a hang (collective or data "
     "loader); the stuck rank's stacks are in the evidence when it sent them",
     "baseline": "outside its normal range (the band its previous 7 days, or this run, "

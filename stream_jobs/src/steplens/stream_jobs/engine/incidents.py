@@ -25,8 +25,9 @@ several topics); otherwise it opens an incident. An incident:
   only resolves with its last one);
 * opens again (the same incident) if an alert of its topic that is not a follower starts
   within ``join_gap`` steps after it resolved (``follow_steps`` for a condition,
-  ``CONDITIONS``: a straggler or a data wait that breaches on and off is one event; and at
-  least an aggregate's own span: the next window breaching again);
+  ``CONDITIONS``: a straggler or a data wait that breaches on and off is one event; an
+  aggregate counted from its first step: the next window, which still holds the event's last
+  steps, breaching again);
 * is never paged twice for one event by an aggregate: an alert of a ``step_window`` (its
   evidence's ``span_first``, the window's first step) whose span covers an incident of its
   topic that opened and resolved joins it quietly, as a follower does (a window over a data
@@ -261,17 +262,18 @@ def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> tuple[Incide
         return state.closed.get(mine[0]), True  # a follower left firing when it resolved
     topic = topic_of(a.rule)
     start = a.started_step if a.started_step is not None else a.step
+    span = span_of(a)
+    # an aggregate's evidence starts at its span's first step
+    earliest = start if span is None or start is None else min(start, span)
     same = [i for i in state.open.values() if i.run_id == a.run_id and i.topic == topic]
     if same and not _new_event(same[-1], cfg, a):
         inc = same[-1]
         last = inc.last_start()
-        near = start is None or last is None or start - last <= cfg.join_gap
+        near = earliest is None or last is None or earliest - last <= cfg.join_gap
         if near or follower(a.rule):  # a follower is never a new event
             return inc, False
-    if start is None:
+    if start is None or earliest is None:
         return None, False
-    span = span_of(a)
-    earliest = start if span is None else min(start, span)
     # one that resolved in the last ``join_gap`` steps opens again (an event whose alerts
     # breach on and off), or keeps a follower of its event quiet; an aggregate whose span
     # covers it adds to it
@@ -310,12 +312,12 @@ def join_gap_of(cfg: IncidentsConfig, rule: str, start: int, span: int | None = 
     """Steps after an alert of ``rule`` resolved within which the same breaching again is its
     event going on: ``join_gap`` (a second spike, a second correlation is a new event),
     ``follow_steps`` for a condition (``CONDITIONS``: a straggler or a data wait breaching on
-    and off), and at least an aggregate's own span (``span``: its window's first step; the
-    next window)."""
+    and off), counted to an aggregate's first step (``span``: its window's; a window that
+    starts within them holds the event's last steps, sent before only as a mean)."""
     gap = cfg.join_gap
     if rule.split(":", 1)[0] in CONDITIONS:
         gap = max(gap, cfg.follow_steps)
-    return gap if span is None else max(gap, start - span + 1)
+    return gap if span is None else gap + max(start - span, 0)
 
 
 def _covers(inc: Incident, span: int, ended: int | None) -> bool:

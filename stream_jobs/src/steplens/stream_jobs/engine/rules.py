@@ -12,7 +12,8 @@ from steplens.stream_jobs.engine.core import CRITICAL, INFO, WARNING, Alert, Sig
 from steplens.stream_jobs.engine.hints import hint_for
 
 SEVERITY_ORDER = {INFO: 0, WARNING: 1, CRITICAL: 2}
-CROSS_RANK = ("straggler:",)  # judged across ranks, behind the ranks' own records
+# judged across ranks for every rank at each step, behind the ranks' own records
+CROSS_RANK = ("straggler:step_time_s",)
 
 
 def fingerprint(run_id: str, rule: str, scope: str) -> str:

@@ -9,7 +9,7 @@ import numpy as np
 
 from steplens.stream_jobs.engine.columns import Columns, floats_of
 from steplens.stream_jobs.engine.core import NO_STEP, Run, Signals
-from steplens.stream_jobs.engine.signals import ranks, thresholds
+from steplens.stream_jobs.engine.signals import lone_waits, ranks, thresholds
 
 
 def tail(  # noqa: PLR0917
@@ -26,8 +26,9 @@ def tail(  # noqa: PLR0917
     windowed: bool = False,
 ) -> list[Signals]:
     """After the metrics of a rank's steps: the data waits (per row; ``windowed``: the rows
-    are windows' means); the rank's progress; its step times judged against the other ranks',
-    once, after the last row (their signals carry their own steps)."""
+    are windows' means), a lone one a straggler (``lone_waits``); the rank's progress; its
+    step times judged against the other ranks', once, after the last row (their signals
+    carry their own steps)."""
     out: list[Signals] = []
     has = steps != NO_STEP
     if not has.any():
@@ -48,8 +49,11 @@ def tail(  # noqa: PLR0917
             sustained=windowed,
             streak=state.data_wait_streaks.get(rank, (0, -1, False)),
         )
-        if got is not None:
-            out.append(got)
+        if got is not None:  # one rank of several waiting alone is a straggler
+            # held warnings the batch lets judge: before the batch's own signals, so the
+            # straggler leads what its steps set off here (a slower step's forecast)
+            hold = ranks_cfg.lone_hold_s
+            out += lone_waits.judge(state.lone, got, rank, 0, times_ns, hold)
     at = np.flatnonzero(has)
     top = int(at[np.argmax(steps[at])])  # the first row of the largest step
     ranks.progress(state, rank, int(steps[top]), times_ns[top])

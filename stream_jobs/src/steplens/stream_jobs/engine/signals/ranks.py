@@ -26,6 +26,7 @@ import numpy as np
 from steplens.schema import Record
 from steplens.stream_jobs.engine.core import CRIT_SEV, WARN_SEV, Run, Signals, score_of
 from steplens.stream_jobs.engine.signals.kernels import _insert, _median_sorted, jit, score
+from steplens.stream_jobs.engine.signals.lone_waits import LoneWaits
 
 # the most a batch span may hold a step back (bounded memory with a rank that never reports)
 MAX_BATCH_SPAN = 4096
@@ -38,6 +39,9 @@ class RanksConfig:
     straggler_steps: int = 5  # the median ratio of this many recent steps must exceed the factor
     pending_steps: int = 8  # a step is judged once this many newer steps arrived, if incomplete
     hang_after_s: float = 60.0
+    # a rank's data wait warning waits this long (the run's records' clock) for the other
+    # ranks' records of its steps, to be judged a lone straggler's or the run's (lone_waits)
+    lone_hold_s: float = 30.0
     check_every_s: float = 1.0
 
 
@@ -55,6 +59,8 @@ class RanksState:
     # rank -> (rows in a row over the data-wait share, the last row's step, whether the rank
     # sends windows)
     data_wait_streaks: dict[int, tuple[int, int, bool]] = field(default_factory=dict)
+    # each rank's latest data wait share, and the warnings held for the others' (``lone_waits``)
+    lone: LoneWaits = field(default_factory=LoneWaits)
     # step -> rank -> data wait (s) of the pending steps, judged with their times
     waits: dict[int, dict[int, float]] = field(default_factory=dict)
     # pending steps whose times are windows' means (sustained over the window by themselves)
