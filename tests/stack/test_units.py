@@ -65,9 +65,9 @@ def test_stop_terminates_then_kills(tmp_path) -> None:
     )
     log, pid_file = tmp_path / "x.log", tmp_path / "x.pid"
     pid = process.start([sys.executable, "-c", code, str(tmp_path) + "/"], log, pid_file)
+    _wait_for_line(log, "handler set")  # it runs its own command line (exec is done)
     assert process.read_pid(pid_file, str(tmp_path) + "/") == pid
     assert process.read_pid(pid_file, "some-other-marker") is None
-    _wait_for_line(log, "handler set")
     assert process.stop(pid, deadline_s=0.5) is True
     assert process.cmdline(pid) == ""
 
