@@ -12,13 +12,16 @@ Schedules: cosine and linear to zero at the last step, warmup-stable-decay (the 
 decays, cosine, to zero) and constant, after a warmup; declared in ``run_meta`` by the plain
 loop and Lightning, read by the Hugging Face callback from the Trainer's arguments.
 ``--accumulate N``: N micro-batches a step (gradient accumulation; a bad batch is one of them).
-Incidents, each from a step in the run's second half: one corrupted batch (random tokens), an
-lr blow-up (x30 for 4 steps; in the Trainers set on the optimizer outside its scheduler, as a
-bug would), a data stall (for 40 steps each batch waits twice the run's median step, at least
-``--stall-ms``: the same share of a step on a loaded machine), a straggler rank (the plain
-loop's paths only: two ranks in processes of their own, gloo and DistributedDataParallel, and
-for 40 steps rank 1 waits for each batch as the stall does, while rank 0 waits for it at the
-all-reduce); and healthy runs of ``--healthy`` steps.
+Incidents, from a step in the run's second half (the leak: a fifth): one corrupted batch
+(random tokens), an lr blow-up (x30 for 4 steps; in the Trainers set on the optimizer outside
+its scheduler, as a bug would), a data stall (for 40 steps each batch waits twice the run's
+median step, at least ``--stall-ms``: the same share of a step on a loaded machine), a
+straggler rank (the plain loop's paths only: two ranks in processes of their own, gloo and
+DistributedDataParallel, and for 40 steps rank 1 waits for each batch as the stall does,
+while rank 0 waits for it at the all-reduce), a slow memory leak (the plain loop's paths:
+from a fifth of the run to its end the loop keeps 40 MiB of every second, touched, while
+steps take at least 60 ms, so the producer's health records, every 5 s at its defaults, see
+a minute of it); and healthy runs of ``--healthy`` steps.
 
 Printed per path, schedule and incident: whether it was paged (an incident that opened from
 its first step to ``--tolerance`` steps after its last), the delay in steps and in logged
@@ -53,6 +56,7 @@ from tiny_lm import LIGHTNING_CPU, VOCAB, TinyLM, clean_rows, corrupted_rows
 
 from steplens.producer import MemoryTransport
 from steplens.producer.monitor import Monitor
+from steplens.stream_jobs.engine.core import NO_STEP
 from steplens.stream_jobs.engine.detector import RunDetector
 
 PEAK, WARMUP, BATCH = 0.05, 50, 32
@@ -63,9 +67,14 @@ CAUSES = {
     "lr_blowup": ("lr_schedule", "spike:", "correlation:loss_grad", "nonfinite"),
     "data_stall": ("threshold:data_wait_share", "correlation:data_bottleneck"),
     "straggler": ("straggler",),
+    "memory_leak": ("memory:rss_growth", "threshold:host_mem_available_pct"),
 }
-INCIDENTS = ("bad_batch", "lr_blowup", "data_stall", "straggler")
-PLAIN = ("windowed", "full")  # the paths a straggler (two ranks, gloo) is trained on
+INCIDENTS = ("bad_batch", "lr_blowup", "data_stall", "straggler", "memory_leak")
+# the paths a straggler (two ranks, gloo) and a leak (steps of a set length) are trained on
+PLAIN = ("windowed", "full")
+PLAIN_ONLY = ("straggler", "memory_leak")
+LEAK_BYTES_S = 40 << 20  # what a leaking run keeps, per second of its steps
+LEAK_STEP_S = 0.06  # a leaking run's steps take this long at least (health every 5 s)
 
 
 @dataclass
@@ -140,7 +149,6 @@ def monitor(
         lr_schedule=sched,
         spool_dir=spool,
         full_resolution=full_resolution,
-        health_interval_s=3600.0,
     )
 
 
@@ -154,6 +162,8 @@ class Run:
     stall_s: float  # the least a stalled batch waits
     accumulate: int = 1
     rank: int = 0  # of a straggler's two
+    kept: list[bytes] = field(default_factory=list)  # what a leak keeps
+    leaked_at: float | None = None
     gaps: list[float] = field(default_factory=list)  # seconds between the first steps' batches
     last_batch: float | None = None
 
@@ -163,6 +173,8 @@ class Run:
 
     @property
     def start(self) -> int | None:
+        if self.incident == "memory_leak":
+            return self.steps // 5  # a slow leak needs a minute of health records
         return self.steps * 3 // 5 if self.incident else None
 
     @property
@@ -170,6 +182,8 @@ class Run:
         start = self.start
         if start is None:
             return None
+        if self.incident == "memory_leak":
+            return self.steps - 1  # to the end
         return start + {"bad_batch": 0, "lr_blowup": 3}.get(self.incident or "", 39)
 
     def rows(self, step: int, gen: torch.Generator) -> list[torch.Tensor]:
@@ -188,6 +202,16 @@ class Run:
         if self.incident == "bad_batch" and step == self.start:
             out[0] = corrupted_rows(BATCH, gen)
         return out
+
+    def leak(self, step: int) -> None:
+        """A leaking loop keeps ``LEAK_BYTES_S`` of every second since its last step (touched
+        bytes: resident), from the leak's first step on."""
+        if self.incident != "memory_leak" or step < self.start:  # type: ignore[operator]
+            return
+        now = time.perf_counter()
+        if self.leaked_at is not None:
+            self.kept.append(b"\x01" * int(LEAK_BYTES_S * (now - self.leaked_at)))
+        self.leaked_at = now
 
     def blown(self, step: int) -> bool:
         return self.incident == "lr_blowup" and self.start <= step <= self.last  # type: ignore[operator]
@@ -217,7 +241,9 @@ def plain_loop(run: Run, model: torch.nn.Module, transport: MemoryTransport, spo
     world = 2 if run.incident == "straggler" else 1
     mon = monitor(run.name, transport, sched, spool, run.path == "full", run.rank, world)
     batches = (run.rows(step, gen) for step in range(run.steps))
+    floor = LEAK_STEP_S if run.incident == "memory_leak" else 0.0
     for step, micro in enumerate(mon.timed(batches)):
+        began = time.perf_counter()
         lr = lr_at(sched, step) * (30.0 if run.blown(step) else 1.0)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -231,7 +257,10 @@ def plain_loop(run: Run, model: torch.nn.Module, transport: MemoryTransport, spo
         opt.step()
         tokens = sum(ids.numel() for ids in micro)
         mon.log_step(step, loss=loss, lr=lr, grad_norm=grad, tokens=tokens)
+        run.leak(step)
+        time.sleep(max(0.0, floor - (time.perf_counter() - began)))  # a larger model's step
     mon.shutdown()
+    run.kept.clear()
 
 
 def train_ranks(run: Run) -> list:
@@ -401,7 +430,10 @@ def judge(
             rule = f"{sig.name}:{sig.metric}"
             if rule.startswith(prefixes):
                 got = scores.setdefault(rule, [])
-                got += [(int(st), float(sc)) for st, sc in zip(sig.step, sig.score, strict=True)]
+                got += [  # a signal without a step (a health record's): the latest step
+                    (int(st) if st != NO_STEP else last, float(sc))
+                    for st, sc in zip(sig.step, sig.score, strict=True)
+                ]
         for a in alerts:  # pages, and a resolved page reported again with a better lead
             if a.scope != "incident" or a.evidence.get("episode") != 0:
                 continue
@@ -512,8 +544,8 @@ def main() -> None:
     for path in args.paths.split(","):
         for sched in args.schedules.split(","):
             for incident in [None, *filter(None, args.incidents.split(","))]:
-                if incident == "straggler" and path not in PLAIN:
-                    continue  # one process: the Trainers' launchers are not simulated here
+                if incident in PLAIN_ONLY and path not in PLAIN:
+                    continue  # ranks in processes, steps of a set length: the plain loop's
                 steps = args.healthy if incident is None else args.steps
                 run = Run(
                     path, sched, incident, steps, args.seed, args.stall_ms / 1e3, args.accumulate

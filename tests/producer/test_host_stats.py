@@ -14,6 +14,8 @@ from steplens.producer.host_stats import (
     parse_diskstats,
     parse_meminfo,
     parse_net_dev,
+    parse_statm_rss,
+    process_memory,
 )
 
 DISKSTATS_T0 = """\
@@ -78,3 +80,14 @@ def test_sampler_on_this_host() -> None:
     assert out["mem_total_bytes"] > out["mem_available_bytes"] > 0
     assert 0.0 <= out["cpu_percent"] <= 100.0
     assert isinstance(out["disks"], list) and isinstance(out["nets"], list)
+
+
+def test_statm_and_this_process_memory() -> None:
+    assert parse_statm_rss("123456 2000 300 10 0 5000 0\n", 4096) == 2000 * 4096
+    assert parse_statm_rss("", 4096) == 0
+    before = process_memory()
+    assert before["mem_total_bytes"] > before["mem_available_bytes"] > 0
+    kept = bytearray(b"\x01") * (64 << 20)  # 64 MiB touched: resident
+    after = process_memory()
+    assert after["rss_bytes"] - before["rss_bytes"] > 32 << 20
+    del kept

@@ -45,6 +45,9 @@ def test_sample_rate_one_sends_every_step_with_contiguous_seq(memory_monitor) ->
     assert sorted(r.seq for r in recs) == list(range(len(recs)))
     assert all(k == record_key(m.run_id, m.rank) for k, _ in tx.messages)
     assert recs[0].kind == "run_meta" and recs[-1].kind == "health"
+    health = recs[-1].data  # with this process's memory and its host's (a leak's evidence)
+    assert health["mem_total_bytes"] > health["mem_available_bytes"] > 0
+    assert health["rss_bytes"] > 0
     windows = [r for r in recs if r.kind == "step_window"]
     assert sum(w.data["count"] for w in windows) == 500
     s = steps[10].data

@@ -142,13 +142,15 @@ def test_every_kind_but_dead_letters_has_points() -> None:
         },
         "batch": {"n_samples": 8, "label_counts": {"cat": 3}},
         "comm": {"op": "all_reduce", "peer": 1, "latency_ms": 0.5},
-        "health": {"sent": 10, "dropped": {"queue_full": 2}},
+        "health": {"sent": 10, "dropped": {"queue_full": 2}, "rss_bytes": 5 << 30},
         "signal": {"name": "spike", "metric": "loss", "value": 9.0, "score": 0.9},
         "run_meta": {"world_size": 8, "lr_schedule": {"kind": "cosine"}},
     }
     for kind, data in samples.items():
         lines = record_lines(make_record(kind, data, run_id="r", time_ns=1, step=1))
         assert lines and all(" seq=0i" in ln or ",seq=0i" in ln for ln in lines), kind
+        if kind == "health":  # the rank's process memory, a series of its own
+            assert any(f"rss_bytes={5 << 30}i" in ln for ln in lines)
     dl = make_record("dead_letter", {"reason": "x"}, run_id="r", time_ns=1)
     with pytest.raises(UnwritableRecord):
         record_points(dl)

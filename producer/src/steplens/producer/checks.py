@@ -122,6 +122,8 @@ def design_checks(config: ProducerConfig, identity: Identity) -> list[dict[str, 
         hw_enable if not hw_on else ("" if ps else 'pip install "steplens-producer[host]"')
     )
     out.append(_check("host CPU/disk/network", ON if hw_on and ps else OFF, host_why, host_enable))
+    # every rank's health record carries its process's memory and its host's
+    out.append(_check("host memory toward out-of-memory (each rank's process)", ON, "", ""))
     timed = multi and c.comm_every > 0 and torch
     if timed:
         comm_why = (

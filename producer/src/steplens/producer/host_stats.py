@@ -138,6 +138,39 @@ def parse_cpu_times(text: str) -> tuple[int, int]:
     return 0, 0
 
 
+def parse_statm_rss(text: str, page_bytes: int) -> int:
+    """Resident bytes from /proc/<pid>/statm (its second field, in pages); 0 if unreadable."""
+    parts = text.split()
+    return int(parts[1]) * page_bytes if len(parts) > 1 and parts[1].isdigit() else 0
+
+
+def host_memory(proc: str = "/proc") -> tuple[int, int]:
+    """(available bytes, total bytes) of the host: psutil when installed, else /proc/meminfo."""
+    try:
+        import psutil
+    except ImportError:
+        return parse_meminfo(_read(os.path.join(proc, "meminfo")))
+    vm = psutil.virtual_memory()
+    return int(vm.available), int(vm.total)
+
+
+def process_memory(proc: str = "/proc") -> dict[str, int]:
+    """This process's resident bytes and its host's available and total bytes; the fields it
+    could not read are left out."""
+    try:
+        import psutil
+    except ImportError:
+        page = os.sysconf("SC_PAGE_SIZE")
+        rss = parse_statm_rss(_read(os.path.join(proc, "self", "statm")), page)
+    else:
+        rss = int(psutil.Process().memory_info().rss)
+    avail, total = host_memory(proc)
+    out = {"rss_bytes": rss} if rss else {}
+    if total:
+        out["mem_available_bytes"], out["mem_total_bytes"] = avail, total
+    return out
+
+
 def _read(path: str) -> str:
     try:
         with open(path) as f:
@@ -151,11 +184,6 @@ class HostSampler:
 
     def __init__(self, proc: str = "/proc") -> None:
         self.proc = proc
-        try:
-            import psutil
-        except ImportError:
-            psutil = None
-        self._psutil = psutil
         self._last: (
             tuple[float, dict[str, DiskCounters], dict[str, tuple[int, int]], tuple[int, int]]
             | None
@@ -179,13 +207,9 @@ class HostSampler:
     def sample(self, now: float) -> dict[str, Any]:
         snap = self._snapshot(now)
         out: dict[str, Any] = {}
-        if self._psutil is not None:
-            vm = self._psutil.virtual_memory()
-            out["mem_available_bytes"], out["mem_total_bytes"] = int(vm.available), int(vm.total)
-        else:
-            avail, total = parse_meminfo(_read(os.path.join(self.proc, "meminfo")))
-            if total:
-                out["mem_available_bytes"], out["mem_total_bytes"] = avail, total
+        avail, total = host_memory(self.proc)
+        if total:
+            out["mem_available_bytes"], out["mem_total_bytes"] = avail, total
         last, self._last = self._last, snap
         if last is not None:
             dt = snap[0] - last[0]

@@ -21,6 +21,7 @@ from steplens.producer import values as V
 from steplens.producer.advice_inbox import Advice, AdviceDesk, Message
 from steplens.producer.config import ProducerConfig
 from steplens.producer.delivery import Delivery
+from steplens.producer.host_stats import process_memory
 from steplens.producer.items import (
     BatchItem,
     CommItem,
@@ -378,6 +379,7 @@ class Pipeline:
             "replayed": d.replayed,
             "errors": errors,
             "queue_len": len(self.queue),
+            **process_memory(),  # a leak in this rank's process, against the host's memory
         }
         self.sender.send("health", None, now_ns, data)
 

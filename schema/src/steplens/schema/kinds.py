@@ -250,7 +250,7 @@ class Comm(Payload, kw_only=True):
 
 
 class Health(Payload, kw_only=True):
-    """The producer's own health: what it dropped, spooled and sent."""
+    """The producer's own health: what it dropped, spooled and sent, and its memory."""
 
     dropped: Counters | None = None  # reason -> count since start
     sent: Int | None = None
@@ -259,6 +259,11 @@ class Health(Payload, kw_only=True):
     replayed: Int | None = None
     errors: Counters | None = None
     queue_len: Int | None = None
+    # the sending process's resident memory, and its host's available and total memory at the
+    # same moment (a leak in the rank's process, judged against what the host has left)
+    rss_bytes: Int | None = None
+    mem_available_bytes: Int | None = None
+    mem_total_bytes: Int | None = None
 
 
 class Signal(Payload, kw_only=True):

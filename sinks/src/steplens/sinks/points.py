@@ -50,7 +50,7 @@ STEP_FLOATS: Final = (
 )
 EVAL_FLOATS: Final = ("loss", "perplexity", "accuracy", "f1", "bleu", "rouge")
 SIGNAL_FLOATS: Final = ("value", "score", "expected", "lower", "upper")
-HEALTH_INTS: Final = ("sent", "spooled", "spool_bytes", "replayed", "queue_len")
+HEALTH_INTS: Final = ("sent", "spooled", "spool_bytes", "replayed", "queue_len", "rss_bytes")
 WINDOW_INTS: Final = ("count", "nonfinite")
 WINDOW_FLOATS: Final = ("mean", "std", "min", "max", "last")
 

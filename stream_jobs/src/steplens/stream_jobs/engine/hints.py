@@ -44,6 +44,9 @@ HINTS: dict[str, str] = {
     "across steps: losses or outputs stored without .item()/.detach(), a growing cache) or "
     "inputs that keep growing; the time and steps left before the out-of-memory error are in "
     "the evidence (eta_min, eta_steps)",
+    "memory:rss_growth": "this rank's process memory climbs toward what its host has left: a "
+    "leak (batches or tensors kept across steps, a cache or a list that keeps growing, loader "
+    "workers' copies); the time and steps left are in the evidence (eta_min, eta_steps)",
     "memory:alloc_retries": "the allocator is out of memory and retries after freeing its "
     "cache (each retry synchronizes the device): lower the micro-batch or sequence length, "
     "use activation checkpointing, or shard optimizer state",

@@ -26,11 +26,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from steplens.schema import Record
 from steplens.stream_jobs.engine.core import (
-    CRITICAL,
     WARNING,
     Run,
     Signals,
@@ -39,7 +36,8 @@ from steplens.stream_jobs.engine.core import (
     one,
     score_of,
 )
-from steplens.stream_jobs.engine.signals.headroom import HeadroomConfig, headroom
+from steplens.stream_jobs.engine.signals.headroom import HeadroomConfig
+from steplens.stream_jobs.engine.signals.memory_trend import growth
 
 # the allocator's keys of a GPU entry (``producer/allocator.py`` writes them)
 ALLOCATED, RESERVED, PEAK = "torch_allocated_bytes", "torch_reserved_bytes", "torch_peak_bytes"
@@ -101,7 +99,10 @@ def allocator(  # noqa: PLR0917
     if math.isnan(alloc) or math.isnan(reserved) or not limit > 0:  # NaN: not reported
         return []
     high = peak if peak >= alloc else alloc
-    grew = _growth(state, cfg, scope, t_s, high, limit, busy, last_step, step, rank)
+    marks = state.marks.get(scope)
+    if marks is None:
+        marks = state.marks[scope] = deque(maxlen=cfg.trend.window)
+    grew = growth(marks, cfg, "alloc_growth", scope, t_s, high, limit, busy, last_step, step, rank)
     out = [] if grew is None else [grew]
     now = [_number(gpu.get(k)) for k in (RETRIES, OOMS)]
     before = state.counters.get(scope)
@@ -150,60 +151,6 @@ def allocator(  # noqa: PLR0917
         counter_rise("memory", "ooms", step, new_ooms, rank, scope, {**detail, "ooms": now[1]})
     )
     return out
-
-
-def _growth(  # noqa: PLR0917
-    state: GpuMemoryState,
-    cfg: GpuMemoryConfig,
-    scope: str,
-    t_s: float,
-    high: float,
-    limit: float,
-    busy: bool,
-    last_step: int,
-    step: int | None,
-    rank: int,
-) -> Signals | None:
-    """``memory:alloc_growth`` at a kept sample (None between them): the value is the
-    estimated seconds to the limit (inf: not climbing)."""
-    marks = state.marks.get(scope)
-    if marks is None:
-        marks = state.marks[scope] = deque(maxlen=cfg.trend.window)
-    if not busy:  # loading a model, evaluating, stopped: not the steps' memory
-        marks.clear()
-    elif not marks or t_s - marks[-1][0] >= cfg.keep_every_s:
-        marks.append([t_s, high, limit, float(last_step)])
-    else:
-        return None  # judged at kept samples only
-    arr = np.asarray(marks, dtype=np.float64).reshape(-1, 4)
-    h = headroom(cfg.trend, arr[:, 0], arr[:, 1], limit)
-    severity, detail = None, None
-    if h.breach:
-        severity = CRITICAL if h.seconds_left <= cfg.eta_critical_s else WARNING
-        first, last = marks[0], marks[-1]
-        detail = {
-            "eta_s": round(h.seconds_left, 1),
-            "eta_min": round(h.seconds_left / 60.0, 1),
-            "slope_mib_per_min": round(h.slope * 60.0 / 2**20, 2),
-            "high_water_bytes": high,
-            "limit_bytes": limit,
-        }
-        pace = (last[3] - first[3]) / (last[0] - first[0]) if last[0] > first[0] else 0.0
-        if first[3] >= 0 and pace > 0:
-            detail["eta_steps"] = int(h.seconds_left * pace)
-    return one(
-        "memory",
-        "alloc_growth",
-        step,
-        h.seconds_left,
-        h.score,
-        rank,
-        scope,
-        severity,
-        expected=cfg.trend.horizon_s,
-        lower=cfg.trend.horizon_s,
-        detail=detail if severity else None,
-    )
 
 
 def hw(  # noqa: PLR0917

@@ -38,6 +38,7 @@ from steplens.stream_jobs.engine.signals import (
     evals,
     gpu_errors,
     gpu_memory,
+    host_memory,
     layers,
     lengths,
     lr_events,
@@ -207,6 +208,14 @@ RECORDS: tuple[Records, ...] = (
         gpu_memory.GpuMemoryState,
         gpu_memory.on_record,
         frozenset({"hw"}),
+    ),
+    # every rank's health record: its process's memory against its host's
+    Records(
+        "host_memory",
+        host_memory.HostMemoryConfig,
+        host_memory.HostMemoryState,
+        host_memory.on_record,
+        frozenset({"health"}),
     ),
     Records(
         "data",
