@@ -21,6 +21,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -83,44 +84,42 @@ def judge(  # noqa: PLR0917
     out: list[Signals] = []
     if lone:
         rows, r, s, v, sc, exp = zip(*sorted(lone), strict=True)
-        ranks = np.array(r, dtype=np.int64)
-        out.append(
-            Signals.of(
-                "straggler",
-                "data_wait_share",
-                list(rows),
-                np.array(s, dtype=np.int64),
-                list(v),
-                list(sc),
-                WARN_SEV,
-                list(exp),
-                None,
-                limit,
-                ranks,
-                [f"rank:{q}" for q in r],
-                [{"rank": q, "waits_on": "data"} for q in r],
-            )
-        )
+        detail = [{"rank": q, "waits_on": "data"} for q in r]
+        out.append(_warnings("straggler", rows, r, s, v, sc, list(exp), limit, detail))
     if shared:
         rows, r, s, v, sc = zip(*sorted(shared), strict=True)
-        out.append(
-            Signals.of(
-                "threshold",
-                "data_wait_share",
-                list(rows),
-                np.array(s, dtype=np.int64),
-                list(v),
-                list(sc),
-                WARN_SEV,
-                limit,
-                None,
-                limit,
-                np.array(r, dtype=np.int64),
-                [f"rank:{q}" for q in r],
-            )
-        )
+        out.append(_warnings("threshold", rows, r, s, v, sc, limit, limit))
     out.append(waits)
     return out
+
+
+def _warnings(  # noqa: PLR0917
+    name: str,
+    rows: tuple[int, ...],
+    ranks: tuple[int, ...],
+    steps: tuple[int, ...],
+    shares: tuple[float, ...],
+    scores: tuple[float, ...],
+    expected: float | list[float],
+    limit: float,
+    detail: list[dict[str, Any] | None] | None = None,
+) -> Signals:
+    """``<name>:data_wait_share`` warnings, each of its own rank."""
+    return Signals.of(
+        name,
+        "data_wait_share",
+        list(rows),
+        np.array(steps, dtype=np.int64),
+        list(shares),
+        list(scores),
+        WARN_SEV,
+        expected,
+        None,
+        limit,
+        np.array(ranks, dtype=np.int64),
+        [f"rank:{q}" for q in ranks],
+        detail,
+    )
 
 
 def _release(  # noqa: PLR0917
