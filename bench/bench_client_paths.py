@@ -16,12 +16,13 @@ Incidents, from a step in the run's second half (the leak: a fifth): one corrupt
 (random tokens), an lr blow-up (x30 for 4 steps; in the Trainers set on the optimizer outside
 its scheduler, as a bug would), a data stall (for 40 steps each batch waits twice the run's
 median step, at least ``--stall-ms``: the same share of a step on a loaded machine), a
-straggler rank (the plain loop's paths only: two ranks in processes of their own, gloo and
-DistributedDataParallel, and for 40 steps rank 1 waits for each batch as the stall does,
-while rank 0 waits for it at the all-reduce), a slow memory leak (the plain loop's paths:
-from a fifth of the run to its end the loop keeps 40 MiB of every second, touched, while
-steps take at least 60 ms, so the producer's health records, every 5 s at its defaults, see
-a minute of it); and healthy runs of ``--healthy`` steps.
+straggler rank (two ranks in processes of their own, gloo, on every path: the plain loop's
+``DistributedDataParallel``, the Hugging Face Trainer as ``torchrun`` starts it, each rank
+reading its own shard of an iterable dataset, Lightning's ``ddp`` strategy; for 40 steps rank 1
+waits for each batch as the stall does, while rank 0 waits for it at the all-reduce), a slow
+memory leak (from a fifth of the run to its end the loop keeps 40 MiB of every second,
+touched, while steps take at least 60 ms, so the producer's health records, every 5 s at its
+defaults, see a minute of it); and healthy runs of ``--healthy`` steps.
 
 Printed per path, schedule and incident: whether it was paged (an incident that opened from
 its first step to ``--tolerance`` steps after its last), the delay in steps and in logged
@@ -70,9 +71,6 @@ CAUSES = {
     "memory_leak": ("memory:rss_growth", "threshold:host_mem_available_pct"),
 }
 INCIDENTS = ("bad_batch", "lr_blowup", "data_stall", "straggler", "memory_leak")
-# the paths a straggler (two ranks, gloo) and a leak (steps of a set length) are trained on
-PLAIN = ("windowed", "full")
-PLAIN_ONLY = ("straggler", "memory_leak")
 LEAK_BYTES_S = 40 << 20  # what a leaking run keeps, per second of its steps
 LEAK_STEP_S = 0.06  # a leaking run's steps take this long at least (health every 5 s)
 
@@ -213,6 +211,15 @@ class Run:
             self.kept.append(b"\x01" * int(LEAK_BYTES_S * (now - self.leaked_at)))
         self.leaked_at = now
 
+    @property
+    def floor_s(self) -> float:
+        """The least a step takes: a leak's steps are a larger model's."""
+        return LEAK_STEP_S if self.incident == "memory_leak" else 0.0
+
+    @property
+    def world(self) -> int:
+        return 2 if self.incident == "straggler" else 1
+
     def blown(self, step: int) -> bool:
         return self.incident == "lr_blowup" and self.start <= step <= self.last  # type: ignore[operator]
 
@@ -220,17 +227,22 @@ class Run:
 def train(run: Run) -> tuple[list, int | None, int | None]:
     """One run: its records (of every rank, in time order), and the fault's first and last
     step."""
-    if run.path.startswith("hf"):
-        return train_hf(run, int(run.path[2:])), run.start, run.last
-    if run.path == "lightning":
-        return train_lightning(run), run.start, run.last
-    if run.incident == "straggler":
+    if run.world > 1:
         return train_ranks(run), run.start, run.last
+    return train_rank(run), run.start, run.last
+
+
+def train_rank(run: Run) -> list:
+    """One rank of ``run`` through its path's client: its records."""
+    if run.path.startswith("hf"):
+        return train_hf(run, int(run.path[2:]))
+    if run.path == "lightning":
+        return train_lightning(run)
     torch.manual_seed(run.seed)
     transport = MemoryTransport()
     with tempfile.TemporaryDirectory() as spool:
         plain_loop(run, TinyLM(), transport, spool)
-    return transport.records(), run.start, run.last
+    return transport.records()
 
 
 def plain_loop(run: Run, model: torch.nn.Module, transport: MemoryTransport, spool: str) -> None:
@@ -238,10 +250,8 @@ def plain_loop(run: Run, model: torch.nn.Module, transport: MemoryTransport, spo
     gen = torch.Generator().manual_seed(run.seed + run.rank)
     sched = schedule_of(run.schedule, run.steps)
     opt = torch.optim.AdamW(model.parameters(), lr=PEAK)
-    world = 2 if run.incident == "straggler" else 1
-    mon = monitor(run.name, transport, sched, spool, run.path == "full", run.rank, world)
+    mon = monitor(run.name, transport, sched, spool, run.path == "full", run.rank, run.world)
     batches = (run.rows(step, gen) for step in range(run.steps))
-    floor = LEAK_STEP_S if run.incident == "memory_leak" else 0.0
     for step, micro in enumerate(mon.timed(batches)):
         began = time.perf_counter()
         lr = lr_at(sched, step) * (30.0 if run.blown(step) else 1.0)
@@ -258,14 +268,14 @@ def plain_loop(run: Run, model: torch.nn.Module, transport: MemoryTransport, spo
         tokens = sum(ids.numel() for ids in micro)
         mon.log_step(step, loss=loss, lr=lr, grad_norm=grad, tokens=tokens)
         run.leak(step)
-        time.sleep(max(0.0, floor - (time.perf_counter() - began)))  # a larger model's step
+        time.sleep(max(0.0, run.floor_s - (time.perf_counter() - began)))  # a larger model's step
     mon.shutdown()
     run.kept.clear()
 
 
 def train_ranks(run: Run) -> list:
-    """Two ranks of the plain loop on this machine (processes, gloo, DistributedDataParallel),
-    rank 1 the straggler: its records and rank 0's, in time order."""
+    """Two ranks of ``run``'s path on this machine (processes, gloo), rank 1 the straggler:
+    its records and rank 0's, in time order."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as out:
@@ -279,20 +289,34 @@ def train_ranks(run: Run) -> list:
 
 
 def _rank_main(rank: int, run: Run, port: int, out: str) -> None:
+    """A rank as ``torchrun`` starts it: the environment names it, its client joins the group
+    (the plain loop itself, the Trainers from the environment)."""
+    import os
+
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
     logging.getLogger("steplens").setLevel(logging.WARNING)
-    dist.init_process_group("gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    torch.manual_seed(run.seed)
-    model = DistributedDataParallel(TinyLM())
-    transport = MemoryTransport()
-    with tempfile.TemporaryDirectory() as spool:
-        plain_loop(replace(run, rank=rank, gaps=[]), model, transport, spool)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    env = {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": run.world, "LOCAL_WORLD_SIZE": run.world}
+    os.environ.update({k: str(v) for k, v in env.items()})
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK="0")
+    run = replace(run, rank=rank, gaps=[])
+    if run.path in ("windowed", "full"):
+        from torch.nn.parallel import DistributedDataParallel
+
+        dist.init_process_group("gloo", rank=rank, world_size=run.world)
+        torch.manual_seed(run.seed)
+        transport = MemoryTransport()
+        with tempfile.TemporaryDirectory() as spool:
+            plain_loop(run, DistributedDataParallel(TinyLM()), transport, spool)
+        records = transport.records()
+    else:
+        records = train_rank(run)
     with open(Path(out) / f"rank{rank}.pkl", "wb") as f:
-        pickle.dump(transport.records(), f)
-    dist.destroy_process_group()
+        pickle.dump(records, f)
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def free_port() -> int:
@@ -302,32 +326,48 @@ def free_port() -> int:
 
 
 def train_hf(run: Run, logging_steps: int) -> list:
-    """One run through the Hugging Face Trainer at its defaults (AdamW, clipping at 1.0, its own
-    schedule, which the callback declares), logging every ``logging_steps``."""
+    """One rank of a run through the Hugging Face Trainer at its defaults (AdamW, clipping at
+    1.0, its own schedule, which the callback declares), logging every ``logging_steps``. With
+    two ranks each reads its own shard of the iterable dataset (``dispatch_batches`` off: a
+    rank that waits for its data waits alone)."""
     import transformers
 
     from steplens.producer.integrations.hf import SteplensCallback
 
     transformers.logging.set_verbosity_error()
     torch.manual_seed(run.seed)
-    gen = torch.Generator().manual_seed(run.seed)
+    gen = torch.Generator().manual_seed(run.seed + run.rank)
 
     class Rows(torch.utils.data.IterableDataset):
         def __iter__(self) -> Iterator[dict]:
             for step in range(run.steps):
                 for ids in run.rows(step, gen):
-                    for row in ids:
-                        yield {"input_ids": row}
+                    for _ in range(run.world):  # every rank's slot: each keeps its own
+                        for row in ids:
+                            yield {"input_ids": row}
 
-    class Blowup(transformers.TrainerCallback):
+    class Faults(transformers.TrainerCallback):
+        """Before the monitor's callback: an lr set outside the scheduler, a leak kept and a
+        step's floor slept inside the step (not in its wait for data)."""
+
+        began = 0.0
+
         def on_step_begin(self, args, state, control, optimizer=None, **kw):  # type: ignore[no-untyped-def]
+            self.began = time.perf_counter()
             if run.blown(state.global_step):
                 for g in optimizer.param_groups:
                     g["lr"] *= 30.0  # the scheduler sets it back at its next step
 
+        def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+            run.leak(state.global_step - 1)
+            time.sleep(max(0.0, run.floor_s - (time.perf_counter() - self.began)))
+
+    ranks = {}
+    if run.world > 1:
+        ranks = {"ddp_backend": "gloo", "accelerator_config": {"dispatch_batches": False}}
     transport = MemoryTransport()
     with tempfile.TemporaryDirectory() as out, tempfile.TemporaryDirectory() as spool:
-        mon = monitor(run.name, transport, None, spool)
+        mon = monitor(run.name, transport, None, spool, rank=run.rank, world=run.world)
         args = transformers.TrainingArguments(
             output_dir=out,
             max_steps=run.steps,
@@ -340,17 +380,19 @@ def train_hf(run: Run, logging_steps: int) -> list:
             use_cpu=True,
             disable_tqdm=True,
             seed=run.seed,
+            **ranks,
             **hf_scheduler(run.schedule, run.steps),
         )
         trainer = transformers.Trainer(
             model=TinyLM(),
             args=args,
             train_dataset=Rows(),
-            callbacks=[SteplensCallback(mon), Blowup()],
+            callbacks=[Faults(), SteplensCallback(mon)],
         )
         trainer.remove_callback(transformers.PrinterCallback)  # its logs on stdout
         trainer.train()
         mon.shutdown()
+    run.kept.clear()
     return transport.records()
 
 
@@ -362,7 +404,7 @@ def train_lightning(run: Run) -> list:
     from steplens.producer.integrations.lightning import SteplensCallback
 
     torch.manual_seed(run.seed)
-    gen = torch.Generator().manual_seed(run.seed)
+    gen = torch.Generator().manual_seed(run.seed + run.rank)
     sched = schedule_of(run.schedule, run.steps)
 
     class Rows(torch.utils.data.IterableDataset):
@@ -383,25 +425,43 @@ def train_lightning(run: Run) -> list:
             lam = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(sched, s) / PEAK)
             return {"optimizer": opt, "lr_scheduler": {"scheduler": lam, "interval": "step"}}
 
-    class Blowup(L.Callback):
+    class Faults(L.Callback):
+        """Before the monitor's callback: an lr set outside the scheduler, a leak kept and a
+        step's floor slept inside the step (not in its wait for data)."""
+
+        began = 0.0
+
         def on_train_batch_start(self, trainer, module, batch, batch_idx):  # type: ignore[no-untyped-def]
-            if batch_idx % run.accumulate == 0 and run.blown(trainer.global_step):
+            if batch_idx % run.accumulate:
+                return
+            self.began = time.perf_counter()
+            if run.blown(trainer.global_step):
                 for g in trainer.optimizers[0].param_groups:
                     g["lr"] *= 30.0  # the scheduler sets it back at its next step
 
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):  # type: ignore[no-untyped-def]
+            if (batch_idx + 1) % run.accumulate:
+                return
+            run.leak(trainer.global_step - 1)
+            time.sleep(max(0.0, run.floor_s - (time.perf_counter() - self.began)))
+
+    # two ranks: Lightning's ddp in processes started outside it, as torchrun does
+    ranks = {"strategy": "ddp", "devices": run.world} if run.world > 1 else {}
     transport = MemoryTransport()
     with tempfile.TemporaryDirectory() as spool:
-        mon = monitor(run.name, transport, sched, spool)
+        mon = monitor(run.name, transport, sched, spool, rank=run.rank, world=run.world)
         trainer = L.Trainer(
             max_steps=run.steps,
             accumulate_grad_batches=run.accumulate,
             gradient_clip_val=1.0,
             **LIGHTNING_CPU,
-            callbacks=[SteplensCallback(mon), Blowup()],
+            **ranks,
+            callbacks=[Faults(), SteplensCallback(mon)],
         )
         loader = torch.utils.data.DataLoader(Rows(), batch_size=None)
         trainer.fit(Module(), loader)
         mon.shutdown()
+    run.kept.clear()
     return transport.records()
 
 
@@ -544,8 +604,6 @@ def main() -> None:
     for path in args.paths.split(","):
         for sched in args.schedules.split(","):
             for incident in [None, *filter(None, args.incidents.split(","))]:
-                if incident in PLAIN_ONLY and path not in PLAIN:
-                    continue  # ranks in processes, steps of a set length: the plain loop's
                 steps = args.healthy if incident is None else args.steps
                 run = Run(
                     path, sched, incident, steps, args.seed, args.stall_ms / 1e3, args.accumulate
