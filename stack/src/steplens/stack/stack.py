@@ -6,8 +6,10 @@ import contextlib
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,9 @@ SERVICE_TYPES: dict[str, type[Service]] = {
     "mlflow": Mlflow,
 }
 LOG_ROTATE_BYTES = 50 * 1024 * 1024
+# Installs that build for minutes on the CPU (influxd: libflux with cargo, then go): started at
+# once, beside the others' downloads, not after them
+BUILT_IN_BACKGROUND = ("influxdb",)
 
 
 @dataclass(frozen=True)
@@ -129,10 +134,15 @@ class Stack:
             lock.acquire(timeout=BUILD_TIMEOUT_S)
         try:
             started = time.monotonic()
+            building = {
+                name: self._install_in_background(name, say)
+                for name in names
+                if name in BUILT_IN_BACKGROUND and self.pid(name) is None
+            }
             # Java services first so they boot while influxd is fetched or built.
             launched: dict[str, int | None] = {}
             for name in sorted(names, key=lambda n: n == "influxdb"):
-                launched[name] = self._launch(name, say)
+                launched[name] = self._launch(name, say, building.get(name))
             for name in names:
                 self._wait_healthy(name, launched[name], timeout_s)
                 self.service(name).configure(say)
@@ -146,8 +156,28 @@ class Stack:
         """Start one service (no-op if it runs) and wait until it is healthy."""
         self.up([service], progress=_quiet, timeout_s=timeout_s)
 
-    def _launch(self, name: str, say: Progress) -> int | None:
-        """Start the service unless ours already runs; returns the new pid or None if reused."""
+    def _install_in_background(self, name: str, say: Progress) -> Future[None]:
+        """``install`` of one service in a daemon thread (an error in another service's start
+        does not wait for it; a build it leaves running is waited for by the next start)."""
+        done: Future[None] = Future()
+        svc = self.service(name)
+
+        def work() -> None:
+            try:
+                svc.install(say)
+            except BaseException as e:  # handed to the start that waits for it
+                done.set_exception(e)
+            else:
+                done.set_result(None)
+
+        threading.Thread(target=work, name=f"install-{name}", daemon=True).start()
+        return done
+
+    def _launch(
+        self, name: str, say: Progress, installing: Future[None] | None = None
+    ) -> int | None:
+        """Start the service unless ours already runs; returns the new pid or None if reused.
+        ``installing``: its install, already under way."""
         svc = self.service(name)
         ports = {p: svc.port(p) for p in svc.port_names}
         ports_file = self.cfg.pid_path(name).with_suffix(".ports.json")
@@ -170,7 +200,10 @@ class Stack:
                     f"{var}=<port>.",
                     exit_code=5,
                 )
-        svc.install(say)
+        if installing is not None:
+            installing.result()
+        else:
+            svc.install(say)
         svc.prepare(say)
         log = self.cfg.log_path(name)
         if log.exists() and log.stat().st_size > LOG_ROTATE_BYTES:
