@@ -123,6 +123,49 @@ def test_a_later_larger_spike_on_another_rank_is_paged_with_its_own_step():
     assert {r.fingerprint for r in again} <= {page.fingerprint}
 
 
+def _blow_up(state: IncidentsState) -> list[Alert]:
+    """An lr blow-up at step 900: its deviation, a first gradient spike (0.43 at 901, back in
+    its band at 903) and their correlation."""
+    return feed(
+        state,
+        [
+            alert("lr_schedule:lr", "firing", 900, 900),
+            alert("spike:grad_norm", "firing", 901, 901, rank=0, value=0.43),
+            alert("correlation:loss_grad", "firing", 901, 901),
+            alert("spike:grad_norm", "resolved", 903, 901),
+        ],
+    )
+
+
+def test_a_blow_ups_spike_still_growing_a_few_steps_on_is_the_same_event():
+    """At full resolution the blown-up step's gradient spike (901) is followed by a larger one
+    on the same rank at 906, as the optimizer's state carries the blow-up on: no second page;
+    the incident is reported again, escalated to critical. A larger spike on that rank more
+    than ``join_gap`` steps after the first is a new event (a corrupted batch), paged."""
+    state = IncidentsState()
+    opened = _blow_up(state)
+    grew = feed(
+        state, [alert("spike:grad_norm", "firing", 906, 906, "critical", rank=0, value=3.1)]
+    )
+    assert {r.fingerprint for r in grew} == {opened[0].fingerprint}
+    assert grew and grew[-1].severity == "critical"
+    feed(state, [alert("spike:grad_norm", "resolved", 910, 906)])
+    later = feed(state, [alert("spike:grad_norm", "firing", 925, 925, rank=0, value=5.0)])
+    assert [r.state for r in later] == ["firing"]
+    assert later[0].fingerprint != opened[0].fingerprint and later[0].started_step == 925
+
+
+def test_a_window_whose_peak_is_the_spike_already_paged_joins_its_incident():
+    """A windowed rank sent the blown-up steps raw (paged at 900); the window of steps 901-1000
+    then reports its peak, larger than the first raw spike, at its last step: it covers the
+    same steps, so it joins the incident rather than paging at 1000."""
+    state = IncidentsState()
+    opened = _blow_up(state)
+    window = alert("spike:grad_norm", "firing", 1000, 1000, rank=0, value=3.1)
+    window.evidence["span_first"] = 901
+    assert {r.fingerprint for r in feed(state, [window])} <= {opened[0].fingerprint}
+
+
 def test_the_loss_volatility_a_spike_leaves_behind_is_not_paged_after_it_resolved():
     """A corrupted batch's incident (step 260) resolves at 290; the loss volatility of the
     windows that still hold its spike fires at 346 (on and off): inhibited by it, no page.

@@ -38,9 +38,11 @@ several topics); otherwise it opens an incident. An incident:
 A new event is its own incident, not a member of the one still open: an alert of a rule that
 already has a member there which has come back in its band (it peaked and resolved) and started
 more than ``join_steps`` steps before, now more than ``join_gap`` steps after that member
-resolved or (a spike) on another rank or with a larger value (a second loss spike after the
-first, a corrupted batch after an lr blow-up), opens an incident of its own, paged with its own
-step; the earlier incident goes on and resolves on its own signals.
+resolved or (a spike) on another rank or with a larger value more than ``join_gap`` steps after
+that member started (a second loss spike after the first, a corrupted batch after an lr
+blow-up; not the blow-up's loss still climbing a few steps on, nor a window whose peak is the
+spike already paged), opens an incident of its own, paged with its own step; the earlier
+incident goes on and resolves on its own signals.
 
 Its identity (``fingerprint``) derives from the run, the topic and the step it started at, and
 its time from the record it opened on, so a replay after a restart reports the same incident.
@@ -348,23 +350,28 @@ def _new_event(inc: Incident, cfg: IncidentsConfig, a: Alert) -> bool:
     """Whether ``a`` (not a follower) is a new event rather than more of ``inc``'s: a member
     of its rule there came back in its band (it peaked), started more than ``join_steps``
     before ``a``, and ``a`` is more than ``join_gap`` steps after that member resolved, or (a
-    spike) on another rank or larger."""
+    spike) on another rank, or larger from more than ``join_gap`` steps after that member's
+    start (counted from an aggregate's first step): an lr blow-up's loss still climbing a few
+    steps on, or a window whose peak is the spike already paged, is the same event growing."""
     start = a.started_step if a.started_step is not None else a.step
     if start is None or follower(a.rule):
         return False
+    span = span_of(a)
+    first = start if span is None else min(start, span)
     for m in inc.members.values():
         if m.rule != a.rule or m.firing or m.started_step is None:
             continue
         if start - m.started_step <= cfg.join_steps:
             continue
-        if m.step is not None and start - m.step > join_gap_of(cfg, a.rule, start, span_of(a)):
+        if m.step is not None and start - m.step > join_gap_of(cfg, a.rule, start, span):
             return True
         if a.rule.split(":", 1)[0] not in SPIKES:
             continue
         if _rank(m.scope, m.evidence) != _rank(a.scope, a.evidence):
             return True
         was, now = m.evidence.get("value"), a.evidence.get("value")
-        if _number(was) and _number(now) and now > was:
+        grew = _number(was) and _number(now) and now > was
+        if grew and first - m.started_step > cfg.join_gap:
             return True
     return False
 
