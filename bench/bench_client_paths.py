@@ -29,8 +29,9 @@ its first step to ``--tolerance`` steps after its last), the delay in steps and 
 points (the records of its rank with a step in between: windows and raw steps, or steps), and
 whether the incident's lead rule names the cause, and the event's best score among its cause's
 rules against the 99.99th percentile of the same rule's scores in the path's healthy runs; per
-path, the pages per 10,000 healthy steps (every incident opened in a healthy run, or before the
-fault in a faulty one).
+path, the pages per 10,000 healthy steps (every incident opened in a healthy run, or before or
+after the fault in a faulty one, over the steps outside it) and the events paged again (a
+second incident opened within the fault's steps and ``--tolerance``).
 
     python bench/bench_client_paths.py                      # about an hour on 2 cores
     python bench/bench_client_paths.py --paths hf10,lightning --schedules cosine --healthy 2000
@@ -544,6 +545,17 @@ def separation(outs: list[Outcome], o: Outcome, tolerance: int) -> str:
     return f"{top:.4f} {'>' if top > noise else '<='} {noise:.4f} ({rule})"
 
 
+def split(o: Outcome, tolerance: int) -> tuple[list[tuple[str, int]], list[tuple[str, int]], int]:
+    """The pages of the event (from its first step to ``tolerance`` steps after its last), the
+    false ones (before or after it, or any in a healthy run), and the run's steps outside it."""
+    if o.start is None or o.last is None:
+        return [], list(o.pages), o.steps
+    lo, hi = o.start - 2, o.last + tolerance
+    event = [p for p in o.pages if lo <= p[1] <= hi]
+    false = [p for p in o.pages if not lo <= p[1] <= hi]
+    return event, false, max(lo, 0) + max(o.steps - hi - 1, 0)
+
+
 def summarise(outs: list[Outcome], tolerance: int) -> None:
     print(
         f"{'path':<9} {'schedule':<9} {'incident':<11} {'paged':>5} {'delay':>6} "
@@ -551,36 +563,37 @@ def summarise(outs: list[Outcome], tolerance: int) -> None:
     )
     healthy: dict[str, list[int]] = {}
     for o in outs:
-        lo = o.start if o.start is not None else o.steps
-        before = [p for p in o.pages if p[1] < lo - 2]
-        got = healthy.setdefault(o.path, [0, 0])
-        got[0] += len(before)
-        got[1] += lo
+        event, false, quiet = split(o, tolerance)
+        got = healthy.setdefault(o.path, [0, 0, 0])
+        got[0] += len(false)
+        got[1] += quiet
+        # a report again of a resolved incident with a better lead is not a page
+        again = [p for p in event[1:] if not p[0].endswith("(named when resolved)")]
+        got[2] += len(again)
+        extra = f"; false pages {false}" if false else ""
+        extra += f"; paged again {again}" if again else ""
         if o.incident is None:
-            print(f"{o.path:<9} {o.schedule:<9} {'healthy':<11} pages {len(before)}")
+            print(f"{o.path:<9} {o.schedule:<9} {'healthy':<11} pages {len(false)}{extra}")
             continue
-        hit = [p for p in o.pages if o.start - 2 <= p[1] <= o.last + tolerance]
         sep = separation(outs, o, tolerance)
-        if not hit:
-            print(f"{o.path:<9} {o.schedule:<9} {o.incident:<11} {'no':>5}  score {sep}")
+        if not event:
+            print(f"{o.path:<9} {o.schedule:<9} {o.incident:<11} {'no':>5}  score {sep}{extra}")
             continue
-        rule, step = hit[0]
-        delay = max(0, step - o.start)
-        pts = sum(1 for s in o.points if o.start <= s <= max(step, o.start))
+        rule, step = event[0]
+        delay = max(0, step - o.start)  # type: ignore[operator]
+        pts = sum(1 for s in o.points if o.start <= s <= max(step, o.start))  # type: ignore[operator,type-var]
         named = any(rule.startswith(w) for w in CAUSES[o.incident])
         print(
             f"{o.path:<9} {o.schedule:<9} {o.incident:<11} {'yes':>5} {delay:>6} {pts:>6}  "
-            f"{rule} ({'yes' if named else 'NO'}); score {sep}"
+            f"{rule} ({'yes' if named else 'NO'}); score {sep}{extra}"
         )
     print()
-    for path, (n, steps) in healthy.items():
+    for path, (n, steps, again) in healthy.items():
         faulty = [o for o in outs if o.path == path and o.incident]
-        caught = sum(
-            1 for o in faulty if any(o.start - 2 <= p[1] <= o.last + tolerance for p in o.pages)
-        )
+        caught = sum(1 for o in faulty if split(o, tolerance)[0])
         print(
             f"{path:<9} recall {caught}/{len(faulty)}, pages per 10,000 healthy steps "
-            f"{1e4 * n / max(steps, 1):.2f} ({n} in {steps} steps)"
+            f"{1e4 * n / max(steps, 1):.2f} ({n} in {steps} steps), an event paged again {again}"
         )
 
 
