@@ -36,12 +36,16 @@ from steplens.stream_jobs.engine.core import (
     one,
     score_of,
 )
+from steplens.stream_jobs.engine.signals.allocator_keys import (
+    ALLOCATED,
+    LIMIT,
+    OOMS,
+    PEAK,
+    RESERVED,
+    RETRIES,
+)
 from steplens.stream_jobs.engine.signals.headroom import HeadroomConfig
 from steplens.stream_jobs.engine.signals.memory_trend import growth
-
-# the allocator's keys of a GPU entry (``producer/allocator.py`` writes them)
-ALLOCATED, RESERVED, PEAK = "torch_allocated_bytes", "torch_reserved_bytes", "torch_peak_bytes"
-LIMIT, RETRIES, OOMS = "torch_limit_bytes", "torch_alloc_retries", "torch_ooms"
 
 
 @dataclass

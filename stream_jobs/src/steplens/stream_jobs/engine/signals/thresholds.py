@@ -32,7 +32,7 @@ from steplens.stream_jobs.engine.core import (
     score_of,
     scores_of,
 )
-from steplens.stream_jobs.engine.signals.gpu_memory import ALLOCATED
+from steplens.stream_jobs.engine.signals.allocator_keys import ALLOCATED
 from steplens.stream_jobs.engine.signals.headroom import HeadroomConfig, headroom
 
 
