@@ -205,17 +205,20 @@ class Run:
     def leak(self, step: int) -> None:
         """A leaking loop keeps ``LEAK_BYTES_S`` of every second since its last step (touched
         bytes: resident), from the leak's first step on."""
-        if self.incident != "memory_leak" or step < self.start:  # type: ignore[operator]
+        if step < self.start:  # type: ignore[operator]
             return
         now = time.perf_counter()
         if self.leaked_at is not None:
             self.kept.append(b"\x01" * int(LEAK_BYTES_S * (now - self.leaked_at)))
         self.leaked_at = now
 
-    @property
-    def floor_s(self) -> float:
-        """The least a step takes: a leak's steps are a larger model's."""
-        return LEAK_STEP_S if self.incident == "memory_leak" else 0.0
+    def end_step(self, step: int, began: float) -> None:
+        """The end of ``step`` (begun at ``began``, ``perf_counter``): the leak kept, and a
+        leaking run's step made to last ``LEAK_STEP_S`` (a larger model's)."""
+        if self.incident != "memory_leak":
+            return
+        self.leak(step)
+        time.sleep(max(0.0, LEAK_STEP_S - (time.perf_counter() - began)))
 
     @property
     def world(self) -> int:
@@ -268,8 +271,7 @@ def plain_loop(run: Run, model: torch.nn.Module, transport: MemoryTransport, spo
         opt.step()
         tokens = sum(ids.numel() for ids in micro)
         mon.log_step(step, loss=loss, lr=lr, grad_norm=grad, tokens=tokens)
-        run.leak(step)
-        time.sleep(max(0.0, run.floor_s - (time.perf_counter() - began)))  # a larger model's step
+        run.end_step(step, began)
     mon.shutdown()
     run.kept.clear()
 
@@ -360,8 +362,7 @@ def train_hf(run: Run, logging_steps: int) -> list:
                     g["lr"] *= 30.0  # the scheduler sets it back at its next step
 
         def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
-            run.leak(state.global_step - 1)
-            time.sleep(max(0.0, run.floor_s - (time.perf_counter() - self.began)))
+            run.end_step(state.global_step - 1, self.began)
 
     ranks = {}
     if run.world > 1:
@@ -443,8 +444,7 @@ def train_lightning(run: Run) -> list:
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):  # type: ignore[no-untyped-def]
             if (batch_idx + 1) % run.accumulate:
                 return
-            run.leak(trainer.global_step - 1)
-            time.sleep(max(0.0, run.floor_s - (time.perf_counter() - self.began)))
+            run.end_step(trainer.global_step - 1, self.began)
 
     # two ranks: Lightning's ddp in processes started outside it, as torchrun does
     ranks = {"strategy": "ddp", "devices": run.world} if run.world > 1 else {}
