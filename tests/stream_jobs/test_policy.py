@@ -3,10 +3,12 @@ and magnitude, persistence counted across batches, notes and the cold anchors.""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -155,3 +157,30 @@ def test_a_rare_rise_inside_the_detectors_band_does_not_warn():
     cold = np.array([False, False, True, True])
     sev = judge(loss, JudgeState(), v, np.ones(4), np.full(4, 0.9995), cold=cold, own=own)
     assert sev.tolist() == [NONE, WARN, NONE, WARN]
+
+
+def test_a_rare_wobble_inside_the_band_scores_below_a_jump_outside_it():
+    """Where a policy has a band, a value's anomaly score is its rarity weighed by how far it
+    reaches toward the band's edge: a wobble a tenth of the way out scores below a jump past
+    the edge even when the series found the wobble rarer; a value past the edge keeps its
+    rarity, a cold one (no calibration yet) its own score; severities are unchanged."""
+    from steplens.stream_jobs.engine.calibration import CalibrationConfig
+    from steplens.stream_jobs.engine.core import Signals
+    from steplens.stream_jobs.engine.policy import judge_signals
+
+    loss = Policy(rarity=0.999, measure="rise", warning=0.08, at_once=0.1, band=0.5)
+    cal = CalibrationConfig(warmup=16)
+    rng = np.random.default_rng(3)
+    own = np.r_[rng.uniform(0.0, 0.05, 400), 0.06, 0.7]  # a wobble, then a jump
+    values = np.r_[np.ones(400), 1.02, 1.3]
+    sigs = Signals.of("spike", "loss", np.arange(402), None, values, own, expected=np.ones(402))
+    plain = Signals.of("spike", "loss", np.arange(402), None, values, own, expected=np.ones(402))
+    judge_signals(JudgeState(), cal, loss, sigs)
+    judge_signals(JudgeState(), cal, dataclasses.replace(loss, band=None), plain)
+    wobble, jump = sigs.score[-2], sigs.score[-1]
+    assert plain.score[-2] > 0.99  # rarer than any value before it
+    assert wobble < 0.2 < 0.99 < jump == plain.score[-1]
+    assert sigs.severity.tolist() == plain.severity.tolist()
+    cold = Signals.of("spike", "loss", [0, 1], None, [1.0, 1.3], [0.1, 0.7], expected=[1.0, 1.0])
+    judge_signals(JudgeState(), cal, loss, cold)
+    assert cold.score.tolist() == pytest.approx([0.1 * 0.1 / 0.5, 0.7])

@@ -212,3 +212,61 @@ def test_data_wait_warns_on_rows_in_a_row_and_windows_judge_the_steps_between():
     assert got == ["warning"]
     assert sev([101, 103, 105], streak=streak)[0] == ["info", "info", "info"]
     assert sev([101, 102, 103], streak=streak)[0] == ["info", "info", "warning"]
+
+
+def test_a_window_arriving_inside_a_stall_neither_breaks_nor_extends_its_streak():
+    """A stall's first step is sent raw, then the window that ends at it (its mean share low:
+    99 fast steps and one slow) arrives: the stall still warns at its third slow step, and a
+    window over the share counts no step of the streak."""
+    from steplens.stream_jobs.engine.signals.thresholds import ThresholdConfig, data_wait
+
+    cfg = ThresholdConfig()
+
+    def sev(steps, share, sustained=False, streak=(0, -1, True)):
+        n = len(steps)
+        sigs, streak = data_wait(
+            cfg,
+            np.full(n, share),
+            np.ones(n),
+            np.array(steps, dtype=np.int64),
+            np.arange(n, dtype=np.int64),
+            0,
+            sustained=sustained,
+            streak=streak,
+        )
+        return [s.severity for s in sigs.views()], streak
+
+    got, streak = sev([900], 0.9)
+    assert got == ["info"]
+    got, streak = sev([900], 0.05, sustained=True, streak=streak)  # the window 801-900
+    assert got == [None]
+    assert sev([901, 902], 0.9, streak=streak)[0] == ["info", "warning"]
+    got, streak = sev([1000], 0.6, sustained=True)  # a window over the share warns alone
+    assert got == ["warning"]
+    assert sev([1001, 1002], 0.9, streak=streak)[0] == ["info", "info"]
+
+
+def test_a_lone_slow_step_scores_below_a_stall_however_long_it_waited():
+    """A row's data-wait score weighs its share by how much of a stall its streak makes: one
+    step that waited its whole time (a pause of the process) scores below the third step of a
+    stall that waits 80 % of each step; the stall's rows rise as it goes on."""
+    from steplens.stream_jobs.engine.signals.thresholds import ThresholdConfig, data_wait
+
+    cfg = ThresholdConfig()
+
+    def scores(shares):
+        n = len(shares)
+        sigs, _ = data_wait(
+            cfg,
+            np.array(shares, dtype=float),
+            np.ones(n),
+            np.arange(100, 100 + n, dtype=np.int64),
+            np.arange(n, dtype=np.int64),
+            0,
+        )
+        return [s.score for s in sigs.views()]
+
+    lone = scores([0.1, 1.0, 0.1])[1]
+    stall = scores([0.1, 0.8, 0.8, 0.8])
+    assert stall[1] < stall[2] < stall[3]
+    assert lone < stall[3]

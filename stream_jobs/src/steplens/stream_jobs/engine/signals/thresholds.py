@@ -287,6 +287,8 @@ def data_wait(  # noqa: PLR0917
     the step of the last, and whether the rank sends windows. One row over it is a note for
     the data-bottleneck correlation; ``data_wait_steps`` rows in a row, or a ``sustained`` row
     (a window's means over its steps), warn: the rank's input pipeline holds its steps back.
+    A window neither breaks nor extends the streak of the steps it summarises. A row's score
+    is its share weighed by how much of a stall its streak makes (1 from the warning row on).
     A rank that sends windows sends the steps between them only when they stand out (a guard's
     outliers, a sample): those are in a row only when their steps are (a stall's steps), never
     three outliers apart; a rank that sends every step, or a mean every N steps, is in a row
@@ -300,13 +302,21 @@ def data_wait(  # noqa: PLR0917
     limit = cfg.data_wait_share
     breach = share > limit
     held = np.zeros(len(share), dtype=bool)
+    # how much of a stall each row makes (its rows in a row over the limit, of those that
+    # warn): a step's share weighed by it, so a lone slow step scores below a stall's
+    part = np.ones(len(share))
+    need = max(cfg.data_wait_steps, 1)
     for i, (over, step) in enumerate(zip(breach.tolist(), steps[ok].tolist(), strict=True)):
-        apart = windows and not sustained and count and step != last + 1
+        if sustained:  # a window is judged over its own span: the steps' streak goes on
+            held[i] = True
+            continue
+        apart = windows and count and step != last + 1
         count = 0 if not over else 1 if apart else count + 1
         last = step
-        held[i] = sustained or count >= cfg.data_wait_steps
+        held[i] = count >= cfg.data_wait_steps
+        part[i] = min(max(count, 1), need) / need
     streak = (count, last, windows)
-    score = scores_of(share / limit) if limit else np.zeros(len(share))
+    score = scores_of(share * part / limit) if limit else np.zeros(len(share))
     return Signals.of(
         "threshold",
         "data_wait_share",
