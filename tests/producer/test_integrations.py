@@ -81,7 +81,8 @@ class _SlowData(_Data):
 @pytest.mark.slow
 def test_hf_trainer_callback_times_the_input_pipeline(memory_monitor, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The wait for the next batches, from the end of one step to the start of the next, comes
-    with each logged step as the mean per step since the last log."""
+    with each logged step as the mean per step since the last log, and is part of its step
+    time."""
     transformers = pytest.importorskip("transformers")
     from steplens.producer.integrations.hf import SteplensCallback
 
@@ -93,9 +94,14 @@ def test_hf_trainer_callback_times_the_input_pipeline(memory_monitor, tmp_path) 
     )
     trainer.train()
     m.shutdown()
-    waits = {r.step: r.data.get("data_time_s") for r in tx.records("step")}
+    steps = {r.step: r.data for r in tx.records("step")}
+    waits = {s: d.get("data_time_s") for s, d in steps.items()}
     # the first step's batch is fetched before any step ends: steps 2-6 are timed
     assert all(waits[s] is not None and waits[s] >= 0.035 for s in (4, 6))
+    # a step's time holds its own wait, whenever its record is sent (a logged step's at once,
+    # the others' at the next step's start): the share of it spent waiting is at most 1
+    for s in range(2, 7):
+        assert 0 < steps[s]["data_time_s"] <= steps[s]["step_time_s"]
 
 
 @pytest.mark.slow
