@@ -221,6 +221,15 @@ class Run:
         time.sleep(max(0.0, LEAK_STEP_S - (time.perf_counter() - began)))
 
     @property
+    def shift(self) -> int:
+        """How much later than its batch's index the client logs the fault's first step: the
+        Trainers number a step by the steps done (the batch of index s is their step s + 1),
+        and their loaders read one batch ahead, so a wait for the batch of index s falls in
+        their step s."""
+        trainer = self.path.startswith("hf") or self.path == "lightning"
+        return 1 if trainer and self.incident in ("bad_batch", "lr_blowup") else 0
+
+    @property
     def world(self) -> int:
         return 2 if self.incident == "straggler" else 1
 
@@ -230,10 +239,11 @@ class Run:
 
 def train(run: Run) -> tuple[list, int | None, int | None]:
     """One run: its records (of every rank, in time order), and the fault's first and last
-    step."""
-    if run.world > 1:
-        return train_ranks(run), run.start, run.last
-    return train_rank(run), run.start, run.last
+    step as the client logs them."""
+    records = train_ranks(run) if run.world > 1 else train_rank(run)
+    if run.start is None or run.last is None:
+        return records, None, None
+    return records, run.start + run.shift, run.last + run.shift
 
 
 def train_rank(run: Run) -> list:
