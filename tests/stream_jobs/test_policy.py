@@ -160,10 +160,10 @@ def test_a_rare_rise_inside_the_detectors_band_does_not_warn():
 
 
 def test_a_rare_wobble_inside_the_band_scores_below_a_jump_outside_it():
-    """Where a policy has a band, a value's anomaly score is its rarity weighed by how far it
-    reaches toward the band's edge: a wobble a tenth of the way out scores below a jump past
-    the edge even when the series found the wobble rarer; a value past the edge keeps its
-    rarity, a cold one (no calibration yet) its own score; severities are unchanged."""
+    """Where a policy has a band, a value inside it scores its rarity times the detector's own
+    score (under the band's 0.5), one outside it 0.5 plus half its rarity, a cold one (no
+    calibration yet) its own score: a wobble inside the band scores below a jump past its
+    edge even when the series found the wobble rarer; severities are unchanged."""
     from steplens.stream_jobs.engine.calibration import CalibrationConfig
     from steplens.stream_jobs.engine.core import Signals
     from steplens.stream_jobs.engine.policy import judge_signals
@@ -179,8 +179,9 @@ def test_a_rare_wobble_inside_the_band_scores_below_a_jump_outside_it():
     judge_signals(JudgeState(), cal, dataclasses.replace(loss, band=None), plain)
     wobble, jump = sigs.score[-2], sigs.score[-1]
     assert plain.score[-2] > 0.99  # rarer than any value before it
-    assert wobble < 0.2 < 0.99 < jump == plain.score[-1]
+    assert wobble == pytest.approx(0.06 * plain.score[-2]) and wobble < 0.1
+    assert jump == pytest.approx(0.5 + 0.5 * plain.score[-1]) and jump > 0.99
     assert sigs.severity.tolist() == plain.severity.tolist()
     cold = Signals.of("spike", "loss", [0, 1], None, [1.0, 1.3], [0.1, 0.7], expected=[1.0, 1.0])
     judge_signals(JudgeState(), cal, loss, cold)
-    assert cold.score.tolist() == pytest.approx([0.1 * 0.1 / 0.5, 0.7])
+    assert cold.score.tolist() == pytest.approx([0.1, 0.7])

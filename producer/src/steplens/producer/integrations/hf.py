@@ -61,8 +61,9 @@ class SteplensCallback(TrainerCallback):
     The input pipeline's wait is timed as the Trainer's loop allows: from the end of a step
     (or of its logging, evaluation and saving) to the start of the next, where the Trainer
     fetches the next batches; each step carries it as ``data_time_s``, and as ``step_time_s``
-    that wait and the step's own work (its record is sent later, once the Trainer's log for it
-    is in: the time between two sends would hold the next step's wait, not this one's)."""
+    the time from the end of the last step's work to the end of its own (the last step's log,
+    evaluation or save, its wait, its work): its record is sent later, once the Trainer's log
+    for it is in, so the time between two sends would hold the next step's wait, not its own."""
 
     def __init__(self, monitor: Any = None, watch_every: int | None = None, **init_kwargs: Any):
         self._monitor = monitor
@@ -70,7 +71,7 @@ class SteplensCallback(TrainerCallback):
         self._init_kwargs = init_kwargs
         self._idle_since: float | None = None  # end of the last step, or of its log/eval/save
         self._waited: float | None = None  # seconds before this step's start
-        self._began: float | None = None  # this step's start
+        self._ended: float | None = None  # the end of the last step's work
         self._losses = StepLoss()
         self._processes = 1  # the Trainer multiplies a token-averaged loss by this
         self._lr = StepLr()
@@ -92,7 +93,6 @@ class SteplensCallback(TrainerCallback):
         if self._idle_since is not None:
             self._waited = time.perf_counter() - self._idle_since
             self._idle_since = None
-        self._began = time.perf_counter()
 
     def on_train_begin(
         self,
@@ -144,17 +144,14 @@ class SteplensCallback(TrainerCallback):
     ) -> None:
         m = self._monitor
         if m is not None:
-            began, waited = self._began, self._waited
-            step_s = None
-            if began is not None and waited is not None:
-                step_s = waited + (time.perf_counter() - began)
+            now, ended = time.perf_counter(), self._ended
             fields = {
                 "loss": self._losses.take(self._processes),
                 "lr": self._lr.lr(),
-                "data_time_s": waited,
-                "step_time_s": step_s,
+                "data_time_s": self._waited,
+                "step_time_s": None if ended is None else now - ended,
             }
-            self._waited = self._began = None
+            self._waited, self._ended = None, now
             self._send_pending()
             self._pending = (state.global_step, {k: v for k, v in fields.items() if v is not None})
             if m.config.remedies:

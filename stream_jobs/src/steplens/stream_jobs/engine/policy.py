@@ -33,9 +33,10 @@ alert (``alerts`` False: an ARIMA excursion of the loss is evidence, not an aler
 ``judge_signals`` applies a policy to a detector's signals of one series: their raw scores
 become calibrated anomaly scores (``calibration``), then severities. Until a series has values
 enough for its calibration, its signals keep the detector's own score (0.5 at the detector's
-threshold). Where a policy has a ``band``, a value's score is then weighed by how far it
-reaches toward the band's edge (its own score over ``band``, at most 1): the rarity of a value
-well inside the band says how often the series wobbles that much, not that it is anomalous.
+threshold). Where a policy has a ``band``, a value's score keeps it (``banded``): under
+``band`` inside the detector's band, at or over it outside, each in proportion to its rarity;
+the rarity of a value well inside the band says how often the series wobbles that much, not
+that it is anomalous.
 """
 
 from __future__ import annotations
@@ -111,11 +112,18 @@ def judge_signals(state: JudgeState, cal: CalibrationConfig, policy: Policy, sig
     cold = np.isnan(anomaly)
     sigs.score = np.where(cold, s, anomaly)
     sigs.severity = judge(policy, state, sigs.value, sigs.expected, sigs.score, cold=cold, own=s)
-    if policy.band is not None and policy.band > 0:
-        # inside the detector's band a value is not anomalous however rare on its series: its
-        # score reaches its rarity only at the band's edge (a +2 % wobble below a +25 % jump)
-        with np.errstate(invalid="ignore"):
-            sigs.score = sigs.score * np.minimum(s / policy.band, 1.0)
+    if policy.band is not None:
+        sigs.score = banded(sigs.score, s, cold, policy.band)
+
+
+def banded(anomaly: np.ndarray, own: np.ndarray, cold: np.ndarray, band: float) -> np.ndarray:
+    """Scores that keep a policy's band: a value inside the detector's band (its own score
+    under ``band``) is not anomalous however rare on its series, and scores its rarity times
+    its own score (under ``band``: a +2 % wobble below a +25 % jump); one outside scores
+    ``band`` plus the rest in proportion to its rarity; a cold one (no rarity yet) its own."""
+    with np.errstate(invalid="ignore"):
+        warm = np.where(own < band, anomaly * own, band + (1.0 - band) * anomaly)
+    return np.where(cold, own, warm)
 
 
 def _spans(state: JudgeState, steps: np.ndarray, most: int) -> np.ndarray:
