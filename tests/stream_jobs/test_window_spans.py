@@ -98,3 +98,51 @@ def test_a_rank_whose_steps_wait_before_the_others_windows_pages_once_as_a_strag
     assert 1300 <= opened[0].started_step <= 1305
     lead = [m for m in opened[0].evidence["members"] if m["rule"] == opened[0].rule]
     assert lead and lead[0]["rank"] == 1 and lead[0]["waits_on"] == "data"
+
+
+def test_a_straggler_sent_raw_beside_its_windows_pages_once_naming_the_rank_that_waits():
+    """Two ranks as the Hugging Face Trainer sends them: from step 1300 rank 1 waits for each
+    batch (sent raw while its guard flags it), rank 0 waits for it at the all-reduce, so both
+    take as long; each rank's window 1201-1300 arrives after its raw step 1300. A step's own
+    time is never compared with a window's mean ending at it (that made rank 0 look 1.6x
+    slower), and rank 1's window 1301-1400, released on rank 0's step, adds to the incident
+    its span covers: one page, the straggler rank 1 waiting on data."""
+
+    def raw(rank: int, step: int) -> list:
+        slow = stalled(step)
+        entry = {
+            "step": step,
+            "time_ns": step * 10**8 + rank,
+            "loss": 3.0,
+            "step_time_s": 1.0 if slow else 0.1,
+            "data_time_s": 0.86 if slow and rank == 1 else 0.005,
+        }
+        return det.process_entries(rank, [entry], behind=0)[1]
+
+    det = RunDetector("r")
+    reports = []
+    for first in range(1, 1201, 100):
+        for rank in (0, 1):
+            reports += rank_window(det, rank, first, first + 99, slow=False)
+    assert reports == []
+    reports += raw(1, 1300)
+    reports += rank_window(det, 1, 1201, 1300, slow=False)
+    reports += raw(0, 1300)
+    reports += rank_window(det, 0, 1201, 1300, slow=False)
+    for step in range(1301, 1340):
+        reports += raw(1, step)
+        if step < 1306:
+            reports += raw(0, step)
+    reports += rank_window(det, 1, 1301, 1400, slow=True)
+    for step in range(1340, 1356):  # rank 1 is back: its return goes raw, as does rank 0's
+        reports += raw(1, step)
+        reports += raw(0, step)
+    reports += rank_window(det, 0, 1301, 1400, slow=False)
+    opened = [a for a in reports if a.state == "firing"]  # a page, then its news
+    assert len({a.fingerprint for a in opened}) == 1
+    assert opened[0].rule == "straggler:data_wait_share"
+    for a in opened:
+        members = [m for m in a.evidence["members"] if m["rule"].startswith("straggler")]
+        assert members and all(m["rank"] == 1 for m in members)
+    lead = [m for m in opened[0].evidence["members"] if m["rule"] == opened[0].rule]
+    assert lead[0]["waits_on"] == "data"

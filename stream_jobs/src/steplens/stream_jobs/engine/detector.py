@@ -366,7 +366,7 @@ class RunDetector:
                 columns,
                 data_times,
                 behind,
-                windowed=firsts is not None,
+                firsts=first_a,
             )
             if not self.generic:  # an offline CSV's columns are judged by the generic detectors
                 dyn = self.run_states["baseline"]
@@ -770,7 +770,7 @@ class RunDetector:
 def _mark_spans(batch: list[Signals], firsts: np.ndarray) -> None:
     """A window's breaches name the first step it covers (``span_first``): an aggregate is
     judged over its span, and one that covers an incident already over adds to it
-    (``incidents``)."""
+    (``incidents``); a warning held from another rank's window keeps that one's."""
     for sigs in batch:
         hot = np.flatnonzero(sigs.severity).tolist()
         if not hot:
@@ -779,7 +779,7 @@ def _mark_spans(batch: list[Signals], firsts: np.ndarray) -> None:
             sigs.detail = [None] * len(sigs)
         for k in hot:
             first = int(firsts[int(sigs.row[k])])
-            sigs.detail[k] = {**(sigs.detail[k] or {}), "span_first": first}
+            sigs.detail[k] = {"span_first": first, **(sigs.detail[k] or {})}
 
 
 def _remember_peaks(seen: dict[str, list[Any]], entries: list[dict[str, Any]]) -> None:

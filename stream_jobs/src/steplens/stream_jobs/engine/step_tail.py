@@ -23,12 +23,12 @@ def tail(  # noqa: PLR0917
     columns: Columns,
     data_times: Sequence[float | None] | None,
     behind: int,
-    windowed: bool = False,
+    firsts: np.ndarray | None = None,
 ) -> list[Signals]:
-    """After the metrics of a rank's steps: the data waits (per row; ``windowed``: the rows
-    are windows' means), a lone one a straggler (``lone_waits``); the rank's progress; its
-    step times judged against the other ranks', once, after the last row (their signals
-    carry their own steps)."""
+    """After the metrics of a rank's steps: the data waits (per row; ``firsts``: the rows are
+    windows' means, from these steps on), a lone one a straggler (``lone_waits``); the rank's
+    progress; its step times judged against the other ranks', once, after the last row (their
+    signals carry their own steps)."""
     out: list[Signals] = []
     has = steps != NO_STEP
     if not has.any():
@@ -46,14 +46,15 @@ def tail(  # noqa: PLR0917
             steps,
             rows,
             rank,
-            sustained=windowed,
+            sustained=firsts is not None,
             streak=state.data_wait_streaks.get(rank, (0, -1, False)),
         )
         if got is not None:  # one rank of several waiting alone is a straggler
             # held warnings the batch lets judge: before the batch's own signals, so the
             # straggler leads what its steps set off here (a slower step's forecast)
             hold = ranks_cfg.lone_hold_s
-            out += lone_waits.judge(state.lone, got, rank, 0, times_ns, hold)
+            spans = None if firsts is None else firsts.tolist()
+            out += lone_waits.judge(state.lone, got, rank, 0, times_ns, hold, spans)
     at = np.flatnonzero(has)
     top = int(at[np.argmax(steps[at])])  # the first row of the largest step
     ranks.progress(state, rank, int(steps[top]), times_ns[top])
@@ -76,6 +77,7 @@ def tail(  # noqa: PLR0917
                 for st, w, h in zip(steps.tolist(), data_times, has.tolist(), strict=True)
                 if w is not None and h
             ]
+    windowed = firsts is not None
     judged = ranks.step_times(state, ranks_cfg, rank, timed, behind, n - 1, waited, windowed)
     if judged is not None:
         out.append(judged)

@@ -13,7 +13,9 @@ out at once, the others' windows of the same steps come up to a window later): a
 held (sent as a note) until records of at least half of the other ranks (of the first
 ``SAMPLE`` known) reach its step, and then judged; if they do not within ``hold_s`` seconds of
 the run's records (a rank that stopped sending), it is the data wait's warning after all. A run
-of one rank, or whose other ranks send no data wait, is judged as before, with no delay."""
+of one rank, or whose other ranks send no data wait, is judged as before, with no delay. A
+warning of a window keeps the window's first step (``span_first``) when it is released on
+another rank's record: it is an aggregate of its span, which adds to an incident it covers."""
 
 from __future__ import annotations
 
@@ -36,9 +38,9 @@ LONE = 0.5  # the others' median share, at most this share of the line: they do 
 class LoneWaits:
     # rank -> (step, share) of its latest row
     latest: dict[int, tuple[int, float]] = field(default_factory=dict)
-    # rank -> its warnings held for the others' records: (step, share, score, time_ns),
-    # oldest first
-    held: dict[int, list[tuple[int, float, float, int]]] = field(default_factory=dict)
+    # rank -> its warnings held for the others' records: (step, share, score, time_ns, the
+    # first step of its window or -1), oldest first
+    held: dict[int, list[tuple[int, float, float, int, int]]] = field(default_factory=dict)
     clock_ns: int = 0  # the latest time of a row judged (the run's records' clock)
 
 
@@ -49,11 +51,13 @@ def judge(  # noqa: PLR0917
     row: int,
     times_ns: Sequence[int],
     hold_s: float,
+    spans: Sequence[int] | None = None,
 ) -> list[Signals]:
     """``waits``: one rank's data wait signals (``thresholds.data_wait``) of a batch whose rows
-    were taken at ``times_ns``, changed in place: its warnings judged against the other ranks'
-    shares. Returns the straggler signals (a warning judged at once on its own row) and the
-    held warnings released (on batch ``row``, each of its own rank), then ``waits``."""
+    were taken at ``times_ns`` (``spans``: the first step each covers, for windows), changed in
+    place: its warnings judged against the other ranks' shares. Returns the straggler signals
+    (a warning judged at once on its own row) and the held warnings released (on batch
+    ``row``, each of its own rank), then ``waits``."""
     limit = float(waits.upper[0]) if len(waits) else math.nan
     steps = waits.step
     top = int(np.argmax(steps))
@@ -62,35 +66,44 @@ def judge(  # noqa: PLR0917
         state.clock_ns = max(state.clock_ns, *times_ns)
     if len(state.latest) < 2:
         return [waits]
-    # row, rank, step, share, score (and the others' median share, for a lone one)
-    lone: list[tuple[int, int, int, float, float, float]] = []
-    shared: list[tuple[int, int, int, float, float]] = []
+    # row, rank, step, share, score, span (and the others' median share, for a lone one)
+    lone: list[tuple[int, int, int, float, float, int, float]] = []
+    shared: list[tuple[int, int, int, float, float, int]] = []
     for k in np.flatnonzero(waits.severity == WARN_SEV).tolist():
         step = int(steps[k])
         others = _others(state, rank, step)
+        span = -1 if spans is None else int(spans[int(waits.row[k])])
         waits.severity[k] = INFO_SEV  # a note until judged, a straggler or released below
         if others is None:
             at = times_ns[int(waits.row[k])] if times_ns else state.clock_ns
             held = state.held.setdefault(rank, [])
-            held.append((step, float(waits.value[k]), float(waits.score[k]), at))
+            held.append((step, float(waits.value[k]), float(waits.score[k]), at, span))
             del held[:-MAX_HELD]
         elif others <= LONE * limit:
             got = (int(waits.row[k]), rank, step, float(waits.value[k]), float(waits.score[k]))
-            lone.append((*got, others))
+            lone.append((*got, span, others))
         else:
             waits.severity[k] = WARN_SEV
     for q in list(state.held):
         _release(state, q, row, int(hold_s * 1e9), limit, lone, shared)
     out: list[Signals] = []
     if lone:
-        rows, r, s, v, sc, exp = zip(*sorted(lone), strict=True)
-        detail = [{"rank": q, "waits_on": "data"} for q in r]
+        rows, r, s, v, sc, sp, exp = zip(*sorted(lone), strict=True)
+        detail: list[dict[str, Any] | None] = [
+            {"rank": q, "waits_on": "data", **_span(f)} for q, f in zip(r, sp, strict=True)
+        ]
         out.append(_warnings("straggler", rows, r, s, v, sc, list(exp), limit, detail))
     if shared:
-        rows, r, s, v, sc = zip(*sorted(shared), strict=True)
-        out.append(_warnings("threshold", rows, r, s, v, sc, limit, limit))
+        rows, r, s, v, sc, sp = zip(*sorted(shared), strict=True)
+        spanned: list[dict[str, Any] | None] = [_span(f) or None for f in sp]
+        out.append(_warnings("threshold", rows, r, s, v, sc, limit, limit, spanned))
     out.append(waits)
     return out
+
+
+def _span(first: int) -> dict[str, int]:
+    """A window's warning's evidence of its span (none for a step's)."""
+    return {"span_first": first} if first >= 0 else {}
 
 
 def _warnings(  # noqa: PLR0917
@@ -128,21 +141,23 @@ def _release(  # noqa: PLR0917
     row: int,
     hold_ns: int,
     limit: float,
-    lone: list[tuple[int, int, int, float, float, float]],
-    shared: list[tuple[int, int, int, float, float]],
+    lone: list[tuple[int, int, int, float, float, int, float]],
+    shared: list[tuple[int, int, int, float, float, int]],
 ) -> None:
     """Judge ``rank``'s held warnings whose steps the others' records reached; release the
     ones held ``hold_ns`` of the run's clock as the data wait's."""
     held = state.held[rank]
     keep = []
-    for step, share, score, at in held:
+    for entry in held:
+        step, share, score, at = entry[:4]
+        span = entry[4] if len(entry) > 4 else -1  # held before spans: none
         others = _others(state, rank, step)
         if others is not None and others <= LONE * limit:
-            lone.append((row, rank, step, share, score, others))
+            lone.append((row, rank, step, share, score, span, others))
         elif others is not None or state.clock_ns - at >= hold_ns:
-            shared.append((row, rank, step, share, score))
+            shared.append((row, rank, step, share, score, span))
         else:
-            keep.append((step, share, score, at))
+            keep.append((step, share, score, at, span))
     if keep:
         state.held[rank] = keep
     else:

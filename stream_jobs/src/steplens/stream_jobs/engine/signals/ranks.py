@@ -65,6 +65,9 @@ class RanksState:
     waits: dict[int, dict[int, float]] = field(default_factory=dict)
     # pending steps whose times are windows' means (sustained over the window by themselves)
     windows: set[int] = field(default_factory=set)
+    # pending step -> the ranks whose time for it is the step's own (a step sent raw), which a
+    # window's mean ending at that step does not replace: the two are compared apart
+    own: dict[int, set[int]] = field(default_factory=dict)
     # steps spanned by the widest step batch of the run (capped): how far behind another rank's
     # batch of the same steps may still be; when to judge, not a judgement (not compared)
     batch_span: int = field(default=0, compare=False)
@@ -97,20 +100,27 @@ def step_times(  # noqa: PLR0917
     state.batch_span = behind = max(min(behind, MAX_BATCH_SPAN), state.batch_span)
     pending = state.pending
     last: int | None = None
+    own = state.own
     for step, seconds in times:
         if math.isnan(seconds):
             continue
         got = pending.get(step)
         if got is None:
             got = pending[step] = {}
-        got[rank] = seconds
-        if windowed:
-            state.windows.add(step)
         if last is None or step > last:
             last = step
+        if windowed:
+            if rank in own.get(step, ()):
+                continue  # the step's own time came first: it stays
+            state.windows.add(step)
+        else:
+            own.setdefault(step, set()).add(rank)
+        got[rank] = seconds
     if last is None:
         return None
     for step, wait in waits or ():
+        if windowed and rank in own.get(step, ()):
+            continue
         if step in pending and math.isfinite(wait):
             state.waits.setdefault(step, {})[rank] = wait
     ready = _ready(state, cfg, last, behind)
@@ -120,6 +130,9 @@ def step_times(  # noqa: PLR0917
             del state.waits[step]
     if len(state.windows) > len(pending):
         state.windows.intersection_update(pending)
+    if len(own) > len(pending):
+        for step in [s for s in own if s not in pending]:
+            del own[step]
     return got
 
 
@@ -156,6 +169,13 @@ def _judge(state: RanksState, cfg: RanksConfig, ready: list[int], row: int) -> S
         waited = state.waits.pop(s, None)
         window = s in state.windows
         state.windows.discard(s)
+        own = state.own.pop(s, set())
+        if window and own:  # steps' own times and windows' means: never one against the other
+            mine = {r: t for r, t in got.items() if r in own}
+            if len(mine) >= 2:
+                got, window = mine, False
+            else:
+                got = {r: t for r, t in got.items() if r not in own}
         if len(got) < 2:
             continue
         sustained += [window] * len(got)
