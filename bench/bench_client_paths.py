@@ -487,6 +487,7 @@ def judge(
     scores: dict[str, list[tuple[int, float]]] = {}
     prefixes = tuple(w for words in CAUSES.values() for w in words)
     resolved: set[str] = set()  # incidents whose resolution was reported
+    paged: dict[str, int | None] = {}  # incident -> the start step it paged with
     last = 0
     for rec in records:
         if rec.rank != 0:
@@ -505,12 +506,17 @@ def judge(
                     (int(st) if st != NO_STEP else last, float(sc))
                     for st, sc in zip(sig.step, sig.score, strict=True)
                 ]
-        for a in alerts:  # pages, and a resolved page reported again with a better lead
-            if a.scope != "incident" or a.evidence.get("episode") != 0:
+        for a in alerts:  # pages, and a page reported again with a better lead
+            if a.scope != "incident":
                 continue
             step = a.started_step if a.started_step is not None else last
+            if a.evidence.get("episode") != 0:  # opened again: news of a page, never a page
+                if a.state == "firing" and paged.get(a.fingerprint) == step:
+                    pages.append((f"{a.rule} (named when reopened)", step))
+                continue
             if a.state == "firing":
                 rule = a.rule
+                paged.setdefault(a.fingerprint, step)
             elif a.fingerprint not in resolved:
                 resolved.add(a.fingerprint)  # its resolution: no news
                 continue
@@ -578,7 +584,7 @@ def summarise(outs: list[Outcome], tolerance: int) -> None:
         got[0] += len(false)
         got[1] += quiet
         # a report again of a resolved incident with a better lead is not a page
-        again = [p for p in event[1:] if not p[0].endswith("(named when resolved)")]
+        again = [p for p in event[1:] if not p[0].endswith(("when resolved)", "when reopened)"))]
         got[2] += len(again)
         extra = f"; false pages {false}" if false else ""
         extra += f"; paged again {again}" if again else ""

@@ -281,3 +281,21 @@ def test_a_condition_breaching_on_and_off_is_one_incident_a_second_spike_is_not(
         ],
     )
     assert len({r.fingerprint for r in spikes if r.state == "firing"}) == 2
+
+
+def test_a_condition_breaching_again_while_its_incident_holds_is_the_same_incident():
+    """A straggler waiting on data breaches on and off through its stall: its data-wait rule
+    fires at 902, resolves at 915 and fires again at 937 while the incident holds (its step
+    time still fires). A condition is one event within ``follow_steps`` of its last start, so
+    the second breach joins the open incident: no second page."""
+    state = IncidentsState()
+    history = [
+        alert("straggler:data_wait_share", "firing", 902, 902, rank=1),
+        alert("straggler:step_time_s", "firing", 905, 905, rank=1),
+        alert("straggler:data_wait_share", "resolved", 915, 902, rank=1),
+        alert("straggler:data_wait_share", "firing", 937, 937, rank=1),
+    ]
+    out = feed(state, history)
+    firing = [a for a in out if a.state == "firing"]
+    assert len({a.fingerprint for a in firing}) == 1
+    assert not [a for a in out if a.state == "firing" and a.started_step == 937]
