@@ -182,26 +182,31 @@ def test_an_unstable_metric_says_how_often_to_evaluate():
     assert detail["advice"].startswith("evaluate every 62 steps instead of every 1000")
 
 
+def _data_wait(steps, shares, sustained=False, streak=(0, -1, False)):
+    """``thresholds.data_wait`` of one rank's rows at ``steps`` whose shares of a 1 s step
+    are ``shares`` (one for all, or one each): its signals and the rank's streak after."""
+    from steplens.stream_jobs.engine.signals.thresholds import ThresholdConfig, data_wait
+
+    n = len(steps)
+    return data_wait(
+        ThresholdConfig(),
+        np.broadcast_to(np.asarray(shares, dtype=float), (n,)).copy(),
+        np.ones(n),
+        np.array(steps, dtype=np.int64),
+        np.arange(n, dtype=np.int64),
+        0,
+        sustained=sustained,
+        streak=streak,
+    )
+
+
 def test_data_wait_warns_on_rows_in_a_row_and_windows_judge_the_steps_between():
     """Three rows over the share in a row warn; a window over it warns alone; once a rank
     sends windows, the steps it sends between them are in a row only when their steps are (a
     stall's steps, not a guard's outliers apart)."""
-    from steplens.stream_jobs.engine.signals.thresholds import ThresholdConfig, data_wait
-
-    cfg = ThresholdConfig()
 
     def sev(steps, sustained=False, streak=(0, -1, False)):
-        n = len(steps)
-        sigs, streak = data_wait(
-            cfg,
-            np.full(n, 0.6),
-            np.ones(n),
-            np.array(steps, dtype=np.int64),
-            np.arange(n, dtype=np.int64),
-            0,
-            sustained=sustained,
-            streak=streak,
-        )
+        sigs, streak = _data_wait(steps, 0.6, sustained, streak)
         return [s.severity for s in sigs.views()], streak
 
     assert sev([10, 11, 12])[0] == ["info", "info", "warning"]
@@ -218,22 +223,9 @@ def test_a_window_arriving_inside_a_stall_neither_breaks_nor_extends_its_streak(
     """A stall's first step is sent raw, then the window that ends at it (its mean share low:
     99 fast steps and one slow) arrives: the stall still warns at its third slow step, and a
     window over the share counts no step of the streak."""
-    from steplens.stream_jobs.engine.signals.thresholds import ThresholdConfig, data_wait
-
-    cfg = ThresholdConfig()
 
     def sev(steps, share, sustained=False, streak=(0, -1, True)):
-        n = len(steps)
-        sigs, streak = data_wait(
-            cfg,
-            np.full(n, share),
-            np.ones(n),
-            np.array(steps, dtype=np.int64),
-            np.arange(n, dtype=np.int64),
-            0,
-            sustained=sustained,
-            streak=streak,
-        )
+        sigs, streak = _data_wait(steps, share, sustained, streak)
         return [s.severity for s in sigs.views()], streak
 
     got, streak = sev([900], 0.9)
@@ -250,20 +242,9 @@ def test_a_lone_slow_step_scores_below_a_stall_however_long_it_waited():
     """A row's data-wait score weighs its share by how much of a stall its streak makes: one
     step that waited its whole time (a pause of the process) scores below the third step of a
     stall that waits 80 % of each step; the stall's rows rise as it goes on."""
-    from steplens.stream_jobs.engine.signals.thresholds import ThresholdConfig, data_wait
-
-    cfg = ThresholdConfig()
 
     def scores(shares):
-        n = len(shares)
-        sigs, _ = data_wait(
-            cfg,
-            np.array(shares, dtype=float),
-            np.ones(n),
-            np.arange(100, 100 + n, dtype=np.int64),
-            np.arange(n, dtype=np.int64),
-            0,
-        )
+        sigs, _ = _data_wait(range(100, 100 + len(shares)), shares)
         return [s.score for s in sigs.views()]
 
     lone = scores([0.1, 1.0, 0.1])[1]
