@@ -109,14 +109,9 @@ def test_a_straggler_sent_raw_beside_its_windows_pages_once_naming_the_rank_that
     its span covers: one page, the straggler rank 1 waiting on data."""
 
     def raw(rank: int, step: int) -> list:
-        slow = stalled(step)
-        entry = {
-            "step": step,
-            "time_ns": step * 10**8 + rank,
-            "loss": 3.0,
-            "step_time_s": 1.0 if slow else 0.1,
-            "data_time_s": 0.86 if slow and rank == 1 else 0.005,
-        }
+        entry = {**step_entry(step), "time_ns": step * 10**8 + rank}
+        if rank == 0:  # it waits at the all-reduce, not for its data
+            entry["data_time_s"] = 0.005
         return det.process_entries(rank, [entry], behind=0)[1]
 
     det = RunDetector("r")

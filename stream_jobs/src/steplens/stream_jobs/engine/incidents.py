@@ -271,8 +271,11 @@ def _home(state: IncidentsState, cfg: IncidentsConfig, a: Alert) -> tuple[Incide
     if same and not _new_event(same[-1], cfg, a):
         inc = same[-1]
         last = inc.last_start()
-        gap = cfg.join_gap if earliest is None else join_gap_of(cfg, a.rule, earliest)
-        near = earliest is None or last is None or earliest - last <= gap
+        near = (
+            earliest is None
+            or last is None
+            or earliest - last <= join_gap_of(cfg, a.rule, earliest)
+        )
         if near or follower(a.rule):  # a follower is never a new event
             return inc, False
     if start is None or earliest is None:

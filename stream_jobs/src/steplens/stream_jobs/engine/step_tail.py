@@ -30,6 +30,7 @@ def tail(  # noqa: PLR0917
     progress; its step times judged against the other ranks', once, after the last row (their
     signals carry their own steps)."""
     out: list[Signals] = []
+    windowed = firsts is not None
     has = steps != NO_STEP
     if not has.any():
         return out
@@ -46,7 +47,7 @@ def tail(  # noqa: PLR0917
             steps,
             rows,
             rank,
-            sustained=firsts is not None,
+            sustained=windowed,
             streak=state.data_wait_streaks.get(rank, (0, -1, False)),
         )
         if got is not None:  # one rank of several waiting alone is a straggler
@@ -77,7 +78,6 @@ def tail(  # noqa: PLR0917
                 for st, w, h in zip(steps.tolist(), data_times, has.tolist(), strict=True)
                 if w is not None and h
             ]
-    windowed = firsts is not None
     judged = ranks.step_times(state, ranks_cfg, rank, timed, behind, n - 1, waited, windowed)
     if judged is not None:
         out.append(judged)

@@ -66,7 +66,8 @@ class RanksState:
     # pending steps whose times are windows' means (sustained over the window by themselves)
     windows: set[int] = field(default_factory=set)
     # pending step -> the ranks whose time for it is the step's own (a step sent raw), which a
-    # window's mean ending at that step does not replace: the two are compared apart
+    # window's mean ending at that step does not replace: the two are compared apart (beside
+    # ``windows``, which a state stored before it restores with)
     own: dict[int, set[int]] = field(default_factory=dict)
     # steps spanned by the widest step batch of the run (capped): how far behind another rank's
     # batch of the same steps may still be; when to judge, not a judgement (not compared)
