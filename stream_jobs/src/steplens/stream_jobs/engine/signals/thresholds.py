@@ -2,8 +2,9 @@
 
 ``Sustained`` counts consecutive breaches so a single low sample (GPU util between two
 kernels) does not alert; everything else breaches on the sample itself. GPU memory and
-temperature also warn *before* their limit when they drift toward it (``headroom``): a leak or a
-failing fan is seen while there is time to act.
+temperature also warn *before* their limit when they drift toward it (``headroom``, judged at
+samples kept every ``drift_keep_every_s``): a leak or a failing fan is seen while there is
+time to act.
 
 NVML's GPU memory (``gpu_mem_pct``, ``gpu_mem_growth``) counts what PyTorch's caching allocator
 keeps reserved after tensors are freed, so a healthy run often sits above 90 % and its cache
@@ -50,6 +51,10 @@ class ThresholdConfig:
     gpu_temp_c: float = 85.0  # GPU temperature (clocks throttle near 90 C)
     # a drift toward the memory or temperature limit that reaches it within 30 minutes
     drift: HeadroomConfig = field(default_factory=HeadroomConfig)
+    # a drift keeps a sample at most this often and is judged at kept samples only: its
+    # window of 120 is 20 minutes, its shortest stretch (20) over 3 (the sampler reads NVML
+    # every second: 20 such samples of a GPU whose temperature moves by a degree are noise)
+    drift_keep_every_s: float = 10.0
     max_gpus: int = 4096  # GPU scopes remembered as reporting their allocator (bounded)
 
 
@@ -149,26 +154,19 @@ def hw(  # noqa: PLR0917
                     WARNING if warns else None,
                 )
             )
-            out.append(
-                _drift(
-                    state,
-                    cfg,
-                    "gpu_mem_growth",
-                    scope,
-                    at_s,
-                    pct,
-                    cfg.gpu_mem_pct,
-                    step,
-                    rank,
-                    judged,
-                )
+            drift = _drift(
+                state, cfg, "gpu_mem_growth", scope, at_s, pct, cfg.gpu_mem_pct, step, rank, judged
             )
+            if drift is not None:
+                out.append(drift)
         temp = gpu.get("temp_c")
         if isinstance(temp, (int, float)) and math.isfinite(temp):
             out.append(above("threshold", "gpu_temp_c", temp, cfg.gpu_temp_c, step, rank, scope))
-            out.append(
-                _drift(state, cfg, "gpu_temp_drift", scope, at_s, temp, cfg.gpu_temp_c, step, rank)
+            drift = _drift(
+                state, cfg, "gpu_temp_drift", scope, at_s, temp, cfg.gpu_temp_c, step, rank
             )
+            if drift is not None:
+                out.append(drift)
         util = gpu.get("util_gpu")
         if isinstance(util, (int, float)) and math.isfinite(util):
             low = training and util < cfg.gpu_util_low
@@ -229,17 +227,21 @@ def _drift(  # noqa: PLR0917
     step: int | None,
     rank: int,
     judged: bool = True,
-) -> Signals:
-    """``value``'s drift toward ``limit`` over the scope's recent samples (``headroom``): its
-    value is the seconds left at the current rate (``judged``: it may warn)."""
+) -> Signals | None:
+    """``value``'s drift toward ``limit`` over the scope's kept samples (``headroom``), at a
+    kept sample (None between them, and without a time): its value is the seconds left at
+    the current rate (``judged``: it may warn)."""
+    if not math.isfinite(time_s):
+        return None
     key = f"{scope} {metric}"
     hist = state.drift.get(key)
     if hist is None:
         hist = state.drift[key] = deque(maxlen=cfg.drift.window)
-    if math.isfinite(time_s):
-        if hist and time_s <= hist[-1][0]:
-            hist.clear()  # the clock went back: a new sampler
-        hist.append((time_s, float(value)))
+    if hist and time_s <= hist[-1][0]:
+        hist.clear()  # the clock went back: a new sampler
+    elif hist and time_s - hist[-1][0] < cfg.drift_keep_every_s:
+        return None
+    hist.append((time_s, float(value)))
     pairs = np.array(hist, dtype=float).reshape(-1, 2)
     h = headroom(cfg.drift, pairs[:, 0], pairs[:, 1], limit)
     return one(
