@@ -36,14 +36,19 @@ def evaluate_batch(
         full[s.row[s.breach()]] = True
     full_rows: list[bool] = full.tolist()
     last_rows: list[int] = last.tolist()
+    # each Signals' first signal of every row, and its length: row i is starts[i]:starts[i + 1]
+    starts = [np.searchsorted(s.row, np.arange(n + 1)).tolist() for s in batch]
     for i in range(n):
         row_last = None if last_rows[i] == NO_STEP else last_rows[i]
-        if full_rows[i] or state.firing or state.correlating:
-            _note_rank_steps(state, batch, i)  # as ``rules.evaluate`` reads every signal
+        if not (full_rows[i] or state.firing or state.correlating):
+            rules.quiet(state, row_last)
+            yield []
+            continue
+        ranges = [range(b[i], b[i + 1]) for b in starts]
+        _note_rank_steps(state, batch, ranges)  # as ``rules.evaluate`` reads every signal
         if full_rows[i]:
-            yield rules.evaluate(state, cfg, run_id, _acted_on(batch, i, state))[1]
+            yield rules.evaluate(state, cfg, run_id, _acted_on(batch, ranges, state))[1]
         elif state.correlating:  # a quiet row: resolutions, then the correlations
-            ranges = [s.at_row(i) for s in batch]
             if not any(ranges):
                 yield []  # a row without signals changes nothing
                 continue
@@ -53,40 +58,43 @@ def evaluate_batch(
                 state,
                 cfg,
                 run_id,
-                _firing(batch, i, state),
+                _firing(batch, ranges, state),
                 row_last,
                 None if top == NO_STEP else top,
             )
-        elif state.firing:  # a quiet row only counts towards resolving what fires
-            yield rules.quiet_while_firing(state, cfg, run_id, _firing(batch, i, state), row_last)
-        else:
-            rules.quiet(state, row_last)
-            yield []
+        else:  # a quiet row only counts towards resolving what fires
+            yield rules.quiet_while_firing(
+                state, cfg, run_id, _firing(batch, ranges, state), row_last
+            )
 
 
-def _note_rank_steps(state: RulesState, batch: list[Signals], i: int) -> None:
-    """Each rank's latest step from row ``i``'s signals (``rules.note_rank_steps``)."""
-    for s in batch:
-        got = s.at_row(i)
+def _note_rank_steps(state: RulesState, batch: list[Signals], ranges: list[range]) -> None:
+    """Each rank's latest step from a row's signals (``ranges``: each Signals' signals of the
+    row), noted once (``rules.note_rank_steps``)."""
+    latest: dict[int, int] = {}
+    for s, got in zip(batch, ranges, strict=True):
         if not got:
             continue
-        steps = s.step[got]
-        ok = steps != NO_STEP
+        steps = s.step[got.start : got.stop]
         if isinstance(s.rank, np.ndarray):
-            ranks = s.rank[got]
-            ok &= ranks >= 0
-            rules.note_rank_steps(state, zip(ranks[ok].tolist(), steps[ok].tolist(), strict=True))
-        elif s.rank >= 0 and ok.any():
-            rules.note_rank_steps(state, [(s.rank, int(steps[ok].max()))])
+            ranks = s.rank[got.start : got.stop]
+            ok = (steps != NO_STEP) & (ranks >= 0)
+            for rank, step in zip(ranks[ok].tolist(), steps[ok].tolist(), strict=True):
+                if step > latest.get(rank, -1):
+                    latest[rank] = step
+        elif s.rank >= 0:
+            top = int(steps.max())
+            if top != NO_STEP and top > latest.get(s.rank, -1):
+                latest[s.rank] = top
+    rules.note_rank_steps(state, latest.items())
 
 
-def _firing(batch: list[Signals], i: int, state: RulesState) -> list[Signal]:
-    """Row ``i``'s signals of firing rules and scopes, in order: all that ``rules.evaluate``
-    reads of a row without a breach."""
+def _firing(batch: list[Signals], ranges: list[range], state: RulesState) -> list[Signal]:
+    """A row's signals (``ranges``) of firing rules and scopes, in order: all that
+    ``rules.evaluate`` reads of a row without a breach."""
     firing = state.firing
     out: list[Signal] = []
-    for s in batch:
-        got = s.at_row(i)
+    for s, got in zip(batch, ranges, strict=True):
         if not got:
             continue
         rule = s.rule
@@ -98,18 +106,18 @@ def _firing(batch: list[Signals], i: int, state: RulesState) -> list[Signal]:
     return out
 
 
-def _acted_on(batch: list[Signals], i: int, state: RulesState) -> list[Signal]:
-    """Row ``i``'s signals that ``rules.evaluate`` acts on, in order. Of a ``Signals`` with many
-    signals in the row (stragglers: every rank of every step judged), the breaches, the quiet
-    signals of scopes that fire or breach in the row (a quiet one may resolve them), the one
-    of the largest step (correlations are judged at it) and the row's last signal (its step
-    is the row's); every signal of the others."""
+def _acted_on(batch: list[Signals], ranges: list[range], state: RulesState) -> list[Signal]:
+    """A row's signals (``ranges``) that ``rules.evaluate`` acts on, in order. Of a
+    ``Signals`` with many signals in the row (stragglers: every rank of every step judged), the
+    breaches, the quiet signals of scopes that fire or breach in the row (a quiet one may
+    resolve them), the one of the largest step (correlations are judged at it) and the row's
+    last signal (its step is the row's); every signal of the others."""
     firing = state.firing
     out: list[Signal] = []
-    nonempty = [k for k, s in enumerate(batch) if s.at_row(i)]
+    nonempty = [k for k, got in enumerate(ranges) if got]
     for k in nonempty:
         s = batch[k]
-        got = s.at_row(i)
+        got = ranges[k]
         if len(got) == 1 or isinstance(s.scope, str):
             out += s.views(got)
             continue
