@@ -220,3 +220,45 @@ def test_a_restore_is_logged_and_counted(caplog):
     assert f"run r restored from the runs table: 2 ranks, {det.records} records" in caplog.text
     assert again.ready("broken", "e") == ["e"] and again.cache["broken"].records == 0
     assert counted == ["restored", "unreadable"]
+
+
+def test_a_head_past_a_message_s_size_is_stored_in_parts_and_restores_whole(monkeypatch):
+    """A run's head grows with its GPUs; past the largest table value (a changelog message)
+    it is stored in parts, each within the bound. A checkpoint cut after its parts, before
+    the run's key, restores the previous head whole; one that completes restores as a
+    never-stopped detector; retiring the run clears every part."""
+    from steplens.stream_jobs.engine.signals.registry import DetectorConfig
+    from steplens.stream_jobs.worker import store as store_module
+    from steplens.stream_jobs.worker.store import RunStore
+
+    monkeypatch.setattr(store_module, "MAX_VALUE", 512)
+    recs = records()
+    table = TornTable()
+    store = RunStore(table, DetectorConfig(), checkpoint_s=0.0)
+    det = store.cache["r"] = RunDetector("r", fit_inline=True)
+    replay(det, recs[:300])
+    store.checkpoint("r")
+    assert len(det.dump([])[0]) > 3 * 512  # the head is in several parts
+    assert all(len(v) <= 512 for k, v in table.items() if not k.startswith(b"r\x1frank:"))
+
+    replay(det, recs[300:CUT])
+    table.fail_on = b"r"  # the run's key of the second checkpoint, after its parts
+    with pytest.raises(KeyboardInterrupt):
+        store.checkpoint("r")
+    again = RunStore(table, DetectorConfig(), checkpoint_s=0.0)
+    assert again.ready("r", "event") == ["event"]
+    reference = RunDetector("r")
+    replay(reference, recs[:300])
+    assert again.cache["r"].records == reference.records
+
+    store.checkpoint("r")  # completes: the newer head, its parts in the other slot
+    third = RunStore(table, DetectorConfig(), checkpoint_s=0.0)
+    assert third.ready("r", "event") == ["event"]
+    back = third.cache["r"]
+    back.fit_inline = True
+    replay(reference, recs[300:CUT])
+    assert back.records == reference.records
+    assert_close(replay(back, recs[CUT:]), replay(reference, recs[CUT:]), rel=0, abs_=0)
+
+    third._retire("r")
+    assert not [k for k in table if k == b"r" or k.startswith(b"r\x1f")]

@@ -30,12 +30,31 @@ from steplens.schema.log_limit import LimitedLog
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.signals.arima_fit import ArimaParams
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
-from steplens.stream_jobs.engine.state import rank_key
+from steplens.stream_jobs.engine.state import RANK_SEP, rank_key
 from steplens.stream_jobs.worker.compat import NUDGE
 from steplens.stream_jobs.worker.run_limits import RunLimits
 from steplens.stream_jobs.worker.settings import LimitSettings
 
 log = logging.getLogger("steplens.stream_jobs")
+
+# A table value reaches the changelog as one Kafka message (1 MB at most by default). A run's
+# head holds its run-wide states, which grow with its GPUs (about 8 KB a rank): past
+# ``MAX_VALUE`` bytes it is stored in parts, in the slot its previous parts are not in, and the
+# run's key holds ``PARTS``, the slot and the count (a checkpoint cut before that value leaves
+# the previous head whole).
+MAX_VALUE = 512 << 10
+PARTS = b"SLpt"
+
+
+def part_key(run: str, slot: int, i: int) -> bytes:
+    return f"{run}{RANK_SEP}head:{slot}:{i}".encode()
+
+
+def parts_of(value: bytes | None) -> tuple[int, int] | None:
+    """The slot and count a run's key names when its head is stored in parts."""
+    if value is None or not value.startswith(PARTS) or len(value) != len(PARTS) + 5:
+        return None
+    return value[len(PARTS)], int.from_bytes(value[len(PARTS) + 1 :], "big")
 
 
 class Load(Protocol):
@@ -106,8 +125,10 @@ class RunStore:
 
     def _retire(self, run: str) -> None:
         det = self.cache.pop(run, None)
-        head = self.table.get(run.encode())
+        head = self._head(run)
         ranks = list(det.series) if det is not None else RunDetector.stored_ranks(head)
+        self._drop_parts(run, 0)
+        self._drop_parts(run, 1)
         for key in [*(rank_key(run, r, slot) for r in ranks for slot in (0, 1)), run]:
             if key.encode() in self.table:
                 del self.table[key.encode()]
@@ -144,8 +165,47 @@ class RunStore:
         self.cache[run], held = h.finish(run, self.cache.get(run))  # type: ignore[union-attr]
         return [*held, *tail]
 
+    def _head(self, run: str) -> bytes | None:
+        """``run``'s stored head, joined from its parts where it has them (None: none, or a
+        part is missing)."""
+        value = self.table.get(run.encode())
+        got = parts_of(value)
+        if got is None:
+            return value
+        slot, n = got
+        parts = [self.table.get(part_key(run, slot, i)) for i in range(n)]
+        if any(p is None for p in parts):
+            log.warning("run %s: a part of its stored head is missing; it starts afresh", run)
+            return None
+        return b"".join(parts)  # type: ignore[arg-type]
+
+    def _put_head(self, run: str, head: bytes) -> None:
+        """Write ``run``'s head: as it is, or in parts in the slot the stored one is not in;
+        then the parts no stored head names are cleared."""
+        key = run.encode()
+        before = parts_of(self.table.get(key))
+        if len(head) <= MAX_VALUE:
+            self.table[key] = head
+            slot = None
+        else:
+            slot = 1 - before[0] if before is not None else 0
+            n = 0
+            for i in range(0, len(head), MAX_VALUE):
+                self.table[part_key(run, slot, n)] = head[i : i + MAX_VALUE]
+                n += 1
+            self._drop_parts(run, slot, n)  # a longer head's earlier parts in this slot
+            self.table[key] = PARTS + bytes([slot]) + n.to_bytes(4, "big")
+        if before is not None and before[0] != slot:
+            self._drop_parts(run, before[0])
+
+    def _drop_parts(self, run: str, slot: int, start: int = 0) -> None:
+        i = start
+        while (key := part_key(run, slot, i)) in self.table:
+            del self.table[key]
+            i += 1
+
     def _restored(self, run: str) -> RunDetector | None:
-        blob = self.table.get(run.encode())
+        blob = self._head(run)
         if not blob:
             return None
         det = RunDetector.load(
@@ -198,12 +258,13 @@ class RunStore:
     def checkpoint(self, run: str) -> None:
         """Write ``run``'s changed state to the table: each changed rank in its other slot,
         then the head that names those slots (a checkpoint cut short before the head leaves
-        the stored run as it was), then the ranks' previous slots are cleared."""
+        the stored run as it was; a large head in parts: ``MAX_VALUE``), then the ranks'
+        previous slots are cleared."""
         det = self.cache[run]
         head, ranks = det.dump(det.take_touched())
         for rank, blob in ranks.items():
             self.table[rank_key(run, rank, det.slots[rank]).encode()] = blob
-        self.table[run.encode()] = head
+        self._put_head(run, head)
         for rank in ranks:
             old = rank_key(run, rank, 1 - det.slots[rank]).encode()
             if old in self.table:
