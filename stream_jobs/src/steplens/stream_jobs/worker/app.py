@@ -33,8 +33,12 @@ from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.publish_limit import QuietLimiter
 from steplens.stream_jobs.engine.signals import arima, registry
 from steplens.stream_jobs.engine.signals.dynamic_baseline import DynamicConfig
+from steplens.stream_jobs.engine.signals.gpu_errors import GpuErrorConfig
+from steplens.stream_jobs.engine.signals.gpu_memory import GpuMemoryConfig
+from steplens.stream_jobs.engine.signals.host_memory import HostMemoryConfig
 from steplens.stream_jobs.engine.signals.ranks import RanksConfig
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
+from steplens.stream_jobs.engine.signals.thresholds import ThresholdConfig
 from steplens.stream_jobs.worker import compat, history_loads
 from steplens.stream_jobs.worker.baseline_fits import Bands, BaselineFits
 from steplens.stream_jobs.worker.fit_queue import FitQueue, pool_initializer
@@ -54,16 +58,30 @@ from steplens.stream_jobs.worker.store import RunStore
 
 log = logging.getLogger("steplens.stream_jobs")
 
+SERIES_PER_RANK = 8  # a run's 7-day baseline series per rank (``detector_config``)
+QUIET_KEYS_PER_RANK = 32  # quiet series (run, rank, rule, metric) remembered per rank
 
-def detector_config(options: DetectorOptions) -> DetectorConfig:
-    """The engine's detector settings with the worker's options applied."""
+
+def detector_config(options: DetectorOptions, max_ranks: int) -> DetectorConfig:
+    """The engine's detector settings with the worker's options applied; a run's caps follow
+    ``max_ranks``: a GPU a rank, ``SERIES_PER_RANK`` 7-day baseline series a rank (4 of its
+    GPU's, 2 of its own, its share of the node's disks and ports)."""
     ranks = RanksConfig()
     if options.hang_after_s is not None:
         ranks = RanksConfig(hang_after_s=options.hang_after_s)
     advice = AdviceConfig(**dataclasses.asdict(options.advice))
-    baseline = DynamicConfig(refit_s=options.baseline_refit_s)
+    baseline = DynamicConfig(
+        refit_s=options.baseline_refit_s, max_series=SERIES_PER_RANK * max_ranks
+    )
     return DetectorConfig(
-        arima_enabled=options.arima_enabled, ranks=ranks, advice=advice, baseline=baseline
+        arima_enabled=options.arima_enabled,
+        ranks=ranks,
+        advice=advice,
+        baseline=baseline,
+        thresholds=ThresholdConfig(max_gpus=max_ranks),
+        gpu_memory=GpuMemoryConfig(max_gpus=max_ranks),
+        gpu_errors=GpuErrorConfig(max_gpus=max_ranks),
+        host_memory=HostMemoryConfig(max_ranks=max_ranks),
     )
 
 
@@ -76,7 +94,7 @@ class Worker:
         registry.warm_up()  # not at the first batch: compiled once per machine, then cached
         log.info("compiled detector loops ready in %.1f s", time.perf_counter() - t)
         self.s = s
-        detector = detector_config(s.detector)
+        detector = detector_config(s.detector, s.limits.max_ranks)
         self.metrics = metrics
         self.fits = FitQueue(
             None,
@@ -147,7 +165,11 @@ class Worker:
             self._send,
             s.topics,
             metrics,
-            QuietLimiter(s.signal_every, s.signal_interval_s),
+            QuietLimiter(
+                s.signal_every,
+                s.signal_interval_s,
+                max(100_000, QUIET_KEYS_PER_RANK * s.limits.max_ranks),
+            ),
             s.app_id,
         )
         self.scorer = Scorer(limits, reseed, self.out, metrics, s.time_bounds)

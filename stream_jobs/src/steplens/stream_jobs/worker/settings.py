@@ -75,8 +75,11 @@ class LimitSettings:
     ] = 5000
     max_ranks: Annotated[
         PositiveInt,
-        about("ranks of one run scored at most; a further rank's records are dead letters"),
-    ] = 4096
+        about(
+            "ranks of one run scored at most; a further rank's records are dead letters; a "
+            "run's GPUs, baseline series and remembered quiet signals are capped from it"
+        ),
+    ] = 16384
     idle_s: Annotated[
         PositiveFloat,
         about(
