@@ -4,8 +4,9 @@ as fast as they can be made) scored by one ``RunDetector`` as the worker's ``det
 with its checkpoint (``dump`` of the ranks touched) every ``--checkpoint-steps`` steps (the
 worker: every 5 s, so 5 steps of 1 s).
 
-Prints, per N: records, scoring µs per record, CPU seconds per simulated second, and the
-checkpoint's size and time. The smallest N is the baseline of the ratios.
+Prints, per N: records, scoring µs per record, CPU seconds per simulated second, the
+checkpoint's size and time (and its head's: the run-wide states), and the process's peak
+RSS. The smallest N is the baseline of the ratios.
 
     python bench/bench_rank_state.py --ranks 64 256 1024 --steps 60
 """
@@ -13,6 +14,7 @@ checkpoint's size and time. The smallest N is the baseline of the ratios.
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 import time
 from pathlib import Path
@@ -37,6 +39,7 @@ def measure(n: int, steps: int, every: int) -> dict[str, float]:
     score_s = dump_s = 0.0
     by_kind: dict[str, list[float]] = {}
     dumps: list[int] = []
+    heads: list[int] = []
     last_ck = 0
     for rec in recs:
         t = time.process_time()
@@ -55,6 +58,7 @@ def measure(n: int, steps: int, every: int) -> dict[str, float]:
             head, ranks = det.dump(det.take_touched())
             dump_s += time.process_time() - t
             dumps.append(len(head) + sum(len(b) for b in ranks.values()))
+            heads.append(len(head))
     return {
         "records": len(recs),
         "records_per_step": len(recs) / steps,
@@ -63,6 +67,8 @@ def measure(n: int, steps: int, every: int) -> dict[str, float]:
         "checkpoints": len(dumps),
         "checkpoint_mb": max(dumps, default=0) / 2**20,
         "checkpoint_s": dump_s / max(1, len(dumps)),
+        "head_mb": max(heads, default=0) / 2**20,
+        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "by_kind": {k: f"{n} x {1e6 * t / n:.0f} µs" for k, (n, t) in by_kind.items()},
     }
 
@@ -83,7 +89,8 @@ def main() -> int:
             f"per step ({m['score_cpu_per_step_s'] / base['score_cpu_per_step_s']:.1f}x); "
             f"checkpoint {m['checkpoint_mb']:.2f} MB in {m['checkpoint_s'] * 1000:.0f} ms "
             f"({m['checkpoint_s'] / max(base['checkpoint_s'], 1e-9):.1f}x), "
-            f"{m['checkpoints']} checkpoints",
+            f"{m['checkpoints']} checkpoints, head {m['head_mb']:.2f} MB; "
+            f"peak RSS so far {m['rss_mb']:.0f} MB",
             flush=True,
         )
         print(f"  by kind: {m['by_kind']}", flush=True)

@@ -120,7 +120,10 @@ def _run_influx(
     fields = TextFields()
     bounds = resolve(TimeBounds, given(TimeBounds, args))
     sink = InfluxSink(client, settings, bounds=bounds, text_fields=fields)
-    rollups = RollupLoop(client, settings, fields).start() if settings.rollups else None
+    rollups = rollup_client = None
+    if settings.rollups:  # a client of its own: a run's query may take most of a minute
+        rollup_client = make_client(settings, settings.rollup_timeout_ms)
+        rollups = RollupLoop(rollup_client, settings, fields).start()
     consumer.subscribe(names)
     try:
         SinkLoop(consumer, sink, dead, stop=stop, batch_size=s.batch_size).run()
@@ -129,6 +132,8 @@ def _run_influx(
             rollups.stop()
         sink.shutdown()
         client.close()
+        if rollup_client is not None:
+            rollup_client.close()
     return 0
 
 

@@ -39,10 +39,15 @@ PERMANENT_STATUS: Final = frozenset({400, 413, 422})
 RETENTION_MARGIN_S: Final = 60  # records this close to the retention edge are still written
 
 
-def make_client(s: InfluxSettings) -> InfluxDBClient:
-    """An https URL's certificate is always verified: against ``ca_cert`` when given."""
+def make_client(s: InfluxSettings, timeout_ms: int | None = None) -> InfluxDBClient:
+    """An https URL's certificate is always verified: against ``ca_cert`` when given.
+    ``timeout_ms``: of each request (default ``s.timeout_ms``)."""
     return InfluxDBClient(
-        url=s.url, token=s.token, org=s.org, timeout=s.timeout_ms, ssl_ca_cert=s.ca_cert
+        url=s.url,
+        token=s.token,
+        org=s.org,
+        timeout=s.timeout_ms if timeout_ms is None else timeout_ms,
+        ssl_ca_cert=s.ca_cert,
     )
 
 

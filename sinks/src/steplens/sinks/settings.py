@@ -52,6 +52,13 @@ class InfluxSettings:
         ),
     ] = True
     timeout_ms: Annotated[PositiveInt, about("InfluxDB: timeout of one request")] = 10_000
+    rollup_timeout_ms: Annotated[
+        PositiveInt,
+        about(
+            "InfluxDB: timeout of one rollup run's query (a run of many series' minutes; it "
+            "stays under the minute between runs)"
+        ),
+    ] = 50_000
     max_names_per_run: Annotated[
         PositiveInt,
         about("InfluxDB: distinct metric names a run may use per measurement"),
