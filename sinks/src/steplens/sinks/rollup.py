@@ -15,8 +15,10 @@ catching up after an outage, is folded in), so minutes of failed or missed runs 
 once a run succeeds. A run covers at most ``CHUNK_MIN`` minutes, and never reaches back past
 the hot window (``floor``): a gap longer than that cannot be rolled up from the hot bucket.
 
-Memory: every aggregate is computed by the storage engine (a window aggregate pushed down per
-measurement), so a query holds rollup rows, not raw points, whatever the burst. Fields that
+Memory: every aggregate is computed by the storage engine (a window aggregate pushed down),
+so a query holds rollup rows, not raw points, whatever the burst; and a run makes one query a
+measurement (``roll``), so a query holds one measurement's rows: a run of 1,024 ranks has
+about 20,000 series, whose minute in one query passed InfluxDB's query memory limit. Fields that
 are not numbers (text, booleans, ``<name>_nonfinite``), which the storage engine refuses to
 aggregate, are left out by name (``text_fields``: learnt once and from the points written,
 not scanned on every run).
@@ -28,7 +30,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Final
 
-from influxdb_client import BucketRetentionRules, InfluxDBClient
+from influxdb_client import BucketRetentionRules, InfluxDBClient, Point, WritePrecision
+from influxdb_client.client.write_api import SYNCHRONOUS
 
 from steplens.sinks.flux_literals import flux_string, flux_time
 from steplens.sinks.settings import InfluxSettings
@@ -47,44 +50,37 @@ def _imports() -> str:
     return "".join(f"import {flux_string(name)}\n" for name in IMPORTS)
 
 
-def _rollup_stream(s: InfluxSettings, run_id: str | None, skips: str) -> str:
-    """Flux defining ``rolled``: the rollup points of [start_, stop_), written to the rollup
-    bucket (``start_`` and ``stop_`` are defined by the caller). ``skips``: a Flux dictionary,
-    measurement -> a regular expression of its fields that are not numbers
-    (``TextFields.flux_dict``)."""
+def _rollup_stream(s: InfluxSettings, measurement: str, run_id: str | None, skips: str) -> str:
+    """Flux defining ``rolled``: the rollup points of ``measurement`` in [start_, stop_),
+    written to the rollup bucket (``start_`` and ``stop_`` are defined by the caller).
+    ``skips``: a Flux dictionary, measurement -> a regular expression of its fields that are
+    not numbers (``TextFields.flux_dict``)."""
     hot = flux_string(s.bucket)
     only_run = "" if run_id is None else f" and r.run_id == {flux_string(run_id)}"
-    aggs = ", ".join(
-        f"agg(m: m, skip: skip, fn: {a}, suffix: {flux_string('_' + a)})" for a in AGGREGATES
-    )
+    m = flux_string(measurement)
+    aggs = ", ".join(f"agg(fn: {a}, suffix: {flux_string('_' + a)})" for a in AGGREGATES)
     return f"""skips = {skips}
-agg = (m, skip, fn, suffix) => from(bucket: {hot})
+skip = regexp.compile(v: dict.get(dict: skips, key: {m}, default: "^$"))
+agg = (fn, suffix) => from(bucket: {hot})
     |> range(start: start_, stop: stop_)
-    |> filter(fn: (r) => r._measurement == m and r._field != "seq" and r._field !~ skip{only_run})
+    |> filter(fn: (r) => r._measurement == {m} and r._field != "seq" and r._field !~ skip{only_run})
     |> aggregateWindow(every: 1m, fn: fn, createEmpty: false, timeSrc: "_start")
     |> toFloat()
     |> map(fn: (r) => ({{r with _field: r._field + suffix}}))
-measurement = (m) => {{
-    skip = regexp.compile(v: dict.get(dict: skips, key: m, default: "^$"))
-    return union(tables: [{aggs}])
-}}
-names = schema.measurements(bucket: {hot}, start: start_, stop: stop_)
-    |> findColumn(fn: (key) => true, column: "_value")
-// union takes two streams at least: two empty measurements make sure of it
-all_names = array.concat(arr: ["", ""], v: names)
-rolled = union(tables: array.map(arr: all_names, fn: (x) => measurement(m: x)))
+rolled = union(tables: [{aggs}])
     |> to(bucket: {flux_string(s.rollup_bucket)}, org: {flux_string(s.org)})
 """
 
 
 def rollup_flux(
-    s: InfluxSettings, start: str, stop: str, skips: str, run_id: str | None = None
+    s: InfluxSettings, start: str, stop: str, measurement: str, *, skips: str, run_id: str | None
 ) -> str:
-    """Aggregate the numeric fields of [start, stop) (of one run, or all) into the rollup bucket."""
+    """Aggregate the numeric fields of ``measurement`` in [start, stop) (of one run, or all)
+    into the rollup bucket; the query's value is the count of points written."""
     return (
         _imports()
         + f"start_ = {start}\nstop_ = {stop}\n"
-        + _rollup_stream(s, run_id, skips)
+        + _rollup_stream(s, measurement, run_id, skips)
         + "rolled |> count() |> group() |> sum()\n"
     )
 
@@ -95,12 +91,15 @@ def max_lookback_s(s: InfluxSettings) -> int:
     return min(hot, MAX_LOOKBACK_S) if hot > 0 else MAX_LOOKBACK_S
 
 
-def run_body(s: InfluxSettings, skips: str, lookback_min: int = 5) -> str:
-    """One run's query: from the coverage mark (at most ``lookback_min`` minutes back, at
-    least the hot window) to the last closed minute, ``CHUNK_MIN`` minutes at most."""
+def window_flux(s: InfluxSettings, lookback_min: int = 5) -> str:
+    """One run's range, from the coverage mark (at most ``lookback_min`` minutes back, at
+    least the hot window) to the last closed minute, ``CHUNK_MIN`` minutes at most, and the
+    measurements in it: a row per measurement (and one named ``""``), with ``start`` and
+    ``stop``."""
     rollup = flux_string(s.rollup_bucket)
-    org = flux_string(s.org)
-    head = f"""now_ = date.truncate(t: now(), unit: 1m)
+    return (
+        _imports()
+        + f"""now_ = date.truncate(t: now(), unit: 1m)
 floor = date.sub(d: {max_lookback_s(s)}s, from: now_)
 late = date.sub(d: {int(lookback_min)}m, from: now_)
 marks = from(bucket: {rollup})
@@ -112,20 +111,48 @@ covered = if length(arr: marks) > 0 then marks[0] else floor
 start_ = if covered < late then covered else late
 chunk_end = date.add(d: {CHUNK_MIN}m, to: start_)
 stop_ = if chunk_end < now_ then chunk_end else now_
+names = schema.measurements(bucket: {flux_string(s.bucket)}, start: start_, stop: stop_)
+    |> findColumn(fn: (key) => true, column: "_value")
+array.from(rows: array.map(
+    arr: array.concat(arr: [""], v: names),
+    fn: (x) => ({{name: x, start: start_, stop: stop_}}),
+))
 """
-    # the mark depends on the written points, so it is written only once they all are
-    mark = f"""union(tables: [
-        rolled |> group() |> count() |> map(fn: (r) => ({{_value: r._value}})),
-        array.from(rows: [{{_value: 0}}]),
-    ])
-    |> group()
-    |> sum()
-    |> map(fn: (r) => ({{
-        _time: stop_, _measurement: {flux_string(COVERAGE)}, _field: "points", _value: r._value,
-    }}))
-    |> to(bucket: {rollup}, org: {org})
+    )
+
+
+def measurements(
+    client: InfluxDBClient, s: InfluxSettings, start: datetime, stop: datetime
+) -> list[str]:
+    """The hot bucket's measurements with points in [start, stop)."""
+    span = f"start: {flux_time(start)}, stop: {flux_time(stop)}"
+    flux = f"""import "influxdata/influxdb/schema"
+schema.measurements(bucket: {flux_string(s.bucket)}, {span})
 """
-    return _imports() + head + _rollup_stream(s, None, skips) + mark
+    return [
+        str(r.get_value()) for t in client.query_api().query(flux, org=s.org) for r in t.records
+    ]
+
+
+def roll(
+    client: InfluxDBClient,
+    s: InfluxSettings,
+    span: tuple[datetime, datetime],
+    names: list[str],
+    *,
+    skips: str,
+    run_id: str | None = None,
+) -> int:
+    """Roll up ``span`` (start, stop) of each of ``names``, one query a measurement (a
+    query's memory is one measurement's rollup rows: all of a large run's at once passed
+    InfluxDB's query memory limit); returns the points written."""
+    total = 0
+    start, stop = (flux_time(t) for t in span)
+    for name in names:
+        flux = rollup_flux(s, start, stop, name, skips=skips, run_id=run_id)
+        for t in client.query_api().query(flux, org=s.org):
+            total += sum(int(r.get_value() or 0) for r in t.records)
+    return total
 
 
 def ensure_buckets(client: InfluxDBClient, s: InfluxSettings) -> None:
@@ -156,16 +183,25 @@ def run_once(
     now: datetime | None = None,
     lookback_min: int = 5,
 ) -> None:
-    """One rollup run, as if at ``now`` (default: the server's clock). A run that fails
-    marks ``fields`` stale (another sink may have written a text field this one never saw):
-    the next run learns them again."""
+    """One rollup run, as if at ``now`` (default: the server's clock): its range and
+    measurements, each measurement rolled up, then the coverage mark at the range's end (a
+    run that fails leaves the mark where it was: the next one redoes its minutes). A run
+    that fails marks ``fields`` stale (another sink may have written a text field this one
+    never saw): the next run learns them again."""
     query_api = client.query_api()
     fields.scan_if_stale(query_api, s)
-    flux = run_body(s, fields.flux_dict(), lookback_min)
+    flux = window_flux(s, lookback_min)
     if now is not None:
         flux = flux.replace("now_ = ", f"option now = () => {flux_time(now)}\nnow_ = ", 1)
     try:
-        query_api.query(flux, org=s.org)
+        rows = [r.values for t in query_api.query(flux, org=s.org) for r in t.records]
+        if not rows:
+            return
+        start, stop = rows[0]["start"], rows[0]["stop"]
+        names = [str(r["name"]) for r in rows if r["name"]]
+        points = roll(client, s, (start, stop), names, skips=fields.flux_dict())
+        mark = Point(COVERAGE).field("points", points).time(stop, WritePrecision.NS)
+        client.write_api(write_options=SYNCHRONOUS).write(s.rollup_bucket, s.org, mark)
     except Exception:
         fields.mark_stale()
         raise
@@ -203,6 +239,6 @@ def run_rollup(
     step = timedelta(minutes=CHUNK_MIN)
     while start < stop:
         end = min(start + step, stop)
-        flux = rollup_flux(s, flux_time(start), flux_time(end), fields.flux_dict(), run_id)
-        client.query_api().query(flux, org=s.org)
+        names = measurements(client, s, start, end)
+        roll(client, s, (start, end), names, skips=fields.flux_dict(), run_id=run_id)
         start = end
