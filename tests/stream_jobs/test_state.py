@@ -14,6 +14,7 @@ import math
 import pickle
 import random
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -170,6 +171,23 @@ class TornTable(dict):
         super().__setitem__(key, value)
 
 
+def _checkpoint_cut(table: TornTable, recs: list) -> tuple[Any, RunDetector]:
+    """A store over ``table`` (and its run's detector) that checkpoints the run after 300 of
+    ``recs``, then is killed writing the run's key of its checkpoint at ``CUT``."""
+    from steplens.stream_jobs.engine.signals.registry import DetectorConfig
+    from steplens.stream_jobs.worker.store import RunStore
+
+    store = RunStore(table, DetectorConfig(), checkpoint_s=0.0)
+    det = store.cache["r"] = RunDetector("r", fit_inline=True)
+    replay(det, recs[:300])
+    store.checkpoint("r")
+    replay(det, recs[300:CUT])
+    table.fail_on = b"r"
+    with pytest.raises(KeyboardInterrupt):
+        store.checkpoint("r")
+    return store, det
+
+
 def test_a_checkpoint_cut_before_its_head_restores_the_previous_one_whole():
     """The ranks' values of a checkpoint are written before its head; killed in between, the
     stored run is the previous checkpoint: its series with its offsets, not newer series
@@ -179,15 +197,7 @@ def test_a_checkpoint_cut_before_its_head_restores_the_previous_one_whole():
 
     recs = records()
     table = TornTable()
-    store = RunStore(table, DetectorConfig(), checkpoint_s=0.0)
-    det = store.cache["r"] = RunDetector("r", fit_inline=True)
-    replay(det, recs[:300])
-    store.checkpoint("r")
-    replay(det, recs[300:CUT])
-    table.fail_on = b"r"  # the head of the second checkpoint
-    with pytest.raises(KeyboardInterrupt):
-        store.checkpoint("r")
-
+    _checkpoint_cut(table, recs)
     again = RunStore(table, DetectorConfig(), checkpoint_s=0.0)
     assert again.ready("r", "event") == ["event"]
     back = again.cache["r"]
@@ -234,17 +244,9 @@ def test_a_head_past_a_message_s_size_is_stored_in_parts_and_restores_whole(monk
     monkeypatch.setattr(store_module, "MAX_VALUE", 512)
     recs = records()
     table = TornTable()
-    store = RunStore(table, DetectorConfig(), checkpoint_s=0.0)
-    det = store.cache["r"] = RunDetector("r", fit_inline=True)
-    replay(det, recs[:300])
-    store.checkpoint("r")
+    store, det = _checkpoint_cut(table, recs)  # cut after the second head's parts
     assert len(det.dump([])[0]) > 3 * 512  # the head is in several parts
     assert all(len(v) <= 512 for k, v in table.items() if not k.startswith(b"r\x1frank:"))
-
-    replay(det, recs[300:CUT])
-    table.fail_on = b"r"  # the run's key of the second checkpoint, after its parts
-    with pytest.raises(KeyboardInterrupt):
-        store.checkpoint("r")
     again = RunStore(table, DetectorConfig(), checkpoint_s=0.0)
     assert again.ready("r", "event") == ["event"]
     reference = RunDetector("r")

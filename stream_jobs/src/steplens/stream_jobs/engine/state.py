@@ -10,7 +10,7 @@ releases), is refused (``ValueError``).
 A run is stored as a head under the run id and each rank's series as a value of its own
 (``rank_key``: one value for a whole run grew with its ranks past what Kafka takes in one
 message), in one of two slots the head names; ``RunDetector.dump`` and ``RunDetector.load``
-say what a head holds.
+say what a head holds (a large head is stored in parts: ``worker.store``).
 """
 
 from __future__ import annotations
