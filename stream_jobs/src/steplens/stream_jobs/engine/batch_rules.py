@@ -37,7 +37,10 @@ def evaluate_batch(
     full_rows: list[bool] = full.tolist()
     last_rows: list[int] = last.tolist()
     # each Signals' first signal of every row, and its length: row i is starts[i]:starts[i + 1]
-    starts = [np.searchsorted(s.row, np.arange(n + 1)).tolist() for s in batch]
+    if n == 1:  # a record's own batch: every signal is on its one row
+        starts = [[0, len(s)] for s in batch]
+    else:
+        starts = [np.searchsorted(s.row, np.arange(n + 1)).tolist() for s in batch]
     for i in range(n):
         row_last = None if last_rows[i] == NO_STEP else last_rows[i]
         if not (full_rows[i] or state.firing or state.correlating):
