@@ -369,13 +369,21 @@ def stop(procs: list[subprocess.Popen[bytes]], grace_s: float = 30.0) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--ranks", type=int, default=1024)
-    p.add_argument("--steps", type=int, default=240)
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=240,
+        help="at least 240: the plan's faults (30 steps long) then begin beyond the incidents' "
+        "join gap (20 steps) after the one before, so each is judged by its own incident",
+    )
     p.add_argument("--step-s", type=float, default=1.0)
     p.add_argument("--ranks-per-process", type=int, default=1024)
     p.add_argument("--full-resolution", action="store_true")
     p.add_argument("--settle-s", type=float, default=90.0, help="most seconds to wait after")
     p.add_argument("--out", default=None, help="results as JSON")
     args = p.parse_args()
+    if args.steps < 240:
+        p.error("--steps must be at least 240 (the fault plan's spacing)")
 
     from steplens.schema.topics import Topics, ensure_topics
 
