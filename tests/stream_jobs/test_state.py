@@ -236,7 +236,8 @@ def test_a_head_past_a_message_s_size_is_stored_in_parts_and_restores_whole(monk
     """A run's head grows with its GPUs; past the largest table value (a changelog message)
     it is stored in parts, each within the bound. A checkpoint cut after its parts, before
     the run's key, restores the previous head whole; one that completes restores as a
-    never-stopped detector; retiring the run clears every part."""
+    never-stopped detector; a head that fits again leaves no part; retiring the run clears
+    every part."""
     from steplens.stream_jobs.engine.signals.registry import DetectorConfig
     from steplens.stream_jobs.worker import store as store_module
     from steplens.stream_jobs.worker.store import RunStore
@@ -261,6 +262,12 @@ def test_a_head_past_a_message_s_size_is_stored_in_parts_and_restores_whole(monk
     replay(reference, recs[300:CUT])
     assert back.records == reference.records
     assert_close(replay(back, recs[CUT:]), replay(reference, recs[CUT:]), rel=0, abs_=0)
+
+    monkeypatch.setattr(store_module, "MAX_VALUE", 1 << 20)  # the head fits in one value again
+    third.checkpoint("r")
+    assert not [k for k in table if k.startswith(b"r\x1fhead:")]
+    fourth = RunStore(table, DetectorConfig(), checkpoint_s=0.0)
+    assert fourth.ready("r", "e") == ["e"] and fourth.cache["r"].records == back.records > 0
 
     third._retire("r")
     assert not [k for k in table if k == b"r" or k.startswith(b"r\x1f")]
