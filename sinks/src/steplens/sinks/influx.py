@@ -6,7 +6,8 @@ for good (400/413/422): the batch is then split in halves until the refused reco
 isolated, so one bad record cannot hold back the rest. Rewriting a record rewrites the same
 point (time and tags come from the record), so every retry is safe. Points are built in chunks
 and each chunk is written on one writer thread while the next is built; an export returns
-after all its writes.
+after all its writes. A run's per-rank telemetry is written for the ranks its budget admits
+(``rank_budget``: a first few and the ranks that stand out); S3 keeps the rest.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from steplens.sinks.contract import ExportResult, Rejection
 from steplens.sinks.flux_literals import flux_string
 from steplens.sinks.name_limits import NameBudget, NameLimits, refusal_reason
 from steplens.sinks.points import UnwritableRecord, record_builders
+from steplens.sinks.rank_budget import RankBudget, RankLimits
 from steplens.sinks.settings import InfluxSettings
 from steplens.sinks.text_fields import TextFields
 
@@ -95,6 +97,7 @@ class InfluxSink:
         limits: NameLimits | None = None,
         bounds: TimeBounds | None = None,
         text_fields: TextFields | None = None,
+        ranks: RankLimits | None = None,
     ) -> None:
         self.settings = settings
         self.text_fields = text_fields  # told of the fields written that are not numbers
@@ -103,6 +106,8 @@ class InfluxSink:
             per_run=settings.max_names_per_run, per_measurement=settings.max_names_per_measurement
         )
         self.names = NameBudget(self.limits, self._stored_names)
+        n = settings.max_ranks_per_run
+        self.ranks = RankBudget(ranks or RankLimits(per_run=n, standouts=max(1, n // 4)))
         self._query_api = client.query_api()
         self._write_api = client.write_api(write_options=SYNCHRONOUS)
         self.write_chunk = write_chunk
@@ -132,7 +137,11 @@ class InfluxSink:
         pending: list[Future[list[Rejection]]] = []
         rejected: dict[int, str] = {}
         left_out: dict[int, list[tuple[str, str, str]]] = {}
+        over_budget = 0
         for i, rec in enumerate(batch):
+            if not self.ranks.admits(rec):
+                over_budget += 1  # a rank past its run's budget: S3 keeps it
+                continue
             steps, past, future = split_by_time(schema.unbatch(rec), oldest_ns, newest_ns)
             out_of_time["past_retention"] += past
             out_of_time["future"] += len(future)
@@ -169,6 +178,9 @@ class InfluxSink:
             for i, out in sorted(left_out.items())
             if i not in rejected
         ]
+        result.skipped += over_budget
+        if over_budget:
+            metrics.RANKS_LEFT_OUT.labels(self.name).inc(over_budget)
         for why, n in out_of_time.items():
             if n:
                 metrics.OUT_OF_TIME.labels(self.name, why).inc(n)

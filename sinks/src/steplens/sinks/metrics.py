@@ -44,6 +44,12 @@ FIELDS_DROPPED = Counter(
     ["sink", "measurement", "limit"],
 )
 
+RANKS_LEFT_OUT = Counter(
+    "steplens_sink_ranks_left_out",
+    "Records of ranks past their run's budget of per-rank series (InfluxDB: "
+    "--max-ranks-per-run; S3 keeps them), by sink",
+    ["sink"],
+)
 OUT_OF_TIME = Counter(
     "steplens_sink_out_of_time",
     "Steps not stored for their time, by sink and reason: future (later than the allowed "

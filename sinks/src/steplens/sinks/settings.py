@@ -59,6 +59,13 @@ class InfluxSettings:
             "stays under the minute between runs)"
         ),
     ] = 50_000
+    max_ranks_per_run: Annotated[
+        PositiveInt,
+        about(
+            "InfluxDB: ranks of a run whose telemetry is written, first come, and a quarter as "
+            "many more once an incident names them; the others' go to S3 only (counted)"
+        ),
+    ] = 256
     max_names_per_run: Annotated[
         PositiveInt,
         about("InfluxDB: distinct metric names a run may use per measurement"),
