@@ -179,6 +179,26 @@ def test_text_fields_are_learnt_once_and_again_when_another_sink_wrote_one(
     assert sorted(r["_value"] for r in got) == [1.0, 2.0]
 
 
+def test_a_run_that_times_out_does_not_scan_the_fields_again(scratch_buckets) -> None:
+    """A slow store is not made slower: only a run the storage engine refuses (a text field
+    it did not know) makes the next one scan the bucket's fields again."""
+    s = scratch_buckets
+    t0 = (time.time_ns() // MIN_NS - 8) * MIN_NS
+    at = lambda k: datetime.fromtimestamp((t0 + k * MIN_NS) / 1e9, tz=timezone.utc)  # noqa: E731
+    fields = TextFields()
+    with make_client(s) as client:
+        InfluxSink(client, s, text_fields=fields).export([_step("r", 0, t0 + 10**9, loss=1.0)])
+        run_once(client, s, fields, at(2))
+        assert fields.scans == 1
+        with make_client(s, timeout_ms=1) as hurried, pytest.raises(Exception):  # noqa: B017
+            run_once(hurried, s, fields, at(3))
+        for _ in range(60 // CHUNK_MIN + 1):
+            run_once(client, s, fields, at(3))
+        assert fields.scans == 1
+    got = rows(s, 'r._measurement == "step" and r._field == "loss_mean"', bucket=s.rollup_bucket)
+    assert [r["_value"] for r in got] == [1.0]
+
+
 def test_the_fields_written_are_learnt_without_a_scan() -> None:
     fields = TextFields(max_fields=2)
     fields.observe(record_builders(_step("r", 0, 1, loss=1.0, reason="x")))

@@ -32,6 +32,7 @@ from typing import Final
 
 from influxdb_client import BucketRetentionRules, InfluxDBClient, Point, WritePrecision
 from influxdb_client.client.write_api import SYNCHRONOUS
+from influxdb_client.rest import ApiException
 
 from steplens.sinks.flux_literals import flux_string, flux_time
 from steplens.sinks.settings import InfluxSettings
@@ -186,8 +187,10 @@ def run_once(
     """One rollup run, as if at ``now`` (default: the server's clock): its range and
     measurements, each measurement rolled up, then the coverage mark at the range's end (a
     run that fails leaves the mark where it was: the next one redoes its minutes). A run
-    that fails marks ``fields`` stale (another sink may have written a text field this one
-    never saw): the next run learns them again."""
+    that the server fails (another sink may have written a text field this one never saw:
+    the storage engine refuses to aggregate it) marks ``fields`` stale: the next run learns
+    them again. A run that times out does not: the scan is the costliest query of all, and
+    repeating it after every slow run made a loaded store slower still."""
     query_api = client.query_api()
     fields.scan_if_stale(query_api, s)
     flux = window_flux(s, lookback_min)
@@ -202,7 +205,7 @@ def run_once(
         points = roll(client, s, (start, stop), names, skips=fields.flux_dict())
         mark = Point(COVERAGE).field("points", points).time(stop, WritePrecision.NS)
         client.write_api(write_options=SYNCHRONOUS).write(s.rollup_bucket, s.org, mark)
-    except Exception:
+    except ApiException:  # the server's answer, not a timeout
         fields.mark_stale()
         raise
 
