@@ -36,7 +36,10 @@ def test_a_first_few_ranks_and_those_that_stand_out_are_admitted() -> None:
     budget = RankBudget(RankLimits(per_run=2, standouts=1, tracked_runs=2))
     assert [budget.admits(step("r", k)) for k in (0, 1, 2, 0)] == [True, True, False, True]
     assert budget.admits(step("r", -1))  # run-wide records always
-    assert budget.admits(signal("r", 5, 0.99))  # a signal is written, names nobody
+    # a rank's signals are per-rank series too: written for the ranks admitted; a signal
+    # admits nobody (a run-wide spike scores on every rank)
+    assert budget.admits(signal("r", 1, 0.99)) and budget.admits(signal("r", -1, 0.99))
+    assert not budget.admits(signal("r", 5, 0.99))
     assert not budget.admits(step("r", 5))
     # an incident names its members' ranks: by rank, or by a rank's scope
     members = [

@@ -7,9 +7,10 @@ and its `step_window` points passed InfluxDB's query memory limit (``bench/RESUL
 run's per-rank telemetry (``PER_RANK_KINDS``) goes to InfluxDB for at most ``per_run`` ranks,
 first come, and for up to ``standouts`` more that an alert of the run has named since (its
 incident's members' ranks: a straggler, the rank that reports a GPU with errors, a rank whose
-loss went non-finite; a signal names none: a run-wide spike scores on every rank). The other
-ranks' telemetry is left to S3, which keeps every record, and counted. Run-wide records,
-signals, alerts and everything else are always written.
+loss went non-finite; a signal names none: a run-wide spike scores on every rank). The
+worker's signals of a rank are budgeted with its telemetry. The other ranks' records are left
+to S3, which keeps every record, and counted. Run-wide records and signals, alerts and
+everything else are always written.
 
 A run's ranks are this process's memory of its last ``tracked_runs`` runs: after a restart a
 run may admit ``per_run`` ranks again (first come after the restart).
@@ -22,9 +23,10 @@ from dataclasses import dataclass, field
 
 from steplens.schema import Record
 
-# per-rank telemetry: what a rank sends every step, window or sample
+# per-rank series: what a rank sends every step, window or sample, and the worker's signals
+# of it (about 8 a rank at 1,024 ranks: the largest measurement once the rest was budgeted)
 PER_RANK_KINDS = frozenset(
-    {"step", "step_batch", "step_window", "hw", "health", "comm", "batch", "stacks"}
+    {"step", "step_batch", "step_window", "hw", "health", "comm", "batch", "stacks", "signal"}
 )
 
 
