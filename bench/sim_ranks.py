@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from steplens.producer import checks
-from steplens.producer.allocator import merge
+from steplens.producer.allocator import ReportCadence, merge
 from steplens.producer.config import ProducerConfig
 from steplens.producer.delivery import Delivery
 from steplens.producer.hardware import HardwareSampler
@@ -229,6 +229,7 @@ class SimRank:
         meta["checks"] = checks.design_checks(config, ident)
         self.meta = meta
         self.sampler: HardwareSampler | None = None
+        self.cadence = ReportCadence(config.hw_allocator_every_s)  # the other ranks' reports
         if ident.local_rank == 0:
             node = ident.rank // GPUS_PER_NODE
             self.sampler = HardwareSampler(
@@ -354,7 +355,8 @@ class Fleet:
 
     def hardware(self, k: int, sample_no: int) -> None:
         """One hardware sample of every rank: the node's on local rank 0, each rank's
-        allocator figures (what ``AllocatorReader`` reads) merged in or alone."""
+        allocator figures (what ``AllocatorReader`` reads) merged in, or alone when due
+        (``ReportCadence``)."""
         self.tx.label = "hw"
         ecc = self._active("gpu_ecc_xid", k)
         thermal = self._active("gpu_thermal", k)
@@ -392,7 +394,7 @@ class Fleet:
                 data = node_sampler.sample_once()
                 data["gpus"] = merge(data["gpus"], [own])
                 sr.sender.send("hw", None, now_ns, data)
-            else:
+            elif sr.cadence.due([own], now_ns / 1e9):
                 sr.sender.send("hw", None, now_ns, {"gpus": [own]})
 
     def health(self) -> None:

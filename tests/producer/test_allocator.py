@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from steplens.producer.allocator import AllocatorReader, merge
+from steplens.producer.allocator import AllocatorReader, ReportCadence, merge
 from steplens.producer.hardware import HardwareSampler
 from waiting import wait_until
 
@@ -36,6 +36,22 @@ def test_allocator_entries_join_nvml_entries_by_uuid_else_index() -> None:
     assert merge([{"index": 2}], [{"index": 2, "torch_ooms": 1}]) == [{"index": 2, "torch_ooms": 1}]
 
 
+def test_a_rank_sends_its_allocator_every_few_seconds_and_at_once_when_it_retried() -> None:
+    """Read every second: sent at the first read, then every 5 s, and at once when the
+    allocator retried or failed, or the devices changed (the next heartbeat counts from
+    there); every second at 0."""
+
+    def gpus(retries: int = 0, ooms: int = 0, index: int = 0) -> list[dict[str, int]]:
+        return [{"index": index, "torch_alloc_retries": retries, "torch_ooms": ooms}]
+
+    reads = {t: gpus(int(t >= 7), int(t >= 14), int(t >= 26)) for t in range(30)}
+    cadence = ReportCadence(5.0)
+    sent = [t for t in range(30) if cadence.due(reads[t], float(t))]
+    assert sent == [0, 5, 7, 12, 14, 19, 24, 26]
+    every = ReportCadence(0.0)
+    assert all(every.due(reads[t], float(t)) for t in range(30))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is in use here")
 def test_nothing_is_read_and_no_cuda_context_made_before_the_training_code_uses_cuda() -> None:
     reader = AllocatorReader()
@@ -62,7 +78,9 @@ def test_allocator_figures_on_a_real_gpu_read_without_a_host_sync(memory_monitor
     """Sync debug mode "error" holds for every thread: the sampler's reads raise on a sync
     (caught and counted in ``allocator.errors``); they count none, and the figures follow a
     tensor kept across steps."""
-    m, tx = memory_monitor(hw_interval_s=0.05, local_rank=1, rank=1, world_size=2)
+    m, tx = memory_monitor(
+        hw_interval_s=0.05, hw_allocator_every_s=0.0, local_rank=1, rank=1, world_size=2
+    )
     x = torch.randn(1024, 1024, device="cuda")
     torch.cuda.synchronize()
     kept = []

@@ -146,6 +146,34 @@ def test_retries_with_memory_full_of_allocations_say_the_memory_is_full():
     assert metrics == {"alloc_retries"}
 
 
+def sparse(retry_at, seconds, every_s=5):
+    """What a rank sends: its allocator every ``every_s`` s, and at once when it retried; the
+    breaches per record sent, with its time."""
+    st, cfg, out, retries = gm.GpuMemoryState(), gm.GpuMemoryConfig(), [], 0
+    for t in range(seconds):
+        rose = t in retry_at
+        retries += rose
+        if t % every_s and not rose:
+            continue
+        gpu = entry(74 * GIB, 76 * GIB, retries=retries, limit=77 * GIB)
+        sigs = gm.hw(st, cfg, {"gpus": [gpu]}, "n1", int(t * 1e9), True, 2 * t, None, 0)
+        out.append((t, [s.metric for g in sigs for s in g.views() if s.severity]))
+    return out
+
+
+def test_retries_are_judged_over_a_minute_however_often_the_rank_reports():
+    """A retry every 40 s is at most two a minute: quiet, whether the rank reports every second
+    or every 5 s; three within a minute warn at the third, reported at once."""
+    scattered = set(range(10, 600, 40))
+    for every_s in (1, 5):
+        assert all(not hits for _, hits in sparse(scattered, 600, every_s))
+        got = sparse({100, 121, 142}, 300, every_s)
+        first = next(t for t, hits in got if hits)
+        assert first == 142
+        assert all(hits == ["alloc_retries"] for t, hits in got if 142 <= t < 160)
+        assert all(not hits for t, hits in got if t >= 160)
+
+
 def test_an_out_of_memory_error_is_critical_and_the_first_report_is_a_baseline():
     seq = [entry(40 * GIB, 50 * GIB, ooms=2)] * 3 + [entry(40 * GIB, 50 * GIB, ooms=3)]
     _, got = run(seq)

@@ -134,6 +134,14 @@ class ProducerConfig:
             "allocator); 0 turns it off"
         ),
     ] = 1.0
+    hw_allocator_every_s: Annotated[
+        NonNegativeFloat,
+        about(
+            "a rank's own PyTorch allocator figures (ranks other than a node's local rank 0, "
+            "whose node sample carries them): sent every N s, and at once when the allocator "
+            "retried or raised an out-of-memory error; 0: every sample"
+        ),
+    ] = 5.0
     hw_slow_every: Annotated[
         PositiveInt,
         about("PCIe throughput and energy every N samples (slow NVML calls)"),

@@ -4,7 +4,9 @@
 
 One per host (``host_wide``, local rank 0) reads NVML and the host; every process adds its
 own PyTorch allocator's figures to its GPUs' entries (``allocator.py``): the other ranks' samplers
-(``host_wide=False``) send only those, a ``hw`` record with ``gpus`` alone, when they have any."""
+(``host_wide=False``) send only those, a ``hw`` record with ``gpus`` alone, when they have any,
+every ``allocator_every_s`` and at once when the allocator retried or failed
+(``allocator.ReportCadence``)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from steplens.producer.allocator import AllocatorReader, merge
+from steplens.producer.allocator import AllocatorReader, ReportCadence, merge
 from steplens.producer.gpu_stats import GpuSampler
 from steplens.producer.host_stats import HostSampler
 
@@ -31,6 +33,7 @@ class HardwareSampler:
         host: HostSampler | None = None,
         *,
         host_wide: bool = True,
+        allocator_every_s: float = 0.0,
     ) -> None:
         self._emit = emit
         self.interval_s = interval_s
@@ -39,6 +42,7 @@ class HardwareSampler:
         self.host = host or HostSampler()
         self.host_wide = host_wide
         self.allocator = AllocatorReader()
+        self.cadence = ReportCadence(allocator_every_s)
         self.errors = 0
         self.samples = 0
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
@@ -51,11 +55,11 @@ class HardwareSampler:
 
     def sample_once(self) -> dict[str, Any]:
         """One ``hw`` payload (host + every GPU; not host-wide: this process's GPUs' allocator
-        figures, or nothing)."""
+        figures when due, or nothing)."""
         self.samples += 1
         if not self.host_wide:
             own = self.allocator.read()
-            return {"gpus": own} if own else {}
+            return {"gpus": own} if own and self.cadence.due(own, time.monotonic()) else {}
         data = self.host.sample(time.monotonic())
         gpus = self.gpu.sample(slow=(self.samples - 1) % self.slow_every == 0)
         data["gpus"] = merge(gpus, self.allocator.read())

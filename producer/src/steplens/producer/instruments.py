@@ -61,6 +61,7 @@ class Instruments:
             self.config.hw_interval_s,
             self.config.hw_slow_every,
             host_wide=host_wide,
+            allocator_every_s=self.config.hw_allocator_every_s,
         )
         self._hw.start()
 

@@ -13,8 +13,9 @@ training holds is judged, while the run steps:
   pace) left; under ``eta_critical_s`` it is critical. A steady run at 95 % NVML-used has a
   flat mark: quiet.
 * ``memory:alloc_retries`` / ``memory:fragmentation``: the allocator freed its cache and
-  retried a cudaMalloc (``num_alloc_retries``) in ``retry_samples`` of the last
-  ``retry_window`` samples. With a large share of the reserved memory unallocated
+  retried a cudaMalloc (``num_alloc_retries``) in ``retry_samples`` samples of the last
+  ``retry_window_s`` seconds (a rank reports its allocator every few seconds, and at once
+  when it retried). With a large share of the reserved memory unallocated
   (``fragmented_share``) the cause is fragmentation, else the memory is simply full.
 * ``memory:ooms``: the allocator raised an out-of-memory error (``num_ooms`` rose): critical.
 """
@@ -55,7 +56,7 @@ class GpuMemoryConfig:
     # before a verdict, and the time left that warns (30 minutes)
     trend: HeadroomConfig = field(default_factory=HeadroomConfig)
     eta_critical_s: float = 300.0  # the time left that is critical
-    retry_window: int = 60  # raw samples
+    retry_window_s: float = 60.0  # the retries' window
     retry_samples: int = 3  # samples with new retries among them that warn
     fragmented_share: float = 0.25  # (reserved - allocated) / reserved: fragmentation
     busy_s: float = 120.0  # the run steps: a step record this recent (windows: every 10 s)
@@ -67,7 +68,8 @@ class GpuMemoryState:
     gpus: set[str] = field(default_factory=set)  # GPU scopes followed
     # GPU scope -> kept samples [time s, high-water bytes, limit bytes, run's last step]
     marks: dict[str, deque[list[float]]] = field(default_factory=dict)
-    retried: dict[str, deque[int]] = field(default_factory=dict)  # new retries per sample
+    # times (s) of the samples with new retries, the last ``retry_samples``
+    retried: dict[str, deque[float]] = field(default_factory=dict)
     counters: dict[str, list[float]] = field(default_factory=dict)  # last [retries, ooms]
     overflow: int = 0  # samples of GPUs past ``max_gpus``
 
@@ -119,24 +121,26 @@ def allocator(  # noqa: PLR0917
     )
     got = state.retried.get(scope)
     if got is None:
-        got = state.retried[scope] = deque(maxlen=cfg.retry_window)
-    got.append(int(new_retries > 0))
-    retrying = sum(got) >= cfg.retry_samples
+        got = state.retried[scope] = deque(maxlen=cfg.retry_samples)
+    if new_retries > 0:
+        got.append(t_s)
+    n = sum(1 for t in got if t_s - t < cfg.retry_window_s)
+    retrying = n >= cfg.retry_samples
     cache = (reserved - alloc) / reserved if reserved > 0 else 0.0
     fragmented = cache >= cfg.fragmented_share
     detail = {
-        "retry_samples": sum(got),
+        "retry_samples": n,
         "cache_share": round(cache, 4),
         "allocated_bytes": alloc,
         "reserved_bytes": reserved,
         "limit_bytes": limit,
     }
-    score = score_of(sum(got) / cfg.retry_samples)
+    score = score_of(n / cfg.retry_samples)
     for metric, breach in (
         ("alloc_retries", retrying and not fragmented),
         ("fragmentation", retrying and fragmented),
     ):
-        value = float(sum(got)) if metric == "alloc_retries" else cache
+        value = float(n) if metric == "alloc_retries" else cache
         out.append(
             one(
                 "memory",
