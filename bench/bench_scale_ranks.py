@@ -10,6 +10,8 @@ with six faults at known steps. Measures:
 * InfluxDB: the run's series (``influxdb.cardinality``, hot and rollup buckets), influxd's RSS,
   the influx sink's rollup runs (count, mean duration, runs over a minute, coverage lag);
 * S3: objects and bytes under the run's prefix, after the sinks stopped;
+* InfluxDB buckets of its own (hot and rollup, deleted at the end unless ``--keep-buckets``):
+  a large run left in the shared buckets slows every later query of them for hours;
 * alerts: each fault's first incident on the alerts topic, with the right rank/node/GPU and
   rule, its latency from the fault's onset (the time its first step or sample was logged);
   every other firing incident counts as a false alarm.
@@ -381,6 +383,7 @@ def main() -> int:
     p.add_argument("--full-resolution", action="store_true")
     p.add_argument("--settle-s", type=float, default=90.0, help="most seconds to wait after")
     p.add_argument("--out", default=None, help="results as JSON")
+    p.add_argument("--keep-buckets", action="store_true", help="keep the run's InfluxDB buckets")
     args = p.parse_args()
     if args.steps < 240:
         p.error("--steps must be at least 240 (the fault plan's spacing)")
@@ -391,6 +394,8 @@ def main() -> int:
     tag = f"scale{args.ranks}-{uuid.uuid4().hex[:6]}"
     run_id = f"run-{tag}"
     prefix = f"steplens.{tag}"
+    senv["STEPLENS_INFLUX_BUCKET"] = f"bench-{tag}"
+    senv["STEPLENS_INFLUX_ROLLUP_BUCKET"] = f"bench-{tag}-rollup"
     env = {**os.environ, **senv, "STEPLENS_RUN_ID": run_id}
     for key, name in (("RAW", "raw"), ("SIGNALS", "signals"), ("ALERTS", "alerts"),
                       ("ADVICE", "advice"), ("DEADLETTER", "deadletter")):  # fmt: skip
@@ -572,7 +577,26 @@ def main() -> int:
     if args.out:
         Path(args.out).write_text(text)
     _drop_topics(boot, tag)
+    if not args.keep_buckets:
+        _drop_buckets(senv)
     return 0
+
+
+def _drop_buckets(env: dict[str, str]) -> None:
+    """The run's own InfluxDB buckets."""
+    from influxdb_client import InfluxDBClient
+
+    names = (env["STEPLENS_INFLUX_BUCKET"], env["STEPLENS_INFLUX_ROLLUP_BUCKET"])
+    url, token = env["STEPLENS_INFLUX_URL"], env["STEPLENS_INFLUX_TOKEN"]
+    with InfluxDBClient(url=url, token=token, org=env["STEPLENS_INFLUX_ORG"]) as client:
+        api = client.buckets_api()
+        for name in names:
+            try:
+                found = api.find_bucket_by_name(name)
+                if found is not None:
+                    api.delete_bucket(found)
+            except Exception as exc:
+                print(f"bucket {name} left: {exc}", file=sys.stderr)
 
 
 def _drop_topics(bootstrap: str, tag: str) -> None:
