@@ -42,6 +42,7 @@ from steplens.schema.store_layout import (
     SEQ,
     last_mark,
     mark_is,
+    measurement_in,
     rollup_suffix,
     tag_in,
 )
@@ -73,7 +74,7 @@ def _rollup_stream(s: InfluxSettings, measurement: str, run_id: str | None, skip
 skip = regexp.compile(v: dict.get(dict: skips, key: {m}, default: "^$"))
 agg = (fn, suffix) => from(bucket: {hot})
     |> range(start: start_, stop: stop_)
-    |> filter(fn: (r) => r._measurement == {m} and {numbers})
+    |> filter(fn: (r) => {measurement_in([measurement])} and {numbers})
     |> aggregateWindow(every: 1m, fn: fn, createEmpty: false, timeSrc: "_start")
     |> toFloat()
     |> map(fn: (r) => ({{r with _field: r._field + suffix}}))
