@@ -48,9 +48,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from influxdb_client import InfluxDBClient
 
 from steplens.schema import Record, decode, encode, make_record
+from steplens.schema.flux_literals import flux_string
 from steplens.schema.topics import Topics, ensure_topics
 from steplens.sinks.cold import read_parquet, run_prefix
-from steplens.sinks.flux_literals import flux_string
 from steplens.sinks.s3 import make_s3_client
 from steplens.sinks.settings import S3Settings
 from steplens.stack import Stack

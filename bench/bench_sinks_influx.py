@@ -31,9 +31,9 @@ from sinks_helpers import step_batch, step_records
 
 from scratch_topics import scratch_topics
 from steplens.schema import Record, encode
+from steplens.schema.flux_literals import flux_string
 from steplens.schema.kafka_config import consumer_config
 from steplens.schema.topics import Topics, ensure_topics
-from steplens.sinks.flux_literals import flux_string
 from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.kafka_io import DeadLetters, poll_batch
 from steplens.sinks.loop import SinkLoop

@@ -16,7 +16,9 @@ from collections.abc import Iterator
 def topic_names(bootstrap: str, timeout_s: float = 10.0) -> set[str]:
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    from steplens.schema.kafka_config import admin_config
+
+    admin = AdminClient(admin_config(bootstrap, extra={"log_level": 0}))
     return {t for t in admin.list_topics(timeout=timeout_s).topics if not t.startswith("__")}
 
 
@@ -24,9 +26,11 @@ def delete_topics(bootstrap: str, names: set[str], timeout_s: float = 30.0) -> l
     """Delete ``names``; returns those deleted (a topic already gone is not an error)."""
     from confluent_kafka.admin import AdminClient
 
+    from steplens.schema.kafka_config import admin_config
+
     if not names:
         return []
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin = AdminClient(admin_config(bootstrap, extra={"log_level": 0}))
     deleted = []
     futures = admin.delete_topics(sorted(names), operation_timeout=timeout_s)
     for name, fut in futures.items():

@@ -119,6 +119,16 @@ def test_the_files_are_what_the_description_writes(path):
     assert path.read_text() == boards.render(boards.BOARDS[path.stem])
 
 
+def test_a_panel_reads_only_what_the_store_holds():
+    """Measurements and rollup aggregates come from the store's layout: a board that names
+    another fails when it is written."""
+    flux = _boards_package().flux
+    with pytest.raises(ValueError, match="no measurement 'gpus'"):
+        flux.Read("gpus", ("util_gpu",))
+    with pytest.raises(ValueError, match="no 'p99'"):
+        flux.per_interval(flux.Read("gpu", ("util_gpu",)), "p99")
+
+
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
 def test_dashboard_is_provisionable(path):
     board = json.loads(path.read_text())
@@ -420,7 +430,7 @@ def _client(env: dict[str, str]) -> Any:
 def _roll_up_a_shifted_copy(client: Any, env: dict[str, str], run_id: str) -> None:
     """The run's hot points, ``SHIFT`` earlier, rolled up into the rollup bucket by the sinks'
     own rollup query (through a scratch bucket, which is deleted)."""
-    from steplens.sinks.flux_literals import flux_string
+    from steplens.schema.flux_literals import flux_string
     from steplens.sinks.rollup import run_rollup
     from steplens.sinks.settings import InfluxSettings
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+from steplens.producer.delivery import DOWN, FULL_WAIT_S, Delivery
 from steplens.producer.spool import Spool, iter_frames, send_spool
-from steplens.producer.transport import MemoryTransport
+from steplens.producer.transport import MemoryTransport, OnResult
 
 
 def _fill(spool: Spool, n: int, size: int = 100) -> list[bytes]:
@@ -144,3 +146,41 @@ def test_send_spool_sends_by_hand_and_skips_live_folders(tmp_path: Path) -> None
     live.close()
     assert send_spool(str(tmp_path), tx, timeout_s=1) == (0, 3)
     assert list((tmp_path / "run" / "rank1-pid2").glob("*.seg"))
+
+
+class _Filling(MemoryTransport):
+    """Takes ``room`` records, then its local buffer stays full."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__()
+        self.room = room
+
+    def produce(
+        self, key: bytes, value: bytes, on_result: OnResult, topic: str | None = None
+    ) -> bool:
+        if self.room == 0:
+            return False
+        self.room -= 1
+        return super().produce(key, value, on_result, topic)
+
+
+def test_send_spool_leaves_what_a_full_local_buffer_does_not_take(tmp_path: Path) -> None:
+    ended = Spool(str(tmp_path / "run" / "rank0-pid1"), max_bytes=1 << 20)
+    values = _fill(ended, 6)
+    ended.close()
+    tx = _Filling(2)
+    t0 = time.monotonic()
+    assert send_spool(str(tmp_path), tx, timeout_s=0.3) == (2, 4)
+    assert time.monotonic() - t0 < 3.0  # the full buffer is waited for 0.3 s, not for ever
+    assert [v for _, v in tx.messages] == values[:2]
+    assert list((tmp_path / "run" / "rank0-pid1").glob("*.seg"))  # kept: sent again later
+
+
+def test_a_record_the_full_buffer_does_not_take_in_time_goes_to_the_spool(tmp_path: Path) -> None:
+    tx = _Filling(0)
+    delivery = Delivery(lambda: tx, Spool(str(tmp_path), max_bytes=1 << 20), probe_interval_s=60)
+    t0 = time.monotonic()
+    delivery.send(b"run:0", b"v")
+    took = time.monotonic() - t0
+    assert FULL_WAIT_S <= took < FULL_WAIT_S + 1.0
+    assert delivery.state == DOWN and delivery.spooled == 1 and delivery.in_flight == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from steplens.schema.kafka_config import consumer_config, producer_config
+from steplens.schema.kafka_config import admin_config, consumer_config, producer_config
 
 
 def test_a_producer_is_idempotent_acks_all_lz4_and_extra_wins(monkeypatch) -> None:
@@ -38,6 +38,18 @@ def test_a_consumer_commits_by_hand_whatever_extra_says(monkeypatch) -> None:
     assert conf["enable.partition.eof"] is False
     assert consumer_config("g", "b", offset_reset="latest")["auto.offset.reset"] == "latest"
     assert conf["logger"].name == "steplens.kafka.g"
+
+
+def test_an_admin_client_has_the_security_settings_and_extra_wins(monkeypatch) -> None:
+    monkeypatch.setenv("STEPLENS_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("STEPLENS_KAFKA_SASL_MECHANISM", "SCRAM-SHA-512")
+    conf = admin_config("b:2", extra={"log_level": 0, "sasl.mechanism": "PLAIN"})
+    assert conf == {
+        "bootstrap.servers": "b:2",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "PLAIN",
+        "log_level": 0,
+    }
 
 
 def test_the_training_producer_keeps_its_own_settings() -> None:

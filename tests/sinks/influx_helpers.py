@@ -8,9 +8,9 @@ from confluent_kafka import Consumer
 from influxdb_client import InfluxDBClient
 from sinks_helpers import committed, end_offsets, wait_for
 
+from steplens.schema.flux_literals import flux_string
 from steplens.schema.kafka_config import consumer_config
 from steplens.schema.topics import Topics
-from steplens.sinks.flux_literals import flux_string
 from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.kafka_io import DeadLetters
 from steplens.sinks.loop import SinkLoop

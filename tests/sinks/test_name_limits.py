@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 from sinks_helpers import produce, read_all, unique
 
 from steplens.schema import decode, make_record
-from steplens.sinks.flux_literals import flux_string
+from steplens.schema.flux_literals import flux_string
 from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.name_limits import NameBudget, NameLimits
 from steplens.sinks.points import record_builders

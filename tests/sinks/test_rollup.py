@@ -13,11 +13,11 @@ from prometheus_client import REGISTRY
 from sinks_helpers import unique
 
 from steplens.schema import make_record
+from steplens.schema.store_layout import COVERAGE
 from steplens.sinks.influx import InfluxSink, make_client
 from steplens.sinks.points import record_builders
 from steplens.sinks.rollup import (
     CHUNK_MIN,
-    COVERAGE,
     TASK_NAME,
     ensure_buckets,
     remove_rollup_task,

@@ -222,6 +222,8 @@ def test_influxdb_tls(certs: Certs, tmp_path: Path) -> None:
 def test_kafka_sasl_ssl_listener(certs: Certs, tmp_path: Path) -> None:
     from confluent_kafka import Consumer, KafkaException, admin
 
+    from steplens.schema.kafka_config import admin_config
+    from steplens.schema.topics import TopicSpec, create_missing
     from steplens.stack.services.kafka import Kafka
 
     _need(kafka_libs(StackConfig.create()), "the Kafka jars")
@@ -276,9 +278,8 @@ def test_kafka_sasl_ssl_listener(certs: Certs, tmp_path: Path) -> None:
         return False
 
     with serving(kafka.argv(), tmp_path / "kafka.log", lambda: kafka.probe() is None):
-        local = admin.AdminClient({"bootstrap.servers": f"127.0.0.1:{plain}"})
-        for done in local.create_topics([admin.NewTopic("tls.raw", 1, 1)]).values():
-            done.result(timeout=30)
+        assert create_missing(f"127.0.0.1:{plain}", [TopicSpec("tls.raw", 1)]) == ["tls.raw"]
+        local = admin.AdminClient(admin_config(f"127.0.0.1:{plain}"))
         info = admin.ScramCredentialInfo(admin.ScramMechanism.SCRAM_SHA_512, 8192)
         upsert = admin.UserScramCredentialUpsertion(user, info, password.encode())
         for done in local.alter_user_scram_credentials([upsert]).values():

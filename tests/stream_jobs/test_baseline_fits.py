@@ -20,6 +20,28 @@ from steplens.stream_jobs.worker import baseline_fits, baseline_history
 T0 = 28_333_333 * MINUTE_NS
 
 
+def test_the_rollups_read_are_of_what_the_sink_writes() -> None:
+    """Each measurement, item tag and field the baselines read (``WANTED``, before its
+    ``_mean``) is one the influx sink writes for a hw or step record."""
+    from steplens.sinks.points import record_builders
+
+    wanted = baseline_history.WANTED
+    field = {name: next(iter(fields)).removesuffix("_mean") for name, (_, fields) in wanted.items()}
+    hw = {
+        "gpus": [{"index": 0, field["gpu"]: 1.0}],
+        "disks": [{"device": "nvme0", field["disk"]: 1.0}],
+        "nets": [{"iface": "ib0", field["net"]: 1.0}],
+    }
+    records = [
+        make_record("hw", hw, run_id="r", host="a", time_ns=T0),
+        make_record("step", {field["step"]: 1.0}, run_id="r", rank=3, time_ns=T0, step=1),
+    ]
+    written = {b.measurement: b for rec in records for b in record_builders(rec)}
+    for measurement, (tag, _) in wanted.items():
+        point = written[measurement]
+        assert tag in point.tags and field[measurement] in point.fields, measurement
+
+
 def test_rollup_rows_become_the_detectors_series() -> None:
     rows = [
         ("gpu", "util_gpu_mean", 90.0, {"host": "a", "gpu": "0"}),

@@ -15,6 +15,9 @@ A panel reads recent data from the hot bucket and older data from the 1-minute r
 * Grafana sizes ``v.windowPeriod`` to the panel's width (about 30 minutes for 30 days), so
   a panel returns a bounded number of points per series whatever the range.
 
+The store's names (measurements, the run tag, the rollups' ``<field>_<aggregate>``) are those
+of ``steplens.schema.store_layout``: a ``Read`` of a measurement the sinks do not write fails.
+
 Grafana substitutes ``v.timeRangeStart``, ``v.timeRangeStop`` and ``v.windowPeriod`` as text
 (and any ``word.bucket``, ``word.organization``: no record field here has such a name).
 """
@@ -23,6 +26,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from steplens.schema.flux_literals import flux_string
+from steplens.schema.store_layout import MEASUREMENTS, RUN, field_in, of_run, rolled, rollup_suffix
 
 PREAMBLE = """import "date"
 import "strings"
@@ -38,7 +44,7 @@ cut = if v.timeRangeStart > hot_from then v.timeRangeStart
   else hot_from
 """
 
-RUN = '"${run_id}"'  # Grafana's run picker; every query filters by it
+RUN_PICKED = '"${run_id}"'  # Grafana's run picker; every query filters by it
 
 
 def names(columns: Sequence[str]) -> str:
@@ -57,12 +63,20 @@ class Read:
     keep: Sequence[str] = ()  # tag columns the panel shows (besides _time, _value, _field)
     rolled_fields: Sequence[str] | None = None  # other fields in the rollups (text is not kept)
 
-    def filters(self, suffix: str = "", rolled: bool = False) -> str:
-        tags = f'r._measurement == "{self.measurement}" and r.run_id == {RUN}'
+    def __post_init__(self) -> None:
+        if self.measurement not in MEASUREMENTS:
+            raise ValueError(f"the sinks write no measurement {self.measurement!r}")
+
+    def filters(self, aggregate: str | None = None) -> str:
+        """The filters of the hot bucket's points, or of the rollups' by ``aggregate``."""
+        tags = of_run(self.measurement, RUN_PICKED)
         if self.where:
             tags += f" and {self.where}"
-        fields = self.rolled_fields if rolled and self.rolled_fields is not None else self.fields
-        wanted = [f'r._field == "{f}{suffix}"' for f in fields]
+        of_rollups = aggregate is not None and self.rolled_fields is not None
+        fields = self.rolled_fields if of_rollups else self.fields
+        suffix = "" if aggregate is None else rollup_suffix(aggregate)
+        names = list(fields) if aggregate is None else [rolled(f, aggregate) for f in fields]
+        wanted = [field_in(names)] if names else []
         if self.pattern:
             wanted.append(f"r._field =~ /^{self.pattern}{suffix}$/")
         out = f"  |> filter(fn: (r) => {tags})\n"
@@ -93,11 +107,10 @@ def stitched(
     default ``read.numeric()``); the rollup part reads ``<field>_<aggregate>``, renamed back
     before it is shaped. ``after`` works on both parts together; ``defs`` are Flux
     definitions it uses."""
-    suffix = f"_{aggregate}"
-    trim = f'strings.trimSuffix(v: r._field, suffix: "{suffix}")'
+    trim = f"strings.trimSuffix(v: r._field, suffix: {flux_string(rollup_suffix(aggregate))})"
     rename = f"map(fn: (r) => ({{r with _field: {trim}}}))"
     head = "".join(f'import "{i}"\n' for i in imports)
-    rolled = [*reduce_rolled, rename, *(read.numeric() if shape_rolled is None else shape_rolled)]
+    rollups = [*reduce_rolled, rename, *(read.numeric() if shape_rolled is None else shape_rolled)]
     hot = [*reduce_hot, *(read.numeric() if shape_hot is None else shape_hot)]
     return (
         head
@@ -105,8 +118,8 @@ def stitched(
         + (defs + "\n" if defs else "")
         + 'rolled = () => from(bucket: "${rollup_bucket}")\n'
         + "  |> range(start: v.timeRangeStart, stop: cut)\n"
-        + read.filters(suffix, rolled=True)
-        + _steps(rolled)
+        + read.filters(aggregate)
+        + _steps(rollups)
         + 'hot = () => from(bucket: "${bucket}")\n'
         + "  |> range(start: cut, stop: v.timeRangeStop)\n"
         + read.filters()
@@ -166,14 +179,15 @@ def hot_only(read: Read, steps: Sequence[str]) -> str:
 
 def run_ids() -> str:
     """The run picker: runs with data in either bucket in the range or the last 30 days."""
+    run = flux_string(RUN)
     return (
         'import "date"\n'
         'import "influxdata/influxdb/schema"\n'
         "month = date.sub(d: 30d, from: now())\n"
         "since = if v.timeRangeStart < month then v.timeRangeStart else month\n"
         "union(tables: [\n"
-        '  schema.tagValues(bucket: "${bucket}", tag: "run_id", start: since),\n'
-        '  schema.tagValues(bucket: "${rollup_bucket}", tag: "run_id", start: since),\n'
+        f'  schema.tagValues(bucket: "${{bucket}}", tag: {run}, start: since),\n'
+        f'  schema.tagValues(bucket: "${{rollup_bucket}}", tag: {run}, start: since),\n'
         "])\n"
         "  |> group()\n"
         "  |> distinct()\n"

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 
 from steplens.producer.spool import Spool
 from steplens.producer.transport import OnResult, Transport
+from steplens.schema.kafka_produce import retry_while_full
 from steplens.schema.log_limit import LimitedLog
 
 log = logging.getLogger("steplens")
 
 LIVE, DOWN, REPLAY = "live", "down", "replay"
+FULL_WAIT_S = 0.5  # longest a record waits for room in a full local buffer (worker thread)
 
 
 @dataclass
@@ -80,13 +82,16 @@ class Delivery:
             self._to_spool(key, value)
             return
         tx = self._tx()
-        for _ in range(50):  # the local buffer is full: serve results, try again (~0.5 s)
-            if tx.produce(key, value, self._on_live):
-                self.in_flight += 1
-                return
-            tx.poll(0.01)
-            if self.state != LIVE:
-                break
+        # a full local buffer: serve results and try again, briefly, unless they took it down
+        if retry_while_full(
+            lambda: tx.produce(key, value, self._on_live),
+            tx.poll,
+            FULL_WAIT_S,
+            poll_s=0.01,
+            give_up=lambda: self.state != LIVE,
+        ):
+            self.in_flight += 1
+            return
         self._to_spool(key, value)
         self._go_down("local buffer full")
 

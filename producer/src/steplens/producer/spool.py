@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import re
@@ -27,6 +28,8 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
+
+from steplens.schema.kafka_produce import retry_while_full
 
 log = logging.getLogger("steplens")
 
@@ -291,8 +294,9 @@ def iter_frames(path: str, block_bytes: int = 64 << 10) -> Iterator[tuple[bytes,
 def send_spool(directory: str, transport: Any, timeout_s: float = 30.0) -> tuple[int, int]:
     """Send every record of the spool folders under ``directory`` through ``transport`` (a
     ``steplens.producer.transport.Transport``), oldest segment first, and delete each segment
-    once all its records are acknowledged. Folders of live processes are skipped.
-    Returns (records sent, records left)."""
+    once all its records are acknowledged. Folders of live processes are skipped; a record
+    the transport's full local buffer does not take within ``timeout_s`` ends the folder's
+    turn (it and the rest stay). Returns (records sent, records left)."""
     sent = left = 0
     for folder in _spool_folders(directory):
         fd = _lock(folder)
@@ -320,13 +324,17 @@ def _send_segment(path: str, transport: Any, timeout_s: float) -> tuple[int, int
     def done(ok: bool, _key: bytes, _value: bytes) -> None:
         acked[0 if ok else 1] += 1
 
-    total = 0
-    for key, value in iter_frames(path):
-        while not transport.produce(key, value, done):
-            transport.poll(0.05)
+    queued = total = 0
+    frames = iter_frames(path)
+    for key, value in frames:
         total += 1
+        attempt = functools.partial(transport.produce, key, value, done)
+        if not retry_while_full(attempt, transport.poll, timeout_s, poll_s=0.05):
+            total += sum(1 for _ in frames)  # the local queue stayed full: the rest stays spooled
+            break
+        queued += 1
     deadline = time.monotonic() + timeout_s
-    while sum(acked) < total and time.monotonic() < deadline:
+    while sum(acked) < queued and time.monotonic() < deadline:
         transport.flush(min(1.0, max(0.0, deadline - time.monotonic())))
         transport.poll(0)
     return acked[0], total

@@ -17,6 +17,7 @@ from steplens.producer.advice_inbox import Message
 from steplens.schema import Record
 from steplens.schema.codec import decode
 from steplens.schema.kafka_config import consumer_config, producer_config
+from steplens.schema.kafka_produce import produce_bounded
 
 log = logging.getLogger("steplens")
 
@@ -203,11 +204,10 @@ class KafkaTransport:
         def done(err: Any, msg: Any) -> None:
             on_result(err is None, msg.key() or key, msg.value() or value)
 
-        try:
-            self._producer.produce(topic or self.topic, value, key, on_delivery=done)
-        except BufferError:
-            return False
-        return True
+        # never waits for room: the caller serves results and decides (``Delivery.send``)
+        return produce_bounded(
+            self._producer, topic or self.topic, value, key, on_delivery=done, max_wait_s=0.0
+        )
 
     def poll(self, timeout_s: float = 0.0) -> None:
         self._producer.poll(timeout_s)

@@ -4,7 +4,8 @@
 step_batch entry) and the tagged union on ``kind`` the codec decodes; ``codec`` encodes, decodes
 and validates records; ``record`` is what consumers receive (``Record``, ``DecodeError``);
 ``fields`` answers what the declared types say about each payload field. ``topics``,
-``settings`` and ``dead_letter`` are what every part shares about the wire. This face
+``settings`` and ``dead_letter`` are what every part shares about the wire; ``kafka_config`` and
+``kafka_produce`` about its clients; ``store_layout`` the names of the InfluxDB store. This face
 re-exports what callers use: ``from steplens import schema; schema.decode(raw)``.
 """
 

@@ -6,7 +6,9 @@ after what it read is durable. Security settings come from ``STEPLENS_KAFKA_*``
 (``settings.kafka_security_config``). What one caller needs besides is a keyword argument of
 its own, and ``extra`` (librdkafka names) is applied last, so a user's setting always wins.
 librdkafka's own log lines go to ``steplens.kafka.<role>``, each repeated line at most once a
-minute with a count (``log_limit``). Plain dicts: this module does not import confluent_kafka.
+minute with a count (``log_limit``). An admin client (``admin_config``; topics are created by
+``topics.create_missing`` only) has the same security settings. Plain dicts: this module does
+not import confluent_kafka; a full producer queue is ``kafka_produce``'s.
 """
 
 from __future__ import annotations
@@ -68,4 +70,16 @@ def consumer_config(
     }
     conf.update(extra or {})
     conf["enable.partition.eof"] = False
+    return conf
+
+
+def admin_config(
+    bootstrap: str | None = None, *, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """An admin client (topics, groups) with the security settings of every other client."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": kafka_bootstrap(bootstrap),
+        **kafka_security_config(),
+    }
+    conf.update(extra or {})
     return conf

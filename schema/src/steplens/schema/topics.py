@@ -6,14 +6,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Annotated, ClassVar
 
-from steplens.schema.settings import (
-    NonEmptyStr,
-    PositiveInt,
-    about,
-    kafka_bootstrap,
-    kafka_security_config,
-    resolve,
-)
+from steplens.schema.kafka_config import admin_config
+from steplens.schema.settings import NonEmptyStr, PositiveInt, about, resolve
 
 
 @dataclass(frozen=True)
@@ -88,14 +82,10 @@ def create_missing(
     bootstrap: str | None, specs: Iterable[TopicSpec], timeout_s: float = 30.0
 ) -> list[str]:
     """Create each topic of ``specs`` that does not exist yet (one another process creates
-    meanwhile counts as there); returns the names created."""
+    meanwhile counts as there); returns the names created. The one place a topic is made."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    conf: dict[str, str | int | float | bool] = {
-        "bootstrap.servers": kafka_bootstrap(bootstrap),
-        **kafka_security_config(),
-    }
-    admin = AdminClient(conf)
+    admin = AdminClient(admin_config(bootstrap))
     existing = set(admin.list_topics(timeout=timeout_s).topics)
     wanted = [
         NewTopic(t.name, num_partitions=t.partitions, replication_factor=1, config=t.config)

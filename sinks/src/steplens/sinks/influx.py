@@ -25,10 +25,10 @@ from influxdb_client.rest import ApiException
 
 from steplens import schema
 from steplens.schema import Record
+from steplens.schema.flux_literals import flux_string
 from steplens.schema.time_bounds import TimeBounds
 from steplens.sinks import metrics
 from steplens.sinks.contract import ExportResult, Rejection
-from steplens.sinks.flux_literals import flux_string
 from steplens.sinks.name_limits import NameBudget, NameLimits, refusal_reason
 from steplens.sinks.points import UnwritableRecord, record_builders
 from steplens.sinks.rank_budget import RankBudget, RankLimits

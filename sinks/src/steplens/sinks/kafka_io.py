@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import logging
 import socket
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,32 +13,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from steplens.schema import RUN_RANK, DecodeError, Record, decode
 from steplens.schema.dead_letter import dead_letter_bytes
 from steplens.schema.kafka_config import producer_config
+from steplens.schema.kafka_produce import produce_bounded
 from steplens.schema.log_limit import LimitedLog
 
 log = logging.getLogger("steplens.sinks")
 limited = LimitedLog(log)  # errors that repeat while Kafka is down: once a minute, counted
-
-
-def produce_waiting(
-    producer: Producer,
-    topic: str,
-    value: bytes,
-    key: bytes | None,
-    *,
-    on_delivery: Any,
-    timeout_s: float = 10.0,
-) -> bool:
-    """Produce one message; while the producer's local queue is full (``BufferError``), serve
-    its delivery reports and try again, for at most ``timeout_s``. False if it stayed full."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            producer.produce(topic, value, key=key, on_delivery=on_delivery)
-            return True
-        except BufferError:
-            if time.monotonic() >= deadline:
-                return False
-            producer.poll(0.1)
+QUEUE_FULL_S = 10.0  # longest a dead letter waits for room in the producer's local queue
 
 
 @dataclass(frozen=True)
@@ -136,8 +115,13 @@ class DeadLetters:
             rank=rank,
             seq=next(self._seq),
         )
-        if not produce_waiting(
-            self._producer, self.topic, body, item.key, on_delivery=self._on_delivery
+        if not produce_bounded(
+            self._producer,
+            self.topic,
+            body,
+            item.key,
+            on_delivery=self._on_delivery,
+            max_wait_s=QUEUE_FULL_S,
         ):
             self._failed += 1  # flush() reports it; the batch is not committed
         self._producer.poll(0)

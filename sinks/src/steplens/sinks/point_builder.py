@@ -17,6 +17,7 @@ from typing import Any, Final
 from influxdb_client import Point, WritePrecision
 
 from steplens.schema import Record
+from steplens.schema.store_layout import nonfinite
 
 MAX_STRING_FIELD: Final = 60_000  # InfluxDB caps string fields at 64 KiB
 
@@ -109,7 +110,7 @@ class PointBuilder:
         if math.isfinite(f):
             self._field(key, f)
         else:
-            self._field(f"{key}_nonfinite", _nonfinite_name(f))
+            self._field(nonfinite(key), _nonfinite_name(f))
         return self
 
     def integer(self, key: str, value: Any) -> PointBuilder:

@@ -18,6 +18,7 @@ from influxdb_client import Point
 
 from steplens import schema
 from steplens.schema import Record
+from steplens.schema.store_layout import CHECK, DEVICE_LISTS, HOST, LAYER, MEASUREMENT, RANK, RUN
 from steplens.sinks.point_builder import (
     MAX_STRING_FIELD,
     PointBuilder,
@@ -27,7 +28,6 @@ from steplens.sinks.point_builder import (
 
 __all__ = [
     "MAX_STRING_FIELD",
-    "MEASUREMENT",
     "PointBuilder",
     "UnwritableRecord",
     "check_name",
@@ -54,24 +54,6 @@ HEALTH_INTS: Final = ("sent", "spooled", "spool_bytes", "replayed", "queue_len",
 WINDOW_INTS: Final = ("count", "nonfinite")
 WINDOW_FLOATS: Final = ("mean", "std", "min", "max", "last")
 
-# kind -> measurement of its main point (hw is split into host, gpu, disk and net points)
-MEASUREMENT: Final = {
-    "step": "step",
-    "step_batch": "step",  # written as its step records
-    "step_window": "step_window",
-    "eval": "eval",
-    "batch": "batch",
-    "hw": "host",
-    "comm": "comm",
-    "health": "producer_health",
-    "signal": "signal",
-    "alert": "alert",
-    "run_meta": "run_meta",
-    "stacks": "stacks",
-    "advice": "advice",
-    "acted": "acted",
-    "checkpoint": "checkpoint",
-}
 LENGTH_BIN: Final = "len_lt_"  # batch: samples shorter than the bin's upper edge (and not shorter
 # than the previous edge), one integer field per bin: len_lt_1, len_lt_2, len_lt_4, ...
 
@@ -88,10 +70,10 @@ def _by_name(
 def _step(rec: Record) -> list[PointBuilder]:
     d = rec.data
     b = (
-        PointBuilder("step", rec)
-        .tag("run_id", rec.run_id)
-        .tag("rank", rec.rank)
-        .tag("host", rec.host)
+        PointBuilder(MEASUREMENT["step"], rec)
+        .tag(RUN, rec.run_id)
+        .tag(RANK, rec.rank)
+        .tag(HOST, rec.host)
     )
     b.integer("step", rec.step)
     for name in STEP_FLOATS:
@@ -114,8 +96,8 @@ def _layers(rec: Record) -> list[PointBuilder]:
     params = d.get("layer_param_norms") or {}
     points = []
     for layer in dict.fromkeys([*grads, *params]):
-        b = PointBuilder("layer", rec, name_tag="layer").tag("run_id", rec.run_id)
-        b.tag("rank", rec.rank).tag("layer", layer).integer("step", rec.step)
+        b = PointBuilder(LAYER, rec, name_tag="layer").tag(RUN, rec.run_id)
+        b.tag(RANK, rec.rank).tag("layer", layer).integer("step", rec.step)
         b.num("grad_norm", grads.get(layer)).num("param_norm", params.get(layer))
         points.append(b)
     return points
@@ -133,11 +115,11 @@ def _step_window(rec: Record) -> list[PointBuilder]:
         if not isinstance(stats, dict):
             raise UnwritableRecord(f"step_window metric {metric[:80]!r} is not an object")
         b = (
-            PointBuilder("step_window", rec, name_tag="metric")
-            .tag("run_id", rec.run_id)
-            .tag("rank", rec.rank)
+            PointBuilder(MEASUREMENT["step_window"], rec, name_tag="metric")
+            .tag(RUN, rec.run_id)
+            .tag(RANK, rec.rank)
         )
-        b.tag("host", rec.host).tag("metric", metric)
+        b.tag(HOST, rec.host).tag("metric", metric)
         b.integer("step_first", d["step_first"]).integer("step_last", d["step_last"])
         b.num("duration_s", d.get("duration_s"))
         for name in WINDOW_INTS:
@@ -153,7 +135,7 @@ def _step_window(rec: Record) -> list[PointBuilder]:
 
 def _eval(rec: Record) -> list[PointBuilder]:
     d = rec.data
-    b = PointBuilder("eval", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b = PointBuilder(MEASUREMENT["eval"], rec).tag(RUN, rec.run_id).tag(RANK, rec.rank)
     b.tag("split", d["split"]).integer("step", rec.step)
     for name in EVAL_FLOATS:
         b.num(name, d.get(name))
@@ -163,7 +145,7 @@ def _eval(rec: Record) -> list[PointBuilder]:
 
 def _batch(rec: Record) -> list[PointBuilder]:
     d = rec.data
-    b = PointBuilder("batch", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b = PointBuilder(MEASUREMENT["batch"], rec).tag(RUN, rec.run_id).tag(RANK, rec.rank)
     b.integer("step", rec.step).integer("n_samples", d["n_samples"]).num(
         "length_mean", d.get("length_mean")
     )
@@ -199,8 +181,8 @@ def json_list(values: list[Any], limit: int = MAX_STRING_FIELD) -> str:
 
 def _stacks(rec: Record) -> list[PointBuilder]:
     d = rec.data
-    b = PointBuilder("stacks", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
-    b.tag("host", rec.host).integer("step", rec.step).num("stalled_s", d["stalled_s"])
+    b = PointBuilder(MEASUREMENT["stacks"], rec).tag(RUN, rec.run_id).tag(RANK, rec.rank)
+    b.tag(HOST, rec.host).integer("step", rec.step).num("stalled_s", d["stalled_s"])
     b.integer("last_step", d.get("last_step")).integer("n_threads", len(d["threads"]))
     text = "\n".join(
         f"--- thread {t.get('name')} ({t.get('id')})\n{t.get('stack', '')}" for t in d["threads"]
@@ -213,7 +195,7 @@ def _flat_points(
 ) -> list[PointBuilder]:
     points: list[PointBuilder] = []
     for i, item in enumerate(items):
-        b = PointBuilder(measurement, rec).tag("run_id", rec.run_id).tag("host", rec.host)
+        b = PointBuilder(measurement, rec).tag(RUN, rec.run_id).tag(HOST, rec.host)
         b.tag(tag, item.get(key, i))
         for name, value in item.items():
             if name != key:
@@ -224,21 +206,23 @@ def _flat_points(
 
 def _hw(rec: Record) -> list[PointBuilder]:
     d = rec.data
-    b = PointBuilder("host", rec).tag("run_id", rec.run_id).tag("host", rec.host)
+    b = PointBuilder(MEASUREMENT["hw"], rec).tag(RUN, rec.run_id).tag(HOST, rec.host)
     b.integer("mem_available_bytes", d.get("mem_available_bytes"))
     b.integer("mem_total_bytes", d.get("mem_total_bytes")).num("cpu_percent", d.get("cpu_percent"))
     b.text("gpu_status", d.get("gpu_status"))
     return [
         b,
-        *_flat_points(rec, "gpu", "gpu", "index", d.get("gpus") or []),
-        *_flat_points(rec, "disk", "device", "device", d.get("disks") or []),
-        *_flat_points(rec, "net", "iface", "iface", d.get("nets") or []),
+        *(
+            p
+            for name, (measurement, tag, key) in DEVICE_LISTS.items()
+            for p in _flat_points(rec, measurement, tag, key, d.get(name) or [])
+        ),
     ]
 
 
 def _comm(rec: Record) -> list[PointBuilder]:
     d = rec.data
-    b = PointBuilder("comm", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b = PointBuilder(MEASUREMENT["comm"], rec).tag(RUN, rec.run_id).tag(RANK, rec.rank)
     b.tag("op", d["op"]).tag("peer", d.get("peer"))
     b.num("latency_ms", d["latency_ms"]).integer("bytes", d.get("bytes"))
     b.text("backend", d.get("backend")).integer("step", rec.step)
@@ -247,8 +231,8 @@ def _comm(rec: Record) -> list[PointBuilder]:
 
 def _health(rec: Record) -> list[PointBuilder]:
     d = rec.data
-    b = PointBuilder("producer_health", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
-    b.tag("host", rec.host)
+    b = PointBuilder(MEASUREMENT["health"], rec).tag(RUN, rec.run_id).tag(RANK, rec.rank)
+    b.tag(HOST, rec.host)
     for name in HEALTH_INTS:
         b.integer(name, d.get(name))
     for reason, n in (d.get("dropped") or {}).items():
@@ -263,7 +247,7 @@ def _signal(rec: Record) -> list[PointBuilder]:
     detail = d.get("detail") or {}
     scope = detail.get("scope", "run") if isinstance(detail, dict) else "run"
     # the scope is a tag: signals of one record (one per GPU of a host) share its time
-    b = PointBuilder("signal", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b = PointBuilder(MEASUREMENT["signal"], rec).tag(RUN, rec.run_id).tag(RANK, rec.rank)
     b.tag("name", d["name"]).tag("metric", d["metric"]).tag("scope", scope)
     b.integer("step", rec.step)
     for name in SIGNAL_FLOATS:
@@ -274,7 +258,7 @@ def _signal(rec: Record) -> list[PointBuilder]:
 
 def _alert(rec: Record) -> list[PointBuilder]:
     d = rec.data
-    b = PointBuilder("alert", rec).tag("run_id", rec.run_id).tag("rule", d["rule"])
+    b = PointBuilder(MEASUREMENT["alert"], rec).tag(RUN, rec.run_id).tag("rule", d["rule"])
     b.tag("severity", d["severity"]).tag("state", d["state"]).tag("scope", d["scope"])
     b.integer("step", rec.step).integer("rank", rec.rank).text("hint", d["hint"])
     b.text("summary", d.get("summary")).text("fingerprint", d["fingerprint"])
@@ -284,7 +268,7 @@ def _alert(rec: Record) -> list[PointBuilder]:
 
 def _run_meta(rec: Record) -> list[PointBuilder]:
     d = rec.data
-    b = PointBuilder("run_meta", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b = PointBuilder(MEASUREMENT["run_meta"], rec).tag(RUN, rec.run_id).tag(RANK, rec.rank)
     b.integer("world_size", d["world_size"]).num("peak_flops", d.get("peak_flops"))
     for name in ("hosts", "model", "optimizer", "lr_schedule", "config", "checks", "remedies"):
         b.text(name, d.get(name))
@@ -303,8 +287,8 @@ def _checks(rec: Record) -> list[PointBuilder]:
     for c in found[:MAX_CHECKS] if isinstance(found, list) else []:
         if not isinstance(c, dict) or not isinstance(c.get("check"), str) or not c["check"]:
             continue
-        b = PointBuilder("check", rec, name_tag="check").tag("run_id", rec.run_id)
-        b.tag("rank", rec.rank).tag("check", c["check"]).text("state", c.get("state"))
+        b = PointBuilder(CHECK, rec, name_tag="check").tag(RUN, rec.run_id)
+        b.tag(RANK, rec.rank).tag("check", c["check"]).text("state", c.get("state"))
         b.integer("on", int(c.get("state") != "off"))
         for name in ("needs", "why", "enable"):
             b.text(name, c.get(name))
@@ -316,7 +300,7 @@ def _advice(rec: Record) -> list[PointBuilder]:
     """Advice to a run's ranks (``rank`` -1: every rank); the incident's fingerprint is a tag:
     two incidents may advise the same action in one report."""
     d = rec.data
-    b = PointBuilder("advice", rec).tag("run_id", rec.run_id).tag("action", d["action"])
+    b = PointBuilder(MEASUREMENT["advice"], rec).tag(RUN, rec.run_id).tag("action", d["action"])
     b.tag("fingerprint", d["fingerprint"]).integer("rank", rec.rank).integer("step", rec.step)
     b.text("rule", d.get("rule")).text("reason", d.get("reason"))
     b.integer("onset_step", d.get("onset_step")).text("checkpoint", d.get("checkpoint"))
@@ -334,7 +318,7 @@ def _advice(rec: Record) -> list[PointBuilder]:
 def _acted(rec: Record) -> list[PointBuilder]:
     """What a rank did with a piece of advice."""
     d = rec.data
-    b = PointBuilder("acted", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b = PointBuilder(MEASUREMENT["acted"], rec).tag(RUN, rec.run_id).tag(RANK, rec.rank)
     b.tag("action", d["action"]).tag("outcome", d["outcome"]).integer("step", rec.step)
     b.text("fingerprint", d["fingerprint"]).text("detail", d.get("detail"))
     return [b]
@@ -342,7 +326,7 @@ def _acted(rec: Record) -> list[PointBuilder]:
 
 def _checkpoint(rec: Record) -> list[PointBuilder]:
     d = rec.data
-    b = PointBuilder("checkpoint", rec).tag("run_id", rec.run_id).tag("rank", rec.rank)
+    b = PointBuilder(MEASUREMENT["checkpoint"], rec).tag(RUN, rec.run_id).tag(RANK, rec.rank)
     return [b.integer("step", rec.step).text("path", d["path"])]
 
 

@@ -16,8 +16,17 @@ from typing import Any, Final
 import pandas as pd
 from influxdb_client.rest import ApiException
 
-from steplens.sinks.flux_literals import flux_string, flux_time
-from steplens.sinks.points import MEASUREMENT
+from steplens.schema.flux_literals import flux_string, flux_time
+from steplens.schema.store_layout import (
+    DEVICE_LISTS,
+    MEASUREMENT,
+    NONFINITE,
+    RANK,
+    field_in,
+    of_run,
+    read,
+    tag_in,
+)
 from steplens.sinks.settings import InfluxSettings
 
 _NONFINITE: Final = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -74,25 +83,20 @@ def influx_frame(
 
     start = flux_time(_to_dt(since)) if since is not None else "1970-01-01T00:00:00Z"
     stop = flux_time(_to_dt(until + 1000)) if until is not None else "2200-01-01T00:00:00Z"
-    filters = [
-        f"r._measurement == {flux_string(MEASUREMENT.get(kind) or kind.lstrip('_'))}",
-        f"r.run_id == {flux_string(run_id)}",
-    ]
+    measurement = MEASUREMENT.get(kind) or kind.lstrip("_")
+    filters = [of_run(measurement, flux_string(run_id))]
     if rank is not None and by_rank:
-        filters.append(f"r.rank == {flux_string(str(rank))}")
+        filters.append(tag_in(RANK, [str(rank)]))
     for tag, value in (where or {}).items():
-        filters.append(f"r[{flux_string(tag)}] == {flux_string(value)}")
+        filters.append(tag_in(tag, [value]))
     if fields is not None:
-        wanted = " or ".join(f"r._field == {flux_string(f)}" for f in fields)
-        filters.append(f"({wanted})")
+        filters.append(f"({field_in(fields)})")
     flux = (
-        f"from(bucket: {flux_string(s.bucket)})\n"
-        f"  |> range(start: {start}, stop: {stop})\n"
-        f"  |> filter(fn: (r) => {' and '.join(filters)})\n"
-        '  |> pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")\n'
-        "  |> map(fn: (r) => ({r with time_ns: int(v: r._time)}))\n"
-        "  |> group()\n"
-        '  |> drop(columns: ["_start", "_stop", "_time", "_measurement", "result", "table"])\n'
+        read(s.bucket, start, stop, " and ".join(filters))
+        + '  |> pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")\n'
+        + "  |> map(fn: (r) => ({r with time_ns: int(v: r._time)}))\n"
+        + "  |> group()\n"
+        + '  |> drop(columns: ["_start", "_stop", "_time", "_measurement", "result", "table"])\n'
     )
     with make_client(s) as client:
         frames = client.query_api().query_data_frame(flux, org=s.org)
@@ -102,8 +106,8 @@ def influx_frame(
     for col in frame.columns:
         if frame[col].dtype == object or str(frame[col].dtype).startswith("str"):
             frame[col] = frame[col].map(csv_text)
-    for col in [c for c in frame.columns if str(c).endswith("_nonfinite")]:
-        base = str(col)[: -len("_nonfinite")]
+    for col in [c for c in frame.columns if str(c).endswith(NONFINITE)]:
+        base = str(col)[: -len(NONFINITE)]
         restored = frame[col].map(lambda v: _NONFINITE.get(v, None) if isinstance(v, str) else None)
         if base in frame:
             frame[base] = frame[base].astype("float64").where(restored.isna(), restored)
@@ -122,23 +126,14 @@ def influx_frame(
     return frame
 
 
-# hw list field -> (InfluxDB measurement, tag holding the item's id, the id's name in the item)
-DEVICE_LISTS: Final = {
-    "gpus": ("gpu", "gpu", "index"),
-    "disks": ("disk", "device", "device"),
-    "nets": ("net", "iface", "iface"),
-}
-
-
 def with_device_lists(
     s: InfluxSettings, host: pd.DataFrame, run_id: str, lo: int | None, hi: int | None
 ) -> pd.DataFrame:
     """Fold the gpu, disk and net points of each hw record back into its lists (JSON text)."""
     host = host.copy()
     for name, (measurement, tag, key) in DEVICE_LISTS.items():
-        kind = {"gpu": "_gpu", "disk": "_disk", "net": "_net"}[measurement]
         frame = influx_frame(
-            s, kind, run_id, rank=None, since=lo, until=hi, fields=None, by_rank=False
+            s, f"_{measurement}", run_id, rank=None, since=lo, until=hi, fields=None, by_rank=False
         )
         lists: dict[tuple[int, str], list[dict[str, Any]]] = {}
         if not frame.empty:

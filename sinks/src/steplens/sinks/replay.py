@@ -9,10 +9,10 @@ from confluent_kafka import Producer
 
 from steplens import schema
 from steplens.schema.kafka_config import producer_config
+from steplens.schema.kafka_produce import produce_bounded
 from steplens.schema.settings import kafka_bootstrap
 from steplens.schema.topics import Topics, TopicSpec, create_missing
 from steplens.sinks.cold import read_parquet, run_prefix
-from steplens.sinks.kafka_io import produce_waiting
 from steplens.sinks.query import _ns
 from steplens.sinks.s3 import make_s3_client
 from steplens.sinks.settings import S3Settings
@@ -78,8 +78,8 @@ def replay(
 
     n = 0
     for key, payload in cold_records(s, run_id, kinds, since, until):
-        if not produce_waiting(
-            producer, topic, payload, key, on_delivery=on_delivery, timeout_s=QUEUE_FULL_S
+        if not produce_bounded(
+            producer, topic, payload, key, on_delivery=on_delivery, max_wait_s=QUEUE_FULL_S
         ):
             raise RuntimeError(
                 f"replay: Kafka's local queue stayed full for {QUEUE_FULL_S:.0f} s "

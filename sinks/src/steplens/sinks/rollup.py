@@ -34,14 +34,24 @@ from influxdb_client import BucketRetentionRules, InfluxDBClient, Point, WritePr
 from influxdb_client.client.write_api import SYNCHRONOUS
 from influxdb_client.rest import ApiException
 
-from steplens.sinks.flux_literals import flux_string, flux_time
+from steplens.schema.flux_literals import flux_string, flux_time
+from steplens.schema.store_layout import (
+    AGGREGATES,
+    COVERAGE,
+    COVERAGE_FIELD,
+    RUN,
+    SEQ,
+    last_mark,
+    mark_is,
+    measurement_in,
+    rollup_suffix,
+    tag_in,
+)
 from steplens.sinks.settings import InfluxSettings
 from steplens.sinks.text_fields import TextFields
 
 TASK_NAME: Final = "steplens-rollup-1m"  # the InfluxDB task of earlier versions, removed
 ROLLUP_RETENTION_S: Final = 30 * 24 * 3600  # 30 days: the boards' longest range
-AGGREGATES: Final = ("mean", "min", "max", "last")
-COVERAGE: Final = "rollup_coverage"  # measurement of the task's coverage marks
 CHUNK_MIN: Final = 15  # minutes one query rolls up at most
 MAX_LOOKBACK_S: Final = 24 * 3600  # how far back the task reaches when the hot window is longer
 IMPORTS: Final = ("array", "date", "dict", "regexp", "influxdata/influxdb/schema")
@@ -57,14 +67,15 @@ def _rollup_stream(s: InfluxSettings, measurement: str, run_id: str | None, skip
     ``skips``: a Flux dictionary, measurement -> a regular expression of its fields that are
     not numbers (``TextFields.flux_dict``)."""
     hot = flux_string(s.bucket)
-    only_run = "" if run_id is None else f" and r.run_id == {flux_string(run_id)}"
+    only_run = "" if run_id is None else f" and {tag_in(RUN, [run_id])}"
     m = flux_string(measurement)
-    aggs = ", ".join(f"agg(fn: {a}, suffix: {flux_string('_' + a)})" for a in AGGREGATES)
+    numbers = f"r._field != {flux_string(SEQ)} and r._field !~ skip{only_run}"
+    aggs = ", ".join(f"agg(fn: {a}, suffix: {flux_string(rollup_suffix(a))})" for a in AGGREGATES)
     return f"""skips = {skips}
 skip = regexp.compile(v: dict.get(dict: skips, key: {m}, default: "^$"))
 agg = (fn, suffix) => from(bucket: {hot})
     |> range(start: start_, stop: stop_)
-    |> filter(fn: (r) => r._measurement == {m} and r._field != "seq" and r._field !~ skip{only_run})
+    |> filter(fn: (r) => {measurement_in([measurement])} and {numbers})
     |> aggregateWindow(every: 1m, fn: fn, createEmpty: false, timeSrc: "_start")
     |> toFloat()
     |> map(fn: (r) => ({{r with _field: r._field + suffix}}))
@@ -105,7 +116,7 @@ floor = date.sub(d: {max_lookback_s(s)}s, from: now_)
 late = date.sub(d: {int(lookback_min)}m, from: now_)
 marks = from(bucket: {rollup})
     |> range(start: floor, stop: date.add(d: 1m, to: now_))
-    |> filter(fn: (r) => r._measurement == {flux_string(COVERAGE)} and r._field == "points")
+    |> filter(fn: (r) => {mark_is(COVERAGE, COVERAGE_FIELD)})
     |> last()
     |> findColumn(fn: (key) => true, column: "_time")
 covered = if length(arr: marks) > 0 then marks[0] else floor
@@ -203,7 +214,7 @@ def run_once(
         start, stop = rows[0]["start"], rows[0]["stop"]
         names = [str(r["name"]) for r in rows if r["name"]]
         points = roll(client, s, (start, stop), names, skips=fields.flux_dict())
-        mark = Point(COVERAGE).field("points", points).time(stop, WritePrecision.NS)
+        mark = Point(COVERAGE).field(COVERAGE_FIELD, points).time(stop, WritePrecision.NS)
         client.write_api(write_options=SYNCHRONOUS).write(s.rollup_bucket, s.org, mark)
     except ApiException:  # the server's answer, not a timeout
         fields.mark_stale()
@@ -212,11 +223,7 @@ def run_once(
 
 def covered_until(client: InfluxDBClient, s: InfluxSettings) -> datetime | None:
     """The end of the range the last successful run covered (its coverage mark)."""
-    flux = f"""from(bucket: {flux_string(s.rollup_bucket)})
-    |> range(start: -{max_lookback_s(s) + 3600}s, stop: 1m)
-    |> filter(fn: (r) => r._measurement == {flux_string(COVERAGE)} and r._field == "points")
-    |> last()
-"""
+    flux = last_mark(s.rollup_bucket, COVERAGE, COVERAGE_FIELD, max_lookback_s(s) + 3600)
     for table in client.query_api().query(flux, org=s.org):
         for r in table.records:
             t = r.get_time()

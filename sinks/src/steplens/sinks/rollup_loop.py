@@ -26,7 +26,7 @@ from influxdb_client import InfluxDBClient, Point, WritePrecision
 from influxdb_client.client.write_api import SYNCHRONOUS
 from prometheus_client import Counter, Gauge, Histogram
 
-from steplens.sinks.flux_literals import flux_string
+from steplens.schema.store_layout import LEASE, LEASE_FIELD, last_mark
 from steplens.sinks.rollup import covered_until, run_once
 from steplens.sinks.settings import InfluxSettings
 from steplens.sinks.text_fields import TextFields
@@ -49,7 +49,6 @@ LAG = Gauge(
 )
 TEXT_FIELDS = Gauge("steplens_sink_rollup_text_fields", "Fields the rollups leave out: not numbers")
 OFFSET_S = 5.0  # into each minute: its points have arrived
-LEASE = "rollup_lease"  # measurement of the lease, in the rollup bucket
 LEASE_S = 150.0  # a lease not renewed for this long is taken over
 CATCH_UP_LAG_S = 120.0  # coverage further behind than this: one more run at once ...
 CATCH_UP_S = 40.0  # ... while the runs of one minute took less than this
@@ -139,11 +138,7 @@ def covered_lag_s(client: InfluxDBClient, s: InfluxSettings) -> float | None:
 def take_lease(client: InfluxDBClient, s: InfluxSettings, owner: str) -> bool:
     """True when ``owner`` holds the rollup lease (renewed now), False while another sink
     holds one younger than ``LEASE_S``."""
-    flux = f"""from(bucket: {flux_string(s.rollup_bucket)})
-    |> range(start: -{int(LEASE_S) + 60}s, stop: 1m)
-    |> filter(fn: (r) => r._measurement == {flux_string(LEASE)} and r._field == "owner")
-    |> last()
-"""
+    flux = last_mark(s.rollup_bucket, LEASE, LEASE_FIELD, int(LEASE_S) + 60)
     now = datetime.now(timezone.utc)
     for table in client.query_api().query(flux, org=s.org):
         for r in table.records:
@@ -151,7 +146,7 @@ def take_lease(client: InfluxDBClient, s: InfluxSettings, owner: str) -> bool:
             fresh = isinstance(at, datetime) and (now - at).total_seconds() < LEASE_S
             if fresh and r.get_value() != owner:
                 return False
-    point = Point(LEASE).field("owner", owner).time(now, WritePrecision.NS)
+    point = Point(LEASE).field(LEASE_FIELD, owner).time(now, WritePrecision.NS)
     client.write_api(write_options=SYNCHRONOUS).write(s.rollup_bucket, s.org, point)
     return True
 

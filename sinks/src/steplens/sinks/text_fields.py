@@ -22,7 +22,8 @@ from datetime import datetime
 
 from influxdb_client import QueryApi
 
-from steplens.sinks.flux_literals import flux_string, flux_time
+from steplens.schema.flux_literals import flux_string, flux_time
+from steplens.schema.store_layout import SEQ
 from steplens.sinks.point_builder import PointBuilder
 from steplens.sinks.settings import InfluxSettings
 
@@ -87,7 +88,7 @@ class TextFields:
 import "date"
 from(bucket: {flux_string(s.bucket)})
     |> range({span})
-    |> filter(fn: (r) => r._field != "seq")
+    |> filter(fn: (r) => r._field != {flux_string(SEQ)})
     |> last()
     |> filter(fn: (r) => not types.isNumeric(v: r._value))
     |> keep(columns: ["_measurement", "_field"])

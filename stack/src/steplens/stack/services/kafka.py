@@ -125,7 +125,9 @@ class Kafka(Service):
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.address, "log_level": 0})
+        from steplens.schema.kafka_config import admin_config
+
+        admin = AdminClient(admin_config(self.address, extra={"log_level": 0}))
         try:
             meta = admin.list_topics(timeout=2)
         except KafkaException as exc:

@@ -18,6 +18,19 @@ from typing import Any
 
 import numpy as np
 
+from steplens.schema.flux_literals import flux_string, flux_time
+from steplens.schema.store_layout import (
+    DEVICE_LISTS,
+    HOST,
+    MEASUREMENT,
+    RANK,
+    field_in,
+    of_run,
+    read,
+    rolled,
+    rollup_suffix,
+    tag_in,
+)
 from steplens.stream_jobs.engine.signals.dynamic_baseline import (
     DISK_FIELDS,
     GPU_FIELDS,
@@ -30,13 +43,16 @@ from steplens.stream_jobs.engine.signals.dynamic_baseline import (
 
 Series = dict[Key, tuple[np.ndarray, np.ndarray]]  # key -> (minute starts, means)
 
+STEP, WINDOW = MEASUREMENT["step"], MEASUREMENT["step_window"]
+_DEVICE = {m: tag for m, tag, _ in DEVICE_LISTS.values()}  # measurement -> its item's tag
 # measurement -> (the tag naming its item, its fields as rolled up -> the series' metric)
 WANTED: dict[str, tuple[str, dict[str, str]]] = {
-    "gpu": ("gpu", {f"{f}_mean": m for f, m in GPU_FIELDS.items()}),
-    "disk": ("device", {f"{f}_mean": "disk_mb_s" for f in DISK_FIELDS}),
-    "net": ("iface", {f"{f}_mean": "net_mb_s" for f in NET_FIELDS}),
-    "step": ("rank", {f"{m}_mean": m for m in STEP_METRICS}),
+    "gpu": (_DEVICE["gpu"], {rolled(f, "mean"): m for f, m in GPU_FIELDS.items()}),
+    "disk": (_DEVICE["disk"], {rolled(f, "mean"): "disk_mb_s" for f in DISK_FIELDS}),
+    "net": (_DEVICE["net"], {rolled(f, "mean"): "net_mb_s" for f in NET_FIELDS}),
+    STEP: (RANK, {rolled(m, "mean"): m for m in STEP_METRICS}),
 }
+WINDOW_MEAN = rolled("mean", "mean")  # a minute's step windows' mean
 
 
 def wanted_items(keys: Iterable[Key]) -> dict[str, set[str]]:
@@ -47,7 +63,7 @@ def wanted_items(keys: Iterable[Key]) -> dict[str, set[str]]:
         scope = split_key(key)[0]
         kind, _, item = scope.partition(":")
         if kind == "rank":
-            out.setdefault("step", set()).add(item)
+            out.setdefault(STEP, set()).add(item)
         elif kind in WANTED:
             out.setdefault(kind, set()).add(item.rpartition("/")[0])
     return out
@@ -64,21 +80,21 @@ def flux(  # noqa: PLR0917
     """The rollup points of ``measurement``'s ``WANTED`` fields for ``run`` in
     [since_ns, until_ns) (of the hosts or ranks ``items`` only, when given), long form, as one
     table (one CSV header)."""
-    from steplens.sinks.flux_literals import flux_string, flux_time
-
     tag, fields = WANTED[measurement]
-    names = " or ".join(f"r._field == {flux_string(f)}" for f in fields)
+    where = f"{of_run(measurement, flux_string(run))} and ({field_in(fields)})"
     if items is not None:
-        by = "rank" if measurement == "step" else "host"
-        names += ") and (" + " or ".join(f"r.{by} == {flux_string(i)}" for i in sorted(items))
-    keep = ", ".join(flux_string(c) for c in ["_time", "_value", "_field", "host", tag])
+        where += f" and ({tag_in(RANK if measurement == STEP else HOST, sorted(items))})"
+    return _rows(bucket, since_ns, until_ns, where, [HOST, tag])
+
+
+def _rows(bucket: str, since_ns: int, until_ns: int, where: str, tags: list[str]) -> str:
+    """Flux: the points of ``bucket`` in [since_ns, until_ns) that meet ``where``, long form
+    (time, value, field and ``tags``), as one table (one CSV header)."""
+    keep = ", ".join(flux_string(c) for c in ["_time", "_value", "_field", *tags])
     return (
-        f"from(bucket: {flux_string(bucket)})\n"
-        f"  |> range(start: {flux_time(_utc(since_ns))}, stop: {flux_time(_utc(until_ns))})\n"
-        f"  |> filter(fn: (r) => r._measurement == {flux_string(measurement)}"
-        f" and r.run_id == {flux_string(run)} and ({names}))\n"
-        f"  |> keep(columns: [{keep}])\n"
-        "  |> group()\n"
+        read(bucket, flux_time(_utc(since_ns)), flux_time(_utc(until_ns)), where)
+        + f"  |> keep(columns: [{keep}])\n"
+        + "  |> group()\n"
     )
 
 
@@ -125,18 +141,18 @@ def read_rollups(
                 continue
             got = rows(
                 flux(influx.rollup_bucket, run, measurement, since_ns, until_ns, only),
-                ["host", tag],
+                [HOST, tag],
             )
             if got is not None and len(got):
                 frames.append(got.assign(_measurement=measurement))
-            if measurement == "step":  # and the windows' means (the producer's default mode)
+            if measurement == STEP:  # and the windows' means (the producer's default mode)
                 got = rows(
                     windows_flux(influx.rollup_bucket, run, since_ns, until_ns, only),
-                    ["rank", "metric"],
+                    [RANK, "metric"],
                 )
                 if got is not None and len(got):
-                    field = got.pop("metric").astype(str) + "_mean"
-                    frames.append(got.assign(_measurement="step", _field=field))
+                    field = got.pop("metric").astype(str) + rollup_suffix("mean")
+                    frames.append(got.assign(_measurement=STEP, _field=field))
     if not frames:
         return {}
     frame = pd.concat(frames, ignore_index=True)
@@ -150,20 +166,11 @@ def windows_flux(
 ) -> str:
     """The rollups of the step windows' means of ``STEP_METRICS`` (``mean_mean``: a minute's
     windows' mean) for ``run``, of ``ranks`` when given."""
-    from steplens.sinks.flux_literals import flux_string, flux_time
-
-    which = " or ".join(f"r.metric == {flux_string(m)}" for m in STEP_METRICS)
+    where = f"{of_run(WINDOW, flux_string(run))} and r._field == {flux_string(WINDOW_MEAN)}"
+    where += f" and ({tag_in('metric', STEP_METRICS)})"
     if ranks is not None:
-        which += ") and (" + " or ".join(f"r.rank == {flux_string(i)}" for i in sorted(ranks))
-    keep = ", ".join(flux_string(c) for c in ["_time", "_value", "_field", "rank", "metric"])
-    return (
-        f"from(bucket: {flux_string(bucket)})\n"
-        f"  |> range(start: {flux_time(_utc(since_ns))}, stop: {flux_time(_utc(until_ns))})\n"
-        f'  |> filter(fn: (r) => r._measurement == "step_window"'
-        f' and r.run_id == {flux_string(run)} and r._field == "mean_mean" and ({which}))\n'
-        f"  |> keep(columns: [{keep}])\n"
-        "  |> group()\n"
-    )
+        where += f" and ({tag_in(RANK, sorted(ranks))})"
+    return _rows(bucket, since_ns, until_ns, where, [RANK, "metric"])
 
 
 def series_of(frame: Any) -> Series:
@@ -176,13 +183,13 @@ def series_of(frame: Any) -> Series:
         if part.empty or tag not in part:
             continue
         part = part.assign(metric=part["_field"].map(fields), value=part["_value"].astype(float))
-        by = ["metric", tag] if measurement == "step" else ["metric", "host", tag]
+        by = ["metric", tag] if measurement == STEP else ["metric", HOST, tag]
         grouped = part.groupby([*by, "time_ns"], sort=True, observed=True)["value"]
         # a minute's step rollup and windows' rollup: their mean; a disk's read and write: sum
-        summed = grouped.mean() if measurement == "step" else grouped.sum(min_count=1)
+        summed = grouped.mean() if measurement == STEP else grouped.sum(min_count=1)
         for ident, values in summed.groupby(level=list(range(len(by))), sort=False):
             metric, *item = ident
-            if measurement == "step":
+            if measurement == STEP:
                 scope = f"rank:{int(float(item[0]))}"
             else:
                 scope = f"{measurement}:{item[0]}/{item[1]}"

@@ -19,6 +19,18 @@ from typing import Any
 
 import numpy as np
 
+from steplens.schema.flux_literals import flux_time_ns
+from steplens.schema.store_layout import (
+    MEASUREMENT,
+    RUN,
+    SEQ,
+    field_in,
+    measurement_in,
+    nonfinite,
+    read,
+    rolled,
+    tag_in,
+)
 from steplens.stream_jobs.engine.history import NO_FIRST, Rows
 from steplens.stream_jobs.engine.signals.registry import SERIES
 
@@ -77,7 +89,7 @@ class Source:
             return []
         hours: set[str] = set()
         try:
-            for kind in ("step", "step_window"):
+            for kind in KINDS:
                 for _, key in self._cold.s3_objects(s, kind, run, since_ns, until_ns):
                     hours.add(hour_from_key(key) or "")  # listed: within the range, so named
         except Exception as exc:
@@ -95,30 +107,27 @@ class Source:
         self, run: str, since_ns: int, until_ns: int
     ) -> list[tuple[int, int] | None]:
         """The first and last of the run's hot points and rollup minutes."""
-        from steplens.sinks.flux_literals import flux_string
         from steplens.sinks.influx import make_client
 
         s = self.stores.influx
         if s is None or "InfluxDB" in self.down:
             return []
-        where = (
-            f"r.run_id == {flux_string(run)}"
-            ' and (r._measurement == "step" or r._measurement == "step_window")'
-        )
+        kinds = measurement_in(MEASUREMENT[k] for k in KINDS)
+        where = f"{tag_in(RUN, [run])} and ({kinds})"
+        span = (flux_time_ns(since_ns), flux_time_ns(until_ns))
         found: list[tuple[int, int]] = []
         try:
             with make_client(s) as client:
                 api = client.query_api()
-                for bucket, field, after in (
-                    (s.bucket, '"seq"', 1000),  # times come back in microseconds
-                    (s.rollup_bucket, '"step_max" or r._field == "step_last_max"', 60 * 10**9),
+                for bucket, fields, after in (
+                    (s.bucket, [SEQ], 1000),  # times come back in microseconds
+                    (s.rollup_bucket, [rolled("step", "max"), rolled("step_last", "max")], MINUTE),
                 ):
                     flux = (
-                        f"data = from(bucket: {flux_string(bucket)})"
-                        f" |> range(start: {_flux_ns(since_ns)}, stop: {_flux_ns(until_ns)})"
-                        f" |> filter(fn: (r) => {where} and (r._field == {field}))\n"
-                        "union(tables: [data |> first(), data |> last()])"
-                        ' |> group() |> keep(columns: ["_time"])'
+                        "data = "
+                        + read(bucket, *span, f"{where} and ({field_in(fields)})")
+                        + "union(tables: [data |> first(), data |> last()])"
+                        + ' |> group() |> keep(columns: ["_time"])'
                     )
                     for table in api.query(flux, org=s.org):
                         times = [_ns_of(rec.get_time()) for rec in table.records]
@@ -152,7 +161,7 @@ class Source:
         influx, s3 = self.stores.influx, self.stores.s3
         hot_from = time.time_ns() - (influx.hot_retention_s + 300) * 10**9 if influx else 0
         frames = []
-        for kind in ("step", "step_window"):
+        for kind in KINDS:
             hot = cold = None
             if s3 is not None:
                 cold = self._try("S3", kind, functools.partial(self._cold_rows, kind, run, lo, hi))
@@ -172,7 +181,7 @@ class Source:
     def _hot_rows(self, kind: str, run: str, lo: int, hi: int) -> Any:
         s = self.stores.influx
         if kind == "step":
-            fields = ["step", *(f for m in _METRICS for f in (m, f"{m}_nonfinite"))]
+            fields = ["step", *(f for m in _METRICS for f in (m, nonfinite(m)))]
             return self._hot.influx_frame(
                 s, kind, run, rank=None, since=lo, until=hi - 1, fields=fields, by_rank=True
             )
@@ -199,33 +208,31 @@ class Source:
 
     def _rollups(self, kind: str, run: str, lo: int, hi: int) -> Any:
         s = self.stores.influx
-        rolled = replace(s, bucket=s.rollup_bucket)
+        rollups = replace(s, bucket=s.rollup_bucket)
         if kind == "step":
-            fields = ["step_min", "step_max", *(f"{m}_mean" for m in _METRICS)]
+            # a minute's steps: its first and last; each metric: its mean
+            names = {rolled(m, "mean"): m for m in _METRICS}
+            names.update({rolled("step", "min"): "step_first", rolled("step", "max"): "step"})
         else:
-            fields = ["step_first_min", "step_last_max", "mean_mean"]
+            names = {
+                rolled("step_first", "min"): "step_first",
+                rolled("step_last", "max"): "step_last",
+                rolled("mean", "mean"): "mean",
+            }
         frame = self._hot.influx_frame(
-            rolled, kind, run, rank=None, since=lo, until=hi - 1, fields=fields, by_rank=True
+            rollups, kind, run, rank=None, since=lo, until=hi - 1, fields=list(names), by_rank=True
         )
         if frame.empty:
             return frame
-        if kind == "step":
-            names = {f"{m}_mean": m for m in _METRICS}
-            names.update(step_min="step_first", step_max="step")
-            return frame.rename(columns=names)
-        names = {"step_first_min": "step_first", "step_last_max": "step_last", "mean_mean": "mean"}
         frame = frame.rename(columns=names)
-        return _windows_of_points(frame)
+        return frame if kind == "step" else _windows_of_points(frame)
 
+
+KINDS = ("step", "step_window")  # the record kinds history reads
+MINUTE = 60 * 10**9  # a rollup's span, ns
 
 # every step field a detector may read: the rows carry them all, each run's detectors use theirs
 _METRICS: tuple[str, ...] = tuple(sorted({m for e in SERIES for m in e.metrics}))
-
-
-def _flux_ns(ns: int) -> str:
-    """A Flux time literal (RFC 3339, nanoseconds)."""
-    t = datetime.fromtimestamp(ns // 10**9, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-    return f"{t}.{ns % 10**9:09d}Z"
 
 
 def _ns_of(t: Any) -> int:
