@@ -94,7 +94,7 @@ def test_a_half_written_frame_waits_for_its_end(tmp_path):
     reader = RelayReader(folder, "node-1", now_ms() - 1)
     src.waiting = [m(1), m(2)]
     writer.take_advice(10)
-    path = folder / "node-1.0"
+    path = folder / "node-1" / "0"
     whole = path.read_bytes()
     path.write_bytes(whole[:-3])  # as if the append were still under way
     assert reader.take_advice(10) == [m(1)]
@@ -115,9 +115,9 @@ def test_generations_roll_over_bounded_and_readers_follow(tmp_path, monkeypatch)
             got += reader.take_advice(100)
     got += reader.take_advice(100)
     assert got == [m(i) for i in range(60)]
-    files = sorted(p.name for p in folder.iterdir())
+    files = list((folder / "node-1").iterdir())
     assert len(files) <= 3  # the writer removes the generations two back
-    assert sum((folder / f).stat().st_size for f in files) < 3 * (200 + 64)
+    assert sum(f.stat().st_size for f in files) < 3 * (200 + 64)
 
 
 def test_a_restarted_writer_starts_a_new_generation_and_readers_go_on(tmp_path):
@@ -133,13 +133,14 @@ def test_a_restarted_writer_starts_a_new_generation_and_readers_go_on(tmp_path):
     src.waiting = [m(2)]
     second.take_advice(10)
     assert reader.take_advice(10) == [m(1), m(2)]
-    assert sorted(p.name for p in folder.iterdir()) == ["node-1.0", "node-1.1"]
+    assert sorted(p.name for p in (folder / "node-1").iterdir()) == ["0", "1"]
 
 
 def test_garbage_in_the_file_is_counted_and_skipped_never_raised(tmp_path):
     folder = relay_folder(str(tmp_path), RUN)
     assert folder is not None
-    (folder / "node-1.0").write_bytes(b"\xff\xff\xff\xff" + os.urandom(64))
+    (folder / "node-1").mkdir()
+    (folder / "node-1" / "0").write_bytes(b"\xff\xff\xff\xff" + os.urandom(64))
     reader = RelayReader(folder, "node-1", 0)
     assert reader.take_advice(10) == []
     assert reader.broken == 1
@@ -226,10 +227,24 @@ def test_a_reader_far_behind_the_writer_goes_on_at_the_oldest_generation_left(
     for i in range(1, 40):  # generations 1.. written and removed while it did not read
         src.waiting = [m(i)]
         writer.take_advice(10)
-    left = sorted(int(p.name.rsplit(".", 1)[1]) for p in folder.iterdir())
+    left = sorted(int(p.name) for p in (folder / "node-1").iterdir())
     assert left[0] > 1  # the next one it would have read is gone
     got = reader.take_advice(100)  # the rest of generation 0; the folder listed a moment ago
     assert got and got[-1] != m(39)
     clock[0] += relay.LIST_EVERY_S
     got += reader.take_advice(100)  # listed again: on at the oldest generation left
     assert got[-1] == m(39) and len(got) < 39
+
+
+def test_a_writer_removes_the_relays_of_runs_untouched_for_a_week(tmp_path):
+    old = relay_folder(str(tmp_path), "old-run")
+    recent = relay_folder(str(tmp_path), "recent-run")
+    assert old is not None and recent is not None
+    for folder in (old, recent):
+        RelayWriter(Source(), folder, "node-1", "r").close_advice()
+    week_ago = time.time() - relay.STALE_RUN_S - 60
+    os.utime(old, (week_ago, week_ago))
+    folder = relay_folder(str(tmp_path), RUN)
+    assert folder is not None
+    RelayWriter(Source(), folder, "node-1", RUN).close_advice()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["recent-run", folder.name])

@@ -9,7 +9,7 @@ arrive) and the other local ranks read that file (``RelayReader``), so the broke
 consumer per node. Each rank's ``AdviceInbox`` still judges every message itself (rank,
 remedies, rate limit, what it has seen), exactly as with its own consumer.
 
-The file: ``<advice_relay_dir>/<run>/<host>.<generation>``, frames of a 4-byte big-endian
+The file: ``<advice_relay_dir>/<run>/<host>/<generation>``, frames of a 4-byte big-endian
 length and a msgpack ``[key, value, partition, offset, relayed_ms]``. The writer starts a new
 generation when it starts and when the file reaches ``MAX_FILE_BYTES``, and removes those two
 back (a reader keeps reading a removed file it holds open); readers go on to the next
@@ -18,7 +18,9 @@ own start and keeps what was relayed from then on, as a consumer of its own woul
 Where the node's file never appears (local rank 0 not instrumented, ranks that share no
 disk), the reader gives up after ``RELAY_WAIT_S`` and the rank opens a consumer of its own
 (``advice_source``, called again by the Monitor). The folder is the user's own (0700); a folder of
-another owner or open to others turns the relay off (a consumer per rank).
+another owner or open to others turns the relay off (a consumer per rank). Each host has a
+folder of its own: a reader lists its host's generations, never every node's (a run folder
+shared over NFS, or the simulator's, holds one per node: 2,048 at 16,384 ranks).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import stat
 import struct
 import time
@@ -76,21 +79,19 @@ def relay_folder(base: str, run_id: str) -> Path | None:
         return None
 
 
+def _host_folder(folder: Path, host: str) -> Path:
+    return folder / _SAFE.sub("_", host)
+
+
 def _generations(folder: Path, host: str) -> list[int]:
-    prefix = f"{_SAFE.sub('_', host)}."
-    out = []
     try:
-        for p in folder.iterdir():
-            tail = p.name[len(prefix) :]
-            if p.name.startswith(prefix) and tail.isdigit():
-                out.append(int(tail))
+        return sorted(int(p.name) for p in _host_folder(folder, host).iterdir() if p.name.isdigit())
     except OSError:
-        pass
-    return sorted(out)
+        return []
 
 
 def _path(folder: Path, host: str, generation: int) -> Path:
-    return folder / f"{_SAFE.sub('_', host)}.{generation}"
+    return _host_folder(folder, host) / str(generation)
 
 
 class RelayWriter:
@@ -104,6 +105,7 @@ class RelayWriter:
         self._folder, self._host = folder, host
         self._key = run_id.encode()
         self.errors = 0
+        _host_folder(folder, host).mkdir(exist_ok=True, mode=0o700)
         known = _generations(folder, host)
         self._generation = known[-1] + 1 if known else 0
         self._fd = self._open()
@@ -303,11 +305,8 @@ def _remove_stale_runs(root: Path, keep: Path) -> None:
     cutoff = time.time() - STALE_RUN_S
     try:
         for folder in root.iterdir():
-            if folder == keep or folder.stat().st_mtime > cutoff:
-                continue
-            for p in folder.iterdir():
-                p.unlink(missing_ok=True)
-            folder.rmdir()
+            if folder != keep and folder.stat().st_mtime <= cutoff:
+                shutil.rmtree(folder, ignore_errors=True)
     except OSError:
         pass
 
