@@ -2,8 +2,9 @@
 rank and with one per node (``advice_relay``: local rank 0 reads and relays to the node's
 other ranks through a file; the producer's default).
 
-Opens the advice sources of K simulated ranks (8 a node) in one process with the producer's
-own function (``advice_source``, as a Monitor does), polls each as a rank's worker thread does
+Opens the advice sources of K simulated ranks (8 a node; 256 Kafka consumers a process: one
+process holds a few thousand Kafka client threads at most) with the producer's own function
+(``advice_source``, as a Monitor does), polls each as a rank's worker thread does
 (``take_advice`` every 50 ms), and measures the Kafka broker's CPU seconds per second and TCP
 connections while they are open, against the same span with none open, all in one run. Then
 one piece of advice is written to the topic and every rank's source must return it: the time
@@ -16,13 +17,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import math
+import multiprocessing as mp
 import os
+import queue
 import sys
 import tempfile
 import time
 import uuid
 from dataclasses import replace
+from typing import Any
 
 import psutil
 
@@ -44,75 +49,130 @@ def broker(bootstrap: str) -> psutil.Process:
     raise SystemExit(f"no Kafka broker process (kafka.Kafka) listening on {bootstrap}")
 
 
-def cpu_per_s(p: psutil.Process, seconds: float, poll: list | None = None) -> float:
+def cpu_per_s(p: psutil.Process, seconds: float) -> float:
     t = p.cpu_times()
     c0, t0 = t.user + t.system, time.monotonic()
-    while time.monotonic() - t0 < seconds:
-        for src in poll or []:
-            src.take_advice(64)
-        time.sleep(0.05)
+    time.sleep(seconds)
     t = p.cpu_times()
     return (t.user + t.system - c0) / (time.monotonic() - t0)
 
 
-def open_sources(config: ProducerConfig, run: str, ranks: int) -> tuple[list, float]:
-    t0 = time.monotonic()
+def ranks_process(
+    config: ProducerConfig, run: str, world: int, lo: int, hi: int, out: Any, stop: Any
+) -> None:
+    """Ranks ``lo..hi-1`` of ``run`` in one process: open their sources, say so, poll each
+    every 50 ms until ``stop``, and say when the last of them had the advice keyed for
+    ``run`` (wall-clock time)."""
     start_ms = int(time.time() * 1000)
-    sources = []
-    for r in range(ranks):
-        ident = Identity(run, r, r % 8, ranks, f"node-{r // 8:05d}")
-        sources.append(advice_source(config, ident, start_ms))
-    return sources, time.monotonic() - t0
-
-
-def reach_all_s(config: ProducerConfig, run: str, sources: list, timeout_s: float = 60.0) -> float:
-    """One message keyed for ``run`` on the advice topic: seconds until every source had it."""
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": config.kafka_bootstrap})
     t0 = time.monotonic()
-    producer.produce(config.advice_topic, b"advice", key=run.encode())
-    producer.flush(10)
+    sources = [_open(config, Identity(run, r, r % 8, world, f"node-{r // 8:05d}"), start_ms)
+               for r in range(lo, hi)]  # fmt: skip
+    consumers = sum(s.label != "node relay" for s in sources)
+    out.put(("opened", consumers, time.monotonic() - t0))
     waiting = set(range(len(sources)))
-    while waiting and time.monotonic() - t0 < timeout_s:
-        for i in list(waiting):
-            if any(m[0] == run.encode() for m in sources[i].take_advice(64)):
+    key = run.encode()
+    while not stop.is_set():
+        for i, src in enumerate(sources):
+            if any(m[0] == key for m in src.take_advice(64)):
                 waiting.discard(i)
-        time.sleep(0.01)
-    return math.inf if waiting else time.monotonic() - t0
+                if not waiting:
+                    out.put(("reached", time.time()))
+        time.sleep(0.05)
+    for src in sources:
+        src.close_advice()
+
+
+def _open(config: ProducerConfig, ident: Identity, start_ms: int) -> Any:
+    """A rank's source, opened again after a failure, as a Monitor does (a consumer's first
+    metadata request times out at 2 s while thousands start at once)."""
+    for _ in range(9):
+        try:
+            return advice_source(config, ident, start_ms)
+        except Exception:
+            time.sleep(1.0)
+    return advice_source(config, ident, start_ms)
 
 
 def measure(
-    config: ProducerConfig, kafka: psutil.Process, ranks: int, seconds: float, per_node: bool
+    config: ProducerConfig,
+    kafka: psutil.Process,
+    ranks: int,
+    seconds: float,
+    per_node: bool,
+    processes: int,
 ) -> dict:
+    """The broker while ``ranks`` ranks' sources (over ``processes`` processes: one process
+    holds a few hundred Kafka clients at most) are open and polled; then one piece of advice
+    and the time until every rank had it."""
+    ctx = mp.get_context("spawn")
     run = f"advice-fanout-{uuid.uuid4().hex[:6]}"
     cfg = replace(config, advice_per_node=per_node)
-    sources, opened_s = open_sources(cfg, run, ranks)
-    me = psutil.Process()
-    t = me.cpu_times()
-    own0 = t.user + t.system
-    busy = cpu_per_s(kafka, seconds, sources)
-    t = me.cpu_times()
-    out = {
+    out, stop = ctx.Queue(), ctx.Event()
+    bounds = [ranks * i // processes for i in range(processes + 1)]
+    bounds = [8 * round(b / 8) for b in bounds]  # whole nodes to a process
+    children = [
+        ctx.Process(target=ranks_process, args=(cfg, run, ranks, lo, hi, out, stop))
+        for lo, hi in itertools.pairwise(bounds)
+    ]
+    t0 = time.monotonic()
+    for c in children:
+        c.start()
+    opened = [out.get(timeout=600) for _ in children]
+    opened_s = time.monotonic() - t0
+    procs = [psutil.Process(c.pid) for c in children]
+    own0 = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+    busy = cpu_per_s(kafka, seconds)
+    own = sum(p.cpu_times().user + p.cpu_times().system for p in procs) - own0
+    result = {
         "opened_s": opened_s,
         "broker_cpu": busy,
-        "own_cpu": (t.user + t.system - own0) / seconds,
-        "threads": me.num_threads(),
+        "own_cpu": own / seconds,
+        "threads": sum(p.num_threads() for p in procs),
         "conns": len(kafka.net_connections(kind="tcp")),
-        "consumers": sum(s.label != "node relay" for s in sources),
-        "reach_s": reach_all_s(cfg, run, sources),
+        "consumers": sum(n for _, n, _ in opened),
+        "reach_s": reach_all_s(cfg, run, out, len(children)),
     }
-    for s in sources:
-        s.close_advice()
+    stop.set()
+    for c in children:
+        c.join(60)
     time.sleep(2.0)  # the broker closes their connections
-    return out
+    return result
+
+
+def reach_all_s(config: ProducerConfig, run: str, out: Any, processes: int) -> float:
+    """One message keyed for ``run`` on the advice topic: seconds until every rank had it."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": config.kafka_bootstrap})
+    t0 = time.time()
+    producer.produce(config.advice_topic, b"advice", key=run.encode())
+    producer.flush(10)
+    try:
+        last = max(out.get(timeout=120)[1] for _ in range(processes))
+    except queue.Empty:
+        return math.inf
+    return last - t0
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--ranks", type=int, default=256)
     ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument(
+        "--processes",
+        type=int,
+        default=0,
+        help="processes the ranks are spread over (default: 256 Kafka consumers a process)",
+    )
+    ap.add_argument(
+        "--modes",
+        default="rank,node",
+        help="readers to measure: rank (a consumer per rank), node (the default's), or both",
+    )
     args = ap.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    if not set(modes) <= {"rank", "node"} or not modes:
+        ap.error("--modes: rank, node or rank,node")
     with tempfile.TemporaryDirectory() as relay:
         config = ProducerConfig.resolve(
             kafka_bootstrap=os.environ.get("STEPLENS_KAFKA_BOOTSTRAP", "127.0.0.1:19092"),
@@ -122,8 +182,15 @@ def main() -> int:
         idle = cpu_per_s(kafka, args.seconds)
         idle_conns = len(kafka.net_connections(kind="tcp"))
         got = {
-            mode: measure(config, kafka, args.ranks, args.seconds, mode == "node")
-            for mode in ("rank", "node")
+            mode: measure(
+                config,
+                kafka,
+                args.ranks,
+                args.seconds,
+                mode == "node",
+                args.processes or max(1, math.ceil(args.ranks / (2048 if mode == "node" else 256))),
+            )
+            for mode in modes
         }
     n = args.ranks
     print(f"{n} ranks, 8 a node; broker idle: {idle:.3f} core, {idle_conns} TCP connections")
@@ -140,6 +207,8 @@ def main() -> int:
             f"| {per * 1000:.3f} ms/s | {conns} (+{conns - idle_conns}) | {g['own_cpu']:.3f} "
             f"| {g['threads']} | {g['opened_s']:.1f} | {g['reach_s']:.2f} s |"
         )
+    if len(got) < 2:
+        return 0
     r, d = got["rank"], got["node"]
     over_r, over_d = r["broker_cpu"] - idle, d["broker_cpu"] - idle
     print(
