@@ -348,7 +348,9 @@ class Column:
     rank: int = RUN_RANK
     probes: np.ndarray | None = None  # the values scored where not ``xs`` (a window's peak)
     firsts: np.ndarray | None = None  # a window's first step (its values are means over it)
-    want_fit: Callable[[Any], None] | None = None  # a model is asked for (ARIMA)
+    # fits a model at once from the values it is asked for on (ARIMA); None: ``asked`` is set
+    fitter: Callable[[np.ndarray], Any] | None = None
+    asked: bool = False  # a model was asked for and not fitted (the caller queues the fit)
     # a window's own standard deviation of its steps' values (NaN: not sent) and how many
     # values it aggregates; None for step rows (one value each)
     spreads: np.ndarray | None = None

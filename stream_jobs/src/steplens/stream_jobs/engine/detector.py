@@ -330,7 +330,7 @@ class RunDetector:
         step_a = np.array([NO_STEP if st is None else st for st in steps], dtype=np.int64)
         rows = np.arange(n, dtype=np.int64)
         first_a = None if firsts is None else np.asarray(firsts, dtype=np.int64)
-        want_fit = self._fit_asker(rank)
+        fitter = self._fitter() if self.fit_inline else None
         batch: list[Signals] = []
         lrs = columns.get("lr")  # the update share's floor follows the logged lr, row by row
         if lrs is not None or "training" in s:
@@ -346,8 +346,10 @@ class RunDetector:
             if spreads and metric in spreads:  # a window's own spread (one row)
                 std, count = spreads[metric]
                 col.spreads, col.counts = np.array([std]), np.array([count], dtype=np.int64)
-            col.want_fit = want_fit
+            col.fitter = fitter
             batch += _score(s, cfg, self.schedule, self.generic, metric, col)
+            if col.asked:  # fitted in the caller's pool (``pending_fits``)
+                self.fits_wanted.add((rank, metric))
             if metric == "loss":
                 self.run.track_loss(col.xs, cfg.train_loss_alpha)
                 if self.advice.watch and rank != RUN_RANK:  # what a rewind is judged on
@@ -381,21 +383,10 @@ class RunDetector:
         return batch
 
     # ------------------------------------------------------------------ ARIMA fits
-    def _fit_asker(self, rank: int) -> Callable[[arima.ArimaState], None]:
-        """What a series of ``rank`` calls when it asks for a fit: fitted at once
-        (``fit_inline``), else listed for ``pending_fits``."""
-
-        def want_fit(state: arima.ArimaState) -> None:
-            cfg = self.cfg.arima
-            if self.fit_inline:
-                params = arima.fit(arima.fit_input(state, cfg), cfg.order, cfg.method)
-                arima.apply_fit(state, cfg, params)
-                return
-            for metric, st in self.series[rank].get("arima", {}).items():
-                if st is state:
-                    self.fits_wanted.add((rank, metric))
-
-        return want_fit
+    def _fitter(self) -> Callable[[np.ndarray], arima.ArimaParams | None]:
+        """A model fitted at once from the values a series asks for it on (``fit_inline``)."""
+        cfg = self.cfg.arima
+        return functools.partial(arima.fit, order=cfg.order, method=cfg.method)
 
     def pending_fits(self) -> list[tuple[FitKey, Any]]:
         """Inputs of the fits asked for since the last call: ``[(key, values)]``."""
