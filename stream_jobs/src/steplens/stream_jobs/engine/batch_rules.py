@@ -62,8 +62,8 @@ def evaluate_batch(
                 cfg,
                 run_id,
                 _firing(batch, ranges, state),
-                row_last,
-                None if top == NO_STEP else top,
+                last=row_last,
+                top=None if top == NO_STEP else top,
             )
         else:  # a quiet row only counts towards resolving what fires
             yield rules.quiet_while_firing(

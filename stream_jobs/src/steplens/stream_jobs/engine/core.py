@@ -211,12 +211,13 @@ class Signals:
         return range(int(np.searchsorted(row, i)), int(np.searchsorted(row, i, "right")))
 
 
-def one(  # noqa: PLR0917
+def one(
     name: str,
     metric: str,
     step: int | None,
     value: float,
     score: float,
+    *,
     rank: int = RUN_RANK,
     scope: str = "run",
     severity: str | None = None,
@@ -227,7 +228,7 @@ def one(  # noqa: PLR0917
     row: int = 0,
 ) -> Signals:
     """One signal (of a record's own detectors: hardware, evaluations, data) on batch row
-    ``row``; the arguments as ``Signal`` takes them."""
+    ``row``; the arguments as ``Signal`` takes them, where it is and what it adds by name."""
     nan = _NAN
     return Signals(
         name,
@@ -246,11 +247,12 @@ def one(  # noqa: PLR0917
     )
 
 
-def counter_rise(  # noqa: PLR0917
+def counter_rise(
     name: str,
     metric: str,
     step: int | None,
     rise: float,
+    *,
     rank: int,
     scope: str,
     detail: dict[str, Any],
@@ -264,9 +266,9 @@ def counter_rise(  # noqa: PLR0917
         step,
         rise,
         1.0 if rose else 0.0,
-        rank,
-        scope,
-        CRITICAL if rose else None,
+        rank=rank,
+        scope=scope,
+        severity=CRITICAL if rose else None,
         expected=0.0,
         upper=0.0,
         detail=detail if rose else None,
