@@ -69,6 +69,7 @@ from steplens.stream_jobs.engine.core import (
 )
 from steplens.stream_jobs.engine.history import NO_FIRST, History, Rows
 from steplens.stream_jobs.engine.policy import JudgeState, Policy, judge_signals
+from steplens.stream_jobs.engine.rules import Amend
 from steplens.stream_jobs.engine.signals import (
     arima,
     dynamic_baseline,
@@ -200,9 +201,8 @@ class RunDetector:
         self.records += 1
         # a batch record or stacks, kept for the evidence; firing alerts it completes, and
         # notes it names
-        amended, named = self._keep_record(rec) if kind in EVIDENCE_KINDS else ([], [])
+        amends, named = self._keep_record(rec) if kind in EVIDENCE_KINDS else ([], [])
         batch: list[Signals] = []
-        answers: list[Alert] = []
         if kind == "step_window":
             step, first, metrics, peaks, wait, spreads = window_columns(data, rec.step)
             _drop_probed(self.raw_seen.pop(rec.rank, None), first, step, peaks)
@@ -220,17 +220,6 @@ class RunDetector:
             self._run_meta(data)
         elif kind == "checkpoint":
             advising.keep_checkpoint(self.advice, self.cfg.advice, rec.step, data["path"])
-        elif kind == "acted":  # a rank's answer to advice: its incident reported again if news
-            answer = {"rank": rec.rank, "outcome": data["outcome"], "detail": data.get("detail")}
-            answers = incidents.answered(
-                self.incidents,
-                self.cfg.incidents,
-                data["fingerprint"],
-                data["action"],
-                {**answer, "step": rec.step},
-                self.ranks.world_size,
-                rec.time_ns,
-            )
         for e in RECORDS:
             if kind in e.kinds:
                 batch += e.on_record(
@@ -239,10 +228,24 @@ class RunDetector:
         if kind == "hw" and self.baselines_inline:
             dynamic_baseline.fit_inline(self.run_states["baseline"], self.cfg.baseline, rec.time_ns)
         self._annotate(batch, rec.rank, None)
-        alerts = self.evaluate(batch, 1, [rec.time_ns])
+        amended, rows = batch_rules.judge(
+            self.rules, self.cfg.rules, self.run_id, batch, 1, amends=amends
+        )
+        alerts = self._incidents(rows, [rec.time_ns])
         if amended:
             alerts += incidents.update(self.incidents, self.cfg.incidents, amended, rec.time_ns)
-        return batch + named, alerts + answers
+        if kind == "acted":  # a rank's answer to advice: its incident reported again if news
+            answer = {"rank": rec.rank, "outcome": data["outcome"], "detail": data.get("detail")}
+            alerts += incidents.answered(
+                self.incidents,
+                self.cfg.incidents,
+                data["fingerprint"],
+                data["action"],
+                {**answer, "step": rec.step},
+                self.ranks.world_size,
+                rec.time_ns,
+            )
+        return batch + named, alerts
 
     def process_steps(self, recs: list[Record]) -> tuple[list[Signals], list[Alert]]:
         """``step`` records of one rank, in order, scored as one batch (a record is a batch of
@@ -286,19 +289,20 @@ class RunDetector:
         self, batch: list[Signals], n: int, times_ns: Sequence[int]
     ) -> Iterator[list[Alert]]:
         """Each of the ``n`` rows' incident transitions, at the row's time (``self.incidents``
-        is the state after that row when it is yielded)."""
-        for alerts, t in zip(self.evaluate_rows(batch, n), times_ns, strict=True):
-            if not alerts:
-                yield alerts
-                continue
-            for a in alerts:
-                a.time_ns = t
-            yield incidents.update(self.incidents, self.cfg.incidents, alerts, t)
+        is the state after that row when it is yielded): the rules judge every row first."""
+        _, rows = batch_rules.judge(self.rules, self.cfg.rules, self.run_id, batch, n)
+        return incidents.update_rows(self.incidents, self.cfg.incidents, rows, times_ns)
+
+    def _incidents(self, rows: list[list[Alert]], times_ns: Sequence[int]) -> list[Alert]:
+        return [
+            a
+            for row in incidents.update_rows(self.incidents, self.cfg.incidents, rows, times_ns)
+            for a in row
+        ]
 
     def evaluate_rows(self, batch: list[Signals], n: int) -> Iterator[list[Alert]]:
-        """Each row's alert transitions (``batch_rules.evaluate_batch``)."""
-        if not batch:
-            return iter([[]] * n)
+        """Each row's alert transitions (``batch_rules.evaluate_batch``), row by row (the rules'
+        state is the state after a row when it is yielded)."""
         return batch_rules.evaluate_batch(self.rules, self.cfg.rules, self.run_id, batch, n)
 
     # ------------------------------------------------------------------ steps
@@ -486,12 +490,11 @@ class RunDetector:
             st = states[e.key] = e.state()
         return st
 
-    def _keep_record(self, rec: Record) -> tuple[list[Alert], list[Signals]]:
-        """Keep a record of an evidence kind; the firing alerts of its rank it completes, amended
-        (rule-level transitions, for the incidents), and the notes of its rank and step it
-        names, again with their evidence (signals, published as they are: never judged
-        again)."""
-        out: list[Alert] = []
+    def _keep_record(self, rec: Record) -> tuple[list[Amend], list[Signals]]:
+        """Keep a record of an evidence kind; what it adds to the firing alerts of its rank it
+        completes (for the rules to amend), and the notes of its rank and step it names, again
+        with their evidence (signals, published as they are: never judged again)."""
+        out: list[Amend] = []
         named: list[Signals] = []
         for e in EVIDENCE:
             if rec.kind not in e.kinds:
@@ -514,9 +517,7 @@ class RunDetector:
                     continue
                 got = e.names(st, cfg, key[0], cur.started_step, ev)
                 if got:
-                    amended = rules.amend(self.rules, self.run_id, key, got)
-                    if amended is not None:
-                        out.append(amended)
+                    out.append((key, got))
         return out, named
 
     def _annotate(self, batch: list[Signals], rank: int, inputs: Inputs | None) -> None:

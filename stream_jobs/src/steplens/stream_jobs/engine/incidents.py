@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -426,6 +426,23 @@ def update(
         if a.state != "firing":
             out += _resolved(state, cfg, a, time_ns)
     return out
+
+
+def update_rows(
+    state: IncidentsState,
+    cfg: IncidentsConfig,
+    rows: Iterable[list[Alert]],
+    times_ns: Sequence[int],
+) -> Iterator[list[Alert]]:
+    """``update`` for each row's alert transitions (``rows``), at the row's time (the alerts'
+    ``time_ns`` set to it); ``state`` is the state after that row when it is yielded."""
+    for alerts, t in zip(rows, times_ns, strict=True):
+        if not alerts:
+            yield alerts
+            continue
+        for a in alerts:
+            a.time_ns = t
+        yield update(state, cfg, alerts, t)
 
 
 def _firing(

@@ -14,6 +14,7 @@ from steplens.stream_jobs.engine.hints import hint_for
 SEVERITY_ORDER = {INFO: 0, WARNING: 1, CRITICAL: 2}
 # judged across ranks for every rank at each step, behind the ranks' own records
 CROSS_RANK = ("straggler:step_time_s",)
+Amend = tuple[tuple[str, str], dict[str, Any]]  # evidence for the alert of (rule, scope)
 
 
 def fingerprint(run_id: str, rule: str, scope: str) -> str:
