@@ -8,12 +8,8 @@ steps gives the same signals, alerts and state. ``steplens detect`` calls ``proc
 on a CSV's chunks. ARIMA fits are asked for, not run, unless ``fit_inline`` is set; the caller
 runs ``pending_fits`` wherever it likes and applies them (``apply_fit``).
 
-Evidence: a breach is named as it is judged (the registry's ``Evidence`` entries, each a rank's
-memory of recent inputs: the batch behind a spike, the layers that moved, a stuck rank's
-stacks): its signal's detail gains the entry's key, so the alert and the incident carry it. An
-input that comes after the alert fired (a batch record sent after its step, stacks sent after
-the hang was confirmed) is added to the firing alert's evidence and its incident reports it
-again.
+Evidence: a breach is named as it is judged, and a record that comes after the alert fired
+completes it (``evidence``).
 
 Restarts: a rank whose steps go back restarted from a checkpoint. A job that crashed at step
 5,000 and resumed from its checkpoint of step 4,000 sends step 4,000 again, with the loss it
@@ -49,7 +45,7 @@ import numpy as np
 
 from steplens.schema import RUN_RANK, Record
 from steplens.stream_jobs.engine import advice as advising
-from steplens.stream_jobs.engine import batch_rules, fits, incidents, rules, step_tail
+from steplens.stream_jobs.engine import batch_rules, evidence, fits, incidents, rules, step_tail
 from steplens.stream_jobs.engine.calibration import CalibrationState
 from steplens.stream_jobs.engine.columns import (
     Cells,
@@ -60,7 +56,6 @@ from steplens.stream_jobs.engine.columns import (
 )
 from steplens.stream_jobs.engine.core import (
     CRIT_SEV,
-    INFO_SEV,
     NO_STEP,
     Alert,
     Column,
@@ -81,10 +76,8 @@ from steplens.stream_jobs.engine.signals.arima_fit import ArimaParams
 from steplens.stream_jobs.engine.signals.lone_waits import LoneWaits
 from steplens.stream_jobs.engine.signals.registry import (
     ENTRIES,
-    EVIDENCE,
     RECORDS,
     DetectorConfig,
-    Evidence,
     route,
 )
 from steplens.stream_jobs.engine.signals.seasonal_baseline import Band
@@ -131,19 +124,10 @@ _HEAD = (
     "advice",  # the remedies, checkpoints and advice given (``engine.advice``)
 )
 
-NOTES_UNNAMED = 8  # notes per rank kept waiting for their evidence (``RunDetector.unnamed``)
-
 # the signals of a warmed rank say so for this many of its values: by then the detectors'
 # windows (spike 64, volatility 50, ARIMA's fit window 256) hold live values only
 MARK_VALUES = 256
 CHUNK = 256  # rows of one rank replayed before the next rank's (``replay``)
-
-# what the evidence entries keep and name
-EVIDENCE_KINDS = frozenset(k for e in EVIDENCE for k in e.kinds)
-EVIDENCE_FIELDS = tuple(sorted({f for e in EVIDENCE for f in e.fields}))
-EVIDENCE_NAMES = frozenset(r.split(":", 1)[0] for e in EVIDENCE for r in e.rules)
-EVIDENCE_RULES = frozenset(r for e in EVIDENCE for r in e.rules)
-Inputs = list[tuple[int, int, dict[str, Any]]]  # (row, step, the entry) with evidence fields
 
 
 @dataclass
@@ -176,7 +160,7 @@ class RunDetector:
     slots: dict[int, int] = field(default_factory=dict)
     advice: advising.AdviceState = field(default_factory=advising.AdviceState)
     # rank -> its last notes of evidence rules (a hard batch's loss) whose record-kept evidence
-    # (the batch) had not come yet, each a signal of one row (``_keep_record`` names them)
+    # (the batch) had not come yet, each a signal of one row (``evidence.keep_record``)
     unnamed: dict[int, list[Signals]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -201,7 +185,13 @@ class RunDetector:
         self.records += 1
         # a batch record or stacks, kept for the evidence; firing alerts it completes, and
         # notes it names
-        amends, named = self._keep_record(rec) if kind in EVIDENCE_KINDS else ([], [])
+        amends: list[Amend] = []
+        named: list[Signals] = []
+        if kind in evidence.KINDS:
+            amends, named = evidence.keep_record(
+                self.series, self.unnamed, self.rules.firing, self.cfg, rec
+            )
+            self.touched.add(rec.rank)
         batch: list[Signals] = []
         if kind == "step_window":
             step, first, metrics, peaks, wait, spreads = window_columns(data, rec.step)
@@ -273,7 +263,7 @@ class RunDetector:
         waits = [w if isinstance(w, (int, float)) else None for w in waits]
         if behind is None:  # the other ranks' batches of the same steps may come after this
             behind = max(steps) - min(steps) if steps else 0
-        inputs = _entry_inputs(entries)  # layer norms, kept for the evidence
+        inputs = evidence.entry_inputs(entries)  # layer norms, kept for the evidence
         batch = self.process_columns(
             rank, steps, times, entry_columns(entries), data_times=waits, behind=behind
         )
@@ -474,97 +464,11 @@ class RunDetector:
                 self.touched.add(rank)
 
     # ------------------------------------------------------------------ evidence
-    def _evidence_state(self, rank: int, e: Evidence, make: bool) -> Any:
-        s = self.series.get(rank)
-        if s is None:
-            if not make:
-                return None
-            s = self.series[rank] = {}
-        states = s.get("evidence")
-        if states is None:
-            if not make:
-                return None
-            states = s["evidence"] = {}
-        st = states.get(e.key)
-        if st is None and make:
-            st = states[e.key] = e.state()
-        return st
-
-    def _keep_record(self, rec: Record) -> tuple[list[Amend], list[Signals]]:
-        """Keep a record of an evidence kind; what it adds to the firing alerts of its rank it
-        completes (for the rules to amend), and the notes of its rank and step it names, again
-        with their evidence (signals, published as they are: never judged again)."""
-        out: list[Amend] = []
-        named: list[Signals] = []
-        for e in EVIDENCE:
-            if rec.kind not in e.kinds:
-                continue
-            cfg = getattr(self.cfg, e.key)
-            st = self._evidence_state(rec.rank, e, True)
-            e.keep(st, cfg, rec.step, rec.data)
-            self.touched.add(rec.rank)
-            waiting = self.unnamed.get(rec.rank, [])
-            for note in [n for n in waiting if n.step_at(0) == rec.step and n.rule in e.rules]:
-                detail = (note.detail[0] if note.detail else None) or {}
-                got = e.names(st, cfg, note.rule, rec.step, detail)
-                if got:
-                    waiting.remove(note)
-                    note.detail = [{**detail, **got}]
-                    named.append(note)
-            for key, cur in list(self.rules.firing.items()):
-                ev = cur.evidence
-                if key[0] not in e.rules or e.key in ev or ev.get("rank") != rec.rank:
-                    continue
-                got = e.names(st, cfg, key[0], cur.started_step, ev)
-                if got:
-                    out.append((key, got))
-        return out, named
-
-    def _annotate(self, batch: list[Signals], rank: int, inputs: Inputs | None) -> None:
-        """Keep the step entries' evidence fields (``inputs``, of ``rank``) and name, in row
-        order, what each breach of the batch's signals of an evidence rule calls for."""
-        todo = list(_breaches(batch))
-        if not todo and not inputs:
-            return
-        todo.sort(key=lambda t: t[0])
-        pending = inputs or []
-        i = 0
-        for row, sigs, k in todo:
-            while i < len(pending) and pending[i][0] <= row:
-                self._keep_fields(rank, pending[i][1], pending[i][2])
-                i += 1
-            self._name(sigs, k)
-        for _, step, data in pending[i:]:
-            self._keep_fields(rank, step, data)
-
-    def _keep_fields(self, rank: int, step: int, data: dict[str, Any]) -> None:
-        for e in EVIDENCE:
-            if e.fields and any(f in data for f in e.fields):
-                e.keep(self._evidence_state(rank, e, True), getattr(self.cfg, e.key), step, data)
-                self.touched.add(rank)
-
-    def _name(self, sigs: Signals, k: int) -> None:
-        """Signal ``k``'s detail gains what the evidence entries of its rule name."""
-        rule, rank = sigs.rule, sigs.rank_at(k)
-        detail = (sigs.detail[k] if sigs.detail is not None else None) or {}
-        added: dict[str, Any] = {}
-        for e in EVIDENCE:
-            if rule not in e.rules:
-                continue
-            st = self._evidence_state(rank, e, False)
-            if st is not None:
-                got = e.names(st, getattr(self.cfg, e.key), rule, sigs.step_at(k), detail)
-                if got:
-                    added.update(got)
-        if added:
-            if sigs.detail is None:
-                sigs.detail = [None] * len(sigs)
-            sigs.detail[k] = {**detail, **added}
-        late = [e for e in EVIDENCE if e.kinds and rule in e.rules and e.key not in added]
-        if late and int(sigs.severity[k]) == INFO_SEV:  # a note: named when its record comes
-            waiting = self.unnamed.setdefault(rank, [])
-            waiting.append(_row(sigs, k))
-            del waiting[:-NOTES_UNNAMED]
+    def _annotate(self, batch: list[Signals], rank: int, inputs: evidence.Inputs | None) -> None:
+        """The breaches of ``batch`` named, the evidence fields of ``inputs`` kept
+        (``evidence.annotate``)."""
+        if evidence.annotate(self.series, self.unnamed, self.cfg, batch, rank=rank, inputs=inputs):
+            self.touched.add(rank)
 
     # ------------------------------------------------------------------ restarts
     def resume_step(self, rec: Record, after: int | None = None) -> int | None:
@@ -882,36 +786,3 @@ def _notes(policy: Policy) -> Policy:
 
 def _missing() -> Any:
     raise ValueError("no stored series")
-
-
-def _entry_inputs(entries: list[dict[str, Any]]) -> Inputs | None:
-    """The step entries that carry evidence fields (None: none, the common case)."""
-    a, b = EVIDENCE_FIELDS
-    got = [(i, e) for i, e in enumerate(entries) if a in e or b in e]
-    return [(i, e["step"], e) for i, e in got] if got else None
-
-
-def _row(sigs: Signals, k: int) -> Signals:
-    """Signal ``k`` of ``sigs`` as signals of one row (row 0)."""
-    return Signals.of(
-        sigs.name,
-        sigs.metric,
-        [0],
-        [sigs.step_at(k)],
-        [float(sigs.value[k])],
-        [float(sigs.score[k])],
-        sigs.severity[k : k + 1],
-        [float(sigs.expected[k])],
-        [float(sigs.lower[k])],
-        [float(sigs.upper[k])],
-        sigs.rank_at(k),
-        sigs.scope_at(k),
-        [sigs.detail[k] if sigs.detail is not None else None],
-    )
-
-
-def _breaches(batch: list[Signals]) -> Iterator[tuple[int, Signals, int]]:
-    for s in batch:
-        if s.name in EVIDENCE_NAMES and s.rule in EVIDENCE_RULES and s.severity.any():
-            for k in np.flatnonzero(s.severity).tolist():
-                yield int(s.row[k]), s, k
