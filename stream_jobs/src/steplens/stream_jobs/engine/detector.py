@@ -33,7 +33,6 @@ missing or unreadable starts afresh.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 import math
@@ -45,32 +44,34 @@ import numpy as np
 
 from steplens.schema import RUN_RANK, Record
 from steplens.stream_jobs.engine import advice as advising
-from steplens.stream_jobs.engine import batch_rules, evidence, fits, incidents, rules, step_tail
+from steplens.stream_jobs.engine import (
+    batch_rules,
+    evidence,
+    fits,
+    incidents,
+    rank_signals,
+    rules,
+    step_tail,
+)
 from steplens.stream_jobs.engine.calibration import CalibrationState
 from steplens.stream_jobs.engine.columns import (
-    Cells,
     Columns,
     entry_columns,
-    floats_of,
     window_columns,
 )
 from steplens.stream_jobs.engine.core import (
-    CRIT_SEV,
-    NO_STEP,
     Alert,
-    Column,
     Run,
     Signals,
 )
 from steplens.stream_jobs.engine.history import NO_FIRST, History, Rows
-from steplens.stream_jobs.engine.policy import JudgeState, Policy, judge_signals
+from steplens.stream_jobs.engine.policy import JudgeState
 from steplens.stream_jobs.engine.rules import Amend
 from steplens.stream_jobs.engine.signals import (
     arima,
     dynamic_baseline,
     lr_schedule,
     ranks,
-    training,
 )
 from steplens.stream_jobs.engine.signals.arima_fit import ArimaParams
 from steplens.stream_jobs.engine.signals.lone_waits import LoneWaits
@@ -321,35 +322,18 @@ class RunDetector:
         if s is None:
             s = self.series[rank] = {}
         self.touched.add(rank)
-        step_a = np.array([NO_STEP if st is None else st for st in steps], dtype=np.int64)
-        rows = np.arange(n, dtype=np.int64)
-        first_a = None if firsts is None else np.asarray(firsts, dtype=np.int64)
+        rows = rank_signals.Rows.of(rank, steps, firsts, peaks=peaks, spreads=spreads)
+        step_a, first_a = rows.steps, rows.firsts
         fitter = self._fitter() if self.fit_inline else None
-        batch: list[Signals] = []
-        lrs = columns.get("lr")  # the update share's floor follows the logged lr, row by row
-        if lrs is not None or "training" in s:
-            st = _state(s, "training", "update_ratio", training.TrainingState, self.schedule)
-            training.observe_lrs(st, None if lrs is None else floats_of(lrs)[0])
-        for metric, cells in columns.items():
-            probe = peaks.get(metric) if peaks else None
-            col, bad = _finite(metric, cells, rows, step_a, first_a, rank, probe)
-            if bad is not None:
-                batch.append(bad)
-            if col is None:
-                continue
-            if spreads and metric in spreads:  # a window's own spread (one row)
-                std, count = spreads[metric]
-                col.spreads, col.counts = np.array([std]), np.array([count], dtype=np.int64)
-            col.fitter = fitter
-            batch += _score(s, cfg, self.schedule, self.generic, metric, col)
-            if col.asked:  # fitted in the caller's pool (``pending_fits``)
-                self.fits_wanted.add((rank, metric))
-            if metric == "loss":
-                self.run.track_loss(col.xs, cfg.train_loss_alpha)
-                if self.advice.watch and rank != RUN_RANK:  # what a rewind is judged on
-                    advising.track_loss(
-                        self.advice, rank, col.steps, col.xs, col.firsts, col.rows, times_ns
-                    )
+        how = rank_signals.Scoring(cfg, self.schedule, self.generic, route, fitter)
+        scored = rank_signals.score(s, how, rows, columns, self.run)
+        batch = scored.batch
+        self.fits_wanted.update((rank, m) for m in scored.asked)  # for ``pending_fits``
+        loss = scored.loss
+        if loss is not None and self.advice.watch and rank != RUN_RANK:  # a rewind's judge
+            advising.track_loss(
+                self.advice, rank, loss.steps, loss.xs, loss.firsts, loss.rows, times_ns
+            )
         if rank != RUN_RANK and n:
             batch += step_tail.tail(
                 self.ranks,
@@ -371,9 +355,10 @@ class RunDetector:
                 )
                 if self.baselines_inline:
                     dynamic_baseline.fit_inline(dyn, cfg.baseline, int(times_ns[-1]))
-        if first_a is not None:
-            _mark_spans(batch, first_a)
-        self._mark_baseline(rank, batch, n)
+        mark = self.baseline.get(rank)
+        rank_signals.mark(batch, rows, mark)
+        if mark is not None and mark[1] <= 0:
+            del self.baseline[rank]
         return batch
 
     # ------------------------------------------------------------------ ARIMA fits
@@ -534,25 +519,6 @@ class RunDetector:
         ``MARK_VALUES`` values."""
         self.baseline[rank] = [detail, MARK_VALUES]
 
-    def _mark_baseline(self, rank: int, batch: list[Signals], n: int) -> None:
-        """``batch``, the signals of ``n`` rows of ``rank``, say where its baselines came from
-        while ``baseline`` has it."""
-        got = self.baseline.get(rank) if self.baseline else None
-        if got is None:
-            return
-        detail = got[0]
-        for sigs in batch:
-            if sigs.name == dynamic_baseline.NAME:  # says its own baseline (7d or in-run)
-                continue
-            d = sigs.detail  # one dict shared: the outputs copy it
-            if d is None:
-                sigs.detail = [detail] * len(sigs)
-            else:
-                sigs.detail = [detail if x is None else {**x, **detail} for x in d]
-        got[1] -= n
-        if got[1] <= 0:
-            del self.baseline[rank]
-
     def replay(self, hist: History, now_ns: int) -> None:
         """A warm start: ``hist``'s rows through ``process_columns``, the code live records go
         through, their signals dropped (the rules and incidents never see them); then the
@@ -663,21 +629,6 @@ class RunDetector:
             return []
 
 
-def _mark_spans(batch: list[Signals], firsts: np.ndarray) -> None:
-    """A window's breaches name the first step it covers (``span_first``): an aggregate is
-    judged over its span, and one that covers an incident already over adds to it
-    (``incidents``); a warning held from another rank's window keeps that one's."""
-    for sigs in batch:
-        hot = np.flatnonzero(sigs.severity).tolist()
-        if not hot:
-            continue
-        if sigs.detail is None:
-            sigs.detail = [None] * len(sigs)
-        for k in hot:
-            first = int(firsts[int(sigs.row[k])])
-            sigs.detail[k] = {"span_first": first, **(sigs.detail[k] or {})}
-
-
 def _remember_peaks(seen: dict[str, list[Any]], entries: list[dict[str, Any]]) -> None:
     """Keep in ``seen`` each metric's largest value of the step records ``entries`` (with its
     step), until the rank's next window (``_drop_probed``)."""
@@ -698,90 +649,6 @@ def _drop_probed(
         peak = peaks.get(name)
         if peak is not None and first <= step <= last and x >= peak:
             del peaks[name]
-
-
-def _score(  # noqa: PLR0917
-    s: dict[str, dict[str, Any]],
-    cfg: DetectorConfig,
-    schedule: dict[str, Any] | None,
-    generic: bool,
-    metric: str,
-    col: Column,
-) -> list[Signals]:
-    """Every enabled detector of ``metric`` over ``col`` (rank series ``s``), each detector's
-    signals judged by its policy."""
-    out: list[Signals] = []
-    for e in route(metric, generic):
-        if e.enabled is not None and not getattr(cfg, e.enabled):
-            continue
-        st = _state(s, e.key, metric, e.state, schedule)
-        ecfg = getattr(cfg, e.key)
-        got = e.update(st, ecfg, metric, col)
-        if got is not None and len(got):
-            policy = getattr(ecfg, "policy", None)
-            if policy is not None:
-                if metric in getattr(ecfg, "notes_only", ()):
-                    policy = _notes(policy)
-                judged = _state(s, f"judge:{e.key}", metric, JudgeState, None)
-                judge_signals(judged, cfg.calibration, policy, got)
-            out.append(got)
-    return out
-
-
-def _finite(  # noqa: PLR0917
-    metric: str,
-    cells: Cells,
-    rows: np.ndarray,
-    steps: np.ndarray,
-    firsts: np.ndarray | None,
-    rank: int,
-    peak: float | None,
-) -> tuple[Column | None, Signals | None]:
-    """A metric's rows with a finite value (and a finite ``peak``, a one-row window's), as a
-    column, and its non-finite values (or peak) as ``nonfinite`` signals."""
-    xs, present = floats_of(cells)
-    ok = np.isfinite(xs)
-    probes = None
-    if peak is not None:
-        probes = np.array([peak])
-        ok &= np.isfinite(probes)
-    if present is None and ok.all():  # the common case: every value finite
-        return Column(xs, steps, rows, rank, probes, firsts), None
-    bad = ~ok if present is None else present & ~ok
-    sigs = None
-    if bad.any():
-        value = xs[bad]
-        if probes is not None and not np.isfinite(probes[0]):
-            value = probes  # a window's non-finite peak (one row)
-        sigs = Signals.of(
-            "nonfinite", metric, rows[bad], steps[bad], value, 1.0, CRIT_SEV, rank=rank
-        )
-    if present is not None:
-        ok &= present
-    if not ok.any():
-        return None, sigs
-    col = Column(xs[ok], steps[ok], rows[ok], rank, None, None if firsts is None else firsts[ok])
-    return col, sigs
-
-
-def _state(s: dict[str, dict[str, Any]], key: str, metric: str, new: Any, schedule: Any) -> Any:
-    """Rank series ``s``'s state of detector ``key`` for ``metric``, made at first use (one
-    that reads the run's declared lr schedule gets it)."""
-    states = s.get(key)
-    if states is None:
-        states = s[key] = {}
-    st = states.get(metric)
-    if st is None:
-        st = states[metric] = new()
-        if hasattr(st, "schedule"):
-            st.schedule = schedule
-    return st
-
-
-@functools.cache
-def _notes(policy: Policy) -> Policy:
-    """``policy`` whose breaches are notes (the metric's alerts come from another detector)."""
-    return dataclasses.replace(policy, alerts=False)
 
 
 def _missing() -> Any:
