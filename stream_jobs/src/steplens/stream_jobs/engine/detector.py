@@ -49,6 +49,7 @@ from steplens.stream_jobs.engine import (
     evidence,
     fits,
     incidents,
+    marks,
     rank_signals,
     rules,
     step_tail,
@@ -59,11 +60,7 @@ from steplens.stream_jobs.engine.columns import (
     entry_columns,
     window_columns,
 )
-from steplens.stream_jobs.engine.core import (
-    Alert,
-    Run,
-    Signals,
-)
+from steplens.stream_jobs.engine.core import NO_STEP, Alert, Column, Run, Signals
 from steplens.stream_jobs.engine.history import NO_FIRST, History, Rows
 from steplens.stream_jobs.engine.policy import JudgeState
 from steplens.stream_jobs.engine.rules import Amend
@@ -177,7 +174,13 @@ class RunDetector:
     def process(self, rec: Record) -> tuple[list[Signals], list[Alert]]:
         """Route one validated record; returns its signals (a ``step_batch``'s: one row per
         entry) and the alert transitions. ``ValueError`` (with the reason) for a record whose
-        content cannot be used."""
+        content cannot be used.
+
+        A record goes one way through the stages: routed by its kind (steps and windows to
+        the rank's own signals, ``rank_signals``, then those judged across ranks,
+        ``step_tail`` and the 7-day baselines; other kinds to their record detectors), the
+        evidence its breaches name (``evidence``), the rules (``batch_rules``), the incidents
+        (``incidents``), and what the advice keeps of it (``advice``)."""
         kind, data = rec.kind, rec.data
         if kind == "step_batch":
             return self.process_entries(rec.rank, data["records"])
@@ -194,23 +197,15 @@ class RunDetector:
             )
             self.touched.add(rec.rank)
         batch: list[Signals] = []
+        loss = None
         if kind == "step_window":
             step, first, metrics, peaks, wait, spreads = window_columns(data, rec.step)
             _drop_probed(self.raw_seen.pop(rec.rank, None), first, step, peaks)
-            batch = self.process_columns(
-                rec.rank,
-                [step],
-                [rec.time_ns],
-                metrics,
-                data_times=[wait],
-                peaks=peaks,
-                firsts=None if first is None else [first],
-                spreads=spreads,
-            )
+            firsts = None if first is None else [first]
+            rows = _rows(rec.rank, [step], firsts, peaks=peaks, spreads=spreads)
+            batch, loss = self._signals(rows, [rec.time_ns], metrics, data_times=[wait])
         elif kind == "run_meta":
             self._run_meta(data)
-        elif kind == "checkpoint":
-            advising.keep_checkpoint(self.advice, self.cfg.advice, rec.step, data["path"])
         for e in RECORDS:
             if kind in e.kinds:
                 batch += e.on_record(
@@ -219,12 +214,12 @@ class RunDetector:
         if kind == "hw" and self.baselines_inline:
             dynamic_baseline.fit_inline(self.run_states["baseline"], self.cfg.baseline, rec.time_ns)
         self._annotate(batch, rec.rank, None)
-        amended, rows = batch_rules.judge(
+        amended, judged = batch_rules.judge(
             self.rules, self.cfg.rules, self.run_id, batch, 1, amends=amends
         )
-        alerts = self._incidents(rows, [rec.time_ns])
-        if amended:
-            alerts += incidents.update(self.incidents, self.cfg.incidents, amended, rec.time_ns)
+        alerts = incidents.update_all(
+            self.incidents, self.cfg.incidents, judged, [rec.time_ns], amended=amended
+        )
         if kind == "acted":  # a rank's answer to advice: its incident reported again if news
             answer = {"rank": rec.rank, "outcome": data["outcome"], "detail": data.get("detail")}
             alerts += incidents.answered(
@@ -236,6 +231,9 @@ class RunDetector:
                 self.ranks.world_size,
                 rec.time_ns,
             )
+        elif kind == "checkpoint":
+            advising.keep_checkpoint(self.advice, self.cfg.advice, rec.step, data["path"])
+        self._track_loss(rec.rank, loss, [rec.time_ns])
         return batch + named, alerts
 
     def process_steps(self, recs: list[Record]) -> tuple[list[Signals], list[Alert]]:
@@ -264,32 +262,27 @@ class RunDetector:
         waits = [w if isinstance(w, (int, float)) else None for w in waits]
         if behind is None:  # the other ranks' batches of the same steps may come after this
             behind = max(steps) - min(steps) if steps else 0
-        inputs = evidence.entry_inputs(entries)  # layer norms, kept for the evidence
-        batch = self.process_columns(
-            rank, steps, times, entry_columns(entries), data_times=waits, behind=behind
-        )
-        self._annotate(batch, rank, inputs)
-        return batch, self.evaluate(batch, n, times)
+        columns = entry_columns(entries)
+        rows = _rows(rank, steps, None)
+        batch, loss = self._signals(rows, times, columns, data_times=waits, behind=behind)
+        self._annotate(batch, rank, entries)  # their layer norms kept for the evidence
+        alerts = self.evaluate(batch, n, times)
+        self._track_loss(rank, loss, times)
+        return batch, alerts
 
     def evaluate(self, batch: list[Signals], n: int, times_ns: Sequence[int]) -> list[Alert]:
         """The rules over the ``n`` rows' signals, their alerts grouped into incidents
         (``incidents``): the incidents' transitions, each at its row's time."""
-        return [a for row in self.incident_rows(batch, n, times_ns) for a in row]
+        _, judged = batch_rules.judge(self.rules, self.cfg.rules, self.run_id, batch, n)
+        return incidents.update_all(self.incidents, self.cfg.incidents, judged, times_ns)
 
     def incident_rows(
         self, batch: list[Signals], n: int, times_ns: Sequence[int]
     ) -> Iterator[list[Alert]]:
         """Each of the ``n`` rows' incident transitions, at the row's time (``self.incidents``
         is the state after that row when it is yielded): the rules judge every row first."""
-        _, rows = batch_rules.judge(self.rules, self.cfg.rules, self.run_id, batch, n)
-        return incidents.update_rows(self.incidents, self.cfg.incidents, rows, times_ns)
-
-    def _incidents(self, rows: list[list[Alert]], times_ns: Sequence[int]) -> list[Alert]:
-        return [
-            a
-            for row in incidents.update_rows(self.incidents, self.cfg.incidents, rows, times_ns)
-            for a in row
-        ]
+        _, judged = batch_rules.judge(self.rules, self.cfg.rules, self.run_id, batch, n)
+        return incidents.update_rows(self.incidents, self.cfg.incidents, judged, times_ns)
 
     def evaluate_rows(self, batch: list[Signals], n: int) -> Iterator[list[Alert]]:
         """Each row's alert transitions (``batch_rules.evaluate_batch``), row by row (the rules'
@@ -315,25 +308,34 @@ class RunDetector:
         (NaN: a non-finite value in the window); ``firsts``: its first step (its metrics are
         means over the window); ``spreads``: its metrics' standard deviations and counts. A
         non-finite value is a ``nonfinite`` signal, learnt by none."""
-        cfg = self.cfg
-        n = len(steps)
-        self._check_restart(rank, steps, firsts)
+        rows = _rows(rank, steps, firsts, peaks=peaks, spreads=spreads)
+        batch, loss = self._signals(rows, times_ns, columns, data_times=data_times, behind=behind)
+        self._track_loss(rank, loss, times_ns)
+        return batch
+
+    def _signals(
+        self,
+        rows: rank_signals.Rows,
+        times_ns: Sequence[int],
+        columns: Columns,
+        *,
+        data_times: Sequence[float | None] | None = None,
+        behind: int = 0,
+    ) -> tuple[list[Signals], Column | None]:
+        """The signals of a rank's ``rows``: its own metrics' (``rank_signals``), then those
+        judged across ranks (``step_tail``, the 7-day baselines), marked (``marks``); and its
+        finite losses, for the advice."""
+        cfg, rank, n = self.cfg, rows.rank, len(rows.steps)
+        self._check_restart(rows)
         s = self.series.get(rank)
         if s is None:
             s = self.series[rank] = {}
         self.touched.add(rank)
-        rows = rank_signals.Rows.of(rank, steps, firsts, peaks=peaks, spreads=spreads)
-        step_a, first_a = rows.steps, rows.firsts
         fitter = self._fitter() if self.fit_inline else None
         how = rank_signals.Scoring(cfg, self.schedule, self.generic, route, fitter)
         scored = rank_signals.score(s, how, rows, columns, self.run)
         batch = scored.batch
         self.fits_wanted.update((rank, m) for m in scored.asked)  # for ``pending_fits``
-        loss = scored.loss
-        if loss is not None and self.advice.watch and rank != RUN_RANK:  # a rewind's judge
-            advising.track_loss(
-                self.advice, rank, loss.steps, loss.xs, loss.firsts, loss.rows, times_ns
-            )
         if rank != RUN_RANK and n:
             batch += step_tail.tail(
                 self.ranks,
@@ -341,25 +343,33 @@ class RunDetector:
                 cfg.thresholds,
                 self.run,
                 rank,
-                step_a,
+                rows.steps,
                 times_ns,
                 columns,
                 data_times,
                 behind,
-                firsts=first_a,
+                firsts=rows.firsts,
             )
             if not self.generic:  # an offline CSV's columns are judged by the generic detectors
                 dyn = self.run_states["baseline"]
                 batch += dynamic_baseline.on_steps(
-                    dyn, cfg.baseline, rank, step_a, times_ns, columns
+                    dyn, cfg.baseline, rank, rows.steps, times_ns, columns
                 )
                 if self.baselines_inline:
                     dynamic_baseline.fit_inline(dyn, cfg.baseline, int(times_ns[-1]))
         mark = self.baseline.get(rank)
-        rank_signals.mark(batch, rows, mark)
+        marks.mark(batch, n, rows.firsts, mark)
         if mark is not None and mark[1] <= 0:
             del self.baseline[rank]
-        return batch
+        return batch, scored.loss
+
+    def _track_loss(self, rank: int, loss: Column | None, times_ns: Sequence[int]) -> None:
+        """A rank's finite losses, kept by the advice while it watches (what a rewind is
+        judged on)."""
+        if loss is not None and rank != RUN_RANK and self.advice.watch:
+            advising.track_loss(
+                self.advice, rank, loss.steps, loss.xs, loss.firsts, loss.rows, times_ns
+            )
 
     # ------------------------------------------------------------------ ARIMA fits
     def _fitter(self) -> Callable[[np.ndarray], arima.ArimaParams | None]:
@@ -449,10 +459,14 @@ class RunDetector:
                 self.touched.add(rank)
 
     # ------------------------------------------------------------------ evidence
-    def _annotate(self, batch: list[Signals], rank: int, inputs: evidence.Inputs | None) -> None:
-        """The breaches of ``batch`` named, the evidence fields of ``inputs`` kept
+    def _annotate(
+        self, batch: list[Signals], rank: int, entries: list[dict[str, Any]] | None
+    ) -> None:
+        """The breaches of ``batch`` named, the evidence fields of the step ``entries`` kept
         (``evidence.annotate``)."""
-        if evidence.annotate(self.series, self.unnamed, self.cfg, batch, rank=rank, inputs=inputs):
+        if evidence.annotate(
+            self.series, self.unnamed, self.cfg, batch, rank=rank, entries=entries
+        ):
             self.touched.add(rank)
 
     # ------------------------------------------------------------------ restarts
@@ -501,17 +515,16 @@ class RunDetector:
             self.series[rank] = series
         self.touched.add(rank)
 
-    def _check_restart(
-        self, rank: int, steps: Sequence[int | None], firsts: Sequence[int] | None
-    ) -> None:
-        """Rows of ``rank`` about to be scored: when their steps go back, the rank restarts
+    def _check_restart(self, rows: rank_signals.Rows) -> None:
+        """Rows of a rank about to be scored: when their steps go back, the rank restarts
         afresh at the first (the worker, which has the stores, re-seeds it before this)."""
-        first = steps[0] if steps else None
-        if first is None or rank == RUN_RANK:
+        rank = rows.rank
+        first = int(rows.steps[0]) if len(rows.steps) else NO_STEP
+        if first == NO_STEP or rank == RUN_RANK:
             return
         last = self.ranks.last_step.get(rank)
         if last is not None and first < last:
-            self.restart(rank, int(first if firsts is None else firsts[0]))
+            self.restart(rank, first if rows.firsts is None else int(rows.firsts[0]))
 
     # ------------------------------------------------------------------ warm starts
     def warmed(self, rank: int, detail: dict[str, Any]) -> None:
@@ -627,6 +640,19 @@ class RunDetector:
             return list(CODEC.unpack(head)["ranks"]) if head else []
         except (ValueError, KeyError, TypeError):
             return []
+
+
+def _rows(
+    rank: int,
+    steps: Sequence[int | None],
+    firsts: Sequence[int] | None,
+    *,
+    peaks: dict[str, float] | None = None,
+    spreads: dict[str, tuple[float, int]] | None = None,
+) -> rank_signals.Rows:
+    step_a = np.array([NO_STEP if st is None else st for st in steps], dtype=np.int64)
+    first_a = None if firsts is None else np.asarray(firsts, dtype=np.int64)
+    return rank_signals.Rows(rank, step_a, first_a, peaks, spreads)
 
 
 def _remember_peaks(seen: dict[str, list[Any]], entries: list[dict[str, Any]]) -> None:

@@ -85,7 +85,7 @@ Inputs = list[tuple[int, int, dict[str, Any]]]  # (row, step, the entry) with ev
 Series = dict[int, dict[str, dict[str, Any]]]  # rank -> detector -> metric (or entry) -> state
 
 
-def entry_inputs(entries: list[dict[str, Any]]) -> Inputs | None:
+def _inputs(entries: list[dict[str, Any]]) -> Inputs | None:
     """The step entries that carry evidence fields (None: none, the common case)."""
     a, b = FIELDS
     got = [(i, e) for i, e in enumerate(entries) if a in e or b in e]
@@ -135,11 +135,12 @@ def annotate(
     batch: list[Signals],
     *,
     rank: int,
-    inputs: Inputs | None,
+    entries: list[dict[str, Any]] | None,
 ) -> bool:
-    """Keep the step entries' evidence fields (``inputs``, of ``rank``) and name, in row
-    order, what each breach of the batch's signals of an evidence rule calls for; whether an
-    input was kept (the rank's series changed)."""
+    """Keep the evidence fields of the step ``entries`` of ``rank`` (row ``i`` is entry
+    ``i``) and name, in row order, what each breach of the batch's signals of an evidence rule
+    calls for; whether an input was kept (the rank's series changed)."""
+    inputs = _inputs(entries) if entries else None
     todo = list(_breaches(batch))
     if not todo and not inputs:
         return False

@@ -428,6 +428,22 @@ def update(
     return out
 
 
+def update_all(
+    state: IncidentsState,
+    cfg: IncidentsConfig,
+    rows: Iterable[list[Alert]],
+    times_ns: Sequence[int],
+    *,
+    amended: list[Alert] | None = None,
+) -> list[Alert]:
+    """The incidents' stage of a record: each row's transitions (``update_rows``), then those
+    of the alerts its late evidence ``amended`` (at its last row's time)."""
+    out = [a for row in update_rows(state, cfg, rows, times_ns) for a in row]
+    if amended:
+        out += update(state, cfg, amended, times_ns[-1])
+    return out
+
+
 def update_rows(
     state: IncidentsState,
     cfg: IncidentsConfig,

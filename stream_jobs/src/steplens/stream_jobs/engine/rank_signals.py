@@ -1,6 +1,6 @@
 """A rank's own signals: the metrics of consecutive steps (a batch's rows) of one rank through
 the series detectors the registry routes each to, one metric at a time, each detector's
-signals judged by its policy; then what a window's signals and a warm-started rank's say.
+signals judged by its policy.
 
 A non-finite value is a ``nonfinite`` signal, learnt by none. A series that asks for an ARIMA
 model gets it at once from the run's ``fitter`` (offline), or, without one, is listed in what
@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from steplens.stream_jobs.engine.columns import Cells, Columns, floats_of
-from steplens.stream_jobs.engine.core import CRIT_SEV, NO_STEP, Column, Run, Signals
+from steplens.stream_jobs.engine.core import CRIT_SEV, Column, Run, Signals
 from steplens.stream_jobs.engine.policy import JudgeState, Policy, judge_signals
-from steplens.stream_jobs.engine.signals import dynamic_baseline, training
+from steplens.stream_jobs.engine.signals import training
 
 States = dict[str, dict[str, Any]]  # one rank's states: detector -> metric -> state
 
@@ -50,19 +50,6 @@ class Rows:
     firsts: np.ndarray | None = None
     peaks: dict[str, float] | None = None
     spreads: dict[str, tuple[float, int]] | None = None
-
-    @staticmethod
-    def of(
-        rank: int,
-        steps: Sequence[int | None],
-        firsts: Sequence[int] | None,
-        *,
-        peaks: dict[str, float] | None = None,
-        spreads: dict[str, tuple[float, int]] | None = None,
-    ) -> Rows:
-        step_a = np.array([NO_STEP if st is None else st for st in steps], dtype=np.int64)
-        first_a = None if firsts is None else np.asarray(firsts, dtype=np.int64)
-        return Rows(rank, step_a, first_a, peaks, spreads)
 
 
 @dataclass
@@ -103,16 +90,6 @@ def score(states: States, how: Scoring, rows: Rows, columns: Columns, run: Run) 
             run.track_loss(col.xs, cfg.train_loss_alpha)
             out.loss = col
     return out
-
-
-def mark(batch: list[Signals], rows: Rows, baseline: list[Any] | None) -> None:
-    """A window's breaches name the first step it covers (``span_first``); while the rank's
-    ``baseline`` mark lasts ([detail, values left], from a warm start) its signals say where its
-    baselines came from, and the values left count down by the rows."""
-    if rows.firsts is not None:
-        _mark_spans(batch, rows.firsts)
-    if baseline is not None:
-        _mark_baseline(batch, baseline, len(rows.steps))
 
 
 def _score(states: States, how: Scoring, metric: str, col: Column) -> list[Signals]:
@@ -186,33 +163,3 @@ def _state(states: States, key: str, metric: str, new: Any, schedule: Any) -> An
 def _notes(policy: Policy) -> Policy:
     """``policy`` whose breaches are notes (the metric's alerts come from another detector)."""
     return dataclasses.replace(policy, alerts=False)
-
-
-def _mark_spans(batch: list[Signals], firsts: np.ndarray) -> None:
-    """A window's breaches name the first step it covers (``span_first``): an aggregate is
-    judged over its span, and one that covers an incident already over adds to it
-    (``incidents``); a warning held from another rank's window keeps that one's."""
-    for sigs in batch:
-        hot = np.flatnonzero(sigs.severity).tolist()
-        if not hot:
-            continue
-        if sigs.detail is None:
-            sigs.detail = [None] * len(sigs)
-        for k in hot:
-            first = int(firsts[int(sigs.row[k])])
-            sigs.detail[k] = {"span_first": first, **(sigs.detail[k] or {})}
-
-
-def _mark_baseline(batch: list[Signals], baseline: list[Any], n: int) -> None:
-    """``batch``, the signals of ``n`` rows, say where the rank's baselines came from
-    (``baseline``: [detail, values left], counted down by ``n``)."""
-    detail = baseline[0]
-    for sigs in batch:
-        if sigs.name == dynamic_baseline.NAME:  # says its own baseline (7d or in-run)
-            continue
-        d = sigs.detail  # one dict shared: the outputs copy it
-        if d is None:
-            sigs.detail = [detail] * len(sigs)
-        else:
-            sigs.detail = [detail if x is None else {**x, **detail} for x in d]
-    baseline[1] -= n
