@@ -228,8 +228,8 @@ class RunDetector:
                 data["fingerprint"],
                 data["action"],
                 {**answer, "step": rec.step},
-                self.ranks.world_size,
-                rec.time_ns,
+                world_size=self.ranks.world_size,
+                time_ns=rec.time_ns,
             )
         elif kind == "checkpoint":
             advising.keep_checkpoint(self.advice, self.cfg.advice, rec.step, data["path"])
@@ -343,11 +343,11 @@ class RunDetector:
                 cfg.thresholds,
                 self.run,
                 rank,
-                rows.steps,
-                times_ns,
-                columns,
-                data_times,
-                behind,
+                steps=rows.steps,
+                times_ns=times_ns,
+                columns=columns,
+                data_times=data_times,
+                behind=behind,
                 firsts=rows.firsts,
             )
             if not self.generic:  # an offline CSV's columns are judged by the generic detectors
@@ -368,7 +368,13 @@ class RunDetector:
         judged on)."""
         if loss is not None and rank != RUN_RANK and self.advice.watch:
             advising.track_loss(
-                self.advice, rank, loss.steps, loss.xs, loss.firsts, loss.rows, times_ns
+                self.advice,
+                rank,
+                loss.steps,
+                loss.xs,
+                firsts=loss.firsts,
+                rows=loss.rows,
+                times_ns=times_ns,
             )
 
     # ------------------------------------------------------------------ ARIMA fits

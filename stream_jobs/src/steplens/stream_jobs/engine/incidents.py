@@ -651,12 +651,13 @@ def report_again(
     return _report(inc, cfg, st, step if st == "firing" else inc.last_step, time_ns)
 
 
-def answered(  # noqa: PLR0917
+def answered(
     state: IncidentsState,
     cfg: IncidentsConfig,
     fingerprint: str,
     action: str,
     answer: dict[str, Any],
+    *,
     world_size: int,
     time_ns: int,
 ) -> list[Alert]:
