@@ -1,6 +1,13 @@
-"""A run's detectors, as one typed state with its methods: each record through the registry's
-detectors, then the rules; the evidence a breach names; a rank that restarts; the ARIMA fits it
-asks for; its stored form.
+"""A run's detection: its state, the record's way through the stages, a rank that restarts,
+the ARIMA fits and 7-day baselines asked for, and its stored form.
+
+Stages: ``process`` routes a record by its kind and hands it once to each stage, in order,
+each a module given the state it reads and returning what the next needs: a rank's own
+signals (``rank_signals``), those judged across ranks (``step_tail``, the 7-day baselines),
+their marks (``marks``), the evidence they name (``evidence``), the rules (``batch_rules``),
+the incidents (``incidents``), and what the advice keeps of it (``advice``). A record kind
+without steps goes to its record detectors (the registry's ``Records``) instead of the first
+three. No stage calls back into the detector or into an earlier stage.
 
 One path: a ``step`` record and a ``step_window`` are batches of one row, through the same
 columnar code as a ``step_batch``'s entries (``process_columns``), so any batching of the same
