@@ -65,7 +65,15 @@ def trend(step: int) -> float:
 
 def feed(s: AdviceState, steps, loss=trend) -> None:
     for i in steps:
-        track_loss(s, 0, np.array([i]), np.array([loss(i)]), None, ROW, [int(i * STEP_S * 1e9)])
+        track_loss(
+            s,
+            0,
+            np.array([i]),
+            np.array([loss(i)]),
+            firsts=None,
+            rows=ROW,
+            times_ns=[int(i * STEP_S * 1e9)],
+        )
 
 
 def run_at(s: AdviceState, step: int, total: int = 0) -> RunNow:
@@ -191,7 +199,15 @@ def test_windows_are_judged_once_one_starts_past_half_the_confirm_steps():
 
     def window(last: int, loss: float) -> None:
         t = int(last * STEP_S * 1e9)
-        track_loss(s, 0, np.array([last]), np.array([loss]), np.array([last - 9]), ROW, [t])
+        track_loss(
+            s,
+            0,
+            np.array([last]),
+            np.array([loss]),
+            firsts=np.array([last - 9]),
+            rows=ROW,
+            times_ns=[t],
+        )
 
     for last in range(9, 250, 10):
         window(last, trend(last))
@@ -288,7 +304,7 @@ def test_the_loss_and_pace_are_the_lowest_ranks():
         for rank in (1, 0):
             times = [int((j * 0.2 + rank * 0.03 + rng.uniform(0, 0.01)) * 1e9) for j in steps]
             xs = np.full(10, 2.0 + rank)
-            track_loss(s, rank, steps, xs, None, np.arange(10), times)
+            track_loss(s, rank, steps, xs, firsts=None, rows=np.arange(10), times_ns=times)
     assert s.loss_rank == 0 and abs(s.step_s - 0.2) < 0.02
     assert (s.loss_step[50], s.loss_x[50], s.last_step) == (50, 2.0, 99)  # rank 0's
 

@@ -230,7 +230,7 @@ def test_a_quiet_record_while_correlating_reads_only_what_fires():
         steps = [s.step for s in sigs if s.step is not None]
         note_rank_steps(part, [(s.rank, s.step) for s in sigs])  # as the batch's rows do
         got = quiet_while_correlating(
-            part, cfg, "r", firing, sigs[-1].step, max(steps) if steps else None
+            part, cfg, "r", firing, last=sigs[-1].step, top=max(steps) if steps else None
         )
         assert (got, part) == (want, every)
         changed += bool(want)

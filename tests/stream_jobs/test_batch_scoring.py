@@ -206,13 +206,11 @@ def test_arima_equals_the_reference(order, inline, failing, xs, data):
             arima_ref.apply_fit(one, cfg, model(one.history))
         after.append(_arima_state(one))
 
-    def want_fit(state: arima.ArimaState) -> None:
-        if inline:
-            arima.apply_fit(state, cfg, model(state.history))
-
     got = []
     for k, (lo, hi) in enumerate(itertools.pairwise(bounds)):
-        got += arima.update(many, cfg, "m", col(xs, lo, hi, 1, want_fit=want_fit)).views()
+        column = col(xs, lo, hi, 1, fitter=model if inline else None)
+        got += arima.update(many, cfg, "m", column).views()
+        assert column.asked == (not inline and many.wants_fit)
         if many.wants_fit:
             arima.apply_fit(many, cfg, model(many.history))
         assert _arima_state(many) == after[k]

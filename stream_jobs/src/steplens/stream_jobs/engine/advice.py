@@ -212,11 +212,12 @@ def keep_checkpoint(state: AdviceState, cfg: AdviceConfig, step: int | None, pat
 
 
 # ------------------------------------------------------------------ the run's loss
-def track_loss(  # noqa: PLR0917
+def track_loss(
     state: AdviceState,
     rank: int,
     steps: np.ndarray,
     xs: np.ndarray,
+    *,
     firsts: np.ndarray | None,
     rows: np.ndarray,
     times_ns: Sequence[int],

@@ -8,13 +8,35 @@ only moves the latest step on, and its signals are never built as rows.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from steplens.stream_jobs.engine import rules
 from steplens.stream_jobs.engine.core import NO_STEP, Alert, Signal, Signals, last_steps
-from steplens.stream_jobs.engine.rules import RulesConfig, RulesState
+from steplens.stream_jobs.engine.rules import Amend, RulesConfig, RulesState
+
+
+def judge(
+    state: RulesState,
+    cfg: RulesConfig,
+    run_id: str,
+    batch: list[Signals],
+    n: int,
+    *,
+    amends: Sequence[Amend] = (),
+) -> tuple[list[Alert], list[list[Alert]]]:
+    """The rules' stage of a record: the evidence that came for alerts that fire added to them
+    (``amends``; their ``firing`` transitions again), then each of the ``n`` rows' alert
+    transitions."""
+    amended = []
+    for key, extra in amends:
+        got = rules.amend(state, run_id, key, extra)
+        if got is not None:  # it still fires
+            amended.append(got)
+    if not batch:
+        return amended, [[] for _ in range(n)]
+    return amended, list(evaluate_batch(state, cfg, run_id, batch, n))
 
 
 def evaluate_batch(
@@ -22,6 +44,9 @@ def evaluate_batch(
 ) -> Iterator[list[Alert]]:
     """Yields each of the ``n`` rows' alert transitions (``state`` is the rules' state after
     that row when it is yielded)."""
+    if not batch:
+        yield from ([] for _ in range(n))
+        return
     last = last_steps(batch, n)
     if not (state.firing or state.correlating or any(s.any_breach() for s in batch)):
         # every row is quiet: each moves the latest step on, to its last signal's step
@@ -62,8 +87,8 @@ def evaluate_batch(
                 cfg,
                 run_id,
                 _firing(batch, ranges, state),
-                row_last,
-                None if top == NO_STEP else top,
+                last=row_last,
+                top=None if top == NO_STEP else top,
             )
         else:  # a quiet row only counts towards resolving what fires
             yield rules.quiet_while_firing(

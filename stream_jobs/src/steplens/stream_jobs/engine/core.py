@@ -211,12 +211,13 @@ class Signals:
         return range(int(np.searchsorted(row, i)), int(np.searchsorted(row, i, "right")))
 
 
-def one(  # noqa: PLR0917
+def one(
     name: str,
     metric: str,
     step: int | None,
     value: float,
     score: float,
+    *,
     rank: int = RUN_RANK,
     scope: str = "run",
     severity: str | None = None,
@@ -227,7 +228,7 @@ def one(  # noqa: PLR0917
     row: int = 0,
 ) -> Signals:
     """One signal (of a record's own detectors: hardware, evaluations, data) on batch row
-    ``row``; the arguments as ``Signal`` takes them."""
+    ``row``; the arguments as ``Signal`` takes them, where it is and what it adds by name."""
     nan = _NAN
     return Signals(
         name,
@@ -246,11 +247,12 @@ def one(  # noqa: PLR0917
     )
 
 
-def counter_rise(  # noqa: PLR0917
+def counter_rise(
     name: str,
     metric: str,
     step: int | None,
     rise: float,
+    *,
     rank: int,
     scope: str,
     detail: dict[str, Any],
@@ -264,9 +266,9 @@ def counter_rise(  # noqa: PLR0917
         step,
         rise,
         1.0 if rose else 0.0,
-        rank,
-        scope,
-        CRITICAL if rose else None,
+        rank=rank,
+        scope=scope,
+        severity=CRITICAL if rose else None,
         expected=0.0,
         upper=0.0,
         detail=detail if rose else None,
@@ -348,7 +350,9 @@ class Column:
     rank: int = RUN_RANK
     probes: np.ndarray | None = None  # the values scored where not ``xs`` (a window's peak)
     firsts: np.ndarray | None = None  # a window's first step (its values are means over it)
-    want_fit: Callable[[Any], None] | None = None  # a model is asked for (ARIMA)
+    # fits a model at once from the values it is asked for on (ARIMA); None: ``asked`` is set
+    fitter: Callable[[np.ndarray], Any] | None = None
+    asked: bool = False  # a model was asked for and not fitted (the caller queues the fit)
     # a window's own standard deviation of its steps' values (NaN: not sent) and how many
     # values it aggregates; None for step rows (one value each)
     spreads: np.ndarray | None = None

@@ -1,6 +1,13 @@
-"""A run's detectors, as one typed state with its methods: each record through the registry's
-detectors, then the rules; the evidence a breach names; a rank that restarts; the ARIMA fits it
-asks for; its stored form.
+"""A run's detection: its state, the record's way through the stages, a rank that restarts,
+the ARIMA fits and 7-day baselines asked for, and its stored form.
+
+Stages: ``process`` routes a record by its kind and hands it once to each stage, in order,
+each a module given the state it reads and returning what the next needs: a rank's own
+signals (``rank_signals``), those judged across ranks (``step_tail``, the 7-day baselines),
+their marks (``marks``), the evidence they name (``evidence``), the rules (``batch_rules``),
+the incidents (``incidents``), and what the advice keeps of it (``advice``). A record kind
+without steps goes to its record detectors (the registry's ``Records``) instead of the first
+three. No stage calls back into the detector or into an earlier stage.
 
 One path: a ``step`` record and a ``step_window`` are batches of one row, through the same
 columnar code as a ``step_batch``'s entries (``process_columns``), so any batching of the same
@@ -8,12 +15,8 @@ steps gives the same signals, alerts and state. ``steplens detect`` calls ``proc
 on a CSV's chunks. ARIMA fits are asked for, not run, unless ``fit_inline`` is set; the caller
 runs ``pending_fits`` wherever it likes and applies them (``apply_fit``).
 
-Evidence: a breach is named as it is judged (the registry's ``Evidence`` entries, each a rank's
-memory of recent inputs: the batch behind a spike, the layers that moved, a stuck rank's
-stacks): its signal's detail gains the entry's key, so the alert and the incident carry it. An
-input that comes after the alert fired (a batch record sent after its step, stacks sent after
-the hang was confirmed) is added to the firing alert's evidence and its incident reports it
-again.
+Evidence: a breach is named as it is judged, and a record that comes after the alert fired
+completes it (``evidence``).
 
 Restarts: a rank whose steps go back restarted from a checkpoint. A job that crashed at step
 5,000 and resumed from its checkpoint of step 4,000 sends step 4,000 again, with the loss it
@@ -37,7 +40,6 @@ missing or unreadable starts afresh.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 import math
@@ -49,41 +51,38 @@ import numpy as np
 
 from steplens.schema import RUN_RANK, Record
 from steplens.stream_jobs.engine import advice as advising
-from steplens.stream_jobs.engine import batch_rules, fits, incidents, rules, step_tail
+from steplens.stream_jobs.engine import (
+    batch_rules,
+    evidence,
+    fits,
+    incidents,
+    marks,
+    rank_signals,
+    rules,
+    step_tail,
+)
 from steplens.stream_jobs.engine.calibration import CalibrationState
 from steplens.stream_jobs.engine.columns import (
-    Cells,
     Columns,
     entry_columns,
-    floats_of,
     window_columns,
 )
-from steplens.stream_jobs.engine.core import (
-    CRIT_SEV,
-    INFO_SEV,
-    NO_STEP,
-    Alert,
-    Column,
-    Run,
-    Signals,
-)
+from steplens.stream_jobs.engine.core import NO_STEP, Alert, Column, Run, Signals
 from steplens.stream_jobs.engine.history import NO_FIRST, History, Rows
-from steplens.stream_jobs.engine.policy import JudgeState, Policy, judge_signals
+from steplens.stream_jobs.engine.policy import JudgeState
+from steplens.stream_jobs.engine.rules import Amend
 from steplens.stream_jobs.engine.signals import (
     arima,
     dynamic_baseline,
     lr_schedule,
     ranks,
-    training,
 )
 from steplens.stream_jobs.engine.signals.arima_fit import ArimaParams
 from steplens.stream_jobs.engine.signals.lone_waits import LoneWaits
 from steplens.stream_jobs.engine.signals.registry import (
     ENTRIES,
-    EVIDENCE,
     RECORDS,
     DetectorConfig,
-    Evidence,
     route,
 )
 from steplens.stream_jobs.engine.signals.seasonal_baseline import Band
@@ -130,19 +129,10 @@ _HEAD = (
     "advice",  # the remedies, checkpoints and advice given (``engine.advice``)
 )
 
-NOTES_UNNAMED = 8  # notes per rank kept waiting for their evidence (``RunDetector.unnamed``)
-
 # the signals of a warmed rank say so for this many of its values: by then the detectors'
 # windows (spike 64, volatility 50, ARIMA's fit window 256) hold live values only
 MARK_VALUES = 256
 CHUNK = 256  # rows of one rank replayed before the next rank's (``replay``)
-
-# what the evidence entries keep and name
-EVIDENCE_KINDS = frozenset(k for e in EVIDENCE for k in e.kinds)
-EVIDENCE_FIELDS = tuple(sorted({f for e in EVIDENCE for f in e.fields}))
-EVIDENCE_NAMES = frozenset(r.split(":", 1)[0] for e in EVIDENCE for r in e.rules)
-EVIDENCE_RULES = frozenset(r for e in EVIDENCE for r in e.rules)
-Inputs = list[tuple[int, int, dict[str, Any]]]  # (row, step, the entry) with evidence fields
 
 
 @dataclass
@@ -175,7 +165,7 @@ class RunDetector:
     slots: dict[int, int] = field(default_factory=dict)
     advice: advising.AdviceState = field(default_factory=advising.AdviceState)
     # rank -> its last notes of evidence rules (a hard batch's loss) whose record-kept evidence
-    # (the batch) had not come yet, each a signal of one row (``_keep_record`` names them)
+    # (the batch) had not come yet, each a signal of one row (``evidence.keep_record``)
     unnamed: dict[int, list[Signals]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -191,7 +181,13 @@ class RunDetector:
     def process(self, rec: Record) -> tuple[list[Signals], list[Alert]]:
         """Route one validated record; returns its signals (a ``step_batch``'s: one row per
         entry) and the alert transitions. ``ValueError`` (with the reason) for a record whose
-        content cannot be used."""
+        content cannot be used.
+
+        A record goes one way through the stages: routed by its kind (steps and windows to
+        the rank's own signals, ``rank_signals``, then those judged across ranks,
+        ``step_tail`` and the 7-day baselines; other kinds to their record detectors), the
+        evidence its breaches name (``evidence``), the rules (``batch_rules``), the incidents
+        (``incidents``), and what the advice keeps of it (``advice``)."""
         kind, data = rec.kind, rec.data
         if kind == "step_batch":
             return self.process_entries(rec.rank, data["records"])
@@ -200,37 +196,23 @@ class RunDetector:
         self.records += 1
         # a batch record or stacks, kept for the evidence; firing alerts it completes, and
         # notes it names
-        amended, named = self._keep_record(rec) if kind in EVIDENCE_KINDS else ([], [])
+        amends: list[Amend] = []
+        named: list[Signals] = []
+        if kind in evidence.KINDS:
+            amends, named = evidence.keep_record(
+                self.series, self.unnamed, self.rules.firing, self.cfg, rec
+            )
+            self.touched.add(rec.rank)
         batch: list[Signals] = []
-        answers: list[Alert] = []
+        loss = None
         if kind == "step_window":
             step, first, metrics, peaks, wait, spreads = window_columns(data, rec.step)
             _drop_probed(self.raw_seen.pop(rec.rank, None), first, step, peaks)
-            batch = self.process_columns(
-                rec.rank,
-                [step],
-                [rec.time_ns],
-                metrics,
-                data_times=[wait],
-                peaks=peaks,
-                firsts=None if first is None else [first],
-                spreads=spreads,
-            )
+            firsts = None if first is None else [first]
+            rows = _rows(rec.rank, [step], firsts, peaks=peaks, spreads=spreads)
+            batch, loss = self._signals(rows, [rec.time_ns], metrics, data_times=[wait])
         elif kind == "run_meta":
             self._run_meta(data)
-        elif kind == "checkpoint":
-            advising.keep_checkpoint(self.advice, self.cfg.advice, rec.step, data["path"])
-        elif kind == "acted":  # a rank's answer to advice: its incident reported again if news
-            answer = {"rank": rec.rank, "outcome": data["outcome"], "detail": data.get("detail")}
-            answers = incidents.answered(
-                self.incidents,
-                self.cfg.incidents,
-                data["fingerprint"],
-                data["action"],
-                {**answer, "step": rec.step},
-                self.ranks.world_size,
-                rec.time_ns,
-            )
         for e in RECORDS:
             if kind in e.kinds:
                 batch += e.on_record(
@@ -239,10 +221,27 @@ class RunDetector:
         if kind == "hw" and self.baselines_inline:
             dynamic_baseline.fit_inline(self.run_states["baseline"], self.cfg.baseline, rec.time_ns)
         self._annotate(batch, rec.rank, None)
-        alerts = self.evaluate(batch, 1, [rec.time_ns])
-        if amended:
-            alerts += incidents.update(self.incidents, self.cfg.incidents, amended, rec.time_ns)
-        return batch + named, alerts + answers
+        amended, judged = batch_rules.judge(
+            self.rules, self.cfg.rules, self.run_id, batch, 1, amends=amends
+        )
+        alerts = incidents.update_all(
+            self.incidents, self.cfg.incidents, judged, [rec.time_ns], amended=amended
+        )
+        if kind == "acted":  # a rank's answer to advice: its incident reported again if news
+            answer = {"rank": rec.rank, "outcome": data["outcome"], "detail": data.get("detail")}
+            alerts += incidents.answered(
+                self.incidents,
+                self.cfg.incidents,
+                data["fingerprint"],
+                data["action"],
+                {**answer, "step": rec.step},
+                world_size=self.ranks.world_size,
+                time_ns=rec.time_ns,
+            )
+        elif kind == "checkpoint":
+            advising.keep_checkpoint(self.advice, self.cfg.advice, rec.step, data["path"])
+        self._track_loss(rec.rank, loss, [rec.time_ns])
+        return batch + named, alerts
 
     def process_steps(self, recs: list[Record]) -> tuple[list[Signals], list[Alert]]:
         """``step`` records of one rank, in order, scored as one batch (a record is a batch of
@@ -270,35 +269,31 @@ class RunDetector:
         waits = [w if isinstance(w, (int, float)) else None for w in waits]
         if behind is None:  # the other ranks' batches of the same steps may come after this
             behind = max(steps) - min(steps) if steps else 0
-        inputs = _entry_inputs(entries)  # layer norms, kept for the evidence
-        batch = self.process_columns(
-            rank, steps, times, entry_columns(entries), data_times=waits, behind=behind
-        )
-        self._annotate(batch, rank, inputs)
-        return batch, self.evaluate(batch, n, times)
+        columns = entry_columns(entries)
+        rows = _rows(rank, steps, None)
+        batch, loss = self._signals(rows, times, columns, data_times=waits, behind=behind)
+        self._annotate(batch, rank, entries)  # their layer norms kept for the evidence
+        alerts = self.evaluate(batch, n, times)
+        self._track_loss(rank, loss, times)
+        return batch, alerts
 
     def evaluate(self, batch: list[Signals], n: int, times_ns: Sequence[int]) -> list[Alert]:
         """The rules over the ``n`` rows' signals, their alerts grouped into incidents
         (``incidents``): the incidents' transitions, each at its row's time."""
-        return [a for row in self.incident_rows(batch, n, times_ns) for a in row]
+        _, judged = batch_rules.judge(self.rules, self.cfg.rules, self.run_id, batch, n)
+        return incidents.update_all(self.incidents, self.cfg.incidents, judged, times_ns)
 
     def incident_rows(
         self, batch: list[Signals], n: int, times_ns: Sequence[int]
     ) -> Iterator[list[Alert]]:
         """Each of the ``n`` rows' incident transitions, at the row's time (``self.incidents``
-        is the state after that row when it is yielded)."""
-        for alerts, t in zip(self.evaluate_rows(batch, n), times_ns, strict=True):
-            if not alerts:
-                yield alerts
-                continue
-            for a in alerts:
-                a.time_ns = t
-            yield incidents.update(self.incidents, self.cfg.incidents, alerts, t)
+        is the state after that row when it is yielded): the rules judge every row first."""
+        _, judged = batch_rules.judge(self.rules, self.cfg.rules, self.run_id, batch, n)
+        return incidents.update_rows(self.incidents, self.cfg.incidents, judged, times_ns)
 
     def evaluate_rows(self, batch: list[Signals], n: int) -> Iterator[list[Alert]]:
-        """Each row's alert transitions (``batch_rules.evaluate_batch``)."""
-        if not batch:
-            return iter([[]] * n)
+        """Each row's alert transitions (``batch_rules.evaluate_batch``), row by row (the rules'
+        state is the state after a row when it is yielded)."""
         return batch_rules.evaluate_batch(self.rules, self.cfg.rules, self.run_id, batch, n)
 
     # ------------------------------------------------------------------ steps
@@ -320,40 +315,34 @@ class RunDetector:
         (NaN: a non-finite value in the window); ``firsts``: its first step (its metrics are
         means over the window); ``spreads``: its metrics' standard deviations and counts. A
         non-finite value is a ``nonfinite`` signal, learnt by none."""
-        cfg = self.cfg
-        n = len(steps)
-        self._check_restart(rank, steps, firsts)
+        rows = _rows(rank, steps, firsts, peaks=peaks, spreads=spreads)
+        batch, loss = self._signals(rows, times_ns, columns, data_times=data_times, behind=behind)
+        self._track_loss(rank, loss, times_ns)
+        return batch
+
+    def _signals(
+        self,
+        rows: rank_signals.Rows,
+        times_ns: Sequence[int],
+        columns: Columns,
+        *,
+        data_times: Sequence[float | None] | None = None,
+        behind: int = 0,
+    ) -> tuple[list[Signals], Column | None]:
+        """The signals of a rank's ``rows``: its own metrics' (``rank_signals``), then those
+        judged across ranks (``step_tail``, the 7-day baselines), marked (``marks``); and its
+        finite losses, for the advice."""
+        cfg, rank, n = self.cfg, rows.rank, len(rows.steps)
+        self._check_restart(rows)
         s = self.series.get(rank)
         if s is None:
             s = self.series[rank] = {}
         self.touched.add(rank)
-        step_a = np.array([NO_STEP if st is None else st for st in steps], dtype=np.int64)
-        rows = np.arange(n, dtype=np.int64)
-        first_a = None if firsts is None else np.asarray(firsts, dtype=np.int64)
-        want_fit = self._fit_asker(rank)
-        batch: list[Signals] = []
-        lrs = columns.get("lr")  # the update share's floor follows the logged lr, row by row
-        if lrs is not None or "training" in s:
-            st = _state(s, "training", "update_ratio", training.TrainingState, self.schedule)
-            training.observe_lrs(st, None if lrs is None else floats_of(lrs)[0])
-        for metric, cells in columns.items():
-            probe = peaks.get(metric) if peaks else None
-            col, bad = _finite(metric, cells, rows, step_a, first_a, rank, probe)
-            if bad is not None:
-                batch.append(bad)
-            if col is None:
-                continue
-            if spreads and metric in spreads:  # a window's own spread (one row)
-                std, count = spreads[metric]
-                col.spreads, col.counts = np.array([std]), np.array([count], dtype=np.int64)
-            col.want_fit = want_fit
-            batch += _score(s, cfg, self.schedule, self.generic, metric, col)
-            if metric == "loss":
-                self.run.track_loss(col.xs, cfg.train_loss_alpha)
-                if self.advice.watch and rank != RUN_RANK:  # what a rewind is judged on
-                    advising.track_loss(
-                        self.advice, rank, col.steps, col.xs, col.firsts, col.rows, times_ns
-                    )
+        fitter = self._fitter() if self.fit_inline else None
+        how = rank_signals.Scoring(cfg, self.schedule, self.generic, route, fitter)
+        scored = rank_signals.score(s, how, rows, columns, self.run)
+        batch = scored.batch
+        self.fits_wanted.update((rank, m) for m in scored.asked)  # for ``pending_fits``
         if rank != RUN_RANK and n:
             batch += step_tail.tail(
                 self.ranks,
@@ -361,41 +350,45 @@ class RunDetector:
                 cfg.thresholds,
                 self.run,
                 rank,
-                step_a,
-                times_ns,
-                columns,
-                data_times,
-                behind,
-                firsts=first_a,
+                steps=rows.steps,
+                times_ns=times_ns,
+                columns=columns,
+                data_times=data_times,
+                behind=behind,
+                firsts=rows.firsts,
             )
             if not self.generic:  # an offline CSV's columns are judged by the generic detectors
                 dyn = self.run_states["baseline"]
                 batch += dynamic_baseline.on_steps(
-                    dyn, cfg.baseline, rank, step_a, times_ns, columns
+                    dyn, cfg.baseline, rank, rows.steps, times_ns, columns
                 )
                 if self.baselines_inline:
                     dynamic_baseline.fit_inline(dyn, cfg.baseline, int(times_ns[-1]))
-        if first_a is not None:
-            _mark_spans(batch, first_a)
-        self._mark_baseline(rank, batch, n)
-        return batch
+        mark = self.baseline.get(rank)
+        marks.mark(batch, n, rows.firsts, mark)
+        if mark is not None and mark[1] <= 0:
+            del self.baseline[rank]
+        return batch, scored.loss
+
+    def _track_loss(self, rank: int, loss: Column | None, times_ns: Sequence[int]) -> None:
+        """A rank's finite losses, kept by the advice while it watches (what a rewind is
+        judged on)."""
+        if loss is not None and rank != RUN_RANK and self.advice.watch:
+            advising.track_loss(
+                self.advice,
+                rank,
+                loss.steps,
+                loss.xs,
+                firsts=loss.firsts,
+                rows=loss.rows,
+                times_ns=times_ns,
+            )
 
     # ------------------------------------------------------------------ ARIMA fits
-    def _fit_asker(self, rank: int) -> Callable[[arima.ArimaState], None]:
-        """What a series of ``rank`` calls when it asks for a fit: fitted at once
-        (``fit_inline``), else listed for ``pending_fits``."""
-
-        def want_fit(state: arima.ArimaState) -> None:
-            cfg = self.cfg.arima
-            if self.fit_inline:
-                params = arima.fit(arima.fit_input(state, cfg), cfg.order, cfg.method)
-                arima.apply_fit(state, cfg, params)
-                return
-            for metric, st in self.series[rank].get("arima", {}).items():
-                if st is state:
-                    self.fits_wanted.add((rank, metric))
-
-        return want_fit
+    def _fitter(self) -> Callable[[np.ndarray], arima.ArimaParams | None]:
+        """A model fitted at once from the values a series asks for it on (``fit_inline``)."""
+        cfg = self.cfg.arima
+        return functools.partial(arima.fit, order=cfg.order, method=cfg.method)
 
     def pending_fits(self) -> list[tuple[FitKey, Any]]:
         """Inputs of the fits asked for since the last call: ``[(key, values)]``."""
@@ -479,100 +472,15 @@ class RunDetector:
                 self.touched.add(rank)
 
     # ------------------------------------------------------------------ evidence
-    def _evidence_state(self, rank: int, e: Evidence, make: bool) -> Any:
-        s = self.series.get(rank)
-        if s is None:
-            if not make:
-                return None
-            s = self.series[rank] = {}
-        states = s.get("evidence")
-        if states is None:
-            if not make:
-                return None
-            states = s["evidence"] = {}
-        st = states.get(e.key)
-        if st is None and make:
-            st = states[e.key] = e.state()
-        return st
-
-    def _keep_record(self, rec: Record) -> tuple[list[Alert], list[Signals]]:
-        """Keep a record of an evidence kind; the firing alerts of its rank it completes, amended
-        (rule-level transitions, for the incidents), and the notes of its rank and step it
-        names, again with their evidence (signals, published as they are: never judged
-        again)."""
-        out: list[Alert] = []
-        named: list[Signals] = []
-        for e in EVIDENCE:
-            if rec.kind not in e.kinds:
-                continue
-            cfg = getattr(self.cfg, e.key)
-            st = self._evidence_state(rec.rank, e, True)
-            e.keep(st, cfg, rec.step, rec.data)
-            self.touched.add(rec.rank)
-            waiting = self.unnamed.get(rec.rank, [])
-            for note in [n for n in waiting if n.step_at(0) == rec.step and n.rule in e.rules]:
-                detail = (note.detail[0] if note.detail else None) or {}
-                got = e.names(st, cfg, note.rule, rec.step, detail)
-                if got:
-                    waiting.remove(note)
-                    note.detail = [{**detail, **got}]
-                    named.append(note)
-            for key, cur in list(self.rules.firing.items()):
-                ev = cur.evidence
-                if key[0] not in e.rules or e.key in ev or ev.get("rank") != rec.rank:
-                    continue
-                got = e.names(st, cfg, key[0], cur.started_step, ev)
-                if got:
-                    amended = rules.amend(self.rules, self.run_id, key, got)
-                    if amended is not None:
-                        out.append(amended)
-        return out, named
-
-    def _annotate(self, batch: list[Signals], rank: int, inputs: Inputs | None) -> None:
-        """Keep the step entries' evidence fields (``inputs``, of ``rank``) and name, in row
-        order, what each breach of the batch's signals of an evidence rule calls for."""
-        todo = list(_breaches(batch))
-        if not todo and not inputs:
-            return
-        todo.sort(key=lambda t: t[0])
-        pending = inputs or []
-        i = 0
-        for row, sigs, k in todo:
-            while i < len(pending) and pending[i][0] <= row:
-                self._keep_fields(rank, pending[i][1], pending[i][2])
-                i += 1
-            self._name(sigs, k)
-        for _, step, data in pending[i:]:
-            self._keep_fields(rank, step, data)
-
-    def _keep_fields(self, rank: int, step: int, data: dict[str, Any]) -> None:
-        for e in EVIDENCE:
-            if e.fields and any(f in data for f in e.fields):
-                e.keep(self._evidence_state(rank, e, True), getattr(self.cfg, e.key), step, data)
-                self.touched.add(rank)
-
-    def _name(self, sigs: Signals, k: int) -> None:
-        """Signal ``k``'s detail gains what the evidence entries of its rule name."""
-        rule, rank = sigs.rule, sigs.rank_at(k)
-        detail = (sigs.detail[k] if sigs.detail is not None else None) or {}
-        added: dict[str, Any] = {}
-        for e in EVIDENCE:
-            if rule not in e.rules:
-                continue
-            st = self._evidence_state(rank, e, False)
-            if st is not None:
-                got = e.names(st, getattr(self.cfg, e.key), rule, sigs.step_at(k), detail)
-                if got:
-                    added.update(got)
-        if added:
-            if sigs.detail is None:
-                sigs.detail = [None] * len(sigs)
-            sigs.detail[k] = {**detail, **added}
-        late = [e for e in EVIDENCE if e.kinds and rule in e.rules and e.key not in added]
-        if late and int(sigs.severity[k]) == INFO_SEV:  # a note: named when its record comes
-            waiting = self.unnamed.setdefault(rank, [])
-            waiting.append(_row(sigs, k))
-            del waiting[:-NOTES_UNNAMED]
+    def _annotate(
+        self, batch: list[Signals], rank: int, entries: list[dict[str, Any]] | None
+    ) -> None:
+        """The breaches of ``batch`` named, the evidence fields of the step ``entries`` kept
+        (``evidence.annotate``)."""
+        if evidence.annotate(
+            self.series, self.unnamed, self.cfg, batch, rank=rank, entries=entries
+        ):
+            self.touched.add(rank)
 
     # ------------------------------------------------------------------ restarts
     def resume_step(self, rec: Record, after: int | None = None) -> int | None:
@@ -620,42 +528,22 @@ class RunDetector:
             self.series[rank] = series
         self.touched.add(rank)
 
-    def _check_restart(
-        self, rank: int, steps: Sequence[int | None], firsts: Sequence[int] | None
-    ) -> None:
-        """Rows of ``rank`` about to be scored: when their steps go back, the rank restarts
+    def _check_restart(self, rows: rank_signals.Rows) -> None:
+        """Rows of a rank about to be scored: when their steps go back, the rank restarts
         afresh at the first (the worker, which has the stores, re-seeds it before this)."""
-        first = steps[0] if steps else None
-        if first is None or rank == RUN_RANK:
+        rank = rows.rank
+        first = int(rows.steps[0]) if len(rows.steps) else NO_STEP
+        if first == NO_STEP or rank == RUN_RANK:
             return
         last = self.ranks.last_step.get(rank)
         if last is not None and first < last:
-            self.restart(rank, int(first if firsts is None else firsts[0]))
+            self.restart(rank, first if rows.firsts is None else int(rows.firsts[0]))
 
     # ------------------------------------------------------------------ warm starts
     def warmed(self, rank: int, detail: dict[str, Any]) -> None:
         """``rank``'s baselines came from history: its signals say so (``detail``) for its next
         ``MARK_VALUES`` values."""
         self.baseline[rank] = [detail, MARK_VALUES]
-
-    def _mark_baseline(self, rank: int, batch: list[Signals], n: int) -> None:
-        """``batch``, the signals of ``n`` rows of ``rank``, say where its baselines came from
-        while ``baseline`` has it."""
-        got = self.baseline.get(rank) if self.baseline else None
-        if got is None:
-            return
-        detail = got[0]
-        for sigs in batch:
-            if sigs.name == dynamic_baseline.NAME:  # says its own baseline (7d or in-run)
-                continue
-            d = sigs.detail  # one dict shared: the outputs copy it
-            if d is None:
-                sigs.detail = [detail] * len(sigs)
-            else:
-                sigs.detail = [detail if x is None else {**x, **detail} for x in d]
-        got[1] -= n
-        if got[1] <= 0:
-            del self.baseline[rank]
 
     def replay(self, hist: History, now_ns: int) -> None:
         """A warm start: ``hist``'s rows through ``process_columns``, the code live records go
@@ -767,19 +655,17 @@ class RunDetector:
             return []
 
 
-def _mark_spans(batch: list[Signals], firsts: np.ndarray) -> None:
-    """A window's breaches name the first step it covers (``span_first``): an aggregate is
-    judged over its span, and one that covers an incident already over adds to it
-    (``incidents``); a warning held from another rank's window keeps that one's."""
-    for sigs in batch:
-        hot = np.flatnonzero(sigs.severity).tolist()
-        if not hot:
-            continue
-        if sigs.detail is None:
-            sigs.detail = [None] * len(sigs)
-        for k in hot:
-            first = int(firsts[int(sigs.row[k])])
-            sigs.detail[k] = {"span_first": first, **(sigs.detail[k] or {})}
+def _rows(
+    rank: int,
+    steps: Sequence[int | None],
+    firsts: Sequence[int] | None,
+    *,
+    peaks: dict[str, float] | None = None,
+    spreads: dict[str, tuple[float, int]] | None = None,
+) -> rank_signals.Rows:
+    step_a = np.array([NO_STEP if st is None else st for st in steps], dtype=np.int64)
+    first_a = None if firsts is None else np.asarray(firsts, dtype=np.int64)
+    return rank_signals.Rows(rank, step_a, first_a, peaks, spreads)
 
 
 def _remember_peaks(seen: dict[str, list[Any]], entries: list[dict[str, Any]]) -> None:
@@ -804,122 +690,5 @@ def _drop_probed(
             del peaks[name]
 
 
-def _score(  # noqa: PLR0917
-    s: dict[str, dict[str, Any]],
-    cfg: DetectorConfig,
-    schedule: dict[str, Any] | None,
-    generic: bool,
-    metric: str,
-    col: Column,
-) -> list[Signals]:
-    """Every enabled detector of ``metric`` over ``col`` (rank series ``s``), each detector's
-    signals judged by its policy."""
-    out: list[Signals] = []
-    for e in route(metric, generic):
-        if e.enabled is not None and not getattr(cfg, e.enabled):
-            continue
-        st = _state(s, e.key, metric, e.state, schedule)
-        ecfg = getattr(cfg, e.key)
-        got = e.update(st, ecfg, metric, col)
-        if got is not None and len(got):
-            policy = getattr(ecfg, "policy", None)
-            if policy is not None:
-                if metric in getattr(ecfg, "notes_only", ()):
-                    policy = _notes(policy)
-                judged = _state(s, f"judge:{e.key}", metric, JudgeState, None)
-                judge_signals(judged, cfg.calibration, policy, got)
-            out.append(got)
-    return out
-
-
-def _finite(  # noqa: PLR0917
-    metric: str,
-    cells: Cells,
-    rows: np.ndarray,
-    steps: np.ndarray,
-    firsts: np.ndarray | None,
-    rank: int,
-    peak: float | None,
-) -> tuple[Column | None, Signals | None]:
-    """A metric's rows with a finite value (and a finite ``peak``, a one-row window's), as a
-    column, and its non-finite values (or peak) as ``nonfinite`` signals."""
-    xs, present = floats_of(cells)
-    ok = np.isfinite(xs)
-    probes = None
-    if peak is not None:
-        probes = np.array([peak])
-        ok &= np.isfinite(probes)
-    if present is None and ok.all():  # the common case: every value finite
-        return Column(xs, steps, rows, rank, probes, firsts), None
-    bad = ~ok if present is None else present & ~ok
-    sigs = None
-    if bad.any():
-        value = xs[bad]
-        if probes is not None and not np.isfinite(probes[0]):
-            value = probes  # a window's non-finite peak (one row)
-        sigs = Signals.of(
-            "nonfinite", metric, rows[bad], steps[bad], value, 1.0, CRIT_SEV, rank=rank
-        )
-    if present is not None:
-        ok &= present
-    if not ok.any():
-        return None, sigs
-    col = Column(xs[ok], steps[ok], rows[ok], rank, None, None if firsts is None else firsts[ok])
-    return col, sigs
-
-
-def _state(s: dict[str, dict[str, Any]], key: str, metric: str, new: Any, schedule: Any) -> Any:
-    """Rank series ``s``'s state of detector ``key`` for ``metric``, made at first use (one
-    that reads the run's declared lr schedule gets it)."""
-    states = s.get(key)
-    if states is None:
-        states = s[key] = {}
-    st = states.get(metric)
-    if st is None:
-        st = states[metric] = new()
-        if hasattr(st, "schedule"):
-            st.schedule = schedule
-    return st
-
-
-@functools.cache
-def _notes(policy: Policy) -> Policy:
-    """``policy`` whose breaches are notes (the metric's alerts come from another detector)."""
-    return dataclasses.replace(policy, alerts=False)
-
-
 def _missing() -> Any:
     raise ValueError("no stored series")
-
-
-def _entry_inputs(entries: list[dict[str, Any]]) -> Inputs | None:
-    """The step entries that carry evidence fields (None: none, the common case)."""
-    a, b = EVIDENCE_FIELDS
-    got = [(i, e) for i, e in enumerate(entries) if a in e or b in e]
-    return [(i, e["step"], e) for i, e in got] if got else None
-
-
-def _row(sigs: Signals, k: int) -> Signals:
-    """Signal ``k`` of ``sigs`` as signals of one row (row 0)."""
-    return Signals.of(
-        sigs.name,
-        sigs.metric,
-        [0],
-        [sigs.step_at(k)],
-        [float(sigs.value[k])],
-        [float(sigs.score[k])],
-        sigs.severity[k : k + 1],
-        [float(sigs.expected[k])],
-        [float(sigs.lower[k])],
-        [float(sigs.upper[k])],
-        sigs.rank_at(k),
-        sigs.scope_at(k),
-        [sigs.detail[k] if sigs.detail is not None else None],
-    )
-
-
-def _breaches(batch: list[Signals]) -> Iterator[tuple[int, Signals, int]]:
-    for s in batch:
-        if s.name in EVIDENCE_NAMES and s.rule in EVIDENCE_RULES and s.severity.any():
-            for k in np.flatnonzero(s.severity).tolist():
-                yield int(s.row[k]), s, k

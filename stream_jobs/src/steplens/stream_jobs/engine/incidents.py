@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -428,6 +428,39 @@ def update(
     return out
 
 
+def update_all(
+    state: IncidentsState,
+    cfg: IncidentsConfig,
+    rows: Iterable[list[Alert]],
+    times_ns: Sequence[int],
+    *,
+    amended: list[Alert] | None = None,
+) -> list[Alert]:
+    """The incidents' stage of a record: each row's transitions (``update_rows``), then those
+    of the alerts its late evidence ``amended`` (at its last row's time)."""
+    out = [a for row in update_rows(state, cfg, rows, times_ns) for a in row]
+    if amended:
+        out += update(state, cfg, amended, times_ns[-1])
+    return out
+
+
+def update_rows(
+    state: IncidentsState,
+    cfg: IncidentsConfig,
+    rows: Iterable[list[Alert]],
+    times_ns: Sequence[int],
+) -> Iterator[list[Alert]]:
+    """``update`` for each row's alert transitions (``rows``), at the row's time (the alerts'
+    ``time_ns`` set to it); ``state`` is the state after that row when it is yielded."""
+    for alerts, t in zip(rows, times_ns, strict=True):
+        if not alerts:
+            yield alerts
+            continue
+        for a in alerts:
+            a.time_ns = t
+        yield update(state, cfg, alerts, t)
+
+
 def _firing(
     state: IncidentsState,
     cfg: IncidentsConfig,
@@ -618,12 +651,13 @@ def report_again(
     return _report(inc, cfg, st, step if st == "firing" else inc.last_step, time_ns)
 
 
-def answered(  # noqa: PLR0917
+def answered(
     state: IncidentsState,
     cfg: IncidentsConfig,
     fingerprint: str,
     action: str,
     answer: dict[str, Any],
+    *,
     world_size: int,
     time_ns: int,
 ) -> list[Alert]:

@@ -14,6 +14,7 @@ from steplens.stream_jobs.engine.hints import hint_for
 SEVERITY_ORDER = {INFO: 0, WARNING: 1, CRITICAL: 2}
 # judged across ranks for every rank at each step, behind the ranks' own records
 CROSS_RANK = ("straggler:step_time_s",)
+Amend = tuple[tuple[str, str], dict[str, Any]]  # evidence for the alert of (rule, scope)
 
 
 def fingerprint(run_id: str, rule: str, scope: str) -> str:
@@ -112,20 +113,8 @@ def evaluate(
         if cur is None:
             ev = _evidence(sig)
             started = sig.detail.get("since_step", sig.step) if sig.detail else sig.step
-            firing[key] = Firing(sig.severity, started, sig.step, 0, ev)
-            alerts.append(
-                _alert(
-                    run_id,
-                    rule,
-                    sig.severity,
-                    "firing",
-                    sig.scope,
-                    sig.step,
-                    started,
-                    ev,
-                    _summary(rule, sig),
-                )
-            )
+            cur = firing[key] = Firing(sig.severity, started, sig.step, 0, ev)
+            alerts.append(_alert(run_id, key, cur, sig.step, _summary(rule, sig)))
         else:
             cur.clean = 0
             cur.last_step = sig.step
@@ -182,11 +171,12 @@ def _resolves(cfg: RulesConfig, cur: Firing, sig: Signal) -> bool:
     return cur.clean >= cfg.resolve_after
 
 
-def quiet_while_correlating(  # noqa: PLR0917
+def quiet_while_correlating(
     state: RulesState,
     cfg: RulesConfig,
     run_id: str,
     signals: list[Signal],
+    *,
     last: int | None,
     top: int | None,
 ) -> list[Alert]:
@@ -211,17 +201,8 @@ def quiet(state: RulesState, step: int | None) -> None:
 
 
 def _resolved(run_id: str, key: tuple[str, str], cur: Firing, step: int | None) -> Alert:
-    return _alert(
-        run_id,
-        key[0],
-        cur.severity,
-        "resolved",
-        key[1],
-        step,
-        cur.started_step,
-        cur.evidence,
-        f"{key[0]} resolved at step {step}",
-    )
+    summary = f"{key[0]} resolved at step {step}"
+    return _alert(run_id, key, cur, step, summary, state="resolved")
 
 
 def _sweep(state: RulesState, cfg: RulesConfig, run_id: str, step: int) -> list[Alert]:
@@ -286,7 +267,7 @@ def _correlate_at(
         cur = state.firing.get(key)
         live = [p for p in parts if p]
         if cur is None:
-            if not _fires(state, rule, parts, step, w, cfg.note_steps):
+            if not _fires(state, cfg, rule, parts, step):
                 continue
             because = [r for p in parts for r in p]
             seen = {**state.noted, **state.recent}
@@ -294,19 +275,9 @@ def _correlate_at(
             ev: dict[str, Any] = {"because": because}
             if span is not None:
                 ev["span_first"] = span
-            state.firing[key] = Firing(WARNING, started, step, 0, ev)
+            cur = state.firing[key] = Firing(WARNING, started, step, 0, ev)
             out.append(
-                _alert(
-                    run_id,
-                    rule,
-                    WARNING,
-                    "firing",
-                    "run",
-                    step,
-                    started,
-                    ev,
-                    f"{rule} at step {step}: {', '.join(because)}",
-                )
+                _alert(run_id, key, cur, step, f"{rule} at step {step}: {', '.join(because)}")
             )
         elif len(live) == len(parts):  # every part still moves: the correlation holds
             cur.last_step = max(step, cur.last_step if cur.last_step is not None else step)
@@ -326,12 +297,14 @@ def _noted(state: RulesState, rule: str, step: int | None, window: int) -> bool:
     return seen is not None and (step is None or step - seen <= window)
 
 
-def _fires(  # noqa: PLR0917
-    state: RulesState, rule: str, parts: list[list[str]], step: int, w: int, note_w: int
+def _fires(
+    state: RulesState, cfg: RulesConfig, rule: str, parts: list[list[str]], step: int
 ) -> bool:
     """Whether a correlation that does not fire yet fires: each part breached in the last
-    ``w`` steps; for the loss and the gradient also each part moved (a breach or a note) in
-    the last ``note_w`` steps, one event seen in both (a note pairs with nothing older)."""
+    ``correlation_steps`` steps; for the loss and the gradient also each part moved (a breach
+    or a note) in the last ``note_steps`` steps, one event seen in both (a note pairs with
+    nothing older)."""
+    w, note_w = cfg.correlation_steps, cfg.note_steps
     if not all(parts):
         return False
     if rule != "correlation:loss_grad":
@@ -381,29 +354,30 @@ def _correlation_parts(
     }
 
 
-def _alert(  # noqa: PLR0917
+def _alert(
     run_id: str,
-    rule: str,
-    severity: str,
-    st: str,
-    scope: str,
+    key: tuple[str, str],
+    cur: Firing,
     step: int | None,
-    started: int | None,
-    evidence: dict[str, Any],
     summary: str,
+    *,
+    state: str = "firing",
 ) -> Alert:
+    """The ``state`` transition at ``step`` of the alert of ``key`` (rule, scope), as ``cur``
+    fires: its severity, its first step and its evidence (a copy)."""
+    rule, scope = key
     return Alert(
         rule,
-        severity,
-        st,
+        cur.severity,
+        state,
         scope,
         hint_for(rule),
         fingerprint(run_id, rule, scope),
         run_id,
         step,
-        started,
+        cur.started_step,
         summary,
-        dict(evidence),
+        dict(cur.evidence),
     )
 
 
@@ -417,15 +391,4 @@ def amend(
     if cur is None:
         return None
     cur.evidence.update(extra)
-    rule, scope = key
-    return _alert(
-        run_id,
-        rule,
-        cur.severity,
-        "firing",
-        scope,
-        cur.last_step,
-        cur.started_step,
-        cur.evidence,
-        f"{rule}: evidence added ({', '.join(extra)})",
-    )
+    return _alert(run_id, key, cur, cur.last_step, f"{key[0]}: evidence added ({', '.join(extra)})")

@@ -12,18 +12,19 @@ from steplens.stream_jobs.engine.core import NO_STEP, Run, Signals
 from steplens.stream_jobs.engine.signals import lone_waits, ranks, thresholds
 
 
-def tail(  # noqa: PLR0917
+def tail(
     state: ranks.RanksState,
     ranks_cfg: ranks.RanksConfig,
     thresholds_cfg: thresholds.ThresholdConfig,
     run: Run,
     rank: int,
+    *,
     steps: np.ndarray,
     times_ns: Sequence[int],
     columns: Columns,
     data_times: Sequence[float | None] | None,
     behind: int,
-    firsts: np.ndarray | None = None,
+    firsts: np.ndarray | None,
 ) -> list[Signals]:
     """After the metrics of a rank's steps: the data waits (per row; ``firsts``: the rows are
     windows' means, from these steps on), a lone one a straggler (``lone_waits``); the rank's

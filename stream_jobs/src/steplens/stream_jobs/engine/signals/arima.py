@@ -2,8 +2,9 @@
 
 Fitting (``arima_fit``) happens rarely: at ``first_fit`` values, then on a quadrupling schedule
 up to every ``refit_every`` values, always on the last ``fit_window`` values. ``update`` never
-fits: when a value asks for one it calls the column's ``want_fit``, which fits at once (offline)
-or queues the fit for a process pool (the worker), whose result ``apply_fit`` takes. Between
+fits: when a value asks for one, the column's ``fitter`` fits it at once (offline), or, without
+one, the column notes the ask (``asked``) for its caller to queue the fit for a process pool (the
+worker), whose result ``apply_fit`` takes. Between
 refits each value costs one step of the ARMA recursion on the differenced series with the fitted
 coefficients, which is what the Kalman filter converges to. The model is fitted with a mean (the
 drift of a d = 1 series); online, that mean follows an EMA of the recent differences, so a loss
@@ -89,8 +90,8 @@ def apply_fit(state: ArimaState, cfg: ArimaConfig, params: ArimaParams | None) -
 
 
 def update(state: ArimaState, cfg: ArimaConfig, metric: str, col: Column) -> Signals:
-    """Score and learn the column's values; a value that asks for a fit calls
-    ``col.want_fit(state)`` before the next is scored (which may apply one at once)."""
+    """Score and learn the column's values; a value that asks for a fit is fitted by
+    ``col.fitter`` before the next is scored, or, without one, sets ``col.asked``."""
     parts: list[Signals] = []
     xs = col.xs
     i, n = 0, len(xs)
@@ -147,8 +148,11 @@ def update(state: ArimaState, cfg: ArimaConfig, metric: str, col: Column) -> Sig
             )
         )
         i += taken
-        if asked and col.want_fit is not None:
-            col.want_fit(state)
+        if asked:
+            if col.fitter is None:
+                col.asked = True
+            else:
+                apply_fit(state, cfg, col.fitter(fit_input(state, cfg)))
     return concat(parts) if parts else Signals.of("arima", metric, col.rows, col.steps, xs, NAN)
 
 

@@ -78,7 +78,7 @@ def _rate(  # noqa: PLR0917
         step,
         value,
         score_of(value / limit) if judged else 0.0,
-        rank,
+        rank=rank,
         severity=WARNING if judged and value > limit else None,
         expected=limit,
         detail=detail,
@@ -96,7 +96,7 @@ def update(
         out.append(_rate("over_length_share", share, cfg.over_length_share, step, rank, True))
     lm = data.get("supervised_share")
     if isinstance(lm, (int, float)):
-        out.append(one("data", "supervised_share", step, float(lm), 0.0, rank))
+        out.append(one("data", "supervised_share", step, float(lm), 0.0, rank=rank))
     elif data.get("label_counts"):
         out += _labels(state, cfg, data["label_counts"], step, rank)
     hashes = data.get("sample_hashes")

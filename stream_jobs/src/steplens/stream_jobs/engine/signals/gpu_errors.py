@@ -68,7 +68,9 @@ def hw(  # noqa: PLR0917
             for key in ("uuid", "name"):
                 if isinstance(gpu.get(key), str):
                     detail[key] = gpu[key]
-            out.append(counter_rise("hardware", metric, step, rise, rank, scope, detail))
+            out.append(
+                counter_rise("hardware", metric, step, rise, rank=rank, scope=scope, detail=detail)
+            )
     return out
 
 

@@ -148,15 +148,23 @@ def allocator(  # noqa: PLR0917
                 step,
                 value,
                 score,
-                rank,
-                scope,
-                WARNING if breach else None,
+                rank=rank,
+                scope=scope,
+                severity=WARNING if breach else None,
                 expected=float(cfg.retry_samples) if metric == "alloc_retries" else None,
                 detail=detail if breach else None,
             )
         )
     out.append(
-        counter_rise("memory", "ooms", step, new_ooms, rank, scope, {**detail, "ooms": now[1]})
+        counter_rise(
+            "memory",
+            "ooms",
+            step,
+            new_ooms,
+            rank=rank,
+            scope=scope,
+            detail={**detail, "ooms": now[1]},
+        )
     )
     return out
 

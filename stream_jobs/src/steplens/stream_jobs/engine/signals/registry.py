@@ -10,11 +10,8 @@ Adding a signal is a module under ``signals/``, an entry here and its rules' hin
   rank and metric. A step record is a run of one value, a step batch a run of many.
 * ``Records``: a detector of records of its own kinds, ``on_record(state, cfg, rec, run) ->
   list[Signals]``; one state per run.
-* ``Evidence``: a rank's memory of recent inputs (a record kind's data, or step fields) that
-  the evidence of a breach names (``RunDetector``'s evidence): ``keep(state, cfg, step, data)``,
-  and ``names(state, cfg, rule, step, detail) -> {key: ...} | None`` for a breach of ``rule``
-  at ``step`` on that rank (``detail``: the signal's, or the firing alert's evidence); one
-  state per rank.
+* ``Evidence``: a rank's memory of recent inputs that the evidence of a breach names; its
+  entries are ``evidence.EVIDENCE`` (``engine/evidence.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +24,7 @@ from typing import Any
 from steplens.stream_jobs.engine.advice import AdviceConfig
 from steplens.stream_jobs.engine.calibration import CalibrationConfig
 from steplens.stream_jobs.engine.columns import FLAGS
+from steplens.stream_jobs.engine.evidence import EVIDENCE, Evidence
 from steplens.stream_jobs.engine.incidents import IncidentsConfig
 from steplens.stream_jobs.engine.policy import Policy
 from steplens.stream_jobs.engine.rules import RulesConfig
@@ -39,15 +37,12 @@ from steplens.stream_jobs.engine.signals import (
     gpu_errors,
     gpu_memory,
     host_memory,
-    layers,
     lengths,
     lr_events,
     lr_schedule,
     ranks,
-    samples,
     sketches,
     spike,
-    stacks,
     thresholds,
     training,
     vanishing,
@@ -85,18 +80,6 @@ class Records:
     state: type
     on_record: Callable[..., Any]
     kinds: frozenset[str]
-
-
-@dataclass(frozen=True)
-class Evidence:
-    key: str  # its settings' attribute, its state's name, and the evidence's key
-    config: Callable[[], Any]
-    state: type
-    keep: Callable[..., None]
-    names: Callable[..., dict[str, Any] | None]
-    rules: frozenset[str]  # the rules (name:metric) whose breaches it names
-    kinds: frozenset[str] = frozenset()  # the record kinds it keeps
-    fields: frozenset[str] = frozenset()  # the step fields it keeps
 
 
 GRAD_NORMS = frozenset({"grad_norm", "grad_norm_preclip"})
@@ -260,36 +243,6 @@ RECORDS: tuple[Records, ...] = (
         ranks.RanksState,
         ranks.on_record,
         frozenset({"hw", "health", "stacks"}),
-    ),
-)
-
-EVIDENCE: tuple[Evidence, ...] = (
-    Evidence(
-        "samples",
-        samples.SamplesConfig,
-        samples.SamplesState,
-        samples.keep,
-        samples.names,
-        samples.RULES,
-        kinds=frozenset({"batch"}),
-    ),
-    Evidence(
-        "layers",
-        layers.LayersConfig,
-        layers.LayersState,
-        layers.keep,
-        layers.names,
-        frozenset(layers.RULES),
-        fields=frozenset(layers.FIELDS),
-    ),
-    Evidence(
-        "stacks",
-        stacks.StacksConfig,
-        stacks.StacksState,
-        stacks.keep,
-        stacks.names,
-        stacks.RULES,
-        kinds=frozenset({"stacks"}),
     ),
 )
 
