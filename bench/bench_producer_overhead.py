@@ -252,7 +252,7 @@ def bench_watch_against(old_root: str, quartets: int, steps: int) -> None:
 
     import steplens.producer as sl
     from steplens.producer import MemoryTransport
-    from steplens.producer.watcher import Watcher
+    from steplens.producer.instruments.watcher import Watcher
 
     src = os.path.join(old_root, "producer", "src", "steplens", "producer")
     path = os.path.join(src, "instruments", "watcher.py")

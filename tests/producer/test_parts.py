@@ -1,16 +1,20 @@
 """The Monitor made of its parts: a part given instead of the one the settings make gets what
-the loop logs, and a part that fails never raises into the loop."""
+the loop logs, a part that fails never raises into the loop, and no part hides the facade."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import time
 from pathlib import Path
 
-from steplens.producer.advice_inbox import AdviceSource
-from steplens.producer.delivery import Delivery
+import steplens.producer as sl
+from steplens.producer import api
+from steplens.producer.delivery.live_or_spool import Delivery
+from steplens.producer.delivery.spool import Spool
+from steplens.producer.delivery.transport import MemoryTransport
 from steplens.producer.monitor import Monitor
-from steplens.producer.spool import Spool
-from steplens.producer.transport import MemoryTransport
+from steplens.producer.remedies.advice_inbox import AdviceSource
 from steplens.schema import Record, decode
 
 
@@ -74,3 +78,14 @@ def test_failing_parts_never_raise_into_the_loop(tmp_path: Path) -> None:
     assert delivery.calls > 0 and stats["errors"]["worker"] == delivery.calls  # each counted
     assert stats["advice"]["source_error"] >= 1
     assert stats["caller_errors"] == 0
+
+
+def test_no_module_of_the_producer_hides_a_function_of_the_facade() -> None:
+    """Importing a sub-package sets it as an attribute of ``steplens.producer``: none may
+    share a name with what ``sl.`` offers."""
+    for info in pkgutil.walk_packages(sl.__path__, "steplens.producer."):
+        if not info.name.startswith("steplens.producer.integrations"):  # framework imports
+            importlib.import_module(info.name)
+    for name in sl.__all__:
+        if hasattr(api, name):
+            assert getattr(sl, name) is getattr(api, name), name

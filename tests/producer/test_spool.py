@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from steplens.producer.spool import Spool, iter_frames, send_spool
-from steplens.producer.transport import MemoryTransport
+from steplens.producer.delivery.spool import Spool, iter_frames, send_spool
+from steplens.producer.delivery.transport import MemoryTransport
 
 
 def _fill(spool: Spool, n: int, size: int = 100) -> list[bytes]:

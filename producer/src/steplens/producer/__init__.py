@@ -50,9 +50,9 @@ from steplens.producer.api import (
 )
 
 if TYPE_CHECKING:
-    from steplens.producer.advice_inbox import Advice
+    from steplens.producer.delivery.transport import MemoryTransport
     from steplens.producer.monitor import Monitor
-    from steplens.producer.transport import MemoryTransport
+    from steplens.producer.remedies.advice_inbox import Advice
 
 __all__ = [
     "Advice",
@@ -82,11 +82,11 @@ def __getattr__(name: str) -> Any:  # lazy: `import steplens.producer` stays che
 
         return Monitor
     if name == "Advice":
-        from steplens.producer.advice_inbox import Advice
+        from steplens.producer.remedies.advice_inbox import Advice
 
         return Advice
     if name == "MemoryTransport":
-        from steplens.producer.transport import MemoryTransport
+        from steplens.producer.delivery.transport import MemoryTransport
 
         return MemoryTransport
     if name == "calls_without_monitor":  # the facade's count, as it is now

@@ -9,8 +9,8 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from steplens.producer.advice_inbox import Advice
     from steplens.producer.monitor import Monitor
+    from steplens.producer.remedies.advice_inbox import Advice
 
 
 _monitor: Monitor | None = None

@@ -1,11 +1,11 @@
 """The Monitor: the API the training loop calls, made of its parts.
 
 The caller's side of every call only captures values (no host sync) and appends one named item
-to a bounded deque (drop-oldest, counted); the worker thread (``pipeline.Pipeline``)
-does the rest: resolve, enrich, window/sample/guard, encode (``sender``) and deliver
+to a bounded deque (drop-oldest, counted); the worker thread (``pipeline.worker.Pipeline``)
+does the rest: resolve, enrich, window/sample/guard, encode (``pipeline.sender``) and deliver
 (``delivery``, Kafka with a disk spool). The parts (``parts``): the delivery, the advice
 source and the exporter, given or made from the settings; the instruments
-(``watching``, ``loader_timing``, the hardware sampler, the comm
+(``instruments.watching``, ``instruments.loader_timing``, the hardware sampler, the comm
 probe), each given what it needs. Nothing raises into the caller after construction. A forked
 child never reuses its parent's queue, thread or Kafka client. ``shutdown`` runs at exit too,
 and an exit signal flushes first (``exit_signals``), so the last window of a run is sent.
@@ -26,14 +26,17 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from steplens.producer import checks
-from steplens.producer import values as V
-from steplens.producer.advice_inbox import AUTO, Advice, AdviceSource
 from steplens.producer.caller_counts import CallerCounts
 from steplens.producer.config import ProducerConfig
-from steplens.producer.delivery import Delivery
+from steplens.producer.delivery.live_or_spool import Delivery
+from steplens.producer.delivery.transport import Transport
 from steplens.producer.exit_signals import install as install_exit_signals
 from steplens.producer.identity import resolve_identity
-from steplens.producer.items import (
+from steplens.producer.instruments.loader_timing import LoaderTiming
+from steplens.producer.instruments.watching import Watching
+from steplens.producer.parts import Exporter, node_parts, process_parts
+from steplens.producer.pipeline import values as V
+from steplens.producer.pipeline.items import (
     BatchItem,
     CommItem,
     EvalItem,
@@ -45,12 +48,9 @@ from steplens.producer.items import (
     StepItem,
     new_item,
 )
-from steplens.producer.loader_timing import LoaderTiming
-from steplens.producer.parts import Exporter, node_parts, process_parts
-from steplens.producer.pipeline import Pipeline
-from steplens.producer.sender import Sender
-from steplens.producer.transport import Transport
-from steplens.producer.watching import Watching
+from steplens.producer.pipeline.sender import Sender
+from steplens.producer.pipeline.worker import Pipeline
+from steplens.producer.remedies.advice_inbox import AUTO, Advice, AdviceSource
 from steplens.schema import MAX_STR_LEN
 
 log = logging.getLogger("steplens")
@@ -444,7 +444,7 @@ class Monitor:
         try:
             if self._comm is not None and self._comm.every == every:
                 return
-            from steplens.producer.comm import CommProbe
+            from steplens.producer.instruments.comm import CommProbe
 
             probe = CommProbe(self._enqueue_comm, max(1, int(every)))
             self._comm = probe if probe.usable else None
@@ -462,9 +462,9 @@ class Monitor:
     # ------------------------------------------------------------------ remedies
     @property
     def remedies(self) -> Any:
-        """The remedies this run opted into (``init(remedies=[...])``): ``remedies.Remedies``."""
+        """The remedies this run opted into (``init(remedies=[...])``): ``carry_out.Remedies``."""
         if self._remedies is None:
-            from steplens.producer.remedies import Remedies
+            from steplens.producer.remedies.carry_out import Remedies
 
             self._remedies = Remedies(self, getattr(self.config, "remedies", None) or ())
         return self._remedies
@@ -506,7 +506,7 @@ class Monitor:
         follows the new level and the change is an lr event. Nothing without a schedule."""
         if not self.config.lr_schedule:
             return
-        from steplens.producer.lower_lr import scaled_schedule
+        from steplens.producer.remedies.lower_lr import scaled_schedule
 
         self._declare(scaled_schedule(self.config.lr_schedule, from_step, factor))
 

@@ -1,11 +1,11 @@
 """A Monitor's parts, made from the settings where the caller gives none.
 
 - delivery (``delivery``): where encoded records go, the transport with its disk spool;
-- advice (``advice_relay``): where the stream jobs' advice comes from, opened by the
+- advice (``remedies.advice_relay``): where the stream jobs' advice comes from, opened by the
   worker;
-- the hardware sampler (``hardware``): host-wide on local rank 0, the PyTorch
+- the hardware sampler (``instruments.hardware``): host-wide on local rank 0, the PyTorch
   allocator's figures on the other ranks;
-- the node exporter (``exporter``): local rank 0's samples served to Prometheus (opt-in).
+- the node exporter (``export``): local rank 0's samples served to Prometheus (opt-in).
 
 A Monitor makes its delivery and advice again in a forked child (``process_parts``); a part
 the caller gave serves every process, as a given transport does. The sampler and exporter run
@@ -20,18 +20,18 @@ import re
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, cast
 
-from steplens.producer.advice_inbox import AdviceSource
-from steplens.producer.advice_relay import AdviceOpener
 from steplens.producer.config import ProducerConfig
-from steplens.producer.delivery import Delivery
-from steplens.producer.hardware import HardwareSampler
+from steplens.producer.delivery.live_or_spool import Delivery
+from steplens.producer.delivery.spool import Spool
+from steplens.producer.delivery.transport import Transport, kafka_transport
 from steplens.producer.identity import Identity
-from steplens.producer.spool import Spool
-from steplens.producer.transport import Transport, kafka_transport
+from steplens.producer.instruments.hardware import HardwareSampler
+from steplens.producer.remedies.advice_inbox import AdviceSource
+from steplens.producer.remedies.advice_relay import AdviceOpener
 
 
 class Exporter(Protocol):
-    """What a Monitor asks of the node exporter (``exporter.NodeExporter``)."""
+    """What a Monitor asks of the node exporter (``export.node_exporter.NodeExporter``)."""
 
     def stop(self) -> None: ...
 
@@ -110,7 +110,7 @@ def node_parts(
     )
     sampler.start()
     if exporter is None and host_wide and config.exporter_port:
-        from steplens.producer.exporter import start_exporter
+        from steplens.producer.export.node_exporter import start_exporter
 
         exporter = start_exporter(
             sampler, identity.run_id, identity.host, config.exporter_host, config.exporter_port

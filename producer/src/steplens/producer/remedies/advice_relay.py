@@ -37,8 +37,8 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from steplens.producer.advice_inbox import AdviceSource, Message
-from steplens.producer.transport import kafka_advice_source
+from steplens.producer.delivery.transport import kafka_advice_source
+from steplens.producer.remedies.advice_inbox import AdviceSource, Message
 
 log = logging.getLogger("steplens")
 

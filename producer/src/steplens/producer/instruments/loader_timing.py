@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from steplens.producer import values as V
 from steplens.producer.caller_counts import CallerCounts
 from steplens.producer.config import ProducerConfig
-from steplens.producer.items import BatchItem
-from steplens.producer.loader_batches import token_fields
+from steplens.producer.instruments.loader_batches import token_fields
+from steplens.producer.pipeline import values as V
+from steplens.producer.pipeline.items import BatchItem
 
 
 class LoaderTiming:

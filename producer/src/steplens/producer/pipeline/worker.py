@@ -18,18 +18,11 @@ from typing import Any
 
 import msgspec
 
-from steplens.producer import values as V
-from steplens.producer.advice_inbox import (
-    Advice,
-    AdviceDesk,
-    AdviceInbox,
-    AdviceSource,
-    Message,
-)
 from steplens.producer.config import ProducerConfig
-from steplens.producer.delivery import Delivery
-from steplens.producer.host_stats import process_memory
-from steplens.producer.items import (
+from steplens.producer.delivery.live_or_spool import Delivery
+from steplens.producer.instruments.host_stats import process_memory
+from steplens.producer.pipeline import values as V
+from steplens.producer.pipeline.items import (
     BatchItem,
     CommItem,
     EvalItem,
@@ -40,9 +33,16 @@ from steplens.producer.items import (
     RecordItem,
     StepItem,
 )
-from steplens.producer.sender import Sender
-from steplens.producer.stall import StallWatch, thread_stacks
-from steplens.producer.steps import Counters, StepStage
+from steplens.producer.pipeline.sender import Sender
+from steplens.producer.pipeline.stall import StallWatch, thread_stacks
+from steplens.producer.pipeline.steps import Counters, StepStage
+from steplens.producer.remedies.advice_inbox import (
+    Advice,
+    AdviceDesk,
+    AdviceInbox,
+    AdviceSource,
+    Message,
+)
 from steplens.schema import KINDS, MAX_STR_LEN
 from steplens.schema.dead_letter import dead_letter_bytes
 from steplens.schema.topics import Topics
@@ -246,7 +246,7 @@ class Pipeline:
 
     def _text_scores(self, predictions: list[Any], references: list[Any]) -> dict[str, float]:
         """BLEU and ROUGE-L, or nothing (said once per reason); the eval record goes anyway."""
-        from steplens.producer.text_scores import MissingExtra, text_scores
+        from steplens.producer.pipeline.text_scores import MissingExtra, text_scores
 
         try:
             return text_scores(predictions, references)
@@ -264,7 +264,7 @@ class Pipeline:
         self.counters.notices.warning(key, "steplens: %s", message)
 
     def _on_batch(self, item: BatchItem) -> None:
-        from steplens.producer.batch_stats import TASKS, batch_payload
+        from steplens.producer.pipeline.batch_stats import TASKS, batch_payload
 
         step = self._step_of("batch", item.step)
         if step is None:

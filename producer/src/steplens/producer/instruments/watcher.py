@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from steplens.producer import values as V
-from steplens.producer.layers import LayerGroups
+from steplens.producer.instruments.layers import LayerGroups
+from steplens.producer.pipeline import values as V
 
 _CLIP_TOLERANCE = 1e-6  # relative drop of the norm that counts as clipping
 

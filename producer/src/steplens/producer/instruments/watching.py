@@ -40,7 +40,7 @@ class Watching:
         """A Watcher on ``model``'s optimizer, and its DDP all-reduce timed; each counted and
         logged when it cannot be (never raises)."""
         try:
-            from steplens.producer.watcher import Watcher
+            from steplens.producer.instruments.watcher import Watcher
 
             config = self.config
             self.watchers.append(
@@ -78,7 +78,7 @@ class Watching:
             return
         if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
             return
-        from steplens.producer.ddp_comm import DdpCommTimer
+        from steplens.producer.instruments.ddp_comm import DdpCommTimer
 
         timer = DdpCommTimer(self.emit_comm, every)
         try:
