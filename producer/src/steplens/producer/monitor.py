@@ -32,6 +32,7 @@ from steplens.producer.delivery.live_or_spool import Delivery
 from steplens.producer.delivery.transport import Transport
 from steplens.producer.exit_signals import install as install_exit_signals
 from steplens.producer.identity import resolve_identity
+from steplens.producer.instruments.hardware import HardwareSampler
 from steplens.producer.instruments.loader_timing import LoaderTiming
 from steplens.producer.instruments.watching import Watching
 from steplens.producer.parts import Exporter, node_parts, process_parts
@@ -132,6 +133,8 @@ class Monitor:
         self._loader = LoaderTiming(self.config, self.counts, self._update_plain_path)
         self._comm: Any = None  # a CommProbe (probe_comm)
         self._remedies: Any = None  # made by the first skipping() or act()
+        self._hw: HardwareSampler | None = None  # the worker's health record reads it
+        self._exporter: Exporter | None = None
         self._closed = False
         self._wall_offset_ns = time.time_ns() - time.monotonic_ns()
         self._started_ms = time.time_ns() // 1_000_000  # advice from then on
