@@ -55,7 +55,7 @@ def loss_at(step: int, spike: bool) -> float:
 
 @dataclass
 class Seen:
-    advice: Any  # steplens.producer.advice_inbox.Advice
+    advice: Any  # steplens.producer.remedies.advice_inbox.Advice
     loop_ns: int  # wall time the loop read it
 
 

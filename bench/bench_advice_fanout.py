@@ -31,9 +31,9 @@ from typing import Any
 
 import psutil
 
-from steplens.producer.advice_relay import advice_source
 from steplens.producer.config import ProducerConfig
 from steplens.producer.identity import Identity
+from steplens.producer.remedies.advice_relay import advice_source
 
 
 def broker(bootstrap: str) -> psutil.Process:

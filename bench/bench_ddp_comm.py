@@ -47,7 +47,7 @@ def rank_main(blocks: int, steps: int, width: int, layers: int, bucket_mb: float
 
             net.register_comm_hook(None, default_hooks.allreduce_hook)
         elif every:
-            from steplens.producer.ddp_comm import DdpCommTimer
+            from steplens.producer.instruments.ddp_comm import DdpCommTimer
 
             DdpCommTimer(sl.get_monitor()._enqueue_comm, every).attach(net)
         return net, opt

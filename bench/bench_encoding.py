@@ -40,8 +40,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from steplens.producer.delivery.transport import MemoryTransport
 from steplens.producer.monitor import Monitor
-from steplens.producer.transport import MemoryTransport
 from steplens.schema import (
     DecodeError,
     Record,

@@ -54,7 +54,7 @@ def time_calls(call: Callable[[int], Any], n: int) -> tuple[float, float]:
 
 def bench_log_step(rounds: int, n: int) -> None:
     import steplens.producer as sl
-    from steplens.producer.transport import MemoryTransport
+    from steplens.producer import MemoryTransport
 
     spool = tempfile.mkdtemp()
     sl.init("bench", transport=MemoryTransport(), hw_interval_s=0, spool_dir=spool)
@@ -116,7 +116,7 @@ def bench_log_step(rounds: int, n: int) -> None:
 def bench_training(quartets: int, steps: int) -> None:
 
     import steplens.producer as sl
-    from steplens.producer.transport import MemoryTransport
+    from steplens.producer import MemoryTransport
 
     model, opt, run = _mlp_loop()
 
@@ -142,9 +142,8 @@ def bench_training(quartets: int, steps: int) -> None:
         try:
             return loop(True)
         finally:
-            for w in m._watchers:
-                w.remove()
-            m._watchers.clear()
+            m._watching.remove()
+            m._watching.watchers.clear()
             m._update_plain_path()
 
     loop(True)  # warm-up of the steplens path
@@ -213,7 +212,7 @@ def _hook_cost(cls: Any, m: Any, model: Any, opt: Any, n: int = 200) -> float:
     x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
     opt.zero_grad(set_to_none=True)
     torch.nn.functional.cross_entropy(model(x), y).backward()
-    w = cls(m, model, opt, None, every=1, sample_size=4096)
+    w = cls(_results_for(cls, m), model, opt, None, every=1, sample_size=4096)
     samples = []
     try:
         for _ in range(n):
@@ -228,15 +227,37 @@ def _hook_cost(cls: Any, m: Any, model: Any, opt: Any, n: int = 200) -> float:
     return statistics.median(samples) / 1e3
 
 
+class _MonitorSide:
+    """What a Watcher from before the Monitor's parts called on its monitor, forwarded to the
+    Monitor's ``Watching`` part."""
+
+    def __init__(self, watching: Any) -> None:
+        self.counts = watching.counts
+        self._watch_result = watching.result
+        self._watch_between = watching.between
+
+
+def _results_for(cls: Any, m: Any) -> Any:
+    """Where a Watcher class sends its figures: the Watching part, or for an older class that
+    takes the monitor, the same through ``_MonitorSide``."""
+    import inspect
+
+    first = next(iter(inspect.signature(cls).parameters))
+    return _MonitorSide(m._watching) if first == "monitor" else m._watching
+
+
 def bench_watch_against(old_root: str, quartets: int, steps: int) -> None:
     """This watcher against another checkout's, same model, same Monitor, A/B/B/A."""
     import importlib.util
 
     import steplens.producer as sl
-    from steplens.producer.transport import MemoryTransport
-    from steplens.producer.watcher import Watcher
+    from steplens.producer import MemoryTransport
+    from steplens.producer.instruments.watcher import Watcher
 
-    path = os.path.join(old_root, "producer", "src", "steplens", "producer", "watcher.py")
+    src = os.path.join(old_root, "producer", "src", "steplens", "producer")
+    path = os.path.join(src, "instruments", "watcher.py")
+    if not os.path.exists(path):  # a checkout before the producer's sub-packages
+        path = os.path.join(src, "watcher.py")
     spec = importlib.util.spec_from_file_location("steplens_old_watcher", path)
     assert spec is not None and spec.loader is not None
     old = importlib.util.module_from_spec(spec)
@@ -251,14 +272,14 @@ def bench_watch_against(old_root: str, quartets: int, steps: int) -> None:
     )
 
     def block(cls: Any, every: int) -> float:
-        w = cls(m, model, opt, None, every=every, sample_size=4096)
-        m._watchers.append(w)
+        w = cls(_results_for(cls, m), model, opt, None, every=every, sample_size=4096)
+        m._watching.watchers.append(w)
         m._update_plain_path()
         try:
             return loop(steps)
         finally:
             w.remove()
-            m._watchers.clear()
+            m._watching.watchers.clear()
             m._update_plain_path()
 
     for cls in (old.Watcher, Watcher):
@@ -332,7 +353,7 @@ def log_step_child(rounds: int, n: int, remedies: bool) -> None:
     import json
 
     import steplens.producer as sl
-    from steplens.producer.transport import MemoryTransport
+    from steplens.producer import MemoryTransport
 
     extra = {"remedies": ["skip_samples"]} if remedies else {}
     sl.init("bench", transport=MemoryTransport(), hw_interval_s=0, spool_dir=tempfile.mkdtemp(),
@@ -383,7 +404,7 @@ def bench_advice_against(old_root: str, quartets: int, rounds: int, n: int) -> N
               f"x{p99 / base[1]:.2f} p99 vs before")  # fmt: skip
 
     import steplens.producer as sl
-    from steplens.producer.transport import MemoryTransport
+    from steplens.producer import MemoryTransport
 
     sl.init("bench", transport=MemoryTransport(), hw_interval_s=0, spool_dir=tempfile.mkdtemp(),
             remedies=["skip_samples"])  # fmt: skip

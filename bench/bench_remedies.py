@@ -42,8 +42,8 @@ def median_of(fn: Callable[[], float]) -> float:
 def main() -> None:
     import torch
 
+    from steplens.producer.delivery.transport import MemoryTransport
     from steplens.producer.monitor import Monitor
-    from steplens.producer.transport import MemoryTransport
 
     torch.set_num_threads(1)
     m = Monitor(

@@ -32,16 +32,21 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from steplens.producer import checks
-from steplens.producer.allocator import ReportCadence, merge
 from steplens.producer.config import ProducerConfig
-from steplens.producer.delivery import Delivery
-from steplens.producer.hardware import HardwareSampler
+from steplens.producer.delivery.live_or_spool import Delivery
+from steplens.producer.delivery.spool import Spool
+from steplens.producer.delivery.transport import (
+    MemoryTransport,
+    OnResult,
+    Transport,
+    kafka_transport,
+)
 from steplens.producer.identity import Identity
-from steplens.producer.items import StepItem
-from steplens.producer.pipeline import Pipeline
-from steplens.producer.sender import Sender
-from steplens.producer.spool import Spool
-from steplens.producer.transport import MemoryTransport, OnResult, Transport, kafka_transport
+from steplens.producer.instruments.allocator import ReportCadence, merge
+from steplens.producer.instruments.hardware import HardwareSampler
+from steplens.producer.pipeline.items import StepItem
+from steplens.producer.pipeline.sender import Sender
+from steplens.producer.pipeline.worker import Pipeline
 
 GPUS_PER_NODE = 8
 HBM = 80 << 30

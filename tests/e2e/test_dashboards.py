@@ -272,8 +272,8 @@ class StandInNvml:
 
 def _hardware_records(run_id: str, now_ns: int) -> list[Any]:
     """Three ``hw`` samples of a GPU node, as the producer's samplers make them."""
-    from steplens.producer.gpu_stats import GpuSampler
-    from steplens.producer.host_stats import DiskCounters, disk_rates, net_rates
+    from steplens.producer.instruments.gpu_stats import GpuSampler
+    from steplens.producer.instruments.host_stats import DiskCounters, disk_rates, net_rates
     from steplens.schema import make_record
 
     sampler = GpuSampler(StandInNvml())
@@ -352,8 +352,8 @@ def _training_records(run_id: str, now_ns: int) -> list[Any]:
     batch statistics and stack dump."""
     import numpy as np
 
-    from steplens.producer.batch_stats import batch_payload
-    from steplens.producer.stall import thread_stacks
+    from steplens.producer.pipeline.batch_stats import batch_payload
+    from steplens.producer.pipeline.stall import thread_stacks
     from steplens.schema import make_record
 
     ids = np.arange(80).reshape(4, 20) % 50 + 1

@@ -72,8 +72,8 @@ def _producer_records(run_id: str) -> list:
     advice to rewind and two ranks' answers."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("sacrebleu")
+    from steplens.producer.delivery.transport import MemoryTransport
     from steplens.producer.monitor import Monitor
-    from steplens.producer.transport import MemoryTransport
     from steplens.schema import make_record
 
     torch.manual_seed(0)

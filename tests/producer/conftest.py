@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from steplens.producer.delivery.transport import MemoryTransport
 from steplens.producer.monitor import Monitor
-from steplens.producer.transport import MemoryTransport
 
 
 @pytest.fixture

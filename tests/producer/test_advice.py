@@ -12,7 +12,7 @@ import pytest
 from tests.waiting import wait_until
 
 import steplens.producer as sl
-from steplens.producer.advice_inbox import Advice, AdviceDesk, AdviceInbox, Message
+from steplens.producer.remedies.advice_inbox import Advice, AdviceDesk, AdviceInbox, Message
 from steplens.schema import RUN_RANK, decode, encode, make_record
 from steplens.schema.kinds import Advice as AdvicePayload
 
@@ -321,7 +321,7 @@ def test_the_desk_opens_its_source_aside_and_retries_after_a_failure():
 
 
 def test_past_the_cap_of_pairs_let_through_advice_is_refused_not_forgotten(monkeypatch):
-    import steplens.producer.advice_inbox as inbox_module
+    import steplens.producer.remedies.advice_inbox as inbox_module
 
     monkeypatch.setattr(inbox_module, "MAX_LET_THROUGH", 3)
     box = Inbox(burst=10)

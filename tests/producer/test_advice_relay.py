@@ -8,10 +8,15 @@ import time
 
 import pytest
 
-import steplens.producer.advice_relay as relay
-from steplens.producer.advice_inbox import AdviceDesk, Message
-from steplens.producer.advice_relay import RelayMissing, RelayReader, RelayWriter, relay_folder
+import steplens.producer.remedies.advice_relay as relay
 from steplens.producer.config import ProducerConfig
+from steplens.producer.remedies.advice_inbox import AdviceDesk, Message
+from steplens.producer.remedies.advice_relay import (
+    RelayMissing,
+    RelayReader,
+    RelayWriter,
+    relay_folder,
+)
 
 RUN = "run-a"
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from steplens.producer.allocator import AllocatorReader, ReportCadence, merge
-from steplens.producer.hardware import HardwareSampler
+from steplens.producer.instruments.allocator import AllocatorReader, ReportCadence, merge
+from steplens.producer.instruments.hardware import HardwareSampler
 from waiting import wait_until
 
 torch = pytest.importorskip("torch")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from steplens.producer.batch_stats import batch_payload, length_edges
+from steplens.producer.pipeline.batch_stats import batch_payload, length_edges
 
 
 def test_lengths_labels_hashes() -> None:

@@ -52,7 +52,7 @@ def test_steps_with_cuda_tensors_never_sync(memory_monitor) -> None:  # type: ig
 
 def test_nvml_on_a_real_gpu() -> None:
     pytest.importorskip("pynvml")
-    from steplens.producer.gpu_stats import GpuSampler
+    from steplens.producer.instruments.gpu_stats import GpuSampler
 
     s = GpuSampler()
     assert s.start() == "ok"

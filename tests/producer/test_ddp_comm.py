@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from steplens.producer.ddp_comm import bucket_times
+from steplens.producer.instruments.ddp_comm import bucket_times
 
 pytest.importorskip("torch")
 HERE = Path(__file__).parent
@@ -78,7 +78,7 @@ def test_on_nccl_the_hook_times_with_events_and_never_syncs(tmp_path) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from steplens.producer.ddp_comm import DdpCommTimer
+    from steplens.producer.instruments.ddp_comm import DdpCommTimer
 
     dist.init_process_group(
         "nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1

@@ -16,7 +16,7 @@ REFERENCES = ["the cat sat on the mat", "the dog barked at the moon", "goodbye w
 def test_bleu_and_rouge_are_computed_by_the_libraries_in_the_worker(memory_monitor) -> None:  # type: ignore[no-untyped-def]
     sacrebleu = pytest.importorskip("sacrebleu")
     rouge_scorer = pytest.importorskip("rouge_score.rouge_scorer")
-    from steplens.producer import text_scores
+    from steplens.producer.pipeline import text_scores
 
     threads: list[str] = []
     real = text_scores.text_scores

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from steplens.producer.delivery import Delivery
-from steplens.producer.spool import Spool, iter_frames
-from steplens.producer.transport import MemoryTransport
+from steplens.producer.delivery.live_or_spool import Delivery
+from steplens.producer.delivery.spool import Spool, iter_frames
+from steplens.producer.delivery.transport import MemoryTransport
 from steplens.schema import Record, decode
 
 STEPS = 537  # not a multiple of the window: the last window is partial
@@ -99,7 +99,7 @@ HANDLED_RUN = textwrap.dedent(
     """
     import json, os, signal, sys, threading
     from steplens.producer.monitor import Monitor
-    from steplens.producer.transport import MemoryTransport
+    from steplens.producer.delivery.transport import MemoryTransport
 
     steps = int(sys.argv[1])
     seen = {}
@@ -163,7 +163,7 @@ def test_a_handler_already_there_runs_after_a_flush_and_the_monitor_goes_on() ->
 def test_exit_signals_none_leaves_every_signal_alone() -> None:
     code = (
         "import signal; from steplens.producer.monitor import Monitor;"
-        "from steplens.producer.transport import MemoryTransport;"
+        "from steplens.producer.delivery.transport import MemoryTransport;"
         "m = Monitor('none', transport=MemoryTransport(), hw_interval_s=0, exit_signals=[]);"
         "print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,"
         " signal.getsignal(signal.SIGINT) is signal.default_int_handler); m.shutdown()"

@@ -19,10 +19,10 @@ pynvml = pytest.importorskip("pynvml")
 from fake_nvml import FakeGpmDevices  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from steplens.producer.exporter import start_exporter  # noqa: E402
-from steplens.producer.gpu_stats import GpuSampler  # noqa: E402
-from steplens.producer.hardware import HardwareSampler  # noqa: E402
-from steplens.producer.host_stats import HostSampler  # noqa: E402
+from steplens.producer.export.node_exporter import start_exporter  # noqa: E402
+from steplens.producer.instruments.gpu_stats import GpuSampler  # noqa: E402
+from steplens.producer.instruments.hardware import HardwareSampler  # noqa: E402
+from steplens.producer.instruments.host_stats import HostSampler  # noqa: E402
 
 DISKSTATS = (
     "   8       0 sda {reads} 0 {rsect} 400 {writes} 0 {wsect} 900 0 0 0 0 0 0 0 0 0\n"
@@ -275,7 +275,7 @@ def test_a_forked_child_does_not_keep_the_port(tmp_path: Path) -> None:
 def test_without_prometheus_client_it_says_what_to_install(monkeypatch, caplog) -> None:
     import sys
 
-    from steplens.producer.exporter import NodeCollector, NodeExporter
+    from steplens.producer.export.node_exporter import NodeCollector, NodeExporter
 
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails
     exporter = NodeExporter(NodeCollector("r", "h"), "127.0.0.1", 0)

@@ -11,7 +11,7 @@ pynvml = pytest.importorskip("pynvml")
 
 from fake_nvml import FakeDevices, FakeGpmDevices  # noqa: E402
 
-from steplens.producer.gpu_stats import GpuSampler  # noqa: E402
+from steplens.producer.instruments.gpu_stats import GpuSampler  # noqa: E402
 
 
 def test_parses_every_field_and_counts_every_xid() -> None:

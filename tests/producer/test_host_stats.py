@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from steplens.producer.host_stats import (
+from steplens.producer.instruments.host_stats import (
     HostSampler,
     disk_rates,
     net_rates,

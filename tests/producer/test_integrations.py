@@ -154,9 +154,9 @@ def test_hf_trainer_at_the_defaults_follows_its_declared_schedule(tmp_path) -> N
     judged alone."""
     transformers = pytest.importorskip("transformers")
     detector = pytest.importorskip("steplens.stream_jobs.engine.detector")
+    from steplens.producer.delivery.transport import MemoryTransport
     from steplens.producer.integrations.hf import SteplensCallback
     from steplens.producer.monitor import Monitor
-    from steplens.producer.transport import MemoryTransport
 
     tx = MemoryTransport()
     m = Monitor(

@@ -67,7 +67,7 @@ def test_the_next_process_sends_what_an_outage_left(
 
 
 def test_spool_send_sends_a_spool_by_hand(stack_env: dict[str, str], tmp_path: Path) -> None:
-    from steplens.producer.spool_cli import main
+    from steplens.producer.delivery.spool_cli import main
 
     bootstrap = stack_env["STEPLENS_KAFKA_BOOTSTRAP"]
     topic = new_raw_topic(bootstrap)

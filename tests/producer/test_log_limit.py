@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from steplens.producer.delivery import DOWN, Delivery
-from steplens.producer.spool import Spool
-from steplens.producer.transport import MemoryTransport
+from steplens.producer.delivery.live_or_spool import DOWN, Delivery
+from steplens.producer.delivery.spool import Spool
+from steplens.producer.delivery.transport import MemoryTransport
 from steplens.schema.log_limit import LimitedLog, LimitFilter, RateLimit
 
 

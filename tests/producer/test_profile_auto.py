@@ -13,8 +13,8 @@ import pytest
 from tests.waiting import wait_until
 
 from steplens.producer.config import ProducerConfig
-from steplens.producer.rank_profile import MAX_STEPS
-from steplens.producer.trace_upload import trace_key
+from steplens.producer.remedies.rank_profile import MAX_STEPS
+from steplens.producer.remedies.trace_upload import trace_key
 from steplens.schema import RUN_RANK, encode, make_record
 
 torch = pytest.importorskip("torch")

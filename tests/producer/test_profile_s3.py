@@ -11,7 +11,7 @@ import pytest
 from tests.producer.test_profile_auto import advise, train
 from tests.waiting import wait_until
 
-from steplens.producer.trace_upload import trace_key
+from steplens.producer.remedies.trace_upload import trace_key
 from steplens.sinks.trace_links import presigner
 
 pytest.importorskip("torch")

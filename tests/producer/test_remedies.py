@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from tests.waiting import wait_until
 
-from steplens.producer.batch_stats import batch_payload
-from steplens.producer.remedies import Remedies
-from steplens.producer.skipping import SkipList, Skipping
+from steplens.producer.pipeline.batch_stats import batch_payload
+from steplens.producer.remedies.carry_out import Remedies
+from steplens.producer.remedies.skipping import SkipList, Skipping
 from steplens.schema import RUN_RANK, encode, make_record
 
 torch = pytest.importorskip("torch")
@@ -415,8 +415,8 @@ def _rank_main(rank: int, port: int, out: str) -> None:
 
 
 def _monitor(run: str, rank: int) -> tuple[Any, Any]:
+    from steplens.producer.delivery.transport import MemoryTransport
     from steplens.producer.monitor import Monitor
-    from steplens.producer.transport import MemoryTransport
 
     t = MemoryTransport()
     m = Monitor(f"agree-{run}", transport=t, rank=rank, hw_interval_s=0, remedies=ALL)

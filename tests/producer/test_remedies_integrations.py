@@ -316,7 +316,7 @@ def test_hf_callback_profiles_once_per_fingerprint(memory_monitor, tmp_path, mon
     transformers = pytest.importorskip("transformers")
     monkeypatch.delenv("STEPLENS_S3_BUCKET", raising=False)  # kept local
     from steplens.producer.integrations.hf import SteplensCallback
-    from steplens.producer.rank_profile import MAX_STEPS
+    from steplens.producer.remedies.rank_profile import MAX_STEPS
 
     m, t = memory_monitor(remedies=["profile"])
     profile = {"action": "profile", "fingerprint": "slow-hf", "duration_s": 30.0}
@@ -360,8 +360,8 @@ def test_lightning_callback_skips_the_named_samples_of_its_loader(memory_monitor
     L = pytest.importorskip("lightning")
     from tests.producer.tiny_lm import Samples, TinyLM
 
-    from steplens.producer.batch_stats import batch_payload
     from steplens.producer.integrations.lightning import SteplensCallback
+    from steplens.producer.pipeline.batch_stats import batch_payload
 
     m, t = memory_monitor(remedies=["skip_samples"])
     ds = Samples(64, {3, 17, 40, 51})

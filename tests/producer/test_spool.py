@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from steplens.producer.delivery import DOWN, FULL_WAIT_S, Delivery
-from steplens.producer.spool import Spool, iter_frames, send_spool
-from steplens.producer.transport import MemoryTransport, OnResult
+from steplens.producer.delivery.live_or_spool import DOWN, FULL_WAIT_S, Delivery
+from steplens.producer.delivery.spool import Spool, iter_frames, send_spool
+from steplens.producer.delivery.transport import MemoryTransport, OnResult
 
 
 def _fill(spool: Spool, n: int, size: int = 100) -> list[bytes]:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from steplens.producer.stall import FLOOR_S, StallWatch
+from steplens.producer.pipeline.stall import FLOOR_S, StallWatch
 from waiting import wait_until
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import steplens.producer as sl
-from steplens.producer.step_batch import StepBatch, halves, payload
+from steplens.producer.pipeline.step_batch import StepBatch, halves, payload
 from steplens.schema import MAX_RECORD_BYTES, Record, unbatch
 
 

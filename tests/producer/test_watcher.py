@@ -270,7 +270,7 @@ def test_a_failing_hook_never_reaches_the_training_loop(memory_monitor) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     m, _ = memory_monitor(sample_rate=0.0)
     m.watch(model, opt, every=1)
-    (watcher,) = m._watchers
+    (watcher,) = m._watching.watchers
 
     def broken(*_args: object) -> None:
         raise RuntimeError("device lost")

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from steplens.producer.window import Guard, MetricStats, Window, is_sampled, sample_period
+from steplens.producer.pipeline.window import Guard, MetricStats, Window, is_sampled, sample_period
 
 
 def test_sample_period_and_determinism() -> None:

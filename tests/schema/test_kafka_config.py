@@ -53,7 +53,7 @@ def test_an_admin_client_has_the_security_settings_and_extra_wins(monkeypatch) -
 
 
 def test_the_training_producer_keeps_its_own_settings() -> None:
-    from steplens.producer.transport import kafka_conf
+    from steplens.producer.delivery.transport import kafka_conf
 
     conf = kafka_conf("b:1", "steplens-r0", 30.0, {"acks": "1"})
     assert conf["acks"] == "1" and conf["enable.idempotence"] is True  # the user's wins

@@ -8,7 +8,7 @@ import pytest
 from influx_helpers import settings_from
 from sinks_helpers import unique
 
-from steplens.producer.batch_stats import batch_payload
+from steplens.producer.pipeline.batch_stats import batch_payload
 from steplens.schema import encode, make_record
 from steplens.sinks import query_cli
 from steplens.sinks.chunks import Chunker

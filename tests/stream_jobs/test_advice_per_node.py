@@ -97,7 +97,7 @@ def test_every_rank_gets_the_runs_advice_through_one_consumer_per_node(kafka, tm
 
 
 def test_a_rank_whose_node_relays_nothing_reads_kafka_itself(kafka, tmp_path, monkeypatch):
-    monkeypatch.setattr("steplens.producer.advice_relay.RELAY_WAIT_S", 1.0)
+    monkeypatch.setattr("steplens.producer.remedies.advice_relay.RELAY_WAIT_S", 1.0)
     run_id = f"relay-{uuid.uuid4().hex[:8]}"
     # local rank 1 of a node whose local rank 0 is not instrumented
     (m,) = ranks(kafka, tmp_path, run_id, [(1, 1, "node-a")], world=2)

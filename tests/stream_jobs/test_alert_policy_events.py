@@ -97,8 +97,8 @@ def test_the_first_windows_initial_loss_is_no_spike(tmp_path):
     in 100 raw, slow steps flagged raw by its guard): the loss falls fast from its initial
     value, so the first window's largest loss is its first steps'. Nothing alerts on the loss:
     that peak has no baseline before it to be judged against."""
+    from steplens.producer.delivery.transport import MemoryTransport
     from steplens.producer.monitor import Monitor
-    from steplens.producer.transport import MemoryTransport
 
     rng = random.Random(3)
     transport = MemoryTransport()

@@ -15,8 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from steplens.producer.delivery.transport import MemoryTransport
 from steplens.producer.monitor import Monitor
-from steplens.producer.transport import MemoryTransport
 from steplens.schema import Record, decode, encode, make_record
 
 ENV = {"run_id": "fixture-run", "rank": 3, "local_rank": 1, "host": "node-07", "pid": 4242}

@@ -23,7 +23,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -37,7 +37,7 @@ _budget_s = [0.0]
 _handling = [False]
 
 
-def install(names: list[str], end: Callable[[bool], None], budget_s: float) -> list[str]:
+def install(names: Sequence[str], end: Callable[[bool], None], budget_s: float) -> list[str]:
     """Take the signals ``names`` (e.g. ``"SIGTERM"``) where they are free or held by a Python
     handler; ``end(keep_running)`` runs at each. Returns the names taken now or before."""
     if end not in _ends:

@@ -1,48 +1,57 @@
-"""The Monitor: the API the training loop calls.
+"""The Monitor: the API the training loop calls, made of its parts.
 
 The caller's side of every call only captures values (no host sync) and appends one named item
-to a bounded deque (drop-oldest, counted); the worker thread (``pipeline.Pipeline``) does the
-rest: resolve, enrich, window/sample/guard, encode (``sender``) and deliver (``delivery``,
-Kafka with a disk spool). Nothing raises into the caller after construction. A forked child
-never reuses its parent's queue, thread or Kafka client. ``shutdown`` runs at exit too, and an
-exit signal flushes first (``exit_signals``), so the last window of a run is sent.
+to a bounded deque (drop-oldest, counted); the worker thread (``pipeline.worker.Pipeline``)
+does the rest: resolve, enrich, window/sample/guard, encode (``pipeline.sender``) and deliver
+(``delivery``, Kafka with a disk spool). The parts (``parts``): the delivery, the advice
+source and the exporter, given or made from the settings; the instruments
+(``instruments.watching``, ``instruments.loader_timing``, the hardware sampler, the comm
+probe), each given what it needs. Nothing raises into the caller after construction. A forked
+child never reuses its parent's queue, thread or Kafka client. ``shutdown`` runs at exit too,
+and an exit signal flushes first (``exit_signals``), so the last window of a run is sent.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import importlib.util
 import logging
 import os
-import re
 import threading
 import time
 import weakref
 from collections import deque
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
 
 from steplens.producer import checks
-from steplens.producer import values as V
-from steplens.producer.advice_inbox import AUTO, Advice, AdviceDesk, AdviceInbox, AdviceSource
-from steplens.producer.advice_relay import advice_source
 from steplens.producer.caller_counts import CallerCounts
 from steplens.producer.config import ProducerConfig
-from steplens.producer.delivery import Delivery
+from steplens.producer.delivery.live_or_spool import Delivery
+from steplens.producer.delivery.transport import Transport
 from steplens.producer.exit_signals import install as install_exit_signals
 from steplens.producer.identity import resolve_identity
-from steplens.producer.instruments import Instruments
-from steplens.producer.items import (
+from steplens.producer.instruments.hardware import HardwareSampler
+from steplens.producer.instruments.loader_timing import LoaderTiming
+from steplens.producer.instruments.watching import Watching
+from steplens.producer.parts import Exporter, node_parts, process_parts
+from steplens.producer.pipeline import values as V
+from steplens.producer.pipeline.items import (
+    BatchItem,
+    CommItem,
+    EvalItem,
     FlushItem,
+    HwItem,
     Item,
     MetaItem,
     RecordItem,
     StepItem,
     new_item,
 )
-from steplens.producer.pipeline import Pipeline
-from steplens.producer.sender import Sender
-from steplens.producer.spool import Spool
-from steplens.producer.transport import Transport, kafka_transport
+from steplens.producer.pipeline.sender import Sender
+from steplens.producer.pipeline.worker import Pipeline
+from steplens.producer.remedies.advice_inbox import AUTO, Advice, AdviceSource
 from steplens.schema import MAX_STR_LEN
 
 log = logging.getLogger("steplens")
@@ -77,15 +86,27 @@ def _end_all(keep_running: bool) -> None:
         monitor.end_at_signal(keep_running)
 
 
-def _safe_name(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:100] or "run"
+_EVAL_FIELDS = ("loss", "perplexity", "accuracy", "f1", "bleu", "rouge")
 
 
-class Monitor(Instruments):
+class _Given(NamedTuple):
+    """The parts the caller gave (None: made from the settings, again in a forked child)."""
+
+    transport: Transport | None
+    delivery: Delivery | None
+    advice_source: AdviceSource | Callable[[], AdviceSource] | None
+
+
+class Monitor:
     """Telemetry of one training process. Usable as a context manager.
 
     >>> with Monitor(run_id="demo", transport=MemoryTransport(), hw_interval_s=0) as m:
     ...     m.log_step(1, loss=2.5, lr=3e-4)
+
+    Parts the settings would make can be given instead (``parts``): ``delivery`` (where
+    encoded records go: a ``Delivery``), ``advice_source`` (where advice comes from: a
+    source, or what opens one), ``exporter`` (serving the node's samples). A given part
+    serves every process of the Monitor, a forked child's too.
     """
 
     def __init__(
@@ -96,36 +117,34 @@ class Monitor(Instruments):
         rank: int | None = None,
         local_rank: int | None = None,
         world_size: int | None = None,
+        delivery: Delivery | None = None,
+        advice_source: AdviceSource | Callable[[], AdviceSource] | None = None,
+        exporter: Exporter | None = None,
         **config: Any,
     ) -> None:
         self.config = ProducerConfig.resolve(**config)
         self.identity = resolve_identity(run_id, rank, local_rank, world_size)
         self.run_id = self.identity.run_id
         self.rank = self.identity.rank
-        self._given_transport = transport
+        self._given = _Given(transport, delivery, advice_source)
         self.counts = CallerCounts()
         self.errors = self.counts.errors  # steplens.producer.init counts calls made before it
-        self._data_ns: int | None = None  # time spent in a timed DataLoader since the last step
-        self._loader_batch: tuple[Any, Any, Any] | None = None
-        self._loader_batches = 0
-        self._watch_pending: dict[str, Any] | None = None
-        self._watchers: list[Any] = []
+        self._watching = Watching(self.config, self.counts, self._enqueue_comm)
+        self._loader = LoaderTiming(self.config, self.counts, self._update_plain_path)
+        self._comm: Any = None  # a CommProbe (probe_comm)
         self._remedies: Any = None  # made by the first skipping() or act()
-        self._comm: Any = None
-        self._comm_timers: list[Any] = []
-        self._hw: Any = None
-        self._exporter: Any = None
+        self._hw: HardwareSampler | None = None  # the worker's health record reads it
+        self._exporter: Exporter | None = None
         self._closed = False
         self._wall_offset_ns = time.time_ns() - time.monotonic_ns()
         self._started_ms = time.time_ns() // 1_000_000  # advice from then on
-        self._relay_missing = False  # the node relays no advice: this rank reads Kafka
         self._creator_pid = os.getpid()  # the process that may act on advice (no forked child)
         self._init_process_state()
         self._put(MetaItem(_monotonic_ns(), self._run_meta()))
-        if self.config.hw_interval_s > 0:
-            self._start_hw()  # host-wide on local rank 0; the allocator's figures on the others
-            if self.identity.local_rank == 0:
-                self._start_exporter()
+        # host-wide on local rank 0 (with the exporter); the allocator's figures on the others
+        self._hw, self._exporter = node_parts(
+            self.config, self.identity, self._enqueue_hw, exporter
+        )
         _LIVE.add(self)
         atexit.register(_shutdown_at_exit, weakref.ref(self))
         if self.config.exit_signals:
@@ -153,39 +172,39 @@ class Monitor(Instruments):
         self._wake = threading.Event()
         self._needs_start = True
         self._accepting = True
-        spool_dir = os.path.join(
-            c.spool_dir, _safe_name(self.run_id), f"rank{self.rank}-pid{self.pid}"
+        given = self._given
+        parts = process_parts(
+            c,
+            self.identity,
+            self.pid,
+            transport=given.transport,
+            delivery=given.delivery,
+            advice_source=given.advice_source,
+            started_ms=self._started_ms,
         )
-        spool = Spool(spool_dir, c.spool_max_bytes, adopt_root=c.spool_dir)
-        self.delivery = Delivery(self._make_transport, spool)
+        self.delivery = parts.delivery
         sender = Sender(self.identity, self.pid, self.delivery, self._wall_offset_ns)
-        self._pipeline = Pipeline(c, self._q, sender, self._wake)
-        self._pipeline.health_extra = self._caller_counters
-        self._advice: deque[Advice] = deque()  # stays empty without remedies
-        self._auto: deque[Advice] = deque()  # advice log_step carries out (a trace)
+        self._pipeline = Pipeline(
+            c,
+            self._q,
+            sender,
+            self._wake,
+            caller_counters=self._caller_counters,
+            open_advice=parts.open_advice if self._takes_advice(parts.open_advice) else None,
+            advice_ready=self._auto_ready,
+        )
+        desk = self._pipeline.advice
+        # the advice that arrived: for the loop (stays empty without remedies), for log_step
+        self._advice: deque[Advice] = deque() if desk is None else desk.inbox.queue
+        self._auto: deque[Advice] = deque() if desk is None else desk.inbox.auto
         self._due = False  # log_step has work: a trace to start or stop (``_auto_ready``)
-        if self._takes_advice():
-            inbox = AdviceInbox(
-                self.run_id,
-                self.rank,
-                frozenset(c.remedies),
-                queue_max=c.advice_queue_max,
-                dead_letter=self._pipeline.dead_letter_advice,
-                refused=self._pipeline.refuse_advice,
-                ready=self._auto_ready,
-                burst=c.advice_burst,
-                refill_s=c.advice_refill_s,
-            )
-            self._pipeline.advice = AdviceDesk(inbox, self._make_advice_source)
-            self._advice = inbox.queue
-            self._auto = inbox.auto
         self._update_plain_path()
 
-    def _takes_advice(self) -> bool:
-        """Whether this process opens the advice consumer: a remedy on (``profile`` only
-        where torch is installed), in the process that made the Monitor."""
+    def _takes_advice(self, open_advice: Callable[[], AdviceSource] | None) -> bool:
+        """Whether this process opens the advice source: one can come, a remedy is on
+        (``profile`` only where torch is installed), in the process that made the Monitor."""
         c = self.config
-        if not c.remedies or self.pid != self._creator_pid or not self._advice_source_kind():
+        if not c.remedies or self.pid != self._creator_pid or open_advice is None:
             return False
         return bool(set(c.remedies) - AUTO) or importlib.util.find_spec("torch") is not None
 
@@ -197,51 +216,20 @@ class Monitor(Instruments):
         self._due = True
         self._plain_path = False
 
-    def _advice_source_kind(self) -> bool:
-        """Whether advice can come: from Kafka, or from a given transport that is a source."""
-        given = self._given_transport
-        return given is None or hasattr(given, "take_advice")
-
-    def _make_advice_source(self) -> AdviceSource:
-        """The given transport, else Kafka: on a node of several ranks, through the node's
-        relay (``advice_relay``), its local rank 0 the one reader; a rank whose node relays
-        nothing within a minute reads Kafka itself."""
-        given = self._given_transport
-        if given is not None:
-            return given  # type: ignore[return-value]  # a MemoryTransport: see there
-        return advice_source(
-            self.config,
-            self.identity,
-            self._started_ms,
-            per_node=not self._relay_missing,
-            on_missing=self._no_relay,
-        )
-
-    def _no_relay(self) -> None:
-        """The node's relay never appeared: this rank opens its own consumer from now on."""
-        self._relay_missing = True
-        log.warning("steplens: no advice relay from local rank 0 on this node: own consumer")
-
-    def _start_exporter(self) -> None:
-        """The node exporter (opt-in: ``exporter_port``), serving the sampler's samples."""
-        c = self.config
-        if c.exporter_port and self._hw is not None:
-            from steplens.producer.exporter import start_exporter
-
-            self._exporter = start_exporter(
-                self._hw, self.run_id, self.identity.host, c.exporter_host, c.exporter_port
-            )
-
-    def _make_transport(self) -> Transport:
-        given = self._given_transport
-        return given if given is not None else kafka_transport(self.config, self.identity)
-
     def _after_fork_in_child(self) -> None:
-        """A forked child never reuses the parent's queue, thread or Kafka client."""
-        if self.delivery.transport is not None and self._given_transport is None:
+        """A forked child never reuses the parent's queue, thread or Kafka client (a given
+        part is the caller's: kept)."""
+        given = self._given
+        made_here = given.transport is None and given.delivery is None
+        if self.delivery.transport is not None and made_here:
             _ABANDONED_AFTER_FORK.append(self.delivery.transport)
         desk = self._pipeline.advice
-        if desk is not None and desk.source is not None and self._given_transport is None:
+        if (
+            desk is not None
+            and desk.source is not None
+            and made_here
+            and given.advice_source is None
+        ):
             _ABANDONED_AFTER_FORK.append(desk.source)
         self._hw = None  # one sampler per host: the parent's
         if self._exporter is not None:
@@ -273,6 +261,16 @@ class Monitor(Instruments):
             self.counts.queue_full += 1
         if not self._wake.is_set():  # set() takes a lock: once
             self._wake.set()
+
+    def _enqueue_hw(self, data: dict[str, Any]) -> None:
+        """The hardware sampler's thread: one sample."""
+        if self._accepting and self.pid == os.getpid():
+            self._put(HwItem(time.monotonic_ns(), data))
+
+    def _enqueue_comm(self, step: int | None, data: dict[str, Any], pending: Any) -> None:
+        """A comm probe's or a DDP all-reduce timer's measurement."""
+        if self._accepting:
+            self._put(CommItem(step, time.monotonic_ns(), data, pending))
 
     def log_step(
         self,
@@ -327,15 +325,14 @@ class Monitor(Instruments):
             return
         names = list(scalars)
         vals = V.capture([loss, lr, grad_norm, tokens, *scalars.values()])
-        data_ns = self._data_ns
-        if data_ns is not None:
-            self._data_ns = 0
-        watch, self._watch_pending = self._watch_pending, None
+        loader = self._loader
+        data_ns = loader.take_wait()
+        watch = self._watching.take()
         t_ns = _monotonic_ns()
         item = (step, t_ns, *vals[:4], dict(zip(names, vals[4:], strict=True)))
         self._put(new_item(StepItem, (*item, data_ns, watch)))
-        if self._loader_batch is not None:
-            batch = self._loader_batch_item(step, t_ns)
+        if loader.batch is not None:
+            batch = loader.batch_item(step, t_ns)
             if batch is not None:
                 self._put(batch)
         if self._comm is not None:
@@ -352,11 +349,186 @@ class Monitor(Instruments):
         self._plain_path = (
             self._accepting
             and not self._needs_start
-            and self._data_ns is None
-            and not self._watchers
+            and self._loader.data_ns is None
+            and not self._watching.watchers
             and self._comm is None
             and not self._due
         )
+
+    # ------------------------------------------------------------------ beside log_step
+    def log_eval(  # noqa: PLR0917 - the documented signature
+        self,
+        step: int,
+        split: str = "val",
+        loss: Any = None,
+        perplexity: Any = None,
+        accuracy: Any = None,
+        f1: Any = None,
+        bleu: Any = None,
+        rouge: Any = None,
+        *,
+        predictions: Iterable[Any] | None = None,
+        references: Iterable[Any] | None = None,
+        **extra: Any,
+    ) -> None:
+        """Evaluation metrics of one split at one step. With ``predictions`` and
+        ``references`` (one text each per example), BLEU and ROUGE-L are computed from them in
+        the producer's worker thread (the ``text`` extra: sacrebleu, rouge-score)."""
+        try:
+            if not self._accepting:
+                self.counts.refused += 1
+                return
+            named = (loss, perplexity, accuracy, f1, bleu, rouge)
+            names = [*_EVAL_FIELDS, *extra]
+            vals = V.capture([*named, *extra.values()])
+            metrics = dict(zip(names, vals, strict=True))
+            texts = None
+            if predictions is not None or references is not None:
+                texts = (list(predictions or ()), list(references or ()))
+            self._put(EvalItem(step, time.monotonic_ns(), split, metrics, len(named), texts))
+        except Exception:
+            self.counts.caller += 1
+
+    def log_batch(
+        self,
+        step: int,
+        input_ids: Any,
+        attention_mask: Any = None,
+        labels: Any = None,
+        max_len: int | None = None,
+        *,
+        sample_ids: Any = None,
+        epoch: int | None = None,
+        task: str | None = None,
+        ignore_index: int = -100,
+    ) -> None:
+        """Data quality of one batch: lengths, over-length count, labels, sample hashes.
+
+        ``labels``: one per sample (classification: counts per class) or per token (a
+        language model, or ``task="lm"``: the share of labels other than ``ignore_index``).
+        ``sample_ids``: the caller's ids of the samples (a list or a tensor), sent with the
+        hashes; ``epoch``: the data's epoch (a sample seen again in a new epoch is no repeat).
+        """
+        try:
+            if not self._accepting:
+                self.counts.refused += 1
+                return
+            ids, mask, lab, sids = V.capture([input_ids, attention_mask, labels, sample_ids])
+            if sids is not None and not hasattr(sids, "detach") and not hasattr(sids, "shape"):
+                sids = list(sids)  # the caller may reuse its list
+            item = (step, time.monotonic_ns(), ids, mask, lab, max_len, sids, epoch, task)
+            self._put(BatchItem(*item, ignore_index))
+        except Exception:
+            self.counts.caller += 1
+
+    def watch(
+        self,
+        model: Any,
+        optimizer: Any,
+        scheduler: Any = None,
+        every: int = 100,
+        max_grad_norm: float | None = None,
+    ) -> None:
+        """Every ``every`` optimizer steps: pre-clip gradient norm, clipping, parameter norm,
+        per-layer gradient and parameter norms, update ratio and the learning rate the step
+        used (a step logged without ``lr`` gets it), computed on the device.
+
+        ``max_grad_norm``: the clipping threshold the loop uses. With it, a step is clipped when
+        its pre-clip norm (the ``grad_norm`` given to log_step, else the one measured at the end
+        of backward) exceeds it; without it, clipping is inferred from a uniform shrink of the
+        gradients before ``optimizer.step()``, which gradient averaging done by hand between
+        backward and step can imitate."""
+        self._watching.watch(model, optimizer, scheduler, every, max_grad_norm)
+        self._update_plain_path()
+
+    def probe_comm(self, every: int = 100) -> None:
+        """Every ``every`` steps (checked in log_step): a tiny timed all_reduce and a ring
+        send/recv. Every rank must call log_step at the same steps."""
+        try:
+            if self._comm is not None and self._comm.every == every:
+                return
+            from steplens.producer.instruments.comm import CommProbe
+
+            probe = CommProbe(self._enqueue_comm, max(1, int(every)))
+            self._comm = probe if probe.usable else None
+            self._update_plain_path()
+        except Exception as exc:
+            self.counts.caller += 1
+            log.warning("steplens: probe_comm() disabled: %s", exc)
+
+    def timed(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        """Wrap a DataLoader so the time spent waiting for each batch becomes data_time_s,
+        and one batch in ``batch_every`` that holds token ids goes to the data-quality checks
+        with the next step logged (``loader_batches``)."""
+        return self._loader.timed(iterable)
+
+    # ------------------------------------------------------------------ remedies
+    @property
+    def remedies(self) -> Any:
+        """The remedies this run opted into (``init(remedies=[...])``): ``carry_out.Remedies``."""
+        if self._remedies is None:
+            from steplens.producer.remedies.carry_out import Remedies
+
+            self._remedies = Remedies(self, getattr(self.config, "remedies", None) or ())
+        return self._remedies
+
+    def skipping(self, iterable: Iterable[Any], ids: Any = None) -> Any:
+        """Wrap a DataLoader, sampler or dataset so the samples a remedy names are skipped
+        for the rest of the run, and a rewind's batches after it (``skipping.Skipping``).
+        Plain iteration when something goes wrong here."""
+        try:
+            return self.remedies.skipping(iterable, ids)
+        except Exception:
+            self.counts.caller += 1
+            return iterable
+
+    def act(self, step: int, **targets: Any) -> int:
+        """Carry out the advice that arrived, at the end of ``step``; the step the model is at
+        after it (a rewind's checkpoint step, else ``step``). ``targets``: ``model``,
+        ``optimizer``, ``scheduler`` (default: the watched ones), ``load(path)``. Advice for
+        every rank that changes the model waits for its ``at_step``; no collective, so a
+        rank may call this at any steps (a late one is counted)."""
+        try:
+            r = self._remedies
+            if r is None:
+                r = self.remedies
+            if not (self._advice or self._auto or r.busy() or "advice" in targets):
+                return step  # the common case: nothing arrived, nothing under way
+            return int(r.act(step, **targets))
+        except Exception:
+            self.counts.caller += 1
+            return step
+
+    def watched(self) -> tuple[Any, Any, Any]:
+        """(model, optimizer, scheduler) of the first ``watch()`` (Nones without one)."""
+        return self._watching.watched()
+
+    def scale_declared_lr(self, from_step: int, factor: float) -> None:
+        """The lr was multiplied by ``factor`` from ``from_step`` on (a remedy): send the
+        declared schedule again with the factor in it (``lr_scale``), so the schedule check
+        follows the new level and the change is an lr event. Nothing without a schedule."""
+        if not self.config.lr_schedule:
+            return
+        from steplens.producer.remedies.lower_lr import scaled_schedule
+
+        self._declare(scaled_schedule(self.config.lr_schedule, from_step, factor))
+
+    def declare_schedule(self, schedule: dict[str, Any]) -> bool:
+        """Declare the lr schedule after ``init`` (a trainer integration reads it from the
+        trainer's arguments): ``run_meta`` again with it. A schedule declared at ``init`` is
+        kept; True when this one was sent."""
+        if self.config.lr_schedule:
+            return False
+        self._declare(dict(schedule))
+        if self.identity.rank == 0:
+            log.info("steplens checks: lr schedule on, declared after init: %s", schedule)
+        return True
+
+    def _declare(self, schedule: dict[str, Any]) -> None:
+        self.config = dataclasses.replace(self.config, lr_schedule=schedule)
+        meta = self.config.run_meta(self.identity)
+        meta["checks"] = checks.design_checks(self.config, self.identity)
+        self._put(MetaItem(time.monotonic_ns(), meta))
 
     # ------------------------------------------------------------------ advice
     def advice(self) -> tuple[Advice, ...]:
@@ -441,8 +613,7 @@ class Monitor(Instruments):
             self._accepting = False
             self._update_plain_path()
             timeout = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
-            for w in self._watchers:
-                w.remove()
+            self._watching.remove()
             if self._remedies is not None:
                 self._remedies.close(timeout_s=timeout)
             if self._hw is not None:
@@ -480,7 +651,6 @@ class Monitor(Instruments):
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    # ------------------------------------------------------------------ producers of items
     # ------------------------------------------------------------------ counters
     def _caller_counters(self) -> tuple[dict[str, int], dict[str, int]]:
         dropped, errors = self.counts.health(self._hw)

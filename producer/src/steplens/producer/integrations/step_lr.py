@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from steplens.producer.lower_lr import unwrap_optimizer
+from steplens.producer.remedies.lower_lr import unwrap_optimizer
 
 
 def scheduled_lr(scheduler: Any) -> float | None:

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from steplens.producer.spool import Spool
-from steplens.producer.transport import OnResult, Transport
+from steplens.producer.delivery.spool import Spool
+from steplens.producer.delivery.transport import OnResult, Transport
 from steplens.schema.kafka_produce import retry_while_full
 from steplens.schema.log_limit import LimitedLog
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from steplens.producer.batch_stats import sample_hash
-from steplens.producer.loader_batches import token_fields
+from steplens.producer.instruments.loader_batches import token_fields
+from steplens.producer.pipeline.batch_stats import sample_hash
 
 log = logging.getLogger("steplens")
 MAX_IDS = 65_536  # sample ids, and hashes, each: a few MB at most

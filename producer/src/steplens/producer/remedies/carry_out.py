@@ -55,8 +55,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from steplens.producer.lower_lr import lower_lr
-from steplens.producer.skipping import SkipList, Skipping
+from steplens.producer.remedies.lower_lr import lower_lr
+from steplens.producer.remedies.skipping import SkipList, Skipping
 from steplens.schema import RUN_RANK
 
 log = logging.getLogger("steplens")
@@ -368,7 +368,7 @@ class Remedies:
         return self._reload(advice, step, t)
 
     def _reload(self, advice: Any, step: int, t: _Targets) -> tuple[str, int]:
-        from steplens.producer.rewind import reload
+        from steplens.producer.remedies.rewind import reload
 
         what = reload(advice.checkpoint, t.model, t.optimizer, t.scheduler, t.load)
         back = advice.checkpoint_step
@@ -430,7 +430,7 @@ class Remedies:
         return detail + self._timing(advice, step), at
 
     def _profile(self, advice: Any, step: int, t: _Targets, at: int) -> tuple[str | None, int]:
-        from steplens.producer.rank_profile import RankProfile
+        from steplens.producer.remedies.rank_profile import RankProfile
 
         if self._trace is not None or (self._storing is not None and self._storing.is_alive()):
             raise Declined("a profile is already running")
@@ -462,7 +462,7 @@ class Remedies:
 
     def _store_trace(self, advice: Any, prof: Any, step: int | None) -> None:
         """The trace's thread: write it, store it, answer with where it is."""
-        from steplens.producer.trace_upload import store
+        from steplens.producer.remedies.trace_upload import store
 
         try:
             what = prof.finish()

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from steplens.producer.gpm import GPM, UTIL, GpmReader, not_supported
+from steplens.producer.instruments.gpm import GPM, UTIL, GpmReader, not_supported
 
 # the names of the bits of ``throttle_reasons`` (nvmlClocksThrottleReason*), lowest first
 

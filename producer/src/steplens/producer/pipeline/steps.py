@@ -11,13 +11,13 @@ import logging
 import math
 from typing import Any
 
-from steplens.producer import values as V
 from steplens.producer.config import ProducerConfig
-from steplens.producer.items import StepItem
-from steplens.producer.layers import LayerPicker
-from steplens.producer.sender import Sender
-from steplens.producer.step_batch import StepBatch
-from steplens.producer.window import Guard, Window, is_sampled, sample_period
+from steplens.producer.instruments.layers import LayerPicker
+from steplens.producer.pipeline import values as V
+from steplens.producer.pipeline.items import StepItem
+from steplens.producer.pipeline.sender import Sender
+from steplens.producer.pipeline.step_batch import StepBatch
+from steplens.producer.pipeline.window import Guard, Window, is_sampled, sample_period
 from steplens.schema import valid_name
 from steplens.schema.log_limit import LimitedLog
 

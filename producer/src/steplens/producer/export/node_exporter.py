@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from steplens.producer.host_stats import SECTOR_BYTES
+from steplens.producer.instruments.host_stats import SECTOR_BYTES
 
 log = logging.getLogger("steplens")
 

@@ -13,16 +13,16 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-from steplens.producer import values as V
-from steplens.producer.advice_inbox import Advice, AdviceDesk, Message
 from steplens.producer.config import ProducerConfig
-from steplens.producer.delivery import Delivery
-from steplens.producer.host_stats import process_memory
-from steplens.producer.items import (
+from steplens.producer.delivery.live_or_spool import Delivery
+from steplens.producer.instruments.host_stats import process_memory
+from steplens.producer.pipeline import values as V
+from steplens.producer.pipeline.items import (
     BatchItem,
     CommItem,
     EvalItem,
@@ -33,9 +33,16 @@ from steplens.producer.items import (
     RecordItem,
     StepItem,
 )
-from steplens.producer.sender import Sender
-from steplens.producer.stall import StallWatch, thread_stacks
-from steplens.producer.steps import Counters, StepStage
+from steplens.producer.pipeline.sender import Sender
+from steplens.producer.pipeline.stall import StallWatch, thread_stacks
+from steplens.producer.pipeline.steps import Counters, StepStage
+from steplens.producer.remedies.advice_inbox import (
+    Advice,
+    AdviceDesk,
+    AdviceInbox,
+    AdviceSource,
+    Message,
+)
 from steplens.schema import KINDS, MAX_STR_LEN
 from steplens.schema.dead_letter import dead_letter_bytes
 from steplens.schema.topics import Topics
@@ -48,8 +55,20 @@ _SLICE = 32
 
 
 class Pipeline:
+    """``caller_counters``: () -> (dropped, errors) of the caller's side, for the health
+    record. ``open_advice``: opens where advice comes from (a run with remedies; None: no
+    advice), read into an inbox whose ``ready`` says advice for ``log_step`` arrived."""
+
     def __init__(
-        self, config: ProducerConfig, queue: deque[Item], sender: Sender, wake: threading.Event
+        self,
+        config: ProducerConfig,
+        queue: deque[Item],
+        sender: Sender,
+        wake: threading.Event,
+        *,
+        caller_counters: Callable[[], tuple[dict[str, int], dict[str, int]]] | None = None,
+        open_advice: Callable[[], AdviceSource] | None = None,
+        advice_ready: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.queue = queue
@@ -62,8 +81,10 @@ class Pipeline:
         self.held: Item | None = None  # an item waiting for its device copy
         self.stopping = False
         self.deadline = float("inf")
-        self.health_extra: Any = None  # callable -> (dropped, errors) of the caller's side
-        self.advice: AdviceDesk | None = None  # set by the Monitor of a run with remedies
+        self.caller_counters = caller_counters
+        self.advice: AdviceDesk | None = None
+        if open_advice is not None:
+            self.advice = AdviceDesk(self._inbox(advice_ready), open_advice)
         self.dead_letters_sent = 0
         self._next_health = time.monotonic() + config.health_interval_s
         self.thread = threading.Thread(target=self._run, name="steplens-producer", daemon=True)
@@ -225,7 +246,7 @@ class Pipeline:
 
     def _text_scores(self, predictions: list[Any], references: list[Any]) -> dict[str, float]:
         """BLEU and ROUGE-L, or nothing (said once per reason); the eval record goes anyway."""
-        from steplens.producer.text_scores import MissingExtra, text_scores
+        from steplens.producer.pipeline.text_scores import MissingExtra, text_scores
 
         try:
             return text_scores(predictions, references)
@@ -243,7 +264,7 @@ class Pipeline:
         self.counters.notices.warning(key, "steplens: %s", message)
 
     def _on_batch(self, item: BatchItem) -> None:
-        from steplens.producer.batch_stats import TASKS, batch_payload
+        from steplens.producer.pipeline.batch_stats import TASKS, batch_payload
 
         step = self._step_of("batch", item.step)
         if step is None:
@@ -293,6 +314,20 @@ class Pipeline:
             self._refuse(item.kind, "record", f"not a valid {item.kind} record")
 
     # ------------------------------------------------------------------ advice
+    def _inbox(self, ready: Callable[[], None] | None) -> AdviceInbox:
+        c, ident = self.config, self.sender.identity
+        return AdviceInbox(
+            ident.run_id,
+            ident.rank,
+            frozenset(c.remedies),
+            queue_max=c.advice_queue_max,
+            dead_letter=self.dead_letter_advice,
+            refused=self.refuse_advice,
+            ready=ready,
+            burst=c.advice_burst,
+            refill_s=c.advice_refill_s,
+        )
+
     def refuse_advice(self, advice: Advice, why: str) -> None:
         """Answer advice this rank will not act on (an ``acted`` record ``refused``)."""
         data = {
@@ -363,8 +398,8 @@ class Pipeline:
         d = self.delivery
         dropped = dict(self.sender.dropped)
         errors = dict(self.counters.errors)
-        if self.health_extra is not None:
-            more_dropped, more_errors = self.health_extra()
+        if self.caller_counters is not None:
+            more_dropped, more_errors = self.caller_counters()
             dropped.update(more_dropped)
             errors.update(more_errors)
         if d.spool.dropped_records:

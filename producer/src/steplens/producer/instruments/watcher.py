@@ -20,18 +20,31 @@ Results stay on the device; they are captured without a host sync and ride on th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-from steplens.producer import values as V
-from steplens.producer.layers import LayerGroups
+from steplens.producer.instruments.layers import LayerGroups
+from steplens.producer.pipeline import values as V
 
 _CLIP_TOLERANCE = 1e-6  # relative drop of the norm that counts as clipping
+
+
+class WatchResults(Protocol):
+    """Where a Watcher's figures go (``watching.Watching``)."""
+
+    def result(self, values: dict[str, Any]) -> None:
+        """A watched step's figures, still on the device."""
+
+    def between(self, values: dict[str, Any]) -> None:
+        """Host numbers of a step between watched ones."""
+
+    def failed(self) -> None:
+        """A hook raised; it was caught."""
 
 
 class Watcher:
     def __init__(  # noqa: PLR0917
         self,
-        monitor: Any,
+        results: WatchResults,
         model: Any,
         optimizer: Any,
         scheduler: Any = None,
@@ -44,7 +57,7 @@ class Watcher:
         import torch
 
         self._torch = torch
-        self.monitor = monitor
+        self.results = results
         # wrappers (accelerate's AcceleratedOptimizer, ...) keep the real one in .optimizer
         for _ in range(4):
             inner = getattr(optimizer, "optimizer", None)
@@ -163,7 +176,7 @@ class Watcher:
                 self._preclip = self._grad_norms()
                 self._probe_before = self._probe_size()
         except Exception:
-            self.monitor.counts.caller += 1  # never into the training loop
+            self.results.failed()  # never into the training loop
 
     def _before_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
         if not self.due:
@@ -178,7 +191,7 @@ class Watcher:
                         self._clipped = after < self._probe_before * (1 - _CLIP_TOLERANCE)
                 self._before = self._gather()
         except Exception:
-            self.monitor.counts.caller += 1  # never into the training loop
+            self.results.failed()  # never into the training loop
 
     def _after_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
         try:
@@ -187,7 +200,7 @@ class Watcher:
             else:
                 self._step_lr()
         except Exception:
-            self.monitor.counts.caller += 1  # never into the training loop
+            self.results.failed()  # never into the training loop
         finally:
             self.steps += 1
             self._preclip = self._postclip = self._before = None
@@ -219,7 +232,7 @@ class Watcher:
         if self.max_grad_norm is not None:
             between["max_grad_norm"] = self.max_grad_norm
         if between:
-            self.monitor._watch_between(between)
+            self.results.between(between)
 
     def _publish(self) -> None:
         torch = self._torch
@@ -238,7 +251,7 @@ class Watcher:
         vals = V.capture(
             [pre, self._clipped, param_norm, ratio, layer_grads, layer_params, lr, *lrs]
         )
-        self.monitor._watch_result(
+        self.results.result(
             {
                 "grad_norm_preclip": vals[0],
                 "clipped": vals[1],

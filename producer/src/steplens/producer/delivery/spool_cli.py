@@ -24,8 +24,8 @@ def main(argv: list[str], prog: str = "steplens spool") -> int:
     send.add_argument("--timeout-s", type=float, default=30.0, help="wait per segment")
     args = p.parse_args(argv)
 
-    from steplens.producer.spool import send_spool
-    from steplens.producer.transport import KafkaTransport, kafka_conf
+    from steplens.producer.delivery.spool import send_spool
+    from steplens.producer.delivery.transport import KafkaTransport, kafka_conf
     from steplens.schema.settings import kafka_bootstrap, kafka_security_config
     from steplens.schema.topics import Topics
 

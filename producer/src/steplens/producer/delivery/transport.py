@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from steplens.producer.advice_inbox import Message
+from steplens.producer.remedies.advice_inbox import Message
 from steplens.schema import Record
 from steplens.schema.codec import decode
 from steplens.schema.kafka_config import consumer_config, producer_config

@@ -17,10 +17,10 @@ generation at the end of theirs. A reader starts at the first generation written
 own start and keeps what was relayed from then on, as a consumer of its own would have.
 Where the node's file never appears (local rank 0 not instrumented, ranks that share no
 disk), the reader gives up after ``RELAY_WAIT_S`` and the rank opens a consumer of its own
-(``advice_source``, called again by the Monitor). The folder is the user's own (0700); a folder of
-another owner or open to others turns the relay off (a consumer per rank). Each host has a
-folder of its own: a reader lists its host's generations, never every node's (a run folder
-shared over NFS, or the simulator's, holds one per node: 2,048 at 16,384 ranks).
+(``advice_source``, called again by ``AdviceOpener``). The folder is the user's own (0700); a
+folder of another owner or open to others turns the relay off (a consumer per rank).
+Each host has a folder of its own: a reader lists its host's generations, never every node's
+(a run folder shared over NFS, or the simulator's, holds one per node: 2,048 at 16,384 ranks).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from steplens.producer.advice_inbox import AdviceSource, Message
-from steplens.producer.transport import kafka_advice_source
+from steplens.producer.delivery.transport import kafka_advice_source
+from steplens.producer.remedies.advice_inbox import AdviceSource, Message
 
 log = logging.getLogger("steplens")
 
@@ -300,6 +300,31 @@ def advice_source(
     return RelayReader(folder, identity.host, start_ms, on_missing=on_missing)
 
 
+class AdviceOpener:
+    """Opens a rank's advice source (``advice_source``), in the worker's opening thread; a
+    rank whose node relays nothing within ``RELAY_WAIT_S`` opens a consumer of its own from
+    then on."""
+
+    def __init__(self, config: Any, identity: Any, start_ms: int) -> None:
+        self.config = config
+        self.identity = identity
+        self.start_ms = start_ms  # advice from then on
+        self.relay_missing = False  # the node relays no advice: this rank reads Kafka
+
+    def __call__(self) -> AdviceSource:
+        return advice_source(
+            self.config,
+            self.identity,
+            self.start_ms,
+            per_node=not self.relay_missing,
+            on_missing=self._no_relay,
+        )
+
+    def _no_relay(self) -> None:
+        self.relay_missing = True
+        log.warning("steplens: no advice relay from local rank 0 on this node: own consumer")
+
+
 def _remove_stale_runs(root: Path, keep: Path) -> None:
     """Relay folders of runs untouched for ``STALE_RUN_S`` (runs end; folders would not)."""
     cutoff = time.time() - STALE_RUN_S
@@ -311,4 +336,11 @@ def _remove_stale_runs(root: Path, keep: Path) -> None:
         pass
 
 
-__all__ = ["RelayMissing", "RelayReader", "RelayWriter", "advice_source", "relay_folder"]
+__all__ = [
+    "AdviceOpener",
+    "RelayMissing",
+    "RelayReader",
+    "RelayWriter",
+    "advice_source",
+    "relay_folder",
+]

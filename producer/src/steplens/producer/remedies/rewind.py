@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from steplens.producer.lower_lr import unwrap_optimizer
+from steplens.producer.remedies.lower_lr import unwrap_optimizer
 
 _MODEL_FILES = ("model.safetensors", "pytorch_model.bin")
 

@@ -293,10 +293,10 @@ def iter_frames(path: str, block_bytes: int = 64 << 10) -> Iterator[tuple[bytes,
 
 def send_spool(directory: str, transport: Any, timeout_s: float = 30.0) -> tuple[int, int]:
     """Send every record of the spool folders under ``directory`` through ``transport`` (a
-    ``steplens.producer.transport.Transport``), oldest segment first, and delete each segment
-    once all its records are acknowledged. Folders of live processes are skipped; a record
-    the transport's full local buffer does not take within ``timeout_s`` ends the folder's
-    turn (it and the rest stay). Returns (records sent, records left)."""
+    ``steplens.producer.delivery.transport.Transport``), oldest segment first, and delete each
+    segment once all its records are acknowledged. Folders of live processes are skipped; a
+    record the transport's full local buffer does not take within ``timeout_s`` ends the
+    folder's turn (it and the rest stay). Returns (records sent, records left)."""
     sent = left = 0
     for folder in _spool_folders(directory):
         fd = _lock(folder)

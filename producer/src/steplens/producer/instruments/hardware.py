@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from steplens.producer.allocator import AllocatorReader, ReportCadence, merge
-from steplens.producer.gpu_stats import GpuSampler
-from steplens.producer.host_stats import HostSampler
+from steplens.producer.instruments.allocator import AllocatorReader, ReportCadence, merge
+from steplens.producer.instruments.gpu_stats import GpuSampler
+from steplens.producer.instruments.host_stats import HostSampler
 
 log = logging.getLogger("steplens")
 

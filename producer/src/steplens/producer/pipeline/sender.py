@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from steplens.producer.delivery import Delivery
+from steplens.producer.delivery.live_or_spool import Delivery
 from steplens.producer.identity import Identity
-from steplens.producer.step_batch import Entry, halves, payload
+from steplens.producer.pipeline.step_batch import Entry, halves, payload
 from steplens.schema import MAX_RECORD_BYTES, SCHEMA_VERSION, SchemaError, record_key
 from steplens.schema.codec import encode
 
