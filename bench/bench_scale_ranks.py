@@ -102,17 +102,23 @@ class AlertTail(threading.Thread):
         self.c.close()
 
 
+def serving(port: int) -> psutil.Process | None:
+    """The process listening on ``port`` on this machine (the stack's influxd)."""
+    for c in psutil.net_connections(kind="tcp"):
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+            return psutil.Process(c.pid)
+    return None
+
+
 class Sampler(threading.Thread):
     """Every 2 s: the worker's tree (CPU s, RSS), its lag; influxd's RSS; the sinks' CPU."""
 
-    def __init__(self, worker: int, sinks: list[int], worker_port: int) -> None:
+    def __init__(self, worker: int, sinks: list[int], worker_port: int, influx_url: str) -> None:
         super().__init__(daemon=True)
         self.worker = psutil.Process(worker)
         self.sinks = [psutil.Process(p) for p in sinks]
         self.port = worker_port
-        self.influxd = next(
-            (p for p in psutil.process_iter(["name"]) if p.info["name"] == "influxd"), None
-        )
+        self.influxd = serving(int(urllib.parse.urlsplit(influx_url).port or 8086))
         self.rows: list[dict[str, float]] = []
         self.stop = threading.Event()
 
@@ -182,11 +188,15 @@ def _flux(env: dict[str, str], query: str) -> list[list[str]]:
     return [line.split(",") for line in text.splitlines() if line.strip()]
 
 
-def cardinality(env: dict[str, str], bucket: str, run_id: str) -> int | None:
+def cardinality(
+    env: dict[str, str], bucket: str, run_id: str, measurement: str | None = None
+) -> int | None:
+    """The run's series in ``bucket`` (of one measurement)."""
+    only = "" if measurement is None else f' and r._measurement == "{measurement}"'
     q = (
         'import "influxdata/influxdb"\n'
         f'influxdb.cardinality(bucket: "{bucket}", start: -3h, '
-        f'predicate: (r) => r.run_id == "{run_id}")'
+        f'predicate: (r) => r.run_id == "{run_id}"{only})'
     )
     try:
         rows = flux(env, q)
@@ -198,6 +208,19 @@ def cardinality(env: dict[str, str], bucket: str, run_id: str) -> int | None:
         return 0
     i = head.index("_value")
     return sum(int(r[i]) for r in rows[1:] if len(r) > i and r[i].isdigit())
+
+
+def series_by_measurement(env: dict[str, str], run_id: str) -> dict[str, int | None]:
+    bucket = env["STEPLENS_INFLUX_BUCKET"]
+    q = f'import "influxdata/influxdb/schema"\nschema.measurements(bucket: "{bucket}", start: -3h)'
+    try:
+        rows = flux(env, q)
+    except Exception as exc:
+        print(f"measurements of {bucket}: {exc}", file=sys.stderr)
+        return {}
+    i = rows[0].index("_value") if rows and "_value" in rows[0] else -1
+    names = [r[i] for r in rows[1:] if i >= 0 and len(r) > i and r[i] != "_value"]
+    return {m: cardinality(env, bucket, run_id, m) for m in names}
 
 
 def bucket_series(env: dict[str, str]) -> dict[str, float]:
@@ -439,7 +462,9 @@ def main() -> int:
         wait_port(ports["influx"], sinks[0])
         wait_port(ports["s3"], sinks[1])
         tail.start()
-        sampler = Sampler(worker.pid, [s.pid for s in sinks], ports["worker"])
+        sampler = Sampler(
+            worker.pid, [s.pid for s in sinks], ports["worker"], senv["STEPLENS_INFLUX_URL"]
+        )
         base = sampler.sample()
         sampler.start()
         sims = []
@@ -566,6 +591,7 @@ def main() -> int:
         "bucket_series_added": {k: v - series_before.get(k, 0.0) for k, v in after.items()},
         "series_hot": cardinality(senv, senv["STEPLENS_INFLUX_BUCKET"], run_id),
         "series_rollup": cardinality(senv, senv["STEPLENS_INFLUX_ROLLUP_BUCKET"], run_id),
+        "series_hot_by_measurement": series_by_measurement(senv, run_id),
     }
     try:
         n, size = s3_usage(senv, s3_prefix)
