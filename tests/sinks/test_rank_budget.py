@@ -34,7 +34,10 @@ def incident(run: str, members: list[dict]):
 
 def test_a_first_few_ranks_and_those_that_stand_out_are_admitted() -> None:
     budget = RankBudget(RankLimits(per_run=2, standouts=1, tracked_runs=2))
-    assert [budget.admits(step("r", k)) for k in (0, 1, 2, 0)] == [True, True, False, True]
+    assert [budget.admits(step("r", k)) for k in (3, 1, 2, 3)] == [True, True, False, True]
+    assert budget.admits(step("r", 0))  # rank 0 always: the run's own curves and run_meta
+    meta = make_record("run_meta", {"world_size": 8}, run_id="r", rank=4)
+    assert not budget.admits(meta)  # a rank's run_meta and design checks are per-rank too
     assert budget.admits(step("r", -1))  # run-wide records always
     # a rank's signals are per-rank series too: written for the ranks admitted; a signal
     # admits nobody (a run-wide spike scores on every rank)
@@ -55,8 +58,8 @@ def test_a_first_few_ranks_and_those_that_stand_out_are_admitted() -> None:
 def test_runs_remembered_are_bounded() -> None:
     budget = RankBudget(RankLimits(per_run=1, standouts=0, tracked_runs=2))
     for run in ("a", "b", "c"):
-        assert budget.admits(step(run, 0)) and not budget.admits(step(run, 1))
-    assert budget.admits(step("a", 1))  # "a" was forgotten: first come again
+        assert budget.admits(step(run, 1)) and not budget.admits(step(run, 2))
+    assert budget.admits(step("a", 2))  # "a" was forgotten: first come again
 
 
 def test_a_budget_of_no_ranks_is_refused() -> None:
@@ -65,21 +68,21 @@ def test_a_budget_of_no_ranks_is_refused() -> None:
 
 
 def test_ranks_past_the_budget_are_left_to_s3_and_counted(stack_env) -> None:
-    """Ten ranks of one run with a budget of three (and one standout): three ranks' steps are
-    stored, the others' are skipped (acknowledged, not written) and counted; once an incident
-    names rank 8, its steps are stored too."""
+    """Ranks 1 to 10 of one run with a budget of three (and one standout): three ranks' steps
+    are stored, the others' are skipped (acknowledged, not written) and counted; once an
+    incident names rank 8, its steps are stored too."""
     s = settings_from(stack_env)
     run = unique("ranks")
     before = REGISTRY.get_sample_value("steplens_sink_ranks_left_out_total", {"sink": "influx"})
     with make_client(s) as client:
         sink = InfluxSink(client, s, ranks=RankLimits(per_run=3, standouts=1))
-        got = sink.export([step(run, rank) for rank in range(10)])
+        got = sink.export([step(run, rank) for rank in range(1, 11)])
         assert (got.accepted, got.skipped, got.rejected) == (3, 7, [])
         named = incident(run, [{"rule": "straggler:step_time_s", "scope": "rank:8"}])
         assert sink.export([named]).accepted == 1
         got = sink.export([step(run, 8, 1), step(run, 9, 1)])
         assert (got.accepted, got.skipped) == (1, 1)
         sink.shutdown()
-    assert count_points(s, run) == 4  # ranks 0, 1, 2 at step 0; rank 8 at step 1
+    assert count_points(s, run) == 4  # ranks 1, 2, 3 at step 0; rank 8 at step 1
     after = REGISTRY.get_sample_value("steplens_sink_ranks_left_out_total", {"sink": "influx"})
     assert (after or 0) - (before or 0) == 8

@@ -4,13 +4,14 @@ Each rank of a run adds about 45 series to the hot bucket (its steps, windows, h
 allocator, comm; its node's GPUs, disks and ports on local rank 0), and the rollups roll each
 one up every minute: at 1,024 ranks one minute of a run's `gpu` points took 46 s to roll up
 and its `step_window` points passed InfluxDB's query memory limit (``bench/RESULTS.md``). So a
-run's per-rank telemetry (``PER_RANK_KINDS``) goes to InfluxDB for at most ``per_run`` ranks,
-first come, and for up to ``standouts`` more that an alert of the run has named since (its
-incident's members' ranks: a straggler, the rank that reports a GPU with errors, a rank whose
-loss went non-finite; a signal names none: a run-wide spike scores on every rank). The
-worker's signals of a rank are budgeted with its telemetry. The other ranks' records are left
-to S3, which keeps every record, and counted. Run-wide records and signals, alerts and
-everything else are always written.
+run's per-rank telemetry (``PER_RANK_KINDS``) goes to InfluxDB for rank 0 and at most
+``per_run`` ranks, first come, and for up to ``standouts`` more that an alert of the run has
+named since (its incident's members' ranks: a straggler, the rank that reports a GPU with
+errors, a rank whose loss went non-finite; a signal names none: a run-wide spike scores on
+every rank). The worker's signals of a rank and its run_meta (with its design checks) are
+budgeted with its telemetry. The other ranks' records are left to S3, which keeps every
+record, and counted. Run-wide records and signals, alerts and everything else are always
+written.
 
 A run's ranks are this process's memory of its last ``tracked_runs`` runs: after a restart a
 run may admit ``per_run`` ranks again (first come after the restart).
@@ -23,11 +24,13 @@ from dataclasses import dataclass, field
 
 from steplens.schema import Record
 
-# per-rank series: what a rank sends every step, window or sample, and the worker's signals
-# of it (about 8 a rank at 1,024 ranks: the largest measurement once the rest was budgeted)
+# per-rank series: what a rank sends every step, window or sample, the worker's signals of it
+# (about 8 a rank at 1,024 ranks), and its run_meta (a point and one per design check, about
+# 26 a rank: 26,624 of a 1,024-rank run's 31,682 series before it was budgeted)
 PER_RANK_KINDS = frozenset(
-    {"step", "step_batch", "step_window", "hw", "health", "comm", "batch", "stacks", "signal"}
-)
+    {"step", "step_batch", "step_window", "hw", "health", "comm", "batch", "stacks", "signal",
+     "run_meta"}
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ class RankBudget:
         if rank < 0 or rec.kind not in PER_RANK_KINDS:
             return True
         run = self._run(rec.run_id)
-        if rank in run.first or rank in run.standouts:
+        if rank == 0 or rank in run.first or rank in run.standouts:  # rank 0: the run's own
             return True
         if len(run.first) < self.limits.per_run:
             run.first.add(rank)
