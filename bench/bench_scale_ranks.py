@@ -309,17 +309,15 @@ def matches(fault: dict[str, Any], rule: str, scope: str, rank: int | None) -> b
 def judge(
     alerts: list[tuple[int, Any]], faults: list[dict[str, Any]], onsets: dict[str, int]
 ) -> dict[str, Any]:
-    """Each fault's first firing incident with a member that names it (rule and scope; the
-    latency from the fault's onset); an incident that names no fault is a false alarm."""
-    firsts: dict[str, tuple[int, Any]] = {}
-    for t, rec in alerts:
-        fp = rec.data.get("fingerprint")
-        if rec.kind == "alert" and rec.data.get("state") == "firing" and fp not in firsts:
-            firsts[fp] = (t, rec)
-    ordered = sorted(firsts.items(), key=lambda kv: kv[1][0])
+    """Each fault's first page: a firing transition of an incident (its first, or a firing
+    again with new members: people are notified of both) with a member that names it (rule
+    and scope; the latency from the fault's onset). A page that names no fault is a false
+    alarm; one that names only faults paged before is a repeat."""
     found: dict[str, dict[str, Any]] = {}
-    other = []
-    for _fp, (t, rec) in ordered:
+    other, repeats = [], 0
+    for t, rec in sorted(alerts, key=lambda tr: tr[0]):
+        if rec.kind != "alert" or rec.data.get("state") != "firing":
+            continue
         named = [
             f["kind"]
             for f in faults
@@ -337,9 +335,11 @@ def judge(
         new = [k for k in named if k not in found]
         for k in new:
             found[k] = {**row, "latency_s": (t - onsets[k]) / 1e9}
-        if not new:
+        if not named:
             other.append(row)
-    return {"found": found, "other_pages": other}
+        elif not new:
+            repeats += 1
+    return {"found": found, "other_pages": other, "repeats": repeats}
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -574,7 +574,8 @@ def main() -> int:
             "latency_p50_s": pct(lat, 0.5),
             "latency_p99_s": pct(lat, 0.99),
             "other_pages": verdict["other_pages"],
-            "false_alarms": sum(1 for r in verdict["other_pages"] if not r["names"]),
+            "false_alarms": len(verdict["other_pages"]),
+            "repeats": verdict["repeats"],
             "alert_records": len(alerts),
         }
         try:
