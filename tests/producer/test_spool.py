@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from steplens.producer.delivery.live_or_spool import DOWN, FULL_WAIT_S, Delivery
 from steplens.producer.delivery.spool import Spool, iter_frames, send_spool
 from steplens.producer.delivery.transport import MemoryTransport, OnResult
@@ -184,3 +186,44 @@ def test_a_record_the_full_buffer_does_not_take_in_time_goes_to_the_spool(tmp_pa
     took = time.monotonic() - t0
     assert FULL_WAIT_S <= took < FULL_WAIT_S + 1.0
     assert delivery.state == DOWN and delivery.spooled == 1 and delivery.in_flight == 0
+
+
+class _Refusing(MemoryTransport):
+    """Refuses the first ``times`` records for now (an unknown topic), then takes them."""
+
+    def __init__(self, times: int) -> None:
+        super().__init__()
+        self.times = times
+
+    def produce(
+        self, key: bytes, value: bytes, on_result: OnResult, topic: str | None = None
+    ) -> bool:
+        if self.times:
+            self.times -= 1
+            raise ConnectionError("unknown topic")
+        return super().produce(key, value, on_result, topic)
+
+
+def test_a_record_refused_for_now_is_kept_and_sent_once_taken(tmp_path: Path) -> None:
+    """Kafka refusing a record at once (an unknown topic) is an outage for that record, not a
+    loss: it is spooled, and the replay that meets a refusal again keeps it for the next."""
+    tx = _Refusing(2)
+    delivery = Delivery(lambda: tx, Spool(str(tmp_path), max_bytes=1 << 20), probe_interval_s=0)
+    delivery.send(b"run:0", b"a")
+    assert delivery.state == DOWN and delivery.spooled == 1
+    delivery.send(b"run:0", b"b")
+    assert delivery.flush(5.0) == 0
+    assert [v for _, v in tx.messages] == [b"a", b"b"] and tx.times == 0
+
+
+def test_kafka_says_a_record_it_never_takes_apart_from_one_refused_for_now() -> None:
+    """A record past Kafka's message size is refused for good (the caller counts it), not kept
+    in the spool, where every replay would meet it again."""
+    from steplens.producer.delivery.transport import KafkaTransport, kafka_conf
+
+    tx = KafkaTransport("steplens.raw", kafka_conf("127.0.0.1:9", "too-large", 1.0, {}))
+    try:
+        with pytest.raises(ValueError, match="never takes"):
+            tx.produce(b"run:0", b"x" * (2 << 20), lambda ok, k, v: None)
+    finally:
+        tx.abandon(0.1)

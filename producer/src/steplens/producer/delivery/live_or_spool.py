@@ -83,13 +83,19 @@ class Delivery:
             return
         tx = self._tx()
         # a full local buffer: serve results and try again, briefly, unless they took it down
-        if retry_while_full(
-            lambda: tx.produce(key, value, self._on_live),
-            tx.poll,
-            FULL_WAIT_S,
-            poll_s=0.01,
-            give_up=lambda: self.state != LIVE,
-        ):
+        try:
+            queued = retry_while_full(
+                lambda: tx.produce(key, value, self._on_live),
+                tx.poll,
+                FULL_WAIT_S,
+                poll_s=0.01,
+                give_up=lambda: self.state != LIVE,
+            )
+        except ConnectionError:  # refused for now (an unknown topic): kept, sent again later
+            self._to_spool(key, value)
+            self._go_down("produce refused")
+            return
+        if queued:
             self.in_flight += 1
             return
         self._to_spool(key, value)
@@ -189,7 +195,13 @@ class Delivery:
             if record is None:
                 batch.read_all = True
                 break
-            if not tx.produce(record[0], record[1], callback):
+            try:
+                queued = tx.produce(record[0], record[1], callback)
+            except ConnectionError:  # refused for now: kept for the next replay
+                batch.pending = record
+                self._go_down("produce refused")
+                break
+            if not queued:
                 batch.pending = record
                 tx.poll(0.01)
                 break

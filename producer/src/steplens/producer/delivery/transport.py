@@ -34,7 +34,9 @@ class Transport(Protocol):
         self, key: bytes, value: bytes, on_result: OnResult, topic: str | None = None
     ) -> bool:
         """Queue one message (to the raw topic, or ``topic``); False when the local buffer is
-        full (poll, then try again)."""
+        full (poll, then try again). Raises ``ConnectionError`` when the destination refuses
+        it for now (an unknown topic: keep it, send it again later), ``ValueError`` when it
+        never can take it (too large)."""
         ...
 
     def poll(self, timeout_s: float = 0.0) -> None:
@@ -179,11 +181,12 @@ class KafkaTransport:
     """confluent-kafka producer. Created by the worker on its first send, in its own process."""
 
     def __init__(self, topic: str, conf: dict[str, Any]) -> None:
-        from confluent_kafka import KafkaError, Producer
+        from confluent_kafka import KafkaError, KafkaException, Producer
 
         self.topic = topic
         self._conf = dict(conf)
         self._kafka_error = KafkaError
+        self._kafka_exception = KafkaException
         self._down_signal = False
         self._fatal = False
         self._conf["error_cb"] = self._on_error
@@ -205,9 +208,15 @@ class KafkaTransport:
             on_result(err is None, msg.key() or key, msg.value() or value)
 
         # never waits for room: the caller serves results and decides (``Delivery.send``)
-        return produce_bounded(
-            self._producer, topic or self.topic, value, key, on_delivery=done, max_wait_s=0.0
-        )
+        try:
+            return produce_bounded(
+                self._producer, topic or self.topic, value, key, on_delivery=done, max_wait_s=0.0
+            )
+        except self._kafka_exception as exc:
+            err = exc.args[0] if exc.args else None
+            if err is not None and err.code() == self._kafka_error.MSG_SIZE_TOO_LARGE:
+                raise ValueError(f"steplens: a record Kafka never takes: {err}") from exc
+            raise ConnectionError(f"steplens: Kafka refused a record for now: {err}") from exc
 
     def poll(self, timeout_s: float = 0.0) -> None:
         self._producer.poll(timeout_s)
