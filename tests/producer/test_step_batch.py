@@ -134,6 +134,7 @@ def test_a_batch_too_large_for_one_record_is_split(memory_monitor) -> None:  # t
     huge = {f"metric_{i:06d}": 0.5 + i for i in range(60000)}  # over the record limit alone
     for step in range(250):
         m.log_step(step, loss=1.0, step_time_s=0.1, **(huge if step == 123 else wide))
+    assert m.flush(120)  # 12 MB of steps to encode: on a loaded machine, past shutdown's wait
     m.shutdown()
     sizes = [len(v) for _, v in tx.messages]
     assert max(sizes) <= MAX_RECORD_BYTES
