@@ -610,14 +610,14 @@ class Monitor:
             if self._closed:
                 return
             self._closed = True
+            timeout = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
+            if self._hw is not None:  # first: its last sample (a short run's only one) is taken
+                self._hw.stop(min(1.0, timeout))
             self._accepting = False
             self._update_plain_path()
-            timeout = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
             self._watching.remove()
             if self._remedies is not None:
                 self._remedies.close(timeout_s=timeout)
-            if self._hw is not None:
-                self._hw.stop(min(1.0, timeout))
             if self._exporter is not None:
                 self._exporter.stop()
             if self._needs_start:

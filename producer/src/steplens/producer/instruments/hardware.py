@@ -45,6 +45,7 @@ class HardwareSampler:
         self.cadence = ReportCadence(allocator_every_s)
         self.errors = 0
         self.samples = 0
+        self.sent = 0  # samples handed on
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -74,18 +75,24 @@ class HardwareSampler:
                 log.info("steplens: GPU sampler disabled: %s", exc)
             self.host.sample(time.monotonic())  # baseline for the first rates
         while not self._stop.wait(self.interval_s):
-            try:
-                data = self.sample_once()
-                if not data:
-                    continue
-                for listener in self.listeners:
-                    listener(data)
-                self._emit(data)
-            except Exception:
-                self.errors += 1
+            self._sample_and_send()
+        if self.sent == 0:  # a run shorter than an interval (or starved) still reports once
+            self._sample_and_send()
         try:
             if self.host_wide:
                 self.gpu.close()
+        except Exception:
+            self.errors += 1
+
+    def _sample_and_send(self) -> None:
+        try:
+            data = self.sample_once()
+            if not data:
+                return
+            for listener in self.listeners:
+                listener(data)
+            self._emit(data)
+            self.sent += 1
         except Exception:
             self.errors += 1
 
