@@ -150,7 +150,9 @@ def start_worker(
     cmd = [sys.executable, "-m", "steplens.schema.command", "worker", "--app-id", f"bench-{tag}"]
     cmd += ["--state-dir", tempfile.mkdtemp(prefix="bench-worker-"), "--web-port", str(port)]
     cmd += extra
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = os.environ.get("BENCH_WORKER_LOG")  # the worker's output, for a failed run
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=out)
 
 
 def drain_rate(port: int, n: float, since: float = 0.0) -> float:

@@ -14,7 +14,10 @@ ones are those (a warning when not: the entry may then do nothing, and says so).
   per rank, because one value per run grew with its ranks past what Kafka takes in a message
   and Faust's serializers would pickle it.
 * ``unacked``: a by-run message is acknowledged once a checkpoint of its run holds it, not when
-  the agent moves past it, so a worker killed between checkpoints loses nothing.
+  the agent moves past it, so a worker killed between checkpoints loses nothing. Faust's
+  ``processing_guarantee="exactly_once"`` does not replace it or ``commit``: a write to a topic
+  the app reads itself (the by-run hop) joins a transaction that never commits, and 0 of
+  3,968 records crossed such a hop (bench/RESULTS.md, "Faust's exactly-once, tried").
 * ``send``: signals go to the producer directly, as a Faust topic's send (its message futures,
   callbacks and sensors) cost more than encoding the signal at hundreds of signals a second.
 * ``raise_producer_buffer``: past 100 messages in its producer buffer Faust holds back every
