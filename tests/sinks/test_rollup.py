@@ -179,6 +179,43 @@ def test_text_fields_are_learnt_once_and_again_when_another_sink_wrote_one(
     assert sorted(r["_value"] for r in got) == [1.0, 2.0]
 
 
+class LearntDuringTheRun(TextFields):
+    """Text fields whose next ``late`` one is learnt right after a run's first query read the
+    set (the sink wrote its first value while the run's queries were under way)."""
+
+    late: tuple[str, str] | None = None
+
+    def flux_dict(self) -> str:
+        seen = super().flux_dict()
+        if self.late is not None:
+            self.add(*self.late)
+            self.late = None
+        return seen
+
+
+def test_a_run_made_while_a_text_field_was_first_written_is_made_again(scratch_buckets) -> None:
+    """The run the server fails because of a text field this sink learnt meanwhile is made
+    again at once without it, not failed (and the bucket is not scanned again)."""
+    s = scratch_buckets
+    t0 = (time.time_ns() // MIN_NS - 8) * MIN_NS
+    at = lambda k: datetime.fromtimestamp((t0 + k * MIN_NS) / 1e9, tz=timezone.utc)  # noqa: E731
+    fields = LearntDuringTheRun()
+    with make_client(s) as client:
+        InfluxSink(client, s, text_fields=fields).export([_step("r", 0, t0 + 10**9, loss=1.0)])
+        for _ in range(60 // CHUNK_MIN + 1):  # from the start of the hot window to at(2)
+            run_once(client, s, fields, at(2))
+        assert fields.scans == 1 and fields.count() == 0
+        # written before the next run, learnt by this sink only once that run has begun
+        InfluxSink(client, s).export([_step("r", 1, t0 + 3 * MIN_NS + 10**9, loss=2.0, reason="c")])
+        fields.late = ("step", "reason")
+        run_once(client, s, fields, at(5))
+        assert fields.scans == 1 and fields.count() == 1
+    got = rows(s, 'r._measurement == "step" and r._field == "loss_mean"', bucket=s.rollup_bucket)
+    assert sorted(r["_value"] for r in got) == [1.0, 2.0]
+    marks = rows(s, f'r._measurement == "{COVERAGE}"', bucket=s.rollup_bucket)
+    assert max(r["_time"] for r in marks) == at(5)
+
+
 def test_a_run_that_times_out_does_not_scan_the_fields_again(scratch_buckets) -> None:
     """A slow store is not made slower: only a run the storage engine refuses (a text field
     it did not know) makes the next one scan the bucket's fields again."""

@@ -200,8 +200,10 @@ def run_once(
     run that fails leaves the mark where it was: the next one redoes its minutes). A run
     that the server fails (another sink may have written a text field this one never saw:
     the storage engine refuses to aggregate it) marks ``fields`` stale: the next run learns
-    them again. A run that times out does not: the scan is the costliest query of all, and
-    repeating it after every slow run made a loaded store slower still."""
+    them again; a run that the server fails after this sink learnt a text field meanwhile is
+    made again at once with it left out. A run that times out does not: the scan is the
+    costliest query of all, and repeating it after every slow run made a loaded store slower
+    still."""
     query_api = client.query_api()
     fields.scan_if_stale(query_api, s)
     flux = window_flux(s, lookback_min)
@@ -213,7 +215,15 @@ def run_once(
             return
         start, stop = rows[0]["start"], rows[0]["stop"]
         names = [str(r["name"]) for r in rows if r["name"]]
-        points = roll(client, s, (start, stop), names, skips=fields.flux_dict())
+        known = fields.count()
+        try:
+            points = roll(client, s, (start, stop), names, skips=fields.flux_dict())
+        except ApiException:
+            if fields.count() == known:
+                raise
+            # the sink wrote a text field first while the run was under way (an alert's, a
+            # new metric's): the run again, leaving it out too (its points are the same)
+            points = roll(client, s, (start, stop), names, skips=fields.flux_dict())
         mark = Point(COVERAGE).field(COVERAGE_FIELD, points).time(stop, WritePrecision.NS)
         client.write_api(write_options=SYNCHRONOUS).write(s.rollup_bucket, s.org, mark)
     except ApiException:  # the server's answer, not a timeout
