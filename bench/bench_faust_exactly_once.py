@@ -187,15 +187,11 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=200.0, help="records/s sent")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--wait", type=float, default=75.0, help="seconds to wait for the last")
-    ap.add_argument(
-        "--only-same-key", dest="hops", action="store_const", const=(False,), help="one hop"
-    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     for name in ("--app-id", "--guarantee", "--source", "--middle", "--seen", "--bootstrap"):
         ap.add_argument(name, help=argparse.SUPPRESS)
     ap.add_argument("--rekey", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    args.hops = args.hops or (True, False)
     if args.child:
         child(args)
         return
@@ -206,7 +202,7 @@ def main() -> None:
     )
     rows = []
     with scratch_topics(boot):
-        for rekey in args.hops:
+        for rekey in (True, False):
             for guarantee in ("at_least_once", "exactly_once"):
                 r = one_case(boot, guarantee, rekey, args)
                 rows.append(r)
@@ -221,7 +217,7 @@ def main() -> None:
                     f"{r['middle_committed']} committed of {r['middle_written']} written"
                     f"{'; the producer was fenced' if r['fenced'] else ''}"
                 )
-    for hop in dict.fromkeys(r["hop"] for r in rows):
+    for hop in ("rekeyed", "same key"):
         a, e = (r for r in rows if r["hop"] == hop)
         if a["reached"] and e["reached"] and a["p99"]:
             print(

@@ -153,9 +153,8 @@ class Monitor:
     def _run_meta(self) -> dict[str, Any]:
         """The run_meta payload, with the checks of the design this rank turns on; rank 0 says
         them in one log line (a warning when one is off, with the line that turns it on)."""
-        meta = self.config.run_meta(self.identity)
-        found = checks.design_checks(self.config, self.identity)
-        meta["checks"] = found
+        meta = self._meta()
+        found = meta["checks"]
         if self.rank == 0:
             off = any(c["state"] == checks.OFF for c in found)
             summary = checks.summary(found, self.config.remedies)
@@ -526,9 +525,13 @@ class Monitor:
 
     def _declare(self, schedule: dict[str, Any]) -> None:
         self.config = dataclasses.replace(self.config, lr_schedule=schedule)
+        self._put(MetaItem(time.monotonic_ns(), self._meta()))
+
+    def _meta(self) -> dict[str, Any]:
+        """The run_meta payload of the settings now, with the design checks they turn on."""
         meta = self.config.run_meta(self.identity)
         meta["checks"] = checks.design_checks(self.config, self.identity)
-        self._put(MetaItem(time.monotonic_ns(), meta))
+        return meta
 
     # ------------------------------------------------------------------ advice
     def advice(self) -> tuple[Advice, ...]:

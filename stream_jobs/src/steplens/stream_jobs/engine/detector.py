@@ -280,8 +280,7 @@ class RunDetector:
     def evaluate(self, batch: list[Signals], n: int, times_ns: Sequence[int]) -> list[Alert]:
         """The rules over the ``n`` rows' signals, their alerts grouped into incidents
         (``incidents``): the incidents' transitions, each at its row's time."""
-        _, judged = batch_rules.judge(self.rules, self.cfg.rules, self.run_id, batch, n)
-        return incidents.update_all(self.incidents, self.cfg.incidents, judged, times_ns)
+        return [a for row in self.incident_rows(batch, n, times_ns) for a in row]
 
     def incident_rows(
         self, batch: list[Signals], n: int, times_ns: Sequence[int]
