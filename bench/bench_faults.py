@@ -391,6 +391,17 @@ def _during_training(sc: Scenario, at: float, fault: Callable[[], None]) -> None
     sc.wait_trained()
 
 
+def _send_left_spool(sc: Scenario) -> str:
+    """A rank that ends before Kafka answers again keeps the rest in its spool and says how
+    to send it: what a user then does, once Kafka answers. "" when no rank left any."""
+    left = sc.dir / "spool"
+    if not (left.is_dir() and any(p.is_file() for p in left.rglob("*"))):
+        return ""
+    cmd = [sys.executable, "-m", "steplens.schema.command", "spool", "send", str(left)]
+    done = subprocess.run(cmd, env=sc.env, capture_output=True, text=True, check=False)
+    return f"after the run `steplens spool send`: {done.stderr.strip().splitlines()[-1:]}"
+
+
 def fault_kafka_kill(sc: Scenario) -> str:
     def fault() -> None:
         sc.stack.kill("kafka")
@@ -398,14 +409,7 @@ def fault_kafka_kill(sc: Scenario) -> str:
         sc.stack.start("kafka")
 
     _during_training(sc, 0.3, fault)
-    # a run that ends before Kafka is back leaves the rest in its spool and says how to send
-    # it: what a user then does, once Kafka answers
-    left = sc.dir / "spool"
-    sent = ""
-    if left.is_dir() and any(p.is_file() for p in left.rglob("*")):
-        cmd = [sys.executable, "-m", "steplens.schema.command", "spool", "send", str(left)]
-        done = subprocess.run(cmd, env=sc.env, capture_output=True, text=True, check=False)
-        sent = f"after the run `steplens spool send`: {done.stderr.strip().splitlines()[-1:]}"
+    sent = _send_left_spool(sc)
     return _steps_line(sc, "a kafka SIGKILL + restart", sc.settle(), sent)
 
 
@@ -416,7 +420,8 @@ def fault_kafka_freeze(sc: Scenario) -> str:
         sc.stack.resume("kafka")
 
     _during_training(sc, 0.3, fault)
-    return _steps_line(sc, f"b kafka SIGSTOP {sc.plan.outage_s:.0f} s", sc.settle())
+    sent = _send_left_spool(sc)
+    return _steps_line(sc, f"b kafka SIGSTOP {sc.plan.outage_s:.0f} s", sc.settle(), sent)
 
 
 def fault_worker_kill(sc: Scenario) -> str:
