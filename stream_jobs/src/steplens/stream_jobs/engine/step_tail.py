@@ -79,7 +79,10 @@ def tail(
                 for st, w, h in zip(steps.tolist(), data_times, has.tolist(), strict=True)
                 if w is not None and h
             ]
-    judged = ranks.step_times(state, ranks_cfg, rank, timed, behind, n - 1, waited, windowed)
+    now_ns = max(times_ns) if times_ns else 0
+    judged = ranks.step_times(
+        state, ranks_cfg, rank, timed, behind, n - 1, waited, windowed, now_ns
+    )
     if judged is not None:
         out.append(judged)
     return out

@@ -10,6 +10,15 @@ rank's ratio for a step is the larger of the two, and a straggler's signal says 
 ``waits_on`` "data" (its data wait explains it) or "compute" (its step time alone, its data
 wait as the others').
 
+In a windowed run a rank's own step time comes only when its guard sent a step at once (a
+jump from its own baseline); the other ranks' times for that step come, if ever, in windows
+that end elsewhere. Such a step is judged ``lone_step_hold_s`` after it came (the records'
+clock), without waiting for the others: when fewer than half of the ranks sent their own time
+for it, each is held against the run's step time (the median of the ranks' latest windows,
+``levels``), so a rank that turned slow is a straggler within three of its steps rather than
+after its next window or two; when most did, the run slowed and they are held against each
+other.
+
 ``tick`` runs on hardware/health records. A hang is confirmed by two checks at least
 ``check_every_s`` apart, so a pause of the whole process (which delays every record alike) is
 not mistaken for a stuck rank."""
@@ -42,6 +51,10 @@ class RanksConfig:
     # a rank's data wait warning waits this long (the run's records' clock) for the other
     # ranks' records of its steps, to be judged a lone straggler's or the run's (lone_waits)
     lone_hold_s: float = 30.0
+    # a windowed run's step sent at once by a rank's guard is judged this long after it came
+    # (the records' clock): the other ranks' steps sent at once when the whole run slowed
+    # come by then
+    lone_step_hold_s: float = 2.0
     check_every_s: float = 1.0
 
 
@@ -69,6 +82,11 @@ class RanksState:
     # window's mean ending at that step does not replace: the two are compared apart (beside
     # ``windows``, which a state stored before it restores with)
     own: dict[int, set[int]] = field(default_factory=dict)
+    # a windowed run: each rank's latest window mean of its step time (the run's step time is
+    # their median), and when each pending step's first own time came (the records' clock)
+    windowed: bool = False
+    levels: dict[int, float] = field(default_factory=dict)
+    own_since: dict[int, int] = field(default_factory=dict)
     # steps spanned by the widest step batch of the run (capped): how far behind another rank's
     # batch of the same steps may still be; when to judge, not a judgement (not compared)
     batch_span: int = field(default=0, compare=False)
@@ -88,6 +106,7 @@ def step_times(  # noqa: PLR0917
     row: int,
     waits: list[tuple[int, float]] | None = None,
     windowed: bool = False,
+    now_ns: int = 0,
 ) -> Signals | None:
     """Collect one rank's step times (a record's one, or a batch's, or ``windowed``: windows'
     means, each judged by itself: one window over the factor is a straggler, as
@@ -97,8 +116,11 @@ def step_times(  # noqa: PLR0917
     A step waits ``pending_steps`` newer steps of this rank, plus ``behind`` (the batch's span)
     or the span of the widest batch seen when that is more (up to ``MAX_BATCH_SPAN``): the other
     ranks' batches of the same steps may come after this one, and a rank whose batch was cut
-    short (flushed at a spike) is ahead of ranks that still fill a whole one."""
+    short (flushed at a spike) is ahead of ranks that still fill a whole one. ``now_ns``: the
+    records' time (the run's clock), for a windowed run's steps sent at once."""
     state.batch_span = behind = max(min(behind, MAX_BATCH_SPAN), state.batch_span)
+    state.clock_ns = max(state.clock_ns, now_ns)
+    state.windowed = state.windowed or windowed
     pending = state.pending
     last: int | None = None
     own = state.own
@@ -111,11 +133,14 @@ def step_times(  # noqa: PLR0917
         if last is None or step > last:
             last = step
         if windowed:
+            state.levels[rank] = seconds
             if rank in own.get(step, ()):
                 continue  # the step's own time came first: it stays
             state.windows.add(step)
         else:
             own.setdefault(step, set()).add(rank)
+            if state.windowed:
+                state.own_since.setdefault(step, now_ns or state.clock_ns)
         got[rank] = seconds
     if last is None:
         return None
@@ -134,25 +159,39 @@ def step_times(  # noqa: PLR0917
     if len(own) > len(pending):
         for step in [s for s in own if s not in pending]:
             del own[step]
+    if len(state.own_since) > len(pending):
+        state.own_since = {s: t for s, t in state.own_since.items() if s in pending}
     return got
 
 
 def _ready(state: RanksState, cfg: RanksConfig, step: int, behind: int) -> list[int]:
     """The pending steps, oldest first, that are complete or ``pending_steps`` + ``behind``
-    older than ``step``, up to the first that is neither."""
+    older than ``step``, up to the first that is neither; and a windowed run's steps that only
+    ranks' own times came for, ``lone_step_hold_s`` after the first came."""
     pending = state.pending
     ranks_known = max(state.world_size, len(state.last_step))
     old = step - cfg.pending_steps - behind
-    first = min(pending)
-    if first > old and len(pending[first]) < ranks_known:
-        return []  # the oldest step waits, and every later one with it
     ready: list[int] = []
     for s in sorted(pending):
         if len(pending[s]) >= ranks_known or s <= old:
             ready.append(s)
         else:
             break
-    return ready
+    lone = _held_long_enough(state, cfg, set(ready))
+    return sorted(ready + lone) if lone else ready
+
+
+def _held_long_enough(state: RanksState, cfg: RanksConfig, taken: set[int]) -> list[int]:
+    """A windowed run's pending steps that only ranks' own times came for, the first of them
+    ``lone_step_hold_s`` ago or more (the records' clock), but those in ``taken``."""
+    if not state.own_since:
+        return []
+    held = state.clock_ns - int(cfg.lone_step_hold_s * 1e9)
+    return [
+        s
+        for s, since in state.own_since.items()
+        if since <= held and s not in taken and s not in state.windows
+    ]
 
 
 def _judge(state: RanksState, cfg: RanksConfig, ready: list[int], row: int) -> Signals | None:
@@ -165,26 +204,24 @@ def _judge(state: RanksState, cfg: RanksConfig, ready: list[int], row: int) -> S
     data: list[float] = []  # each time's ratio from its data wait (0: none)
     sustained: list[bool] = []  # each time's step is a window's (its ratio is its typical)
     starts = [0]
+    refs: list[float] = []  # each group's step time to hold its times against (NaN: its median)
+    ranks_known = max(state.world_size, len(state.last_step))
     for s in ready:
         got = state.pending.pop(s)
-        waited = state.waits.pop(s, None)
+        waited = state.waits.pop(s, None) or {}
         window = s in state.windows
         state.windows.discard(s)
         own = state.own.pop(s, set())
-        if window and own:  # steps' own times and windows' means: never one against the other
-            mine = {r: t for r, t in got.items() if r in own}
-            if len(mine) >= 2:
-                got, window = mine, False
-            else:
-                got = {r: t for r, t in got.items() if r not in own}
-        if len(got) < 2:
-            continue
-        sustained += [window] * len(got)
-        steps += [s] * len(got)
-        ranks += got.keys()
-        times += got.values()
-        data += _data_ratios(got, waited or {})
-        starts.append(len(times))
+        state.own_since.pop(s, None)
+        # steps' own times and windows' means: never one against the other
+        for group, sust, ref in _groups(state, got, own, window, ranks_known):
+            sustained += [sust] * len(group)
+            steps += [s] * len(group)
+            ranks += group.keys()
+            times += group.values()
+            data += _data_ratios(group, waited)
+            starts.append(len(times))
+            refs.append(ref)
     if not times:
         return None
     keep = cfg.straggler_steps
@@ -206,6 +243,7 @@ def _judge(state: RanksState, cfg: RanksConfig, ready: list[int], row: int) -> S
         by_data,
         np.array(sustained, dtype=np.bool_),
         np.array(starts, dtype=np.int64),
+        np.array(refs),
         np.array([index[r] for r in ranks], dtype=np.int64),
         table,
         counts,
@@ -238,6 +276,28 @@ def _judge(state: RanksState, cfg: RanksConfig, ready: list[int], row: int) -> S
     )
 
 
+def _groups(
+    state: RanksState, got: dict[int, float], own: set[int], window: bool, ranks_known: int
+) -> list[tuple[dict[int, float], bool, float]]:
+    """A step's times in the groups judged apart: (times, whether they are windows' means,
+    the step time they are held against, NaN: their median). In a windowed run the ranks'
+    own times are a group of their own: held against the run's step time when fewer than
+    half of the ranks sent theirs (a rank turned slow), else against each other (the run
+    slowed)."""
+    if not own or not (state.windowed or window):
+        return [(got, window, NAN)] if len(got) >= 2 else []
+    mine = {r: t for r, t in got.items() if r in own}
+    rest = {r: t for r, t in got.items() if r not in own}
+    out: list[tuple[dict[int, float], bool, float]] = []
+    if 2 * len(mine) < ranks_known and len(state.levels) >= 3:
+        out.append((mine, False, float(np.median(list(state.levels.values())))))
+    elif len(mine) >= 2:
+        out.append((mine, False, NAN))
+    if len(rest) >= 2:
+        out.append((rest, window, NAN))
+    return out
+
+
 RATIO_CAP = 100.0  # the most a data wait's ratio says (a wait as long as the step)
 
 
@@ -267,12 +327,14 @@ def _stragglers(  # noqa: PLR0917
     by_data: np.ndarray,
     sustained: np.ndarray,
     starts: np.ndarray,
+    refs: np.ndarray,
     who: np.ndarray,
     recents: np.ndarray,
     counts: np.ndarray,
     factor: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Each step's ranks against the median of the step: step ``j``'s times are
+    """Each step's ranks against the median of the step (or ``refs[j]``, where not NaN):
+    step ``j``'s times are
     ``times[starts[j]:starts[j + 1]]``, of the ranks ``who`` (rows of ``recents``: each rank's
     latest ratios, oldest first, ``counts`` of them; both updated in place, a full row drops
     its oldest); a time's ratio is at least its ``by_data`` (``_data_ratios``); a
@@ -293,7 +355,7 @@ def _stragglers(  # noqa: PLR0917
         for t in range(a, b):
             _insert(row, k, times[t])
             k += 1
-        m = _median_sorted(row, k)
+        m = _median_sorted(row, k) if np.isnan(refs[j]) else refs[j]
         for t in range(a, b):
             med[t] = m
             ratio = times[t] / m if m > 0 else 1.0
@@ -387,11 +449,20 @@ def tick(state: RanksState, cfg: RanksConfig, time_ns: int, row: int = 0) -> Sig
 
 
 def on_record(state: RanksState, cfg: RanksConfig, rec: Record, run: Run) -> list[Signals]:
-    """A ``hw`` or ``health`` record: the run is alive; is every rank moving?"""
+    """A ``hw`` or ``health`` record: the run is alive; is every rank moving? And the steps
+    of a windowed run held long enough by the clock it moved (``lone_step_hold_s``)."""
     if not rec.time_ns:
         return []
+    out = []
     got = tick(state, cfg, rec.time_ns)
-    return [got] if got is not None else []
+    if got is not None:
+        out.append(got)
+    lone = _held_long_enough(state, cfg, set())
+    if lone:
+        judged = _judge(state, cfg, sorted(lone), 0)
+        if judged is not None:
+            out.append(judged)
+    return out
 
 
 def warm_up_kernel() -> None:
