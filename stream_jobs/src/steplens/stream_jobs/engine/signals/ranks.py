@@ -172,11 +172,13 @@ def _ready(state: RanksState, cfg: RanksConfig, step: int, behind: int) -> list[
     ranks_known = max(state.world_size, len(state.last_step))
     old = step - cfg.pending_steps - behind
     ready: list[int] = []
-    for s in sorted(pending):
-        if len(pending[s]) >= ranks_known or s <= old:
-            ready.append(s)
-        else:
-            break
+    first = min(pending)
+    if first <= old or len(pending[first]) >= ranks_known:  # else it waits, and all after it
+        for s in sorted(pending):
+            if len(pending[s]) >= ranks_known or s <= old:
+                ready.append(s)
+            else:
+                break
     lone = _held_long_enough(state, cfg, set(ready))
     return sorted(ready + lone) if lone else ready
 
