@@ -41,6 +41,7 @@ from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 from steplens.stream_jobs.engine.signals.thresholds import ThresholdConfig
 from steplens.stream_jobs.worker import compat, history_loads
 from steplens.stream_jobs.worker.baseline_fits import Bands, BaselineFits
+from steplens.stream_jobs.worker.fit_pool import FitPool
 from steplens.stream_jobs.worker.fit_queue import FitQueue, pool_initializer
 from steplens.stream_jobs.worker.metrics import WorkerMetrics
 from steplens.stream_jobs.worker.publisher import Publisher
@@ -114,7 +115,7 @@ class Worker:
             apply=self._baselines_fitted,
             count=lambda what, n: self.metrics.baselines.labels(what).inc(n),
         )
-        self.pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self.pool: FitPool | None = None
         self.app = app = faust.App(
             s.app_id,
             broker=f"kafka://{s.bootstrap}",
@@ -193,20 +194,23 @@ class Worker:
         compat.raise_producer_buffer(self.app, PRODUCER_BUFFER_MESSAGES)
         compat.quiet_root_logger(self.s.log_level)
         if self.s.fit_workers > 0:  # the ARIMA fits (unless --no-arima) and the baselines
-            ctx = multiprocessing.get_context("spawn")
-            self.pool = concurrent.futures.ProcessPoolExecutor(
-                self.s.fit_workers,
-                mp_context=ctx,
-                initializer=pool_initializer,
-                initargs=(os.getpid(),),
-            )
-            # each pool process loads statsmodels (seconds) now, not at the first run's first fit
-            for _ in range(self.s.fit_workers):
-                self.pool.submit(arima.warm_up)
+            self.pool = FitPool(self._fit_processes, on_restart=self.metrics.fit_pool_restarts.inc)
             self.fits.pool = self.pool if self.s.detector.arima_enabled else None
             self.baselines.pool = self.pool
         if self.history is not None:
             self.history.start()
+
+    def _fit_processes(self) -> concurrent.futures.ProcessPoolExecutor:
+        pool = concurrent.futures.ProcessPoolExecutor(
+            self.s.fit_workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=pool_initializer,
+            initargs=(os.getpid(),),
+        )
+        # each pool process loads statsmodels (seconds) now, not at the first run's first fit
+        for _ in range(self.s.fit_workers):
+            pool.submit(arima.warm_up)
+        return pool
 
     async def _revoked(self, app: faust.App, revoked: Any, **kw: Any) -> None:
         self.store.revoked()

@@ -25,12 +25,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from steplens.schema.log_limit import LimitedLog
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.history import DAY_NS
 from steplens.stream_jobs.engine.signals.seasonal_baseline import Band, BaselineConfig, fit_bands
 from steplens.stream_jobs.worker import baseline_history
 
 log = logging.getLogger("steplens.stream_jobs")
+refused = LimitedLog(log)  # a broken pool refuses every job until it is started again
 
 Bands = dict[str, Band | None]
 Outcome = Callable[[str, int], None]  # (what, how many): "loaded", "load_failed", "bands", ...
@@ -134,8 +136,8 @@ class BaselineFits:
             )
             try:
                 fut = asyncio.get_running_loop().run_in_executor(self.pool, job)
-            except Exception:  # a broken or closed pool: asked again at the next retry
-                log.warning("baseline fit pool refused a job", exc_info=True)
+            except Exception as exc:  # a broken or closed pool: asked again at the next retry
+                refused.warning("fit pool", "baseline fit pool refused a job: %r", exc)
                 self.count("refused", 1)
                 self.parts.clear()
                 return

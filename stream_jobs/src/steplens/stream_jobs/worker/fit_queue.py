@@ -22,9 +22,11 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from steplens.schema.log_limit import LimitedLog
 from steplens.stream_jobs.engine.signals import arima
 
 log = logging.getLogger("steplens.stream_jobs")
+refused = LimitedLog(log)  # a broken pool refuses every job until it is started again
 
 Done = Callable[[Hashable, "arima.ArimaParams | None"], None]
 
@@ -109,8 +111,8 @@ class FitQueue:
                 fut = loop.run_in_executor(
                     self.pool, arima.fit_many, [v for _, v in batch], self.order, self.method
                 )
-            except Exception:  # a broken or closed pool: these fits failed, the loop goes on
-                log.warning("ARIMA fit pool refused a job", exc_info=True)
+            except Exception as exc:  # a broken or closed pool: these fits failed, go on
+                refused.warning("fit pool", "ARIMA fit pool refused a job: %r", exc)
                 for key in keys:
                     self.done(key, None)
                 continue

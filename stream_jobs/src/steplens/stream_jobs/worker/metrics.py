@@ -65,6 +65,11 @@ class WorkerMetrics:
         self.fit_jobs = Counter(
             "steplens_worker_arima_fit_jobs", "pool jobs the ARIMA fits went in", registry=r
         )
+        self.fit_pool_restarts = Counter(
+            "steplens_worker_fit_pool_restarts",
+            "times the fit pool was started again after one of its processes died",
+            registry=r,
+        )
         self.baselines = Counter(
             "steplens_worker_baseline_loads",
             "7-day baseline jobs: history loaded (loaded) or not (load_failed: in-run "
