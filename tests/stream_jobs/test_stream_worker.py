@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -257,6 +259,37 @@ def test_arima_fits_of_a_wide_run_go_to_the_pool_together(kafka, workers):
     mine = nice_of(w.proc.pid)
     pool = [nice_of(c) for c in children_of(w.proc.pid) if "spawn_main" in cmdline_of(c)]
     assert pool == [min(19, mine + FIT_NICENESS)] * 2, (mine, pool)
+
+
+def test_fits_go_on_after_the_fit_processes_were_killed(kafka, workers):
+    """The worker's spawned processes (the fit pool's, the history loader's) SIGKILLed, as
+    the out-of-memory killer would: each pool starts again at its next job, and a run's ARIMA
+    fits come back as before."""
+    run = f"arima-kill-{uuid.uuid4().hex[:6]}"
+    w = workers().start()
+    w.wait_metrics()
+    assert w.proc is not None
+    deadline = time.monotonic() + 60
+    while len(spawned := [c for c in children_of(w.proc.pid) if "spawn_main" in cmdline_of(c)]) < 2:
+        assert time.monotonic() < deadline, "the worker's pools did not start"
+        time.sleep(0.2)
+    for pid in spawned:
+        os.kill(pid, signal.SIGKILL)
+    batches = []
+    for rank in range(8):  # 24 series ask for their first fit at 64 values
+        entries = [
+            {"step": r.step, "time_ns": r.time_ns, **r.data}
+            for r in steps(run, 0, 100, rank=rank, seed=rank)
+        ]
+        batches.append(make_record("step_batch", {"records": entries}, run_id=run, rank=rank))
+    kafka.send(batches)
+    wait_scored(w, 8 * 100)
+    deadline = time.monotonic() + 90
+    while sample(w.metrics(), "steplens_worker_arima_fits_total", outcome="ok") < 24:
+        assert time.monotonic() < deadline, w.metrics()
+        time.sleep(0.2)
+    assert sample(w.metrics(), "steplens_worker_fit_pool_restarts_total") >= 1
+    assert w.proc.poll() is None
 
 
 def children_of(pid: int) -> list[int]:

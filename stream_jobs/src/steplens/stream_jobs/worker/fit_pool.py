@@ -3,8 +3,8 @@
 A ``ProcessPoolExecutor`` whose process died (killed for memory, a crash inside a fit) is
 broken for good: it fails the jobs it held and refuses every later one, so the worker would
 fit no ARIMA model and no 7-day baseline again until it restarted. ``FitPool`` starts the
-pool afresh at the next job after that (the jobs it held failed; their callers ask again), at
-most once per ``restart_every_s`` so a fit that kills its process each time does not spawn
+pool afresh at the next job after that (the jobs it held failed; their callers ask again), then
+at most once per ``restart_every_s`` so a fit that kills its process each time does not spawn
 processes in a loop (a job refused meanwhile fails as it did before), and counts each start.
 Written here: the standard library's pools do not replace themselves, and loky's reusable
 executor, which does, is one per process and another dependency.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -35,7 +36,7 @@ class FitPool(concurrent.futures.Executor):
         self._pool = make()
         self._lock = threading.Lock()
         self._restart_every_s = restart_every_s
-        self._started = time.monotonic()
+        self._started = -math.inf  # when it was last started again
         self._on_restart = on_restart
         self.restarts = 0
 
@@ -50,7 +51,7 @@ class FitPool(concurrent.futures.Executor):
 
     def _restart(self, broken: concurrent.futures.Executor) -> bool:
         """A new pool for ``broken`` (unless another call made one since); False while the
-        last start is younger than ``restart_every_s``."""
+        last start again is younger than ``restart_every_s``."""
         with self._lock:
             if self._pool is not broken:
                 return True

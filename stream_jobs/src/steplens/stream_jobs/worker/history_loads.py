@@ -37,6 +37,7 @@ from steplens.stream_jobs.engine.detector import CODEC, RunDetector
 from steplens.stream_jobs.engine.history import read_history
 from steplens.stream_jobs.engine.signals import arima, registry
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
+from steplens.stream_jobs.worker.fit_pool import FitPool
 from steplens.stream_jobs.worker.fit_queue import pool_initializer
 from steplens.stream_jobs.worker.history_source import Source
 from steplens.stream_jobs.worker.settings import HistorySettings
@@ -108,6 +109,15 @@ def warm_up() -> None:
 
     registry.warm_up()
     arima.warm_up()
+
+
+def _history_process() -> concurrent.futures.ProcessPoolExecutor:
+    spawn = multiprocessing.get_context("spawn")
+    pool = concurrent.futures.ProcessPoolExecutor(
+        1, mp_context=spawn, initializer=pool_initializer, initargs=(os.getpid(),)
+    )
+    pool.submit(warm_up)
+    return pool
 
 
 class HistoryMetrics:
@@ -225,20 +235,17 @@ class HistoryLoads:
         self.cfg = cfg
         self.metrics = HistoryMetrics(registry)
         self.wake = wake  # sends the run an empty message (the agent then installs the load)
-        self.pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self.pool: FitPool | None = None
         self.loads: dict[str, Load] = {}
         self.held_bytes = 0
         # run -> rank -> (step, its series at that step as stored values, rows, when)
         self.rewinds: dict[str, dict[int, tuple[int, bytes | None, int, float]]] = {}
 
     def start(self) -> None:
-        """The history process (spawned, at the fit pool's priority, dying with the worker);
-        it loads its imports and compiled loops now, not at the first run."""
-        ctx = multiprocessing.get_context("spawn")
-        self.pool = concurrent.futures.ProcessPoolExecutor(
-            1, mp_context=ctx, initializer=pool_initializer, initargs=(os.getpid(),)
-        )
-        self.pool.submit(warm_up)
+        """The history process (spawned, at the fit pool's priority, dying with the worker;
+        started again if it died, as the fit pool is); it loads its imports and compiled
+        loops now, not at the first run."""
+        self.pool = FitPool(_history_process)
 
     # ------------------------------------------------------------------ loads
     def begin(self, run: str, event: Any) -> Load | None:
