@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
@@ -29,6 +30,13 @@ from steplens.sinks.text_fields import TextFields
 
 pytestmark = pytest.mark.stack
 MIN_NS = 60 * 10**9
+
+
+def minutes_ago(back: int) -> tuple[int, Callable[[int], datetime]]:
+    """The start of the minute ``back`` minutes ago (ns), and the time of ``k`` minutes after
+    it."""
+    t0 = (time.time_ns() // MIN_NS - back) * MIN_NS
+    return t0, lambda k: datetime.fromtimestamp((t0 + k * MIN_NS) / 1e9, tz=timezone.utc)
 
 
 def test_rollup_writes_mean_min_max_last_per_minute(stack_env) -> None:
@@ -109,8 +117,7 @@ def test_minutes_of_failed_runs_are_rolled_up_by_the_next_run(scratch_buckets) -
     """Runs that fail (or never run) leave no mark; the next run starts from the last mark,
     however far back within the hot window, not from its own lookback."""
     s = scratch_buckets
-    t0 = (time.time_ns() // MIN_NS - 30) * MIN_NS
-    at = lambda k: datetime.fromtimestamp((t0 + k * MIN_NS) / 1e9, tz=timezone.utc)  # noqa: E731
+    t0, at = minutes_ago(30)
     recs = [
         make_record(
             "step",
@@ -160,8 +167,7 @@ def test_text_fields_are_learnt_once_and_again_when_another_sink_wrote_one(
     """The fields that are not numbers are not scanned on every run: learnt at the first;
     one written by another sink fails a run, and the next learns it."""
     s = scratch_buckets
-    t0 = (time.time_ns() // MIN_NS - 8) * MIN_NS
-    at = lambda k: datetime.fromtimestamp((t0 + k * MIN_NS) / 1e9, tz=timezone.utc)  # noqa: E731
+    t0, at = minutes_ago(8)
     fields = TextFields()
     with make_client(s) as client:
         mine = InfluxSink(client, s, text_fields=fields)
@@ -197,8 +203,7 @@ def test_a_run_made_while_a_text_field_was_first_written_is_made_again(scratch_b
     """The run the server fails because of a text field this sink learnt meanwhile is made
     again at once without it, not failed (and the bucket is not scanned again)."""
     s = scratch_buckets
-    t0 = (time.time_ns() // MIN_NS - 8) * MIN_NS
-    at = lambda k: datetime.fromtimestamp((t0 + k * MIN_NS) / 1e9, tz=timezone.utc)  # noqa: E731
+    t0, at = minutes_ago(8)
     fields = LearntDuringTheRun()
     with make_client(s) as client:
         InfluxSink(client, s, text_fields=fields).export([_step("r", 0, t0 + 10**9, loss=1.0)])
@@ -220,8 +225,7 @@ def test_a_run_that_times_out_does_not_scan_the_fields_again(scratch_buckets) ->
     """A slow store is not made slower: only a run the storage engine refuses (a text field
     it did not know) makes the next one scan the bucket's fields again."""
     s = scratch_buckets
-    t0 = (time.time_ns() // MIN_NS - 8) * MIN_NS
-    at = lambda k: datetime.fromtimestamp((t0 + k * MIN_NS) / 1e9, tz=timezone.utc)  # noqa: E731
+    t0, at = minutes_ago(8)
     fields = TextFields()
     with make_client(s) as client:
         InfluxSink(client, s, text_fields=fields).export([_step("r", 0, t0 + 10**9, loss=1.0)])

@@ -60,8 +60,8 @@ def tail(
     at = np.flatnonzero(has)
     top = int(at[np.argmax(steps[at])])  # the first row of the largest step
     ranks.progress(state, rank, int(steps[top]), times_ns[top])
-    if times_ns:
-        run.last_step_ns = max(run.last_step_ns, *times_ns)
+    now_ns = max(times_ns) if times_ns else 0  # the records' clock, for the step times
+    run.last_step_ns = max(run.last_step_ns, now_ns)
     run.last_step = max(run.last_step, int(steps[top]))
     timed: list[tuple[int, float]] = []
     waited: list[tuple[int, float]] | None = None
@@ -79,7 +79,6 @@ def tail(
                 for st, w, h in zip(steps.tolist(), data_times, has.tolist(), strict=True)
                 if w is not None and h
             ]
-    now_ns = max(times_ns) if times_ns else 0
     judged = ranks.step_times(
         state, ranks_cfg, rank, timed, behind, n - 1, waited, windowed, now_ns
     )

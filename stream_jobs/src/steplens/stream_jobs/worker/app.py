@@ -16,11 +16,8 @@ when they come back. The 7-day baselines are refitted in the same pool (``Baseli
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import logging
-import multiprocessing
-import os
 import ssl
 import time
 from typing import Any, cast
@@ -39,10 +36,9 @@ from steplens.stream_jobs.engine.signals.host_memory import HostMemoryConfig
 from steplens.stream_jobs.engine.signals.ranks import RanksConfig
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 from steplens.stream_jobs.engine.signals.thresholds import ThresholdConfig
-from steplens.stream_jobs.worker import compat, history_loads
+from steplens.stream_jobs.worker import compat, fit_pool, history_loads
 from steplens.stream_jobs.worker.baseline_fits import Bands, BaselineFits
-from steplens.stream_jobs.worker.fit_pool import FitPool
-from steplens.stream_jobs.worker.fit_queue import FitQueue, pool_initializer
+from steplens.stream_jobs.worker.fit_queue import FitQueue
 from steplens.stream_jobs.worker.metrics import WorkerMetrics
 from steplens.stream_jobs.worker.publisher import Publisher
 from steplens.stream_jobs.worker.router import Router
@@ -115,7 +111,7 @@ class Worker:
             apply=self._baselines_fitted,
             count=lambda what, n: self.metrics.baselines.labels(what).inc(n),
         )
-        self.pool: FitPool | None = None
+        self.pool: fit_pool.FitPool | None = None
         self.app = app = faust.App(
             s.app_id,
             broker=f"kafka://{s.bootstrap}",
@@ -194,23 +190,13 @@ class Worker:
         compat.raise_producer_buffer(self.app, PRODUCER_BUFFER_MESSAGES)
         compat.quiet_root_logger(self.s.log_level)
         if self.s.fit_workers > 0:  # the ARIMA fits (unless --no-arima) and the baselines
-            self.pool = FitPool(self._fit_processes, on_restart=self.metrics.fit_pool_restarts.inc)
+            # each pool process loads statsmodels (seconds) now, not at the first run's first fit
+            restarted = self.metrics.fit_pool_restarts.inc
+            self.pool = fit_pool.spawned(self.s.fit_workers, arima.warm_up, restarted)
             self.fits.pool = self.pool if self.s.detector.arima_enabled else None
             self.baselines.pool = self.pool
         if self.history is not None:
             self.history.start()
-
-    def _fit_processes(self) -> concurrent.futures.ProcessPoolExecutor:
-        pool = concurrent.futures.ProcessPoolExecutor(
-            self.s.fit_workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=pool_initializer,
-            initargs=(os.getpid(),),
-        )
-        # each pool process loads statsmodels (seconds) now, not at the first run's first fit
-        for _ in range(self.s.fit_workers):
-            pool.submit(arima.warm_up)
-        return pool
 
     async def _revoked(self, app: faust.App, revoked: Any, **kw: Any) -> None:
         self.store.revoked()

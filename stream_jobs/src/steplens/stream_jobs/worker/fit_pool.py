@@ -15,10 +15,14 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
+import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from steplens.stream_jobs.worker.fit_queue import pool_initializer
 
 log = logging.getLogger("steplens.stream_jobs")
 
@@ -70,3 +74,24 @@ class FitPool(concurrent.futures.Executor):
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+def spawned(
+    workers: int, warm_up: Callable[[], Any], on_restart: Callable[[], None] | None = None
+) -> FitPool:
+    """A ``FitPool`` of ``workers`` spawned processes at the fit pool's priority, dying with
+    this one; each runs ``warm_up`` (its imports, compiled loops) at once, not at the first
+    job, and again whenever the pool is started again."""
+
+    def make() -> concurrent.futures.ProcessPoolExecutor:
+        pool = concurrent.futures.ProcessPoolExecutor(
+            workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=pool_initializer,
+            initargs=(os.getpid(),),
+        )
+        for _ in range(workers):
+            pool.submit(warm_up)
+        return pool
+
+    return FitPool(make, on_restart=on_restart)

@@ -20,11 +20,8 @@ rank starts cold, as without history.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import importlib.util
 import logging
-import multiprocessing
-import os
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -37,8 +34,7 @@ from steplens.stream_jobs.engine.detector import CODEC, RunDetector
 from steplens.stream_jobs.engine.history import read_history
 from steplens.stream_jobs.engine.signals import arima, registry
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
-from steplens.stream_jobs.worker.fit_pool import FitPool
-from steplens.stream_jobs.worker.fit_queue import pool_initializer
+from steplens.stream_jobs.worker import fit_pool
 from steplens.stream_jobs.worker.history_source import Source
 from steplens.stream_jobs.worker.settings import HistorySettings
 
@@ -109,15 +105,6 @@ def warm_up() -> None:
 
     registry.warm_up()
     arima.warm_up()
-
-
-def _history_process() -> concurrent.futures.ProcessPoolExecutor:
-    spawn = multiprocessing.get_context("spawn")
-    pool = concurrent.futures.ProcessPoolExecutor(
-        1, mp_context=spawn, initializer=pool_initializer, initargs=(os.getpid(),)
-    )
-    pool.submit(warm_up)
-    return pool
 
 
 class HistoryMetrics:
@@ -235,7 +222,7 @@ class HistoryLoads:
         self.cfg = cfg
         self.metrics = HistoryMetrics(registry)
         self.wake = wake  # sends the run an empty message (the agent then installs the load)
-        self.pool: FitPool | None = None
+        self.pool: fit_pool.FitPool | None = None
         self.loads: dict[str, Load] = {}
         self.held_bytes = 0
         # run -> rank -> (step, its series at that step as stored values, rows, when)
@@ -245,7 +232,7 @@ class HistoryLoads:
         """The history process (spawned, at the fit pool's priority, dying with the worker;
         started again if it died, as the fit pool is); it loads its imports and compiled
         loops now, not at the first run."""
-        self.pool = FitPool(_history_process)
+        self.pool = fit_pool.spawned(1, warm_up)
 
     # ------------------------------------------------------------------ loads
     def begin(self, run: str, event: Any) -> Load | None:

@@ -82,9 +82,9 @@ class RanksState:
     # window's mean ending at that step does not replace: the two are compared apart (beside
     # ``windows``, which a state stored before it restores with)
     own: dict[int, set[int]] = field(default_factory=dict)
-    # a windowed run: each rank's latest window mean of its step time (the run's step time is
-    # their median), and when each pending step's first own time came (the records' clock)
-    windowed: bool = False
+    # each rank's latest window mean of its step time (the run's step time is their median;
+    # none: the run sends no windows), and when each pending step's first own time came in a
+    # windowed run (the records' clock)
     levels: dict[int, float] = field(default_factory=dict)
     own_since: dict[int, int] = field(default_factory=dict)
     # steps spanned by the widest step batch of the run (capped): how far behind another rank's
@@ -120,7 +120,6 @@ def step_times(  # noqa: PLR0917
     records' time (the run's clock), for a windowed run's steps sent at once."""
     state.batch_span = behind = max(min(behind, MAX_BATCH_SPAN), state.batch_span)
     state.clock_ns = max(state.clock_ns, now_ns)
-    state.windowed = state.windowed or windowed
     pending = state.pending
     last: int | None = None
     own = state.own
@@ -139,7 +138,7 @@ def step_times(  # noqa: PLR0917
             state.windows.add(step)
         else:
             own.setdefault(step, set()).add(rank)
-            if state.windowed:
+            if state.levels:  # a windowed run
                 state.own_since.setdefault(step, now_ns or state.clock_ns)
         got[rank] = seconds
     if last is None:
@@ -151,17 +150,19 @@ def step_times(  # noqa: PLR0917
             state.waits.setdefault(step, {})[rank] = wait
     ready = _ready(state, cfg, last, behind)
     got = _judge(state, cfg, ready, row) if ready else None
-    if len(state.waits) > len(pending):  # steps judged, or dropped by a restart
-        for step in [s for s in state.waits if s not in pending]:
-            del state.waits[step]
+    _forget_gone(state)
+    return got
+
+
+def _forget_gone(state: RanksState) -> None:
+    """What the steps no longer pending left behind (judged, or dropped by a restart)."""
+    pending = state.pending
+    for by_step in (state.waits, state.own, state.own_since):
+        if len(by_step) > len(pending):
+            for step in [s for s in by_step if s not in pending]:
+                del by_step[step]
     if len(state.windows) > len(pending):
         state.windows.intersection_update(pending)
-    if len(own) > len(pending):
-        for step in [s for s in own if s not in pending]:
-            del own[step]
-    if len(state.own_since) > len(pending):
-        state.own_since = {s: t for s, t in state.own_since.items() if s in pending}
-    return got
 
 
 def _ready(state: RanksState, cfg: RanksConfig, step: int, behind: int) -> list[int]:
@@ -286,7 +287,7 @@ def _groups(
     own times are a group of their own: held against the run's step time when fewer than
     half of the ranks sent theirs (a rank turned slow), else against each other (the run
     slowed)."""
-    if not own or not (state.windowed or window):
+    if not own or not state.levels:  # not a windowed run's own times
         return [(got, window, NAN)] if len(got) >= 2 else []
     mine = {r: t for r, t in got.items() if r in own}
     rest = {r: t for r, t in got.items() if r not in own}
