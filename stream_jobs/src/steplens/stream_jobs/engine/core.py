@@ -227,27 +227,113 @@ def one(
     detail: dict[str, Any] | None = None,
     row: int = 0,
 ) -> Signals:
-    """One signal (of a record's own detectors: hardware, evaluations, data) on batch row
-    ``row``; the arguments as ``Signal`` takes them, where it is and what it adds by name."""
+    """One signal (of a record's own detectors: evaluations, data) on batch row ``row``; the
+    arguments as ``Signal`` takes them, where it is and what it adds by name. A detector that
+    gives several signals of a record gathers them (``SignalRows``)."""
+    item = _item(row, step, value, score, rank, scope, severity, expected, lower, upper, detail)
+    return _columns(name, metric, [item])
+
+
+# one signal as ``SignalRows`` keeps it until built: row, step, value, score, severity code,
+# expected, lower, upper, rank, scope, detail
+_Item = tuple[int, int, float, float, int, float, float, float, int, str, dict[str, Any] | None]
+
+
+def _item(  # noqa: PLR0917
+    row: int,
+    step: int | None,
+    value: float,
+    score: float,
+    rank: int,
+    scope: str,
+    severity: str | None,
+    expected: float | None,
+    lower: float | None,
+    upper: float | None,
+    detail: dict[str, Any] | None,
+) -> _Item:
     nan = _NAN
-    return Signals(
-        name,
-        metric,
-        np.array([row], dtype=np.int64),
-        np.array([NO_STEP if step is None else step], dtype=np.int64),
-        np.array([value], dtype=np.float64),
-        np.array([score], dtype=np.float64),
-        np.array([CODE[severity]], dtype=np.int8),
-        np.array([nan if expected is None else expected], dtype=np.float64),
-        np.array([nan if lower is None else lower], dtype=np.float64),
-        np.array([nan if upper is None else upper], dtype=np.float64),
+    return (
+        row,
+        NO_STEP if step is None else step,
+        value,
+        score,
+        CODE[severity],
+        nan if expected is None else expected,
+        nan if lower is None else lower,
+        nan if upper is None else upper,
         rank,
         scope,
-        None if detail is None else [detail],
+        detail,
     )
 
 
+def _columns(name: str, metric: str, items: list[_Item]) -> Signals:
+    """One rule's signals (``items``, rows non-decreasing) as columns."""
+    rows, steps, values, scores, sevs, exps, lows, ups, ranks, scopes, details = zip(
+        *items, strict=True
+    )
+    r0, s0 = ranks[0], scopes[0]
+    f64 = np.float64
+    return Signals(
+        name,
+        metric,
+        np.array(rows, np.int64),
+        np.array(steps, np.int64),
+        np.array(values, f64),
+        np.array(scores, f64),
+        np.array(sevs, np.int8),
+        np.array(exps, f64),
+        np.array(lows, f64),
+        np.array(ups, f64),
+        r0 if all(r == r0 for r in ranks) else np.array(ranks, np.int64),
+        s0 if all(s == s0 for s in scopes) else list(scopes),
+        None if all(d is None for d in details) else list(details),
+    )
+
+
+class SignalRows:
+    """Signals added one at a time and built as columns: one ``Signals`` per rule (name and
+    metric) in the order the rules first came, each rule's signals in the order added (rows
+    non-decreasing). A hardware record's eight GPUs give each of its rules one ``Signals`` of
+    eight, not eight of one: the rules and the incidents then read a handful of rules, not
+    dozens of one-signal columns."""
+
+    __slots__ = ("_rules",)
+
+    def __init__(self) -> None:
+        self._rules: dict[tuple[str, str], list[_Item]] = {}
+
+    def add(
+        self,
+        name: str,
+        metric: str,
+        step: int | None,
+        value: float,
+        score: float,
+        *,
+        rank: int = RUN_RANK,
+        scope: str = "run",
+        severity: str | None = None,
+        expected: float | None = None,
+        lower: float | None = None,
+        upper: float | None = None,
+        detail: dict[str, Any] | None = None,
+        row: int = 0,
+    ) -> None:
+        item = _item(row, step, value, score, rank, scope, severity, expected, lower, upper, detail)
+        got = self._rules.get((name, metric))
+        if got is None:
+            self._rules[(name, metric)] = [item]
+        else:
+            got.append(item)
+
+    def signals(self) -> list[Signals]:
+        return [_columns(name, metric, items) for (name, metric), items in self._rules.items()]
+
+
 def counter_rise(
+    out: SignalRows,
     name: str,
     metric: str,
     step: int | None,
@@ -256,11 +342,11 @@ def counter_rise(
     rank: int,
     scope: str,
     detail: dict[str, Any],
-) -> Signals:
+) -> None:
     """A counter that must stay flat (ECC and XID errors, out-of-memory errors): critical as
     soon as it rose since the last sample, with ``detail``; its value is the rise."""
     rose = rise > 0
-    return one(
+    out.add(
         name,
         metric,
         step,

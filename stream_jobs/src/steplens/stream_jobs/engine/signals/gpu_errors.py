@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steplens.schema import Record
-from steplens.stream_jobs.engine.core import Run, Signals, counter_rise, finite
+from steplens.stream_jobs.engine.core import Run, SignalRows, Signals, counter_rise, finite
 
 COUNTERS = ("xid_count", "ecc_uncorrected")
 
@@ -44,7 +44,7 @@ def hw(  # noqa: PLR0917
 ) -> list[Signals]:
     """One signal per GPU counter sampled after its baseline: the increase since the last
     sample, critical above 0; an XID's evidence carries its code (``xid_last``)."""
-    out: list[Signals] = []
+    out = SignalRows()
     for gpu in data.get("gpus") or []:
         scope = f"gpu:{host}/{gpu.get('index', 0)}"
         now = [_count(gpu.get(c)) for c in COUNTERS]
@@ -68,10 +68,8 @@ def hw(  # noqa: PLR0917
             for key in ("uuid", "name"):
                 if isinstance(gpu.get(key), str):
                     detail[key] = gpu[key]
-            out.append(
-                counter_rise("hardware", metric, step, rise, rank=rank, scope=scope, detail=detail)
-            )
-    return out
+            counter_rise(out, "hardware", metric, step, rise, rank=rank, scope=scope, detail=detail)
+    return out.signals()
 
 
 def on_record(state: GpuErrorState, cfg: GpuErrorConfig, rec: Record, run: Run) -> list[Signals]:

@@ -31,10 +31,10 @@ from steplens.schema import Record
 from steplens.stream_jobs.engine.core import (
     WARNING,
     Run,
+    SignalRows,
     Signals,
     counter_rise,
     finite,
-    one,
     score_of,
 )
 from steplens.stream_jobs.engine.signals.allocator_keys import (
@@ -90,6 +90,7 @@ def _number(x: Any) -> float:
 
 
 def allocator(  # noqa: PLR0917
+    out: SignalRows,
     state: GpuMemoryState,
     cfg: GpuMemoryConfig,
     gpu: dict[str, Any],
@@ -99,22 +100,21 @@ def allocator(  # noqa: PLR0917
     last_step: int,
     step: int | None,
     rank: int,
-) -> list[Signals]:
+) -> None:
     """The allocator's signals of one GPU entry that carries its report."""
     alloc, reserved, peak, limit = (_number(gpu.get(k)) for k in (ALLOCATED, RESERVED, PEAK, LIMIT))
     if math.isnan(alloc) or math.isnan(reserved) or not limit > 0:  # NaN: not reported
-        return []
+        return
     high = peak if peak >= alloc else alloc
     marks = state.marks.get(scope)
     if marks is None:
         marks = state.marks[scope] = deque(maxlen=cfg.trend.window)
-    grew = growth(marks, cfg, "alloc_growth", scope, t_s, high, limit, busy, last_step, step, rank)
-    out = [] if grew is None else [grew]
+    growth(out, marks, cfg, "alloc_growth", scope, t_s, high, limit, busy, last_step, step, rank)
     now = [_number(gpu.get(k)) for k in (RETRIES, OOMS)]
     before = state.counters.get(scope)
     state.counters[scope] = now
     if before is None:
-        return out  # a baseline: what happened before the run's first report is not counted
+        return  # a baseline: what happened before the run's first report is not counted
     new_retries, new_ooms = (
         c - b if c >= b else 0.0
         for c, b in zip(now, before, strict=True)  # NaN: False
@@ -141,32 +141,28 @@ def allocator(  # noqa: PLR0917
         ("fragmentation", retrying and fragmented),
     ):
         value = float(n) if metric == "alloc_retries" else cache
-        out.append(
-            one(
-                "memory",
-                metric,
-                step,
-                value,
-                score,
-                rank=rank,
-                scope=scope,
-                severity=WARNING if breach else None,
-                expected=float(cfg.retry_samples) if metric == "alloc_retries" else None,
-                detail=detail if breach else None,
-            )
-        )
-    out.append(
-        counter_rise(
+        out.add(
             "memory",
-            "ooms",
+            metric,
             step,
-            new_ooms,
+            value,
+            score,
             rank=rank,
             scope=scope,
-            detail={**detail, "ooms": now[1]},
+            severity=WARNING if breach else None,
+            expected=float(cfg.retry_samples) if metric == "alloc_retries" else None,
+            detail=detail if breach else None,
         )
+    counter_rise(
+        out,
+        "memory",
+        "ooms",
+        step,
+        new_ooms,
+        rank=rank,
+        scope=scope,
+        detail={**detail, "ooms": now[1]},
     )
-    return out
 
 
 def hw(  # noqa: PLR0917
@@ -181,12 +177,12 @@ def hw(  # noqa: PLR0917
     rank: int,
 ) -> list[Signals]:
     """Every GPU entry of one ``hw`` record: its NVML figures and its allocator report."""
-    out: list[Signals] = []
+    out = SignalRows()
     for gpu in data.get("gpus") or []:
         scope = f"gpu:{host}/{gpu.get('index', 0)}"
         if finite(gpu.get(ALLOCATED)) and _known(state, cfg, scope):
-            out += allocator(state, cfg, gpu, scope, time_ns / 1e9, busy, last_step, step, rank)
-    return out
+            allocator(out, state, cfg, gpu, scope, time_ns / 1e9, busy, last_step, step, rank)
+    return out.signals()
 
 
 def on_record(state: GpuMemoryState, cfg: GpuMemoryConfig, rec: Record, run: Run) -> list[Signals]:

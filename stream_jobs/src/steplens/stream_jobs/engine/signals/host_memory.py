@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from steplens.schema import Record
-from steplens.stream_jobs.engine.core import Run, Signals, finite
+from steplens.stream_jobs.engine.core import Run, SignalRows, Signals, finite
 from steplens.stream_jobs.engine.signals.headroom import HeadroomConfig
 from steplens.stream_jobs.engine.signals.memory_trend import growth
 
@@ -56,7 +56,9 @@ def on_record(
     busy = bool(run.last_step_ns) and rec.time_ns - run.last_step_ns < cfg.busy_s * 1e9
     scope = f"rank:{rec.rank}"
     t_s = rec.time_ns / 1e9
-    got = growth(
+    out = SignalRows()
+    growth(
+        out,
         marks,
         cfg,
         "rss_growth",
@@ -69,4 +71,4 @@ def on_record(
         rec.step,
         rec.rank,
     )
-    return [] if got is None else [got]
+    return out.signals()

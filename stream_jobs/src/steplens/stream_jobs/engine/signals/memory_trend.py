@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from steplens.stream_jobs.engine.core import CRITICAL, WARNING, Signals, one
+from steplens.stream_jobs.engine.core import CRITICAL, WARNING, SignalRows
 from steplens.stream_jobs.engine.signals.headroom import HeadroomConfig, headroom
 
 
@@ -25,6 +25,7 @@ class TrendSettings(Protocol):
 
 
 def growth(  # noqa: PLR0917
+    out: SignalRows,
     marks: deque[list[float]],
     cfg: TrendSettings,
     metric: str,
@@ -36,16 +37,16 @@ def growth(  # noqa: PLR0917
     last_step: int,
     step: int | None,
     rank: int,
-) -> Signals | None:
-    """``memory:<metric>`` at a kept sample (None between them): ``marks`` (the scope's kept
-    ``[time s, value, limit, run's last step]``, updated) with ``high`` now; the signal's
-    value is the estimated seconds to ``limit`` (inf: not climbing)."""
+) -> None:
+    """``memory:<metric>`` at a kept sample (none between them), added to ``out``: ``marks``
+    (the scope's kept ``[time s, value, limit, run's last step]``, updated) with ``high``
+    now; the signal's value is the estimated seconds to ``limit`` (inf: not climbing)."""
     if not busy:
         marks.clear()
     elif not marks or t_s - marks[-1][0] >= cfg.keep_every_s:
         marks.append([t_s, high, limit, float(last_step)])
     else:
-        return None  # judged at kept samples only
+        return  # judged at kept samples only
     arr = np.asarray(marks, dtype=np.float64).reshape(-1, 4)
     h = headroom(cfg.trend, arr[:, 0], arr[:, 1], limit)
     severity, detail = None, None
@@ -62,7 +63,7 @@ def growth(  # noqa: PLR0917
         pace = (last[3] - first[3]) / (last[0] - first[0]) if last[0] > first[0] else 0.0
         if first[3] >= 0 and pace > 0:
             detail["eta_steps"] = int(h.seconds_left * pace)
-    return one(
+    out.add(
         "memory",
         metric,
         step,

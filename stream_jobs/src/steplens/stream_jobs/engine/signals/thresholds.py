@@ -28,8 +28,8 @@ from steplens.stream_jobs.engine.core import (
     WARN_SEV,
     WARNING,
     Run,
+    SignalRows,
     Signals,
-    one,
     score_of,
     scores_of,
 )
@@ -68,6 +68,7 @@ class ThresholdState:
 
 
 def above(  # noqa: PLR0917
+    out: SignalRows,
     name: str,
     metric: str,
     value: float,
@@ -76,10 +77,10 @@ def above(  # noqa: PLR0917
     rank: int,
     scope: str,
     severity: str | None = WARNING,
-) -> Signals:
+) -> None:
     """A signal that breaches when ``value > limit``."""
     breach = math.isfinite(value) and value > limit
-    return one(
+    out.add(
         name,
         metric,
         step,
@@ -94,6 +95,7 @@ def above(  # noqa: PLR0917
 
 
 def below(  # noqa: PLR0917
+    out: SignalRows,
     name: str,
     metric: str,
     value: float,
@@ -102,9 +104,10 @@ def below(  # noqa: PLR0917
     rank: int,
     scope: str,
     breach: bool,
-) -> Signals:
+) -> None:
+    """A signal that breaches when ``breach`` (a value under ``limit``, as the caller judges)."""
     ratio = limit / value if value > 0 else math.inf
-    return one(
+    out.add(
         name,
         metric,
         step,
@@ -130,7 +133,7 @@ def hw(  # noqa: PLR0917
 ) -> tuple[ThresholdState, list[Signals]]:
     """GPU memory, temperature and utilisation, disk latency, host memory from one ``hw``
     record taken at ``at_s`` (seconds; NaN: no drift is judged)."""
-    out: list[Signals] = []
+    out = SignalRows()
     for gpu in data.get("gpus") or []:
         scope = f"gpu:{host}/{gpu.get('index', 0)}"
         if ALLOCATED in gpu and len(state.allocator) < cfg.max_gpus:
@@ -142,81 +145,82 @@ def hw(  # noqa: PLR0917
             over = state.mem_over.get(scope, 0) + 1 if pct > cfg.gpu_mem_pct else 0
             state.mem_over[scope] = over
             warns = judged and over >= cfg.gpu_mem_sustain
-            out.append(
-                above(
-                    "threshold",
-                    "gpu_mem_pct",
-                    pct,
-                    cfg.gpu_mem_pct,
-                    step,
-                    rank,
-                    scope,
-                    WARNING if warns else None,
-                )
+            above(
+                out,
+                "threshold",
+                "gpu_mem_pct",
+                pct,
+                cfg.gpu_mem_pct,
+                step,
+                rank,
+                scope,
+                WARNING if warns else None,
             )
-            drift = _drift(
-                state, cfg, "gpu_mem_growth", scope, at_s, pct, cfg.gpu_mem_pct, step, rank, judged
+            _drift(
+                out,
+                state,
+                cfg,
+                "gpu_mem_growth",
+                scope,
+                at_s,
+                pct,
+                cfg.gpu_mem_pct,
+                step,
+                rank,
+                judged,
             )
-            if drift is not None:
-                out.append(drift)
         temp = gpu.get("temp_c")
         if isinstance(temp, (int, float)) and math.isfinite(temp):
-            out.append(above("threshold", "gpu_temp_c", temp, cfg.gpu_temp_c, step, rank, scope))
-            drift = _drift(
-                state, cfg, "gpu_temp_drift", scope, at_s, temp, cfg.gpu_temp_c, step, rank
-            )
-            if drift is not None:
-                out.append(drift)
+            above(out, "threshold", "gpu_temp_c", temp, cfg.gpu_temp_c, step, rank, scope)
+            _drift(out, state, cfg, "gpu_temp_drift", scope, at_s, temp, cfg.gpu_temp_c, step, rank)
         util = gpu.get("util_gpu")
         if isinstance(util, (int, float)) and math.isfinite(util):
             low = training and util < cfg.gpu_util_low
             count = state.low_util.get(scope, 0) + 1 if low else 0
             state.low_util[scope] = count
-            out.append(
-                below(
-                    "threshold",
-                    "gpu_util",
-                    float(util),
-                    cfg.gpu_util_low,
-                    step,
-                    rank,
-                    scope,
-                    count >= cfg.gpu_util_sustain,
-                )
+            below(
+                out,
+                "threshold",
+                "gpu_util",
+                float(util),
+                cfg.gpu_util_low,
+                step,
+                rank,
+                scope,
+                count >= cfg.gpu_util_sustain,
             )
     for disk in data.get("disks") or []:
         lat = disk.get("io_latency_ms")
         if isinstance(lat, (int, float)):
-            out.append(
-                above(
-                    "threshold",
-                    "disk_io_latency_ms",
-                    float(lat),
-                    cfg.disk_latency_ms,
-                    step,
-                    rank,
-                    f"disk:{host}/{disk.get('device', '?')}",
-                )
+            above(
+                out,
+                "threshold",
+                "disk_io_latency_ms",
+                float(lat),
+                cfg.disk_latency_ms,
+                step,
+                rank,
+                f"disk:{host}/{disk.get('device', '?')}",
             )
     avail, total = data.get("mem_available_bytes"), data.get("mem_total_bytes")
     if isinstance(avail, int) and isinstance(total, int) and total > 0:
         pct = 100.0 * avail / total
-        out.append(
-            below(
-                "threshold",
-                "host_mem_available_pct",
-                pct,
-                cfg.host_mem_available_pct,
-                step,
-                rank,
-                f"host:{host}",
-                pct < cfg.host_mem_available_pct,
-            )
+        below(
+            out,
+            "threshold",
+            "host_mem_available_pct",
+            pct,
+            cfg.host_mem_available_pct,
+            step,
+            rank,
+            f"host:{host}",
+            pct < cfg.host_mem_available_pct,
         )
-    return state, out
+    return state, out.signals()
 
 
 def _drift(  # noqa: PLR0917
+    out: SignalRows,
     state: ThresholdState,
     cfg: ThresholdConfig,
     metric: str,
@@ -227,12 +231,12 @@ def _drift(  # noqa: PLR0917
     step: int | None,
     rank: int,
     judged: bool = True,
-) -> Signals | None:
+) -> None:
     """``value``'s drift toward ``limit`` over the scope's kept samples (``headroom``), at a
-    kept sample (None between them, and without a time): its value is the seconds left at
+    kept sample (none between them, and without a time): its value is the seconds left at
     the current rate (``judged``: it may warn)."""
     if not math.isfinite(time_s):
-        return None
+        return
     key = f"{scope} {metric}"
     hist = state.drift.get(key)
     if hist is None:
@@ -240,11 +244,11 @@ def _drift(  # noqa: PLR0917
     if hist and time_s <= hist[-1][0]:
         hist.clear()  # the clock went back: a new sampler
     elif hist and time_s - hist[-1][0] < cfg.drift_keep_every_s:
-        return None
+        return
     hist.append((time_s, float(value)))
     pairs = np.array(hist, dtype=float).reshape(-1, 2)
     h = headroom(cfg.drift, pairs[:, 0], pairs[:, 1], limit)
-    return one(
+    out.add(
         "threshold",
         metric,
         step,
@@ -260,9 +264,9 @@ def _drift(  # noqa: PLR0917
 
 def comm(cfg: ThresholdConfig, data: dict[str, Any], step: int | None, rank: int) -> list[Signals]:
     lat = float(data.get("latency_ms", math.nan))
-    return [
-        above("threshold", "comm_latency_ms", lat, cfg.comm_latency_ms, step, rank, f"rank:{rank}")
-    ]
+    out = SignalRows()
+    above(out, "threshold", "comm_latency_ms", lat, cfg.comm_latency_ms, step, rank, f"rank:{rank}")
+    return out.signals()
 
 
 def on_record(state: ThresholdState, cfg: ThresholdConfig, rec: Record, run: Run) -> list[Signals]:
