@@ -2,11 +2,13 @@
 simulated ranks (``sim_ranks.py``, the producer's own code, into a ``MemoryTransport``, steps
 as fast as they can be made) scored by one ``RunDetector`` as the worker's ``detect`` does,
 with its checkpoint (``dump`` of the ranks touched) every ``--checkpoint-steps`` steps (the
-worker: every 5 s, so 5 steps of 1 s).
+worker: every 5 s, so 5 steps of 1 s), or as the worker spaces a slow one (``store``'s
+``CHECKPOINT_SPACING``: ten times its time, a step a simulated second).
 
 Prints, per N: records, scoring µs per record, CPU seconds per simulated second, the
-checkpoint's size and time (and its head's: the run-wide states), and the process's peak
-RSS. The smallest N is the baseline of the ratios.
+checkpoint's size and time (and its head's: the run-wide states) and the checkpoints' CPU
+seconds per simulated second, and the process's peak RSS. The smallest N is the baseline
+of the ratios.
 
     python bench/bench_rank_state.py --ranks 64 256 1024 --steps 60
 """
@@ -26,6 +28,7 @@ import contextlib
 from sim_ranks import Fleet, parse
 from steplens.schema import Record, decode
 from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.worker.store import CHECKPOINT_SPACING, SLOW_CHECKPOINT_S
 
 
 def measure(n: int, steps: int, every: int) -> dict[str, float]:
@@ -40,7 +43,7 @@ def measure(n: int, steps: int, every: int) -> dict[str, float]:
     by_kind: dict[str, list[float]] = {}
     dumps: list[int] = []
     heads: list[int] = []
-    last_ck = 0
+    last_ck, wait = 0, every
     for rec in recs:
         t = time.process_time()
         with contextlib.suppress(ValueError):
@@ -52,11 +55,13 @@ def measure(n: int, steps: int, every: int) -> dict[str, float]:
         got[0] += 1
         got[1] += dt
         step = rec.step if rec.kind in ("step", "step_window") else None
-        if step is not None and step >= last_ck + every:
+        if step is not None and step >= last_ck + wait:
             last_ck = step
             t = time.process_time()
             head, ranks = det.dump(det.take_touched())
-            dump_s += time.process_time() - t
+            took = time.process_time() - t
+            dump_s += took
+            wait = max(every, CHECKPOINT_SPACING * took if took >= SLOW_CHECKPOINT_S else 0)
             dumps.append(len(head) + sum(len(b) for b in ranks.values()))
             heads.append(len(head))
     return {
@@ -67,6 +72,7 @@ def measure(n: int, steps: int, every: int) -> dict[str, float]:
         "checkpoints": len(dumps),
         "checkpoint_mb": max(dumps, default=0) / 2**20,
         "checkpoint_s": dump_s / max(1, len(dumps)),
+        "checkpoint_cpu_per_step_s": dump_s / steps,
         "head_mb": max(heads, default=0) / 2**20,
         "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "by_kind": {k: f"{n} x {1e6 * t / n:.0f} µs" for k, (n, t) in by_kind.items()},
@@ -89,7 +95,8 @@ def main() -> int:
             f"per step ({m['score_cpu_per_step_s'] / base['score_cpu_per_step_s']:.1f}x); "
             f"checkpoint {m['checkpoint_mb']:.2f} MB in {m['checkpoint_s'] * 1000:.0f} ms "
             f"({m['checkpoint_s'] / max(base['checkpoint_s'], 1e-9):.1f}x), "
-            f"{m['checkpoints']} checkpoints, head {m['head_mb']:.2f} MB; "
+            f"{m['checkpoints']} checkpoints ({m['checkpoint_cpu_per_step_s']:.3f} CPU s per "
+            f"step), head {m['head_mb']:.2f} MB; "
             f"peak RSS so far {m['rss_mb']:.0f} MB",
             flush=True,
         )

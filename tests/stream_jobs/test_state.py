@@ -271,3 +271,42 @@ def test_a_head_past_a_message_s_size_is_stored_in_parts_and_restores_whole(monk
 
     third._retire("r")
     assert not [k for k in table if k == b"r" or k.startswith(b"r\x1f")]
+
+
+class SlowTable(dict):
+    """A table whose writes take ``write_s`` of ``clock``'s time each."""
+
+    def __init__(self, clock: list[float], write_s: float) -> None:
+        super().__init__()
+        self.clock, self.write_s = clock, write_s
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self.clock[0] += self.write_s
+        super().__setitem__(key, value)
+
+
+def test_a_slow_checkpoint_spaces_its_run_s_next_ones(monkeypatch):
+    """A run whose checkpoint took long (a wide run) is checkpointed again no sooner than ten
+    times that later, not every ``checkpoint_s``: its checkpoints take at most about a tenth
+    of the worker's time. A quick one keeps ``checkpoint_s``."""
+    from types import SimpleNamespace
+
+    from steplens.stream_jobs.engine.signals.registry import DetectorConfig
+    from steplens.stream_jobs.worker import store as store_module
+    from steplens.stream_jobs.worker.store import RunStore
+
+    clock = [1000.0]
+    monkeypatch.setattr(store_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    for write_s, due_after in ((0.3, 3 * 0.3 * 10), (0.001, 5.0)):  # 3 writes: 2 ranks, a head
+        table = SlowTable(clock, write_s)
+        store = RunStore(table, DetectorConfig(), checkpoint_s=5.0)
+        det = store.cache["r"] = RunDetector("r", fit_inline=True)
+        replay(det, records()[:50])
+        assert [run for run, _ in store.hold(0, "r", "first")] == ["r"]  # never saved: now
+        store.checkpoint("r")
+        assert sorted(table) == sorted([b"r", *(f"r\x1frank:{k}".encode() for k in (0, 1))])
+        clock[0] += due_after - 0.01
+        assert store.hold(0, "r", "second") == [] and store.quiet_runs() == []
+        clock[0] += 0.02
+        assert store.quiet_runs() == ["r"]
+        assert store.hold(0, "r", "third") == [("r", ["second", "third"])]

@@ -44,6 +44,13 @@ log = logging.getLogger("steplens.stream_jobs")
 # the previous head whole).
 MAX_VALUE = 512 << 10
 PARTS = b"SLpt"
+# A run's checkpoint costs about 4 KB and a quarter of a millisecond per rank it writes: 4 s
+# for a run of 16,384 ranks, most of ``checkpoint_s``. A checkpoint that took ``SLOW_CHECKPOINT_S``
+# or more makes its run's next one wait ``CHECKPOINT_SPACING`` times as long as it took (if
+# that is longer than ``checkpoint_s``): a run's checkpoints take at most about a tenth of the
+# loop, and a crash scores again at most that many seconds of its messages.
+CHECKPOINT_SPACING = 10.0
+SLOW_CHECKPOINT_S = 0.1
 
 
 def part_key(run: str, slot: int, i: int) -> bytes:
@@ -96,6 +103,7 @@ class RunStore:
         self.history = history  # None: runs the table does not have start cold
         self.cache: dict[str, RunDetector] = {}
         self.saved_at: dict[str, float] = {}
+        self.spaced: dict[str, float] = {}  # run -> its slow last checkpoint's time, spaced
         self.partition_of: dict[str, int] = {}  # run -> its by-run partition
         self.generation = 0  # rebalances begun; the detect agent compares it around a message
         # by-run partition -> run -> its messages scored since its last checkpoint
@@ -133,6 +141,7 @@ class RunStore:
             if key.encode() in self.table:
                 del self.table[key.encode()]
         self.saved_at.pop(run, None)
+        self.spaced.pop(run, None)
         self.partition_of.pop(run, None)
         self.limits.retired(run)
 
@@ -252,14 +261,20 @@ class RunStore:
         held.setdefault(run, []).append(event)
         self.partition_of[run] = partition
         now = time.monotonic()
-        due = [r for r in held if now - self.saved_at.get(r, -math.inf) >= self.checkpoint_s]
+        due = [r for r in held if self._due(r, now)]
         return [(r, held.pop(r)) for r in due]
+
+    def _due(self, run: str, now: float) -> bool:
+        wait = max(self.checkpoint_s, self.spaced.get(run, 0.0))
+        return now - self.saved_at.get(run, -math.inf) >= wait
 
     def checkpoint(self, run: str) -> None:
         """Write ``run``'s changed state to the table: each changed rank in its other slot,
         then the head that names those slots (a checkpoint cut short before the head leaves
         the stored run as it was; a large head in parts: ``MAX_VALUE``), then the ranks'
-        previous slots are cleared."""
+        previous slots are cleared. The next is due ``checkpoint_s`` after it ends, or ten
+        times as long as it took if it was slow (``CHECKPOINT_SPACING``)."""
+        began = time.monotonic()
         det = self.cache[run]
         head, ranks = det.dump(det.take_touched())
         for rank, blob in ranks.items():
@@ -269,18 +284,15 @@ class RunStore:
             old = rank_key(run, rank, 1 - det.slots[rank]).encode()
             if old in self.table:
                 del self.table[old]
-        self.saved_at[run] = time.monotonic()
+        self.saved_at[run] = ended = time.monotonic()
+        took = ended - began
+        self.spaced[run] = CHECKPOINT_SPACING * took if took >= SLOW_CHECKPOINT_S else 0.0
 
     def quiet_runs(self) -> list[str]:
-        """Runs holding messages past ``checkpoint_s`` (a run that went quiet: its next
-        checkpoint needs a message of its partition)."""
+        """Runs holding messages past their next checkpoint's time (a run that went quiet:
+        its next checkpoint needs a message of its partition)."""
         now = time.monotonic()
-        return [
-            run
-            for held in self.held.values()
-            for run in held
-            if now - self.saved_at.get(run, -math.inf) >= self.checkpoint_s
-        ]
+        return [run for held in self.held.values() for run in held if self._due(run, now)]
 
     def revoked(self) -> None:
         """A rebalance began: the held messages are not acknowledged (Faust delivers them
@@ -298,6 +310,7 @@ class RunStore:
         for run in [r for r in self.cache if self.partition_of.get(r) not in partitions]:
             del self.cache[run]
             self.saved_at.pop(run, None)
+            self.spaced.pop(run, None)
             self.partition_of.pop(run, None)
 
     def fitted(self, run: str, key: tuple[int, str], params: ArimaParams | None) -> None:
