@@ -80,6 +80,66 @@ def test_rollup_writes_mean_min_max_last_per_minute(stack_env) -> None:
     assert {r["rank"] for r in got} == {"0"}
 
 
+def test_summary_fields_are_rolled_up_by_their_own_fold(stack_env) -> None:
+    """A step window's fields and a signal's band are summaries: the rollups keep the fold
+    of each that means something (the minute's largest window maximum, its smallest minimum,
+    its windows' mean, the last band), each the same value as the four-way rollup had, and
+    a signal's value all four ways."""
+    s = settings_from(stack_env)
+    run_id = unique("run")
+    minute = (time.time_ns() // MIN_NS - 3) * MIN_NS
+    windows = [
+        {"count": 10, "mean": 2.0, "std": 0.5, "min": 1.0, "max": 6.0, "last": 2.5},
+        {"count": 10, "mean": 3.0, "std": 0.25, "min": 1.5, "max": 4.0, "last": 3.5},
+    ]
+    recs = [
+        make_record(
+            "step_window",
+            {"step_first": 10 * i, "step_last": 10 * i + 9, "count": 10, "metrics": {"loss": w}},
+            run_id=run_id,
+            seq=i,
+            step=10 * i + 9,
+            time_ns=minute + (i + 1) * 10**10,
+        )
+        for i, w in enumerate(windows)
+    ]
+    band = {"name": "arima", "metric": "loss", "score": 0.2}
+    recs += [
+        make_record(
+            "signal",
+            {**band, "value": v, "expected": e, "lower": e - 1, "upper": e + 1},
+            run_id=run_id,
+            seq=5 + i,
+            step=10 * i + 9,
+            time_ns=minute + (i + 1) * 10**10 + 1,
+        )
+        for i, (v, e) in enumerate(((2.0, 2.2), (4.0, 2.4)))
+    ]
+    with make_client(s) as client:
+        ensure_buckets(client, s)
+        assert InfluxSink(client, s).export(recs).accepted == 4
+        start = datetime.fromtimestamp(minute / 1e9, tz=timezone.utc)
+        run_rollup(client, s, start, start + timedelta(minutes=1), run_id)
+
+    def fields(measurement: str) -> dict[str, float]:
+        got = rows(
+            s, f'r.run_id == "{run_id}" and r._measurement == "{measurement}"', s.rollup_bucket
+        )
+        return {r["_field"]: r["_value"] for r in got}
+
+    window = fields("step_window")
+    assert window["max_max"] == 6.0 and window["min_min"] == 1.0 and window["last_last"] == 3.5
+    assert window["mean_mean"] == pytest.approx(2.5) and window["std_mean"] == pytest.approx(0.375)
+    assert (window["step_first_min"], window["step_last_max"]) == (0.0, 19.0)
+    unkept = {"max_min", "max_mean", "min_max", "mean_max", "last_mean", "mean_last"}
+    assert not unkept & set(window)
+    signal = fields("signal")
+    assert (signal["value_mean"], signal["value_min"], signal["value_max"]) == (3.0, 2.0, 4.0)
+    assert signal["value_last"] == 4.0 and signal["expected_last"] == pytest.approx(2.4)
+    assert signal["upper_last"] == pytest.approx(3.4) and signal["score_max"] == 0.2
+    assert not {"expected_mean", "upper_max", "score_min"} & set(signal)
+
+
 def test_an_earlier_rollup_task_is_removed(stack_env) -> None:
     """Rollups are made by the sink now: the InfluxDB task of earlier versions goes."""
     s = settings_from(stack_env)

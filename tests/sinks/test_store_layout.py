@@ -120,3 +120,24 @@ def test_a_read_and_a_mark_are_whole_flux_queries() -> None:
     mark = layout.last_mark("rollups", layout.LEASE, layout.LEASE_FIELD, 210)
     assert "range(start: -210s, stop: 1m)" in mark and mark.rstrip().endswith("|> last()")
     assert 'r._measurement == "rollup_lease" and r._field == "owner"' in mark
+
+
+def test_the_rollups_fold_summary_fields_the_sink_writes() -> None:
+    """Every field ``FOLDS`` names is one the influx sink writes for its measurement, with
+    kept aggregates among ``AGGREGATES``: a renamed window or signal field fails here, not as
+    a field silently rolled up four ways again."""
+    stats = {"count": 3, "mean": 1.0, "std": 0.25, "min": 0.5, "max": 1.5, "last": 1.0}
+    window = {"step_first": 1, "step_last": 3, "count": 3, "duration_s": 3.0, "metrics": {}}
+    window["metrics"] = {"loss": {**stats, "nonfinite": 0}}
+    band = {"expected": 1.0, "lower": 0.0, "upper": 2.0, "score": 0.5}
+    signal = {"name": "arima", "metric": "loss", "value": 1.0, **band}
+    written = {
+        b.measurement: set(b.fields)
+        for kind, data in (("step_window", window), ("signal", signal))
+        for b in record_builders(make_record(kind, data, run_id="r", step=3, time_ns=1))
+    }
+    for measurement, folds in layout.FOLDS.items():
+        assert set(folds) <= written[measurement], measurement
+        assert all(kept and set(kept) <= set(layout.AGGREGATES) for kept in folds.values())
+    assert layout.folds("step_window", "max") == ("max",)
+    assert layout.folds("step", "loss") == layout.AGGREGATES

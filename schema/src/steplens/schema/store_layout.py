@@ -55,6 +55,32 @@ SEQ: Final = "seq"  # every point's record sequence number (not rolled up)
 NONFINITE: Final = "_nonfinite"  # suffix of the string field a non-finite number goes to
 
 AGGREGATES: Final = ("mean", "min", "max", "last")  # of each numeric field, per minute
+# A field that is itself a summary (a step window's, a signal's band) is rolled up by the
+# fold of it that means something: a minute's largest window maximum, its last band; every
+# other numeric field by every one of ``AGGREGATES``. Each aggregate of each series is a pass
+# of the rollups over it: a step window's ten fields kept four ways each were 9/20 of a
+# run's time at 1,024 ranks.
+FOLDS: Final[dict[str, dict[str, tuple[str, ...]]]] = {
+    "step_window": {
+        "count": ("mean",),
+        "duration_s": ("mean",),
+        "mean": ("mean",),
+        "std": ("mean",),
+        "min": ("min",),
+        "step_first": ("min",),
+        "max": ("max",),
+        "step_last": ("max",),
+        "nonfinite": ("max",),
+        "last": ("last",),
+    },
+    "signal": {
+        "score": ("max",),
+        "step": ("max",),
+        "expected": ("last",),
+        "lower": ("last",),
+        "upper": ("last",),
+    },
+}
 COVERAGE: Final = "rollup_coverage"  # the rollups' coverage marks (no tags) ...
 COVERAGE_FIELD: Final = "points"  # ... counting the points a run wrote
 LEASE: Final = "rollup_lease"  # the lease of the sink that makes the rollup runs ...
@@ -76,6 +102,11 @@ def rollup_suffix(aggregate: str) -> str:
 def rolled(field: str, aggregate: str) -> str:
     """The rollup field of ``field``'s minutes by ``aggregate``: ``loss`` -> ``loss_mean``."""
     return field + rollup_suffix(aggregate)
+
+
+def folds(measurement: str, field: str) -> tuple[str, ...]:
+    """The aggregates the rollups keep of ``measurement``'s numeric ``field`` (``FOLDS``)."""
+    return FOLDS.get(measurement, {}).get(field, AGGREGATES)
 
 
 _NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -39,8 +39,10 @@ from steplens.schema.store_layout import (
     AGGREGATES,
     COVERAGE,
     COVERAGE_FIELD,
+    FOLDS,
     RUN,
     SEQ,
+    field_in,
     last_mark,
     mark_is,
     measurement_in,
@@ -61,24 +63,38 @@ def _imports() -> str:
     return "".join(f"import {flux_string(name)}\n" for name in IMPORTS)
 
 
+def _folded(measurement: str, aggregate: str) -> str:
+    """Flux condition (to append): a field of ``measurement`` the rollups keep by
+    ``aggregate`` (``FOLDS``: the summary fields that keep it, and every field not listed)."""
+    folds = FOLDS.get(measurement)
+    if folds is None:
+        return ""
+    using = [f for f, kept in folds.items() if aggregate in kept]
+    others = " and ".join(f"r._field != {flux_string(f)}" for f in folds)
+    return f" and ({field_in(using)} or ({others}))" if using else f" and {others}"
+
+
 def _rollup_stream(s: InfluxSettings, measurement: str, run_id: str | None, skips: str) -> str:
     """Flux defining ``rolled``: the rollup points of ``measurement`` in [start_, stop_),
-    written to the rollup bucket (``start_`` and ``stop_`` are defined by the caller).
-    ``skips``: a Flux dictionary, measurement -> a regular expression of its fields that are
-    not numbers (``TextFields.flux_dict``)."""
+    written to the rollup bucket (``start_`` and ``stop_`` are defined by the caller): each
+    numeric field by each aggregate it keeps (``FOLDS``), one pushed-down window aggregate
+    each. ``skips``: a Flux dictionary, measurement -> a regular expression of its fields
+    that are not numbers (``TextFields.flux_dict``)."""
     hot = flux_string(s.bucket)
     only_run = "" if run_id is None else f" and {tag_in(RUN, [run_id])}"
     m = flux_string(measurement)
     numbers = f"r._field != {flux_string(SEQ)} and r._field !~ skip{only_run}"
-    aggs = ", ".join(f"agg(fn: {a}, suffix: {flux_string(rollup_suffix(a))})" for a in AGGREGATES)
+    aggs = ", ".join(
+        f"""from(bucket: {hot})
+    |> range(start: start_, stop: stop_)
+    |> filter(fn: (r) => {measurement_in([measurement])} and {numbers}{_folded(measurement, a)})
+    |> aggregateWindow(every: 1m, fn: {a}, createEmpty: false, timeSrc: "_start")
+    |> toFloat()
+    |> map(fn: (r) => ({{r with _field: r._field + {flux_string(rollup_suffix(a))}}}))"""
+        for a in AGGREGATES
+    )
     return f"""skips = {skips}
 skip = regexp.compile(v: dict.get(dict: skips, key: {m}, default: "^$"))
-agg = (fn, suffix) => from(bucket: {hot})
-    |> range(start: start_, stop: stop_)
-    |> filter(fn: (r) => {measurement_in([measurement])} and {numbers})
-    |> aggregateWindow(every: 1m, fn: fn, createEmpty: false, timeSrc: "_start")
-    |> toFloat()
-    |> map(fn: (r) => ({{r with _field: r._field + suffix}}))
 rolled = union(tables: [{aggs}])
     |> to(bucket: {flux_string(s.rollup_bucket)}, org: {flux_string(s.org)})
 """
