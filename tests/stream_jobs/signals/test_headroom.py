@@ -1,5 +1,6 @@
 """A drift toward a limit warns before the limit; noise near it and falling series do not."""
 
+import itertools
 import math
 import random
 
@@ -143,3 +144,20 @@ def test_a_leak_read_every_second_warns_before_its_limit():
 
     first, _ = _drift_warnings(gpu, 900)
     assert first <= 900 - 300
+
+
+def test_a_drift_is_judged_once_in_each_half_minute_of_its_kept_samples():
+    """Samples are kept every 10 s and judged at the first kept in each 30 s (a fit of the
+    window's stretches is paid by every GPU): a GPU read every second for 10 minutes has its
+    temperature drift judged 20 times, not 59, each the first kept sample of its 30 s."""
+    st, cfg = thresholds.ThresholdState(), thresholds.ThresholdConfig()
+    judged: list[float] = []
+    for i in range(600):
+        t = 1000.0 + i
+        gpu = {"index": 0, "temp_c": 60 + t / 600}
+        st, sigs = thresholds.hw(st, cfg, {"gpus": [gpu]}, "n1", i, 0, True, t)
+        judged += [t for s in sigs if s.metric == "gpu_temp_drift"]
+    kept = [k for k, _ in st.drift["gpu:n1/0 gpu_temp_drift"]]
+    assert len(kept) == 60 and set(judged) <= set(kept)
+    assert len(judged) == 20 and all(b - a == 30.0 for a, b in itertools.pairwise(judged))
+    assert all(t // 30 != (t - 10) // 30 for t in judged)

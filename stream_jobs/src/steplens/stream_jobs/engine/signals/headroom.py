@@ -102,6 +102,11 @@ class HeadroomConfig:
     confidence: float = 0.95  # of the slope's interval
     # of a shorter trailing stretch's: several are judged at once, and a short one is noisier
     confidence_short: float = 0.999
+    # a drift is judged at the first kept sample in each span of this many seconds (0: at
+    # every kept sample): a fit of the window's stretches costs about 0.25 ms, paid by every
+    # GPU and rank, and a drift that reaches its limit within ``horizon_s`` is seen as well
+    # 30 s later
+    judge_every_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,17 @@ class Headroom:
 
 
 NONE = Headroom(math.nan, math.inf, 0.0, False)
+FLAT = Headroom(0.0, math.inf, 0.0, False)  # what the fit of a flat stretch gives
+
+
+def judged_at(cfg: HeadroomConfig, before_s: float | None, now_s: float) -> bool:
+    """Whether a sample kept at ``now_s`` is judged, the one kept before it at ``before_s``
+    (None: none, and nothing to judge yet): it is the first in its span of
+    ``judge_every_s``."""
+    if before_s is None:
+        return False
+    every = cfg.judge_every_s
+    return every <= 0 or now_s // every != before_s // every
 
 
 def headroom(
@@ -136,6 +152,8 @@ def _fit(
 ) -> Headroom:
     if len(t) < cfg.min_samples or not np.ptp(t) > 0:
         return NONE
+    if not np.ptp(x) > 0:  # flat (a steady allocator's mark): every pairwise slope is 0
+        return FLAT
     slope, intercept, low, _ = theil_sen(t, x, confidence)
     level = intercept + slope * t[-1]
     if not (slope > 0 and math.isfinite(slope)):

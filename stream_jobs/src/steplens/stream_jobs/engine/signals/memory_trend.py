@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from steplens.stream_jobs.engine.core import CRITICAL, WARNING, SignalRows
-from steplens.stream_jobs.engine.signals.headroom import HeadroomConfig, headroom
+from steplens.stream_jobs.engine.signals.headroom import HeadroomConfig, headroom, judged_at
 
 
 class TrendSettings(Protocol):
@@ -38,13 +38,17 @@ def growth(  # noqa: PLR0917
     step: int | None,
     rank: int,
 ) -> None:
-    """``memory:<metric>`` at a kept sample (none between them), added to ``out``: ``marks``
+    """``memory:<metric>`` at a kept sample that is judged (``judged_at``; none between them),
+    added to ``out``: ``marks``
     (the scope's kept ``[time s, value, limit, run's last step]``, updated) with ``high``
     now; the signal's value is the estimated seconds to ``limit`` (inf: not climbing)."""
     if not busy:
         marks.clear()
     elif not marks or t_s - marks[-1][0] >= cfg.keep_every_s:
+        before = marks[-1][0] if marks else None
         marks.append([t_s, high, limit, float(last_step)])
+        if not judged_at(cfg.trend, before, t_s):
+            return
     else:
         return  # judged at kept samples only
     arr = np.asarray(marks, dtype=np.float64).reshape(-1, 4)

@@ -34,7 +34,7 @@ from steplens.stream_jobs.engine.core import (
     scores_of,
 )
 from steplens.stream_jobs.engine.signals.allocator_keys import ALLOCATED
-from steplens.stream_jobs.engine.signals.headroom import HeadroomConfig, headroom
+from steplens.stream_jobs.engine.signals.headroom import HeadroomConfig, headroom, judged_at
 
 
 @dataclass
@@ -233,8 +233,8 @@ def _drift(  # noqa: PLR0917
     judged: bool = True,
 ) -> None:
     """``value``'s drift toward ``limit`` over the scope's kept samples (``headroom``), at a
-    kept sample (none between them, and without a time): its value is the seconds left at
-    the current rate (``judged``: it may warn)."""
+    kept sample that is judged (``judged_at``; none between them, and without a time): its
+    value is the seconds left at the current rate (``judged``: it may warn)."""
     if not math.isfinite(time_s):
         return
     key = f"{scope} {metric}"
@@ -245,7 +245,10 @@ def _drift(  # noqa: PLR0917
         hist.clear()  # the clock went back: a new sampler
     elif hist and time_s - hist[-1][0] < cfg.drift_keep_every_s:
         return
+    before = hist[-1][0] if hist else None
     hist.append((time_s, float(value)))
+    if not judged_at(cfg.drift, before, time_s):
+        return
     pairs = np.array(hist, dtype=float).reshape(-1, 2)
     h = headroom(cfg.drift, pairs[:, 0], pairs[:, 1], limit)
     out.add(
