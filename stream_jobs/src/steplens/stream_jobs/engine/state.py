@@ -16,7 +16,6 @@ say what a head holds (a large head is stored in parts: ``worker.store``).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -28,7 +27,6 @@ MAGIC = b"SLst"
 FORMAT = 1  # raise it when a change cannot be read by the rule above; keep reading the old
 
 RANK_SEP = "\x1f"  # in a rank's table key only (a run id is printable)
-_AS_IS = frozenset({type(None), bool, int, float, str, bytes})  # written by msgpack itself
 
 
 def rank_key(run: str, rank: int, slot: int = 0) -> str:
@@ -45,39 +43,30 @@ class Codec:
         self.classes: dict[str, type] = {c.__name__: c for c in classes}
 
     def _plain(self, x: Any) -> Any:
-        if type(x) in _AS_IS or isinstance(x, (bool, int, float, str, bytes)):
+        if x is None or isinstance(x, (bool, int, float, str, bytes)):
             return x
         if isinstance(x, list):
-            return self._items(x)
+            return [self._plain(v) for v in x]
         if isinstance(x, dict):
             return {"$d": [[self._plain(k), self._plain(v)] for k, v in x.items()]}
         if isinstance(x, np.ndarray):
             a = np.ascontiguousarray(x)
             return {"$a": [a.dtype.str, list(a.shape), a.tobytes()]}
         if isinstance(x, deque):
-            return {"$q": [x.maxlen, self._items(x)]}
+            return {"$q": [x.maxlen, [self._plain(v) for v in x]]}
         if isinstance(x, (set, frozenset)):
-            return {"$s": self._items(x)}
+            return {"$s": [self._plain(v) for v in x]}
         if isinstance(x, tuple):
-            return {"$t": self._items(x)}
+            return {"$t": [self._plain(v) for v in x]}
         if isinstance(x, np.generic):
             return x.item()
         name = type(x).__name__
-        if self.classes.get(name) is type(x):
-            return {"$c": name, "f": self._fields(x)}
+        if dataclasses.is_dataclass(x) and self.classes.get(name) is type(x):
+            fields = {
+                f.name: self._plain(getattr(x, f.name)) for f in dataclasses.fields(x) if f.init
+            }
+            return {"$c": name, "f": fields}
         raise TypeError(f"not part of a detector's state: {type(x).__name__}")
-
-    # most of a state is numbers: written as they are, without a call each
-    def _items(self, xs: Iterable[Any]) -> list[Any]:
-        plain = self._plain
-        return [v if type(v) in _AS_IS else plain(v) for v in xs]
-
-    def _fields(self, x: Any) -> dict[str, Any]:
-        plain, out = self._plain, {}
-        for f in _stored_fields(type(x)):
-            v = getattr(x, f)
-            out[f] = v if type(v) in _AS_IS else plain(v)
-        return out
 
     def _built(self, x: Any) -> Any:
         if isinstance(x, list):
@@ -100,7 +89,7 @@ class Codec:
             cls = self.classes.get(x["$c"])
             if cls is None:
                 raise ValueError(f"unknown state class {x['$c']!r}")
-            names = _stored_fields(cls)
+            names = {f.name for f in dataclasses.fields(cls) if f.init}
             return cls(**{k: self._built(v) for k, v in x["f"].items() if k in names})
         raise ValueError("unknown tag in a stored state")
 
@@ -114,12 +103,6 @@ class Codec:
         if blob[len(MAGIC)] != FORMAT:
             raise ValueError(f"state format {blob[len(MAGIC)]}, this release reads {FORMAT}")
         return self._built(msgpack.unpackb(blob[len(MAGIC) + 1 :], raw=False, strict_map_key=False))
-
-
-@functools.cache
-def _stored_fields(cls: type) -> tuple[str, ...]:
-    """The fields of a state dataclass that its stored form holds (those ``__init__`` takes)."""
-    return tuple(f.name for f in dataclasses.fields(cls) if f.init)
 
 
 def _key(k: Any) -> Any:
