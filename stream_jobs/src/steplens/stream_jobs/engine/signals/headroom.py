@@ -24,6 +24,7 @@ are judged at once, and a short stretch is noisier, so only a clear rise breache
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from statistics import NormalDist
@@ -121,14 +122,18 @@ NONE = Headroom(math.nan, math.inf, 0.0, False)
 FLAT = Headroom(0.0, math.inf, 0.0, False)  # what the fit of a flat stretch gives
 
 
-def judged_at(cfg: HeadroomConfig, before_s: float | None, now_s: float) -> bool:
-    """Whether a sample kept at ``now_s`` is judged, the one kept before it at ``before_s``
-    (None: none, and nothing to judge yet): it is the first in its span of
-    ``judge_every_s``."""
+def judged_at(cfg: HeadroomConfig, series: str, before_s: float | None, now_s: float) -> bool:
+    """Whether a sample of ``series`` kept at ``now_s`` is judged, the one kept before it at
+    ``before_s`` (None: none, and nothing to judge yet): it is the first in its span of
+    ``judge_every_s``. Each series' spans start at a phase of its own (from its name), so a
+    fleet's drifts are judged spread over the span, not all at once after each boundary."""
     if before_s is None:
         return False
     every = cfg.judge_every_s
-    return every <= 0 or now_s // every != before_s // every
+    if every <= 0:
+        return True
+    phase = every * (zlib.crc32(series.encode()) % 1024) / 1024
+    return (now_s + phase) // every != (before_s + phase) // every
 
 
 def headroom(

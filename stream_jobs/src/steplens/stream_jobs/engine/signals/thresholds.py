@@ -247,7 +247,7 @@ def _drift(  # noqa: PLR0917
         return
     before = hist[-1][0] if hist else None
     hist.append((time_s, float(value)))
-    if not judged_at(cfg.drift, before, time_s):
+    if not judged_at(cfg.drift, key, before, time_s):
         return
     pairs = np.array(hist, dtype=float).reshape(-1, 2)
     h = headroom(cfg.drift, pairs[:, 0], pairs[:, 1], limit)
