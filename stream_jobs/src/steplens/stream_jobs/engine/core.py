@@ -211,27 +211,13 @@ class Signals:
         return range(int(np.searchsorted(row, i)), int(np.searchsorted(row, i, "right")))
 
 
-def one(
-    name: str,
-    metric: str,
-    step: int | None,
-    value: float,
-    score: float,
-    *,
-    rank: int = RUN_RANK,
-    scope: str = "run",
-    severity: str | None = None,
-    expected: float | None = None,
-    lower: float | None = None,
-    upper: float | None = None,
-    detail: dict[str, Any] | None = None,
-    row: int = 0,
-) -> Signals:
-    """One signal (of a record's own detectors: evaluations, data) on batch row ``row``; the
-    arguments as ``Signal`` takes them, where it is and what it adds by name. A detector that
-    gives several signals of a record gathers them (``SignalRows``)."""
-    item = _item(row, step, value, score, rank, scope, severity, expected, lower, upper, detail)
-    return _columns(name, metric, [item])
+def one(name: str, metric: str, step: int | None, value: float, score: float, **at: Any) -> Signals:
+    """One signal (of a record's own detectors: evaluations, data) on batch row ``at["row"]``
+    (0); the arguments as ``SignalRows.add`` takes them. A detector that gives several
+    signals of a record gathers them (``SignalRows``)."""
+    rows = SignalRows()
+    rows.add(name, metric, step, value, score, **at)
+    return rows.signals()[0]
 
 
 # one signal as ``SignalRows`` keeps it until built: row, step, value, score, severity code,
