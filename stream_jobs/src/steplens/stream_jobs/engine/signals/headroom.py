@@ -122,18 +122,18 @@ NONE = Headroom(math.nan, math.inf, 0.0, False)
 FLAT = Headroom(0.0, math.inf, 0.0, False)  # what the fit of a flat stretch gives
 
 
-def judged_at(cfg: HeadroomConfig, series: str, before_s: float | None, now_s: float) -> bool:
-    """Whether a sample of ``series`` kept at ``now_s`` is judged, the one kept before it at
-    ``before_s`` (None: none, and nothing to judge yet): it is the first in its span of
-    ``judge_every_s``. Each series' spans start at a phase of its own (from its name), so a
-    fleet's drifts are judged spread over the span, not all at once after each boundary."""
-    if before_s is None:
-        return False
+def judged_at(cfg: HeadroomConfig, series: str, now_s: float, keep_every_s: float) -> bool:
+    """Whether a sample of ``series`` kept at ``now_s`` (samples kept at most every
+    ``keep_every_s``) is judged: one kept in the first ``keep_every_s`` of a span of
+    ``judge_every_s``, the span's first. Each series' spans start at a phase of its own (from
+    its name), so a fleet's drifts are judged spread over the span, not all at once; and
+    whether a sample is judged depends on its time alone, so a restored detector judges the
+    samples a never-stopped one does."""
     every = cfg.judge_every_s
-    if every <= 0:
+    if every <= keep_every_s:
         return True
     phase = every * (zlib.crc32(series.encode()) % 1024) / 1024
-    return (now_s + phase) // every != (before_s + phase) // every
+    return (now_s + phase) % every < keep_every_s
 
 
 def headroom(
