@@ -103,10 +103,10 @@ class HeadroomConfig:
     confidence: float = 0.95  # of the slope's interval
     # of a shorter trailing stretch's: several are judged at once, and a short one is noisier
     confidence_short: float = 0.999
-    # a drift is judged at the first kept sample in each span of this many seconds (0: at
-    # every kept sample): a fit of the window's stretches costs about 0.25 ms, paid by every
-    # GPU and rank, and a drift that reaches its limit within ``horizon_s`` is seen as well
-    # 30 s later
+    # a drift is judged at about one kept sample in each span of this many seconds
+    # (``judged_at``; at most the keep interval: every kept sample): a fit of the window's
+    # stretches costs about 0.25 ms, paid by every GPU and rank, and a drift that reaches its
+    # limit within ``horizon_s`` is seen as well 30 s later
     judge_every_s: float = 30.0
 
 
