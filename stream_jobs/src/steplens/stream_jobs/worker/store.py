@@ -102,8 +102,8 @@ class RunStore:
         self.checkpoint_s = checkpoint_s
         self.history = history  # None: runs the table does not have start cold
         self.cache: dict[str, RunDetector] = {}
-        self.saved_at: dict[str, float] = {}
-        self.spaced: dict[str, float] = {}  # run -> its slow last checkpoint's time, spaced
+        # run -> when its last checkpoint ended, and how long it took
+        self.saved: dict[str, tuple[float, float]] = {}
         self.partition_of: dict[str, int] = {}  # run -> its by-run partition
         self.generation = 0  # rebalances begun; the detect agent compares it around a message
         # by-run partition -> run -> its messages scored since its last checkpoint
@@ -140,8 +140,7 @@ class RunStore:
         for key in [*(rank_key(run, r, slot) for r in ranks for slot in (0, 1)), run]:
             if key.encode() in self.table:
                 del self.table[key.encode()]
-        self.saved_at.pop(run, None)
-        self.spaced.pop(run, None)
+        self.saved.pop(run, None)
         self.partition_of.pop(run, None)
         self.limits.retired(run)
 
@@ -265,8 +264,9 @@ class RunStore:
         return [(r, held.pop(r)) for r in due]
 
     def _due(self, run: str, now: float) -> bool:
-        wait = max(self.checkpoint_s, self.spaced.get(run, 0.0))
-        return now - self.saved_at.get(run, -math.inf) >= wait
+        ended, took = self.saved.get(run, (-math.inf, 0.0))
+        spaced = CHECKPOINT_SPACING * took if took >= SLOW_CHECKPOINT_S else 0.0
+        return now - ended >= max(self.checkpoint_s, spaced)
 
     def checkpoint(self, run: str) -> None:
         """Write ``run``'s changed state to the table: each changed rank in its other slot,
@@ -284,9 +284,8 @@ class RunStore:
             old = rank_key(run, rank, 1 - det.slots[rank]).encode()
             if old in self.table:
                 del self.table[old]
-        self.saved_at[run] = ended = time.monotonic()
-        took = ended - began
-        self.spaced[run] = CHECKPOINT_SPACING * took if took >= SLOW_CHECKPOINT_S else 0.0
+        ended = time.monotonic()
+        self.saved[run] = (ended, ended - began)
 
     def quiet_runs(self) -> list[str]:
         """Runs holding messages past their next checkpoint's time (a run that went quiet:
@@ -309,8 +308,7 @@ class RunStore:
         dropped (their next owner restores them from the table); the rest stay in memory."""
         for run in [r for r in self.cache if self.partition_of.get(r) not in partitions]:
             del self.cache[run]
-            self.saved_at.pop(run, None)
-            self.spaced.pop(run, None)
+            self.saved.pop(run, None)
             self.partition_of.pop(run, None)
 
     def fitted(self, run: str, key: tuple[int, str], params: ArimaParams | None) -> None:
