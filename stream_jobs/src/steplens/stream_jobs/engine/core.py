@@ -441,6 +441,7 @@ class Run:
     train_loss: float | None = None  # EMA of the training loss (all ranks)
     last_step_ns: int = 0  # time of the latest step record
     last_step: int = -1  # the largest step of any rank (-1: none yet)
+    unfollowed: int = 0  # rows of ranks past ``series_ranks``: no series of their own
 
     def track_loss(self, xs: np.ndarray, alpha: float) -> None:
         """The training loss's EMA over finite values ``xs``, for the train/validation gap."""

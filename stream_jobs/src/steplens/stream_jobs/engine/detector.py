@@ -339,7 +339,10 @@ class RunDetector:
         self.touched.add(rank)
         fitter = self._fitter() if self.fit_inline else None
         how = rank_signals.Scoring(cfg, self.schedule, self.generic, route, fitter)
-        scored = rank_signals.score(s, how, rows, columns, self.run)
+        followed = rank < cfg.series_ranks
+        if not followed:
+            self.run.unfollowed += n
+        scored = rank_signals.score(s, how, rows, columns, self.run, followed=followed)
         batch = scored.batch
         self.fits_wanted.update((rank, m) for m in scored.asked)  # for ``pending_fits``
         if rank != RUN_RANK and n:

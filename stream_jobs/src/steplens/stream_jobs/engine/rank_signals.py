@@ -5,6 +5,10 @@ signals judged by its policy.
 A non-finite value is a ``nonfinite`` signal, learnt by none. A series that asks for an ARIMA
 model gets it at once from the run's ``fitter`` (offline), or, without one, is listed in what
 ``score`` returns for the caller to fit elsewhere.
+
+A rank that is not ``followed`` (past the run's ``series_ranks``) keeps no series: its values
+are checked for non-finite ones and its losses still feed the run's average; what is judged
+across ranks (its step times) is judged as for any rank, after this.
 """
 
 from __future__ import annotations
@@ -62,14 +66,17 @@ class Scored:
     loss: Column | None = None
 
 
-def score(states: States, how: Scoring, rows: Rows, columns: Columns, run: Run) -> Scored:
+def score(
+    states: States, how: Scoring, rows: Rows, columns: Columns, run: Run, *, followed: bool = True
+) -> Scored:
     """Score ``columns`` (metric -> one cell per row, in order) of ``rows`` with the rank's
-    ``states``; the run's training-loss average follows its losses."""
+    ``states`` (none kept when not ``followed``: its non-finite values only); the run's
+    training-loss average follows its losses."""
     cfg = how.cfg
     row_a = np.arange(len(rows.steps), dtype=np.int64)
     out = Scored()
     lrs = columns.get("lr")  # the update share's floor follows the logged lr, row by row
-    if lrs is not None or "training" in states:
+    if followed and (lrs is not None or "training" in states):
         st = _state(states, "training", "update_ratio", training.TrainingState, how.schedule)
         training.observe_lrs(st, None if lrs is None else floats_of(lrs)[0])
     for metric, cells in columns.items():
@@ -79,6 +86,11 @@ def score(states: States, how: Scoring, rows: Rows, columns: Columns, run: Run) 
             out.batch.append(bad)
         if col is None:
             continue
+        if metric == "loss":
+            run.track_loss(col.xs, cfg.train_loss_alpha)
+            out.loss = col
+        if not followed:
+            continue
         if rows.spreads and metric in rows.spreads:  # a window's own spread (one row)
             std, count = rows.spreads[metric]
             col.spreads, col.counts = np.array([std]), np.array([count], dtype=np.int64)
@@ -86,9 +98,6 @@ def score(states: States, how: Scoring, rows: Rows, columns: Columns, run: Run) 
         out.batch += _score(states, how, metric, col)
         if col.asked:
             out.asked.append(metric)
-        if metric == "loss":
-            run.track_loss(col.xs, cfg.train_loss_alpha)
-            out.loss = col
     return out
 
 

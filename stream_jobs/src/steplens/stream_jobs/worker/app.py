@@ -72,6 +72,7 @@ def detector_config(options: DetectorOptions, max_ranks: int) -> DetectorConfig:
     )
     return DetectorConfig(
         arima_enabled=options.arima_enabled,
+        **({} if options.series_ranks is None else {"series_ranks": options.series_ranks}),
         ranks=ranks,
         advice=advice,
         baseline=baseline,

@@ -83,6 +83,9 @@ class Records:
 
 
 GRAD_NORMS = frozenset({"grad_norm", "grad_norm_preclip"})
+# ranks of a run whose own metrics keep series, by default: a step window through them costs
+# about 0.5 ms, 0.8 of a core at 16,384 ranks and 1 s steps (bench/RESULTS.md)
+SERIES_RANKS = 1024
 
 SERIES: tuple[Series, ...] = (
     Series(
@@ -268,11 +271,15 @@ class DetectorConfig:
     other entry's ``enabled`` flag) turns a detector on or off; ``rules``; ``calibration``,
     how raw scores become anomaly scores; ``advice``, what incidents advise the ranks
     (``engine.advice``); ``train_loss_alpha``, the EMA weight of the training loss (for the
-    train/validation gap). Keyword arguments replace any of them."""
+    train/validation gap); ``series_ranks``. Keyword arguments replace any of them."""
 
     def __init__(self, **given: Any) -> None:
         self.rules: RulesConfig = given.pop("rules", None) or RulesConfig()
         self.train_loss_alpha: float = given.pop("train_loss_alpha", 0.1)
+        # ranks whose own metrics keep series (ARIMA, spikes, volatility, ...): ranks 0 to
+        # N-1; the others' are checked for non-finite values and judged against the other
+        # ranks (``rank_signals``), their rows counted (``Run.unfollowed``)
+        self.series_ranks: int = given.pop("series_ranks", SERIES_RANKS)
         self.calibration: CalibrationConfig = given.pop("calibration", None) or CalibrationConfig()
         self.incidents: IncidentsConfig = given.pop("incidents", None) or IncidentsConfig()
         self.advice: AdviceConfig = given.pop("advice", None) or AdviceConfig()
