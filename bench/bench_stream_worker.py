@@ -1,9 +1,12 @@
 """One `steplens worker` process against the real Kafka: throughput and log_step -> alert latency.
 
 Baselines measured in the same run, on the same pre-filled raw topic:
-  * a plain confluent-kafka consumer (the broker's floor), and
+  * a plain confluent-kafka consumer (the broker's floor),
   * a Faust agent that does nothing but count (``take_events`` with the worker's batch and
-    ``within``): what Faust's per-record machinery alone costs on this machine.
+    ``within``): what Faust's per-record machinery alone costs on this machine (the worker's
+    route stage was such an agent), and
+  * the worker's route stage alone (``worker.router``: read, group by run, forward to a by-run
+    topic, commit), with its CPU per record.
 Then the worker (every signal on, ARIMA fits in its pool) drains the topic: records/s from its
 own Prometheus counter. Last, latency under load: step records at a fixed offered rate (a share
 of the worker's measured rate) for several runs, each with a loss spike every 40 steps on one
@@ -96,6 +99,36 @@ def run_null_agent(bootstrap: str, topic: str, n: int) -> float:
         if line.startswith("NULL_RATE"):
             return float(line.split()[1])
     raise RuntimeError(f"the null agent did not finish: {proc.stderr[-2000:]}")
+
+
+def route_stage(bootstrap: str, topics: Topics, n: int) -> tuple[float, float]:
+    """The route stage alone over the pre-filled raw topic: records/s and CPU us a record
+    (the process's, librdkafka's threads included), from its first batch on."""
+    import resource
+
+    from steplens.stream_jobs.worker.router import Router
+    from steplens.stream_jobs.worker.settings import ensure_worker_topics
+
+    s = WorkerSettings(bootstrap=bootstrap, topics=topics, app_id=f"route-{uuid.uuid4().hex[:8]}")
+    ensure_worker_topics(s)
+    router = Router(s, lambda reason, *_: reason.encode())
+    router.start()  # its thread routes; this one watches the count
+    try:
+        deadline = time.monotonic() + 120
+        while router.routed == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        t0, n0 = time.perf_counter(), router.routed
+        u = resource.getrusage(resource.RUSAGE_SELF)
+        c0 = u.ru_utime + u.ru_stime
+        while router.routed < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        u = resource.getrusage(resource.RUSAGE_SELF)
+        done = router.routed - n0
+        rate = done / (time.perf_counter() - t0)
+        cpu_us = 1e6 * (u.ru_utime + u.ru_stime - c0) / max(done, 1)
+    finally:
+        router.stop()
+    return rate, cpu_us
 
 
 def plain_consumer(bootstrap: str, topic: str, n: int) -> float:
@@ -478,6 +511,9 @@ def main() -> None:
     if n:
         floor = plain_consumer(boot, topics.raw, n)
         ceiling = run_null_agent(boot, topics.raw, n)
+        routed, route_cpu_us = route_stage(boot, topics, n)
+        print(f"  route stage alone      {routed:>9,.0f} records/s = {routed / ceiling:.2f}x the "
+              f"counting agent, {route_cpu_us:.1f} CPU us a record")  # fmt: skip
     port = args.port = 20464 + random.randrange(500)
     proc = start_worker(boot, topics, tag, port, args.worker_arg)
     args.worker_pid = proc.pid

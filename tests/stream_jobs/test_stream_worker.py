@@ -555,3 +555,47 @@ def test_runs_and_ranks_past_the_limits_are_left_out_and_idle_runs_retired(kafka
     assert kept == {0, 1}, last
     kafka.send(steps(b, 10, 20))
     wait_scored(w, 50)  # a's 40, then b's second 10 (its first 10 were refused)
+
+
+def test_the_route_stage_starts_where_the_worker_group_left_the_raw_topic(kafka, workers):
+    """A worker group whose raw offsets were committed by its Faust agent (earlier versions)
+    and whose route group has none: the route stage starts at those offsets, not at the start
+    of the topic. Then a worker stopped and started again goes on from its own commits: every
+    step is scored once."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    kafka.send(steps(run, 0, 100))  # routed and committed by the worker group before
+    w = workers("--no-arima", "--fetch-wait-ms", "40")
+    c = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": w.app_id})
+    parts = c.list_topics(kafka.topics.raw, timeout=10).topics[kafka.topics.raw].partitions
+    ends = [
+        TopicPartition(
+            kafka.topics.raw, p, c.get_watermark_offsets(TopicPartition(kafka.topics.raw, p))[1]
+        )
+        for p in parts
+    ]
+    c.commit(offsets=ends, asynchronous=False)
+    c.close()
+    kafka.send(steps(run, 100, 150))
+    w.start().wait_metrics()
+
+    def settled(n: int) -> None:
+        """Until ``n`` step records are scored and the route stage is at the raw topic's end;
+        then no more come."""
+        deadline = time.monotonic() + 90
+        while True:
+            text = w.metrics()
+            done = sample(text, "steplens_worker_records_total", kind="step") >= n
+            if done and sample(text, "steplens_worker_consumer_lag") == 0:
+                break
+            assert time.monotonic() < deadline, text
+            time.sleep(0.2)
+        time.sleep(2.0)
+        assert sample(w.metrics(), "steplens_worker_records_total", kind="step") == n
+
+    settled(50)
+    w.stop()
+    kafka.send(steps(run, 150, 170))
+    w.start().wait_metrics()
+    settled(20)  # a new process: its count starts at 0, and the route group's commits hold

@@ -51,11 +51,12 @@ def scored(worker) -> float:
     return 0.0
 
 
-def committed(kafka, group: str) -> int:
-    """The offsets ``group`` has committed on the raw topic, all partitions together."""
+def committed(kafka, app_id: str) -> int:
+    """The offsets the route stage of workers ``app_id`` has committed on the raw topic, all
+    partitions together."""
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group})
+    c = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"{app_id}-route"})
     try:
         meta = c.list_topics(kafka.topics.raw, timeout=10).topics[kafka.topics.raw]
         parts = [TopicPartition(kafka.topics.raw, p) for p in meta.partitions]

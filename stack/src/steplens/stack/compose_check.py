@@ -675,23 +675,24 @@ class Checks:
         wait_for(f"Prometheus scrapes {jobs}", probe, 120, 5)
 
     def owners(self) -> dict[str, dict[str, list[int]]]:
-        """Worker container id -> topic -> partitions, from the consumer group."""
+        """Worker container id -> topic -> partitions, from the workers' consumer groups (the
+        Faust agent's, and the route stage's for the raw topic)."""
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        (group,) = admin.describe_consumer_groups(["steplens-worker"]).values()
-        desc = group.result(timeout=10)
+        groups = admin.describe_consumer_groups(["steplens-worker", "steplens-worker-route"])
         by_ip = {}
         for cid in self.p.containers("worker"):
             nets = json.loads(docker("inspect", cid))[0]["NetworkSettings"]["Networks"]
             by_ip.update({n["IPAddress"]: cid for n in nets.values()})
         out: dict[str, dict[str, list[int]]] = {}
-        for m in desc.members:
-            cid = by_ip.get(m.host.lstrip("/"))
-            if cid is None or m.assignment is None:
-                continue
-            for tp in m.assignment.topic_partitions:
-                out.setdefault(cid, {}).setdefault(tp.topic, []).append(tp.partition)
+        for group in groups.values():
+            for m in group.result(timeout=10).members:
+                cid = by_ip.get(m.host.lstrip("/"))
+                if cid is None or m.assignment is None:
+                    continue
+                for tp in m.assignment.topic_partitions:
+                    out.setdefault(cid, {}).setdefault(tp.topic, []).append(tp.partition)
         return out
 
     def shared(self) -> dict[str, dict[str, list[int]]]:

@@ -1,21 +1,23 @@
 """The Faust wiring (the only module that imports faust).
 
 raw topic (key run_id:rank, 8 partitions)
-  -> ``route``: batches of raw messages (``take_events`` with ``within``), grouped by run id from
-     the key and forwarded to the internal ``<app id>-by-run`` topic, a run's share of a batch
-     cut into messages of about ``BY_RUN_MESSAGE_BYTES``; undecodable keys or non-UTF-8
-     payloads become dead letters here. The hop puts every rank of a run on one partition: the
-     producers key raw by run and rank, and a run's detectors judge its ranks together.
-  -> ``detect``: one ``RunDetector`` per run (``RunStore``: the ``runs`` table, checkpoints,
-     acknowledgements; a run the table does not have, or a rank whose steps go back, is warmed
-     from its history first: ``HistoryLoads``); ``Scorer`` scores its messages, ``Publisher``
-     sends its signals, alerts and dead letters.
+  -> ``Router``: batches of raw messages (a librdkafka consumer of the ``<app id>-route`` group,
+     in a thread of its own, started and stopped with the app), grouped by run id from the key
+     and forwarded to the internal ``<app id>-by-run`` topic, a run's share of a batch cut into
+     messages of about ``BY_RUN_MESSAGE_BYTES``; undecodable keys or non-UTF-8 payloads become
+     dead letters here. The hop puts every rank of a run on one partition: the producers key
+     raw by run and rank, and a run's detectors judge its ranks together.
+  -> ``detect`` (a Faust agent): one ``RunDetector`` per run (``RunStore``: the ``runs``
+     table, checkpoints, acknowledgements; a run the table does not have, or a rank whose
+     steps go back, is warmed from its history first: ``HistoryLoads``); ``Scorer`` scores
+     its messages, ``Publisher`` sends its signals, alerts and dead letters.
 ARIMA fits run in a process pool, many to a job (``FitQueue``); their parameters are applied
 when they come back. The 7-day baselines are refitted in the same pool (``BaselineFits``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import ssl
@@ -138,7 +140,6 @@ class Worker:
             # rebalance must not wait for them (they are scored again by the new owner)
             stream_wait_empty=False,
         )
-        self.raw = app.topic(s.topics.raw, key_serializer="raw", value_serializer="raw")
         self.by_run_name = f"{s.app_id}-by-run"
         self.by_run = app.topic(
             self.by_run_name,
@@ -171,8 +172,7 @@ class Worker:
             s.app_id,
         )
         self.scorer = Scorer(limits, reseed, self.out, metrics, s.time_bounds)
-        self.router = Router(s, self.by_run, self.out, lambda: app.consumer)
-        app.agent(self.raw, name="route")(self.router.route)
+        self.router = Router(s, self.out.dead_letter, metrics.assigned.set)
         app.agent(self.by_run, name="detect")(self._detect)
         app.timer(2.0)(self._report)
         app.timer(max(1.0, s.checkpoint_s))(self._nudge_quiet_runs)
@@ -180,6 +180,7 @@ class Worker:
         app.timer(60.0)(self._refit_baselines)
         app.on_partitions_revoked.connect(cast(Any, self._revoked))
         app.on_partitions_assigned.connect(cast(Any, self._assigned))
+        app.on_before_shutdown.connect(cast(Any, self._stopping))
         app.task(self._startup)
         self._rate_mark = (time.monotonic(), 0)
 
@@ -198,14 +199,16 @@ class Worker:
             self.baselines.pool = self.pool
         if self.history is not None:
             self.history.start()
+        self.router.start()
+
+    async def _stopping(self, app: faust.App, **kw: Any) -> None:
+        await asyncio.to_thread(self.router.stop)  # its batch in flight routed and committed
 
     async def _revoked(self, app: faust.App, revoked: Any, **kw: Any) -> None:
         self.store.revoked()
 
     async def _assigned(self, app: faust.App, assigned: Any, **kw: Any) -> None:
         self.store.assigned({tp.partition for tp in assigned if tp.topic == self.by_run_name})
-        raw = sum(1 for tp in assigned if tp.topic == self.s.topics.raw)
-        self.metrics.assigned.set(raw)
         ms = compat.set_fetch_wait(self.app.consumer, self.s.fetch_wait_ms)
         if ms is None:
             log.warning("the consumer's fetch wait could not be set; it stays Faust's 1.5 s")
@@ -217,19 +220,10 @@ class Worker:
         t0, n0 = self._rate_mark
         self.metrics.rate.set((self.scorer.consumed - n0) / max(now - t0, 1e-6))
         self._rate_mark = (now, self.scorer.consumed)
-        consumer = self.app.consumer
-        lag = 0
         try:
-            for tp in consumer.assignment():
-                if tp.topic != self.s.topics.raw:
-                    continue
-                high = consumer.highwater(tp)
-                seen = await consumer.position(tp)
-                if high is not None and seen is not None:
-                    lag += max(0, high - seen)
+            self.metrics.lag.set(await asyncio.to_thread(self.router.lag))
         except Exception:  # lag is best effort; never take the worker down for it
             log.debug("consumer lag unavailable", exc_info=True)
-        self.metrics.lag.set(lag)
 
     # ------------------------------------------------------------------ detect
     async def _detect(self, stream: Any) -> None:

@@ -4,10 +4,8 @@ the library versions they were written against; ``check`` logs at start whether 
 ones are those (a warning when not: the entry may then do nothing, and says so).
 
 * ``set_fetch_wait``: Faust builds its aiokafka consumer with a 1,500 ms fetch wait and no
-  setting for it, and at full resolution a fetch for by-run partitions alone held back every
-  raw partition until it timed out, leaving the worker seconds behind with its loop idle.
-* ``commit``: Faust's public ``Consumer.commit`` flushes the whole producer first, and waiting
-  on that at every routed batch took the log_step -> alert p99 from 0.9 s to 3.2 s.
+  setting for it, and at full resolution a fetch for some of its partitions alone held back
+  the others until it timed out, leaving the worker seconds behind with its loop idle.
 * ``quiet_root_logger``: Faust's worker leaves the root logger at DEBUG, and building the
   debug records of faust and aiokafka took a tenth of the loop's time under load.
 * ``runs_table``: a run's state is stored as ``state``'s versioned bytes, a head and one value
@@ -15,7 +13,7 @@ ones are those (a warning when not: the entry may then do nothing, and says so).
   and Faust's serializers would pickle it.
 * ``unacked``: a by-run message is acknowledged once a checkpoint of its run holds it, not when
   the agent moves past it, so a worker killed between checkpoints loses nothing. Faust's
-  ``processing_guarantee="exactly_once"`` does not replace it or ``commit``: a write to a topic
+  ``processing_guarantee="exactly_once"`` does not replace it: a write to a topic
   the app reads itself (the by-run hop) joins a transaction that never commits, and 0 of
   3,968 records crossed such a hop (bench/RESULTS.md, "Faust's exactly-once, tried").
 * ``send``: signals go to the producer directly, as a Faust topic's send (its message futures,
@@ -53,8 +51,7 @@ def check() -> dict[str, str | None]:
         if have != want:
             log.warning(
                 "compat: written against %s %s, %s is installed: the consumer's fetch wait may "
-                "stay Faust's 1.5 s (steplens_worker_fetch_wait_seconds shows the wait in use) "
-                "and the route agent's commits may fail (Faust's periodic commit then commits)",
+                "stay Faust's 1.5 s (steplens_worker_fetch_wait_seconds shows the wait in use)",
                 dist,
                 want,
                 have,
@@ -74,23 +71,6 @@ def set_fetch_wait(consumer: Any, ms: int) -> int | None:
         return None
     fetcher._fetch_max_wait_ms = ms
     return int(fetcher._fetch_max_wait_ms)
-
-
-async def commit(consumer: Any, offsets: dict[Any, int]) -> bool:
-    """Commit explicit ``offsets`` (topic partition -> next offset) of Faust's consumer now,
-    without flushing its producer first: Faust's public ``commit`` flushes every pending send
-    (signals, table writes) before each commit, and the route agent, which commits each
-    batch once its by-run writes are acknowledged, waited on that and fell behind."""
-    mine = consumer.assignment()
-    offsets = {tp: off for tp, off in offsets.items() if tp in mine}
-    if not offsets:
-        return False
-    done = await consumer._commit(offsets)
-    if done:
-        seen = consumer._committed_offset
-        for tp, off in offsets.items():
-            seen[tp] = max(seen.get(tp) or 0, off)
-    return bool(done)
 
 
 def quiet_root_logger(level: str) -> None:

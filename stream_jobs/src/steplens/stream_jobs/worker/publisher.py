@@ -92,8 +92,16 @@ class Publisher:
         offset: int,
     ) -> None:
         """A record that cannot be scored, with the reason, to the dead-letter topic."""
+        body = self.dead_letter(reason, payload, run, partition, offset)
+        await self.send(self.topics.dead_letters, key if isinstance(key, bytes) else None, body)
+
+    def dead_letter(
+        self, reason: str, payload: bytes | None, run: str | None, partition: int, offset: int
+    ) -> bytes:
+        """The dead letter of a raw record (counted): what ``dead`` sends, and the route
+        stage's producer (``router``)."""
         self.metrics.dead_letters.labels(reason_class(reason)).inc()
-        body = dead_letter_bytes(
+        return dead_letter_bytes(
             reason,
             payload,
             source_topic=self.topics.raw,
@@ -102,4 +110,3 @@ class Publisher:
             consumer=self.consumer_name,
             run_id=run,
         )
-        await self.send(self.topics.dead_letters, key if isinstance(key, bytes) else None, body)

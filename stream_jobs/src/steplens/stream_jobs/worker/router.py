@@ -1,25 +1,48 @@
-"""The route agent: raw messages, in batches, grouped by run and forwarded to the by-run topic.
+"""The route stage: raw messages, in batches, grouped by run and forwarded to the by-run topic.
 
-A run's share of a batch is cut into messages of about ``BY_RUN_MESSAGE_BYTES``; undecodable
-keys or non-UTF-8 payloads become dead letters here. The hop puts every rank of a run on one
-by-run partition: the producers key raw by run and rank, and a run's detectors judge its ranks
-together (stragglers, hangs).
+The hop puts every rank of a run on one by-run partition: the producers key raw by run and
+rank, and a run's detectors judge its ranks together (stragglers, hangs). A run's share of a
+batch is cut into messages of about ``BY_RUN_MESSAGE_BYTES``; undecodable keys or non-UTF-8
+payloads become dead letters here.
+
+The stage reads the raw topic with a librdkafka consumer of its own group (``<app id>-route``)
+in a thread of its own, not through a Faust agent: every raw message is one record, and
+Faust's per-message machinery (its event, stream and sensor calls, aiokafka's record parsing)
+cost about 150 us a message where this costs under 10 (bench/RESULTS.md), the largest share of
+the worker's time in a wide run. A batch: up to ``batch`` messages within ``within_s``; their
+by-run messages produced keyed by run with the murmur2 partitioner (the partition Faust's
+producer gives the same key, so a run's nudges land beside its messages); the producer
+flushed; then the raw offsets committed. A worker killed before the commit leaves the old
+position: the batch is routed again, and the detectors skip what they already applied.
+
+A raw partition this group never committed starts where the worker group (``<app id>``, whose
+Faust agent routed before) committed it, else at the start of the topic.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import orjson
+from confluent_kafka import (
+    OFFSET_INVALID,
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
 
 from steplens.schema import DecodeError, decode
-from steplens.stream_jobs.worker import compat
-from steplens.stream_jobs.worker.publisher import Publisher
+from steplens.schema.kafka_config import admin_config, consumer_config, producer_config
+from steplens.schema.kafka_produce import produce_bounded
+from steplens.schema.log_limit import LimitedLog
 from steplens.stream_jobs.worker.settings import (
-    ROUTED_IN_FLIGHT,
+    BY_RUN_MAX_BYTES,
     WorkerSettings,
     by_run_chunks,
     run_of_key,
@@ -27,77 +50,235 @@ from steplens.stream_jobs.worker.settings import (
 
 log = logging.getLogger("steplens.stream_jobs")
 
+FLUSH_S = 30.0  # longest a batch's by-run writes may wait to be acknowledged
+QUEUE_FULL_S = 10.0  # longest one by-run message waits for room in the producer's queue
+RETRY_S = 1.0  # pause after a batch failed (Kafka away), before the next try
+
+# (reason, payload, run, partition, offset) -> the dead letter's key and value
+DeadLetter = Callable[[str, bytes | None, str | None, int, int], bytes]
+
 
 class Router:
+    """The route stage's consumer, producer and thread (``start``, ``stop``)."""
+
     def __init__(
-        self, s: WorkerSettings, by_run: Any, out: Publisher, consumer: Callable[[], Any]
+        self,
+        s: WorkerSettings,
+        dead_letter: DeadLetter,
+        on_assigned: Callable[[int], None] = lambda n: None,
     ) -> None:
         self.s = s
-        self.by_run = by_run  # the by-run topic
-        self.out = out
-        self.consumer = consumer  # the app's consumer, once it exists
-        # the commit of the last routed batch; each waits for the one before it
-        self.routed: asyncio.Future[None] | None = None
-        self.routed_pending = 0
+        self.by_run = f"{s.app_id}-by-run"
+        self.group = f"{s.app_id}-route"
+        self.dead_letter = dead_letter  # the dead letter's bytes (and its count)
+        self.on_assigned = on_assigned  # raw partitions now assigned
+        self.consumer: Consumer | None = None
+        self.producer: Producer | None = None
+        self.routed = 0  # raw messages routed (dead letters included)
+        self.stopping = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.failed: list[str] = []  # a delivery of the batch in flight that failed
+        self._log = LimitedLog(log)
 
-    async def route(self, stream: Any) -> None:
-        async for events in stream.take_events(self.s.batch, within=self.s.within_s):
-            groups: dict[str, list[list[Any]]] = {}
-            for ev in events:
-                msg = ev.message
-                run = await self._run_of(msg)
-                if run is not None:
-                    groups.setdefault(run[0], []).append([msg.partition, msg.offset, run[1]])
-            sent = [
-                await self.by_run.send(key=run.encode(), value=orjson.dumps(chunk))
-                for run, items in groups.items()
-                for chunk in by_run_chunks(items)
-            ]
-            offsets: dict[Any, int] = {}
-            for ev in events:
-                msg = ev.message
-                offsets[msg.tp] = max(offsets.get(msg.tp, 0), msg.offset + 1)
-            self.routed_pending += 1
-            self.routed = asyncio.ensure_future(self._commit_after(self.routed, offsets, sent))
-            if self.routed_pending >= ROUTED_IN_FLIGHT:
-                await self.routed  # and every one before it
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        s = self.s
+        extra = {
+            "fetch.wait.max.ms": max(1, s.fetch_wait_ms),
+            "client.id": self.group,
+            # a killed worker's raw partitions move as its by-run ones do (``session_timeout_s``)
+            "session.timeout.ms": int(s.session_timeout_s * 1000),
+            "heartbeat.interval.ms": int(s.session_timeout_s * 1000 / 6),
+        }
+        self.consumer = Consumer(consumer_config(self.group, s.bootstrap, extra=extra))
+        self.consumer.subscribe(
+            [s.topics.raw], on_assign=self._on_assign, on_revoke=self._on_revoke
+        )
+        self.producer = Producer(
+            producer_config(
+                s.bootstrap,
+                client_id=self.group,
+                linger_ms=5,
+                log_role="route",
+                extra={"partitioner": "murmur2_random", "message.max.bytes": BY_RUN_MAX_BYTES},
+            )
+        )
+        self.thread = threading.Thread(target=self._loop, name="steplens-route", daemon=True)
+        self.thread.start()
 
-    async def _run_of(self, msg: Any) -> tuple[str, str | None] | None:
+    def stop(self, timeout_s: float = FLUSH_S + 5) -> None:
+        """Stop after the batch in flight (routed and committed), and leave the group."""
+        self.stopping.set()
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        assert self.consumer is not None and self.producer is not None
+        try:
+            while not self.stopping.is_set():
+                try:
+                    self.step()
+                except Exception as exc:  # Kafka away or a commit refused: the batch again
+                    self._log.warning(
+                        type(exc).__name__, "route: batch not routed, tried again: %s", exc
+                    )
+                    self.stopping.wait(RETRY_S)
+        finally:
+            self.producer.flush(FLUSH_S)
+            self.consumer.close()
+
+    # ------------------------------------------------------------------ batches
+    def step(self) -> int:
+        """Route one batch; returns its raw messages. Raises when its by-run writes were not
+        all acknowledged or the commit failed: nothing is committed, and the consumer is back
+        at the batch's first messages."""
+        consumer, producer = self.consumer, self.producer
+        assert consumer is not None and producer is not None
+        msgs = consumer.consume(num_messages=self.s.batch, timeout=self.s.within_s)
+        if not msgs:
+            producer.poll(0)
+            return 0
+        firsts: dict[tuple[str, int], int] = {}  # each partition's first offset in the batch
+        try:
+            self._route(msgs, firsts)
+        except Exception:
+            self._rewind(firsts)  # the batch is consumed again
+            raise
+        self.routed += len(msgs)
+        return len(msgs)
+
+    def _route(self, msgs: list[Any], firsts: dict[tuple[str, int], int]) -> None:
+        """``msgs`` forwarded, flushed and committed (``step``)."""
+        consumer, producer = self.consumer, self.producer
+        assert consumer is not None and producer is not None
+        groups: dict[str, list[list[Any]]] = {}
+        offsets: dict[tuple[str, int], int] = {}
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                self._log.warning(f"consumer {err.code()}", "route: consumer error: %s", err)
+                continue
+            partition, offset = msg.partition() or 0, msg.offset() or 0
+            tp = (msg.topic() or "", partition)
+            firsts.setdefault(tp, offset)
+            offsets[tp] = offset + 1
+            got = self._run_of(msg.key(), msg.value(), partition, offset)
+            if got is not None:
+                groups.setdefault(got[0], []).append([partition, offset, got[1]])
+        self.failed.clear()
+        for run, items in groups.items():
+            key = run.encode()
+            for chunk in by_run_chunks(items):
+                self._produce(self.by_run, key, orjson.dumps(chunk))
+        left = producer.flush(FLUSH_S)
+        if left or self.failed:
+            why = f" ({self.failed[0]})" if self.failed else ""
+            raise RuntimeError(
+                f"{left} by-run messages unacknowledged, {len(self.failed)} failed{why}"
+            )
+        if offsets:
+            consumer.commit(
+                offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                asynchronous=False,
+            )
+
+    def _rewind(self, firsts: dict[tuple[str, int], int]) -> None:
+        """Back to a failed batch's first messages, on the partitions still assigned (a
+        partition moved by a rebalance starts at its committed offset with its new owner)."""
+        assert self.consumer is not None
+        for (topic, partition), offset in firsts.items():
+            try:
+                self.consumer.seek(TopicPartition(topic, partition, offset))
+            except KafkaException:
+                log.debug("route: partition %s not rewound (not assigned)", partition)
+
+    def _produce(self, topic: str, key: bytes | None, value: bytes) -> None:
+        assert self.producer is not None
+        queued = produce_bounded(
+            self.producer, topic, value, key, on_delivery=self._delivered, max_wait_s=QUEUE_FULL_S
+        )
+        if not queued:
+            raise RuntimeError(f"the producer's queue stayed full ({topic})")
+
+    def _delivered(self, err: Any, _msg: Any) -> None:
+        if err is not None:
+            self.failed.append(str(err))
+
+    def _run_of(
+        self, key: bytes | None, value: bytes | None, partition: int, offset: int
+    ) -> tuple[str, str | None] | None:
         """A raw message's run (from its key, else its record) and its text; None (a dead
         letter) when it has none."""
-        value = msg.value
-        run = run_of_key(msg.key)
+        run = run_of_key(key)
         try:
             text = value.decode("utf-8") if value is not None else None
         except UnicodeDecodeError as exc:
-            reason = f"not valid UTF-8: {exc}"
-            await self.out.dead(reason, value, run, msg.key, msg.partition, msg.offset)
+            self._dead(f"not valid UTF-8: {exc}", value, run, key, partition, offset)
             return None
         if run is None:
             got = decode(text)
             if isinstance(got, DecodeError):
-                await self.out.dead(str(got), value, None, msg.key, msg.partition, msg.offset)
+                self._dead(str(got), value, None, key, partition, offset)
                 return None
             run = got.run_id
-        return run, text
+        return run, text  # a null value (None) under a run's key: the scorer says why
 
-    async def _commit_after(
-        self, before: asyncio.Future[None] | None, offsets: dict[Any, int], sent: list[Any]
+    def _dead(  # noqa: PLR0917
+        self,
+        reason: str,
+        value: bytes | None,
+        run: str | None,
+        key: bytes | None,
+        partition: int,
+        offset: int,
     ) -> None:
-        """Commit the batch's raw partitions once its by-run writes are acknowledged and the
-        batches routed before it are committed: the route agent goes on to its next batch
-        meanwhile (waiting cost it half its time). A worker killed after forwarding a batch
-        leaves a committed position on every raw partition it routed; one killed before the
-        acknowledgement, the old position (the batch is routed again, and the detectors skip
-        what they already applied). The commit goes straight to the client
-        (``compat.commit``)."""
+        body = self.dead_letter(reason, value, run, partition, offset)
+        self._produce(self.s.topics.dead_letters, key, body)
+
+    # ------------------------------------------------------------------ assignment
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Start a partition this group never committed where the worker group did."""
         try:
-            if before is not None:
-                await before
-            for fut in sent:
-                await fut  # delivery of the forwarded batch
-            await compat.commit(self.consumer(), offsets)
-        except Exception:  # a rebalance in between: the batch is routed again, and skipped
-            log.debug("commit of routed offsets failed", exc_info=True)
-        finally:
-            self.routed_pending -= 1
+            fresh = [
+                tp
+                for tp in consumer.committed(partitions, timeout=10)
+                if tp.offset == OFFSET_INVALID
+            ]
+            if fresh:
+                before = self._worker_group_offsets(fresh)
+                for tp in partitions:
+                    at = before.get((tp.topic, tp.partition))
+                    if at is not None:
+                        tp.offset = at
+                consumer.assign(partitions)
+        except Exception as exc:  # the group's own position, or the topic's start
+            log.warning("route: the worker group's raw offsets not read: %s", exc)
+        self.on_assigned(len(consumer.assignment()))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.on_assigned(0)  # an eager rebalance: every partition is revoked, then assigned
+
+    def _worker_group_offsets(self, partitions: list[TopicPartition]) -> dict[tuple[str, int], int]:
+        admin = AdminClient(admin_config(self.s.bootstrap))
+        request = ConsumerGroupTopicPartitions(
+            self.s.app_id, [TopicPartition(tp.topic, tp.partition) for tp in partitions]
+        )
+        got = admin.list_consumer_group_offsets([request])[self.s.app_id].result(timeout=10)
+        return {
+            (tp.topic, tp.partition): tp.offset
+            for tp in got.topic_partitions or []
+            if tp.offset >= 0 and tp.error is None
+        }
+
+    # ------------------------------------------------------------------ lag
+    def lag(self) -> int:
+        """Raw messages behind the ends of this worker's raw partitions (best effort)."""
+        consumer = self.consumer
+        if consumer is None:
+            return 0
+        total = 0
+        for tp in consumer.position(consumer.assignment()):
+            _, high = consumer.get_watermark_offsets(tp, cached=True)
+            if high >= 0 and tp.offset >= 0:
+                total += max(0, high - tp.offset)
+        return total

@@ -314,9 +314,6 @@ PRODUCER_BATCH_BYTES = 512 << 10
 # table writes (checkpoint values, tens of KB each) that may wait to be sent before Faust holds
 # back consumption
 PRODUCER_BUFFER_MESSAGES = 1024
-# routed batches whose commit (after their by-run writes are acknowledged) may be pending
-# while the route agent takes the next ones
-ROUTED_IN_FLIGHT = 8
 
 
 def by_run_chunks(items: list[list[Any]], budget: int = BY_RUN_MESSAGE_BYTES) -> list[list[Any]]:
