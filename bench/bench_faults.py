@@ -227,7 +227,7 @@ class Scenario:
         or what did not (the groups behind, the processes that died)."""
         deadline = time.monotonic() + self.plan.settle_s
         wanted = {
-            self.groups["worker"]: [self.topics.raw],
+            f"{self.groups['worker']}-route": [self.topics.raw],  # the worker's route stage
             self.groups["influx"]: [self.topics.raw, self.topics.signals, self.topics.alerts],
             self.groups["s3"]: [self.topics.raw, self.topics.signals, self.topics.alerts],
         }
