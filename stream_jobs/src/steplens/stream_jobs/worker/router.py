@@ -15,8 +15,8 @@ producer gives the same key, so a run's nudges land beside its messages); the pr
 flushed; then the raw offsets committed. A worker killed before the commit leaves the old
 position: the batch is routed again, and the detectors skip what they already applied.
 
-A raw partition this group never committed starts where the worker group (``<app id>``, whose
-Faust agent routed before) committed it, else at the start of the topic.
+A route group that never committed starts where the worker group (``<app id>``, whose Faust
+agent routed before) committed the raw topic, else at its start.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from typing import Any
 
 import orjson
 from confluent_kafka import (
-    OFFSET_INVALID,
     Consumer,
     ConsumerGroupTopicPartitions,
     KafkaException,
@@ -83,6 +82,10 @@ class Router:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         s = self.s
+        try:
+            self._seed()
+        except Exception as exc:  # the route group's own position, or the topic's start
+            log.warning("route: the worker group's raw offsets not carried over: %s", exc)
         extra = {
             "fetch.wait.max.ms": max(1, s.fetch_wait_ms),
             "client.id": self.group,
@@ -237,35 +240,34 @@ class Router:
 
     # ------------------------------------------------------------------ assignment
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Start a partition this group never committed where the worker group did."""
-        try:
-            fresh = [
-                tp
-                for tp in consumer.committed(partitions, timeout=10)
-                if tp.offset == OFFSET_INVALID
-            ]
-            if fresh:
-                before = self._worker_group_offsets(fresh)
-                for tp in partitions:
-                    at = before.get((tp.topic, tp.partition))
-                    if at is not None:
-                        tp.offset = at
-                consumer.assign(partitions)
-        except Exception as exc:  # the group's own position, or the topic's start
-            log.warning("route: the worker group's raw offsets not read: %s", exc)
-        self.on_assigned(len(consumer.assignment()))
+        self.on_assigned(len(partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.on_assigned(0)  # an eager rebalance: every partition is revoked, then assigned
 
-    def _worker_group_offsets(self, partitions: list[TopicPartition]) -> dict[tuple[str, int], int]:
+    def _seed(self) -> None:
+        """Before the route group is joined, once: where it has committed no raw partition at
+        all, it is given the worker group's raw offsets (those of earlier versions' route
+        agent), so an upgrade does not route the raw topic again from its start. Nothing
+        blocks a rebalance: this runs before the consumer joins."""
+        topic = self.s.topics.raw
         admin = AdminClient(admin_config(self.s.bootstrap))
-        request = ConsumerGroupTopicPartitions(
-            self.s.app_id, [TopicPartition(tp.topic, tp.partition) for tp in partitions]
-        )
-        got = admin.list_consumer_group_offsets([request])[self.s.app_id].result(timeout=10)
+        parts = admin.list_topics(topic, timeout=10).topics[topic].partitions
+        tps = [TopicPartition(topic, p) for p in parts]
+        if self._group_offsets(admin, self.group, tps):
+            return  # the route group's own commits hold
+        before = self._group_offsets(admin, self.s.app_id, tps)
+        if before:
+            seeded = [TopicPartition(topic, p, o) for p, o in before.items()]
+            request = ConsumerGroupTopicPartitions(self.group, seeded)
+            admin.alter_consumer_group_offsets([request])[self.group].result(timeout=10)
+
+    @staticmethod
+    def _group_offsets(admin: AdminClient, group: str, tps: list[TopicPartition]) -> dict[int, int]:
+        request = ConsumerGroupTopicPartitions(group, tps)
+        got = admin.list_consumer_group_offsets([request])[group].result(timeout=10)
         return {
-            (tp.topic, tp.partition): tp.offset
+            tp.partition: tp.offset
             for tp in got.topic_partitions or []
             if tp.offset >= 0 and tp.error is None
         }
