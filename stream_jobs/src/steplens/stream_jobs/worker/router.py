@@ -81,6 +81,12 @@ class Router:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        """The route thread; it makes its clients itself (the carry-over of offsets waits on
+        the broker, which the app's event loop must not)."""
+        self.thread = threading.Thread(target=self._loop, name="steplens-route", daemon=True)
+        self.thread.start()
+
+    def _open(self) -> tuple[Consumer, Producer]:
         s = self.s
         try:
             self._seed()
@@ -93,11 +99,9 @@ class Router:
             "session.timeout.ms": int(s.session_timeout_s * 1000),
             "heartbeat.interval.ms": int(s.session_timeout_s * 1000 / 6),
         }
-        self.consumer = Consumer(consumer_config(self.group, s.bootstrap, extra=extra))
-        self.consumer.subscribe(
-            [s.topics.raw], on_assign=self._on_assign, on_revoke=self._on_revoke
-        )
-        self.producer = Producer(
+        consumer = Consumer(consumer_config(self.group, s.bootstrap, extra=extra))
+        consumer.subscribe([s.topics.raw], on_assign=self._on_assign, on_revoke=self._on_revoke)
+        producer = Producer(
             producer_config(
                 s.bootstrap,
                 client_id=self.group,
@@ -106,8 +110,7 @@ class Router:
                 extra={"partitioner": "murmur2_random", "message.max.bytes": BY_RUN_MAX_BYTES},
             )
         )
-        self.thread = threading.Thread(target=self._loop, name="steplens-route", daemon=True)
-        self.thread.start()
+        return consumer, producer
 
     def stop(self, timeout_s: float = FLUSH_S + 5) -> None:
         """Stop after the batch in flight (routed and committed), and leave the group."""
@@ -116,7 +119,7 @@ class Router:
             self.thread.join(timeout_s)
 
     def _loop(self) -> None:
-        assert self.consumer is not None and self.producer is not None
+        self.consumer, self.producer = self._open()
         try:
             while not self.stopping.is_set():
                 try:
