@@ -6,10 +6,10 @@ The run with remedies instruments itself as the README's loop does (``init(remed
 ``timed(skipping(loader))``, a checkpoint and ``checkpoint(step, path)`` about six times a run,
 ``act(step)`` every step); the run without is the same script with ``remedies=[]``. Both at the
 producer's defaults but one: windows of at most 1 s (``STEPLENS_WINDOW_S``), as the steps are
-scaled: a demo step takes about 0.1 s, so the default 10 s window would be a third of a run,
-where a real job's steps of a second or more make it 10 steps or fewer. The demo's worker is
-started with a lead of 1 s for shared remedies (``--advice-lead-s``, 5 by default), scaled the
-same way.
+scaled: a demo step takes 0.1 s on any machine (``--step-s``; the rest of a step is slept), so
+the default 10 s window would be half a run, where a real job's steps of a second or more make
+it 10 steps or fewer. The demo's worker is started with a lead of 1 s for shared remedies
+(``--advice-lead-s``, 5 by default), scaled the same way.
 """
 
 from __future__ import annotations
@@ -26,10 +26,13 @@ ACT_STEPS = 300
 QUICK_ACT_STEPS = 200
 ACT_ENV = {"STEPLENS_WINDOW_S": "1"}
 # the shared remedies' lead scaled as the window is: 5 s is 5 steps or fewer of a real job but
-# 50 to 80 of a demo step, which would put a rewind past the end of a 200-step run; 1 s is
+# 50 demo steps, which would put a rewind past the end of a 200-step run; 1 s is
 # still three times the advice's latency measured on one machine (p99 0.3 s)
 ACT_WORKER_ARGS = ["--advice-lead-s", "1"]
 SEED = 1234
+# each demo step takes at least this long, on any machine: a faster machine's steps would
+# otherwise put more of them in a 1 s window and in the lead, and so a rewind past a run's end
+ACT_STEP_S = 0.1
 
 Train = Callable[[str, list[str], dict[str, str]], int]  # (run id, script args, env) -> exit
 
@@ -85,6 +88,8 @@ def run_scenarios(
                 str(run_dir / f"incidents-{run_id}.json"),
                 "--log-every",
                 "100",
+                "--step-s",
+                str(ACT_STEP_S),
                 *(["--act"] if act else []),
             ]
             say(f"[demo] {name}, {'with' if act else 'without'} remedies: run {run_id}")

@@ -196,6 +196,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--step-s",
+        type=float,
+        default=0.0,
+        help="each iteration takes at least this long (the rest is slept, as a larger model's "
+        "step would take): a run's steps a second then do not depend on the machine",
+    )
     return p.parse_args(argv)
 
 
@@ -351,6 +358,7 @@ def train(args: argparse.Namespace) -> int:
     for batch in sl.timed(sl.skipping(batches())):
         if step >= args.steps or it >= MAX_ITERATIONS * args.steps:
             break
+        t_step = time.perf_counter()
         incidents.announce(it)
         stall = incidents.active("stall", it)
         if stall is not None and stall.rank == rank:
@@ -398,6 +406,8 @@ def train(args: argparse.Namespace) -> int:
         step = sl.act(step) + 1
         it += 1
         at[0] = it
+        if args.step_s > 0:
+            time.sleep(max(0.0, args.step_s - (time.perf_counter() - t_step)))
 
     if losses is not None:
         final = evaluate(model, eval_batches)["loss"]  # the held-out loss the run ends with
