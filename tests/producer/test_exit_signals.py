@@ -178,6 +178,77 @@ def test_exit_signals_none_leaves_every_signal_alone() -> None:
     assert out.stdout.split() == ["True", "True"]
 
 
+FORKED_RUN = textwrap.dedent(
+    """
+    import ctypes, json, os, signal, sys, time
+    from steplens.producer.monitor import Monitor
+    run_id, spool = sys.argv[1], sys.argv[2]
+    m = Monitor(run_id, kafka_bootstrap="127.0.0.1:1", topic="unreachable.raw", spool_dir=spool,
+                hw_interval_s=0, delivery_timeout_s=1, shutdown_timeout_s=60, rank=0,
+                local_rank=0, world_size=1)
+    m.log_step(0, loss=1.0)
+
+    def child(logs):
+        if logs:  # a forked child that logs: its last window leaves at the signal
+            for step in range(100, 137):
+                m.log_step(step, loss=1.0)
+            os.write(w, b"x")
+            time.sleep(120)
+        else:  # a DataLoader worker stuck in C code (a lock held at the fork): never back
+            os.write(w, b"x")
+            libc = ctypes.CDLL(None, use_errno=True)
+            mutex = ctypes.create_string_buffer(64)  # zeros: a default pthread mutex
+            libc.pthread_mutex_lock(mutex)
+            libc.pthread_mutex_lock(mutex)
+        os._exit(0)
+
+    seen = {}
+    for logs in (False, True):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            child(logs)
+        os.read(r, 1)
+        time.sleep(0.3)
+        os.kill(pid, signal.SIGTERM)
+        deadline, status = time.monotonic() + 30, None
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            status = None
+        died = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None
+        seen["logs" if logs else "stuck"] = {"pid": pid, "died_by": died}
+    m.shutdown(5)
+    print(json.dumps(seen))
+    """
+)
+
+
+def test_a_forked_child_dies_by_sigterm_and_flushes_only_if_it_logs(tmp_path: Path) -> None:
+    """Forked children of a rank: one stuck in C code (a DataLoader worker on a lock taken at
+    the fork) still dies by SIGTERM at once, where a Python handler would never run; one that
+    logs sends its last window before it dies by the signal."""
+    out = subprocess.run(
+        [sys.executable, "-c", FORKED_RUN, f"f-{uuid.uuid4().hex[:8]}", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert seen["stuck"]["died_by"] == signal.SIGTERM, seen
+    assert seen["logs"]["died_by"] == signal.SIGTERM, seen
+    windows = [
+        r for r in _spooled(tmp_path) if r.kind == "step_window" and r.pid == seen["logs"]["pid"]
+    ]
+    assert windows and max(r.data["step_last"] for r in windows) == 136, seen
+
+
 def test_an_ending_flush_with_kafka_away_stops_at_the_first_unanswered_probe(
     tmp_path: Path,
 ) -> None:

@@ -11,10 +11,15 @@ runs ``end`` in a helper thread, waited for at most the budget, then the signal'
 - an ignored signal, or one handled outside Python, is left alone.
 
 Installed once per process, at the first Monitor made in the main thread (Python sets handlers
-only there). A handler installed later replaces this one; if it calls this one back, the
-Monitors are flushed and the signal's outcome stays that handler's. A second signal during the
-wait goes straight to the signal's own action. The work runs in a helper thread so that a lock
-held by the interrupted code cannot hold it up past the budget; nothing raises out of it.
+only there). A forked child starts with the dispositions found before (``_forget_in_child``): a
+DataLoader worker that never logs dies by SIGTERM as it would without steplens, even when it is
+stuck in C code that never returns to Python (a lock taken at the fork), where a Python handler
+would never run and ``Pool.terminate`` would wait forever; a forked child that logs takes them
+again when its Monitor starts there. A handler installed later replaces this one; if it calls
+this one back, the Monitors are flushed and the signal's outcome stays that handler's. A second
+signal during the wait goes straight to the signal's own action. The work runs in a helper
+thread so that a lock held by the interrupted code cannot hold it up past the budget; nothing
+raises out of it.
 """
 
 from __future__ import annotations
@@ -59,6 +64,22 @@ def install(names: Sequence[str], end: Callable[[bool], None], budget_s: float) 
             continue
         _previous[sig] = current
     return [signal.Signals(s).name for s in _previous]
+
+
+def _forget_in_child() -> None:
+    """After a fork, in the child: the dispositions found before are back."""
+    for sig, previous in list(_previous.items()):
+        try:
+            if signal.getsignal(sig) is _on_signal:
+                signal.signal(sig, previous)
+        except (ValueError, OSError, TypeError):
+            log.debug("steplens: %s left as it was in a forked child", sig)
+    _previous.clear()
+    _handling[0] = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:

@@ -243,6 +243,8 @@ class Monitor:
         self._needs_start = False
         self._pipeline.thread.start()
         self._update_plain_path()
+        if self.pid != self._creator_pid and self.config.exit_signals:  # a forked child logs
+            install_exit_signals(self.config.exit_signals, _end_all, self.config.shutdown_timeout_s)
 
     def _put(self, item: Item) -> None:
         if self._needs_start:
