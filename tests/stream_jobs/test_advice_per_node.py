@@ -47,9 +47,11 @@ def ranks(kafka, tmp_path, run_id: str, layout: list[tuple[int, int, str]], worl
             hw_interval_s=0,
             hang_dump_after_s=0,
             spool_dir=str(tmp_path / f"spool-{rank}"),
-            advice_relay_dir=str(tmp_path / "relay"),
+            # several nodes on one machine: each its own node-local relay folder (the
+            # relay's host is the machine's, read when the Monitor is made)
+            advice_relay_dir=str(tmp_path / "relay" / host),
         )
-        m.identity = replace(m.identity, host=host)  # several nodes on one machine
+        m.identity = replace(m.identity, host=host)
         out.append(m)
     return out
 
