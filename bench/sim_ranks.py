@@ -14,6 +14,12 @@ Time is real: step ``k`` of every rank is logged at ``t0 + k * step_s`` (the wor
 hang and idle checks read wall time). Faults (``plan``) start at known steps; their onset
 times are written to ``--plan-out`` by the process that injects them.
 
+With ``--start-at-ns`` the ranks' records are made first, all of them, through the same code
+on a clock that starts at that wall time (in the future), and kept in memory; then step
+``k``'s records are handed to the Kafka producer, through a ``Delivery`` as a rank's are, at
+``start + k * step_s``. The ranks' own CPU (the producer's code of thousands of processes on
+thousands of nodes) then stays off the machine whose stack is measured while it is.
+
     python bench/sim_ranks.py --ranks 1024 --first 0 --last 1023 --steps 240 --run-id R
 """
 
@@ -108,12 +114,16 @@ class CountingTransport:
         self.label = "other"
         self.records: dict[str, int] = {}
         self.bytes: dict[str, int] = {}
+        self.step = 0  # the step being made, and what each message was made at (``tape``)
+        self.tape: list[tuple[int, bytes, bytes]] | None = None
 
     def produce(
         self, key: bytes, value: bytes, on_result: OnResult, topic: str | None = None
     ) -> bool:
         ok = self.inner.produce(key, value, on_result, topic)
         if ok:
+            if self.tape is not None and topic is None:
+                self.tape.append((self.step, key, value))
             label = self.label
             self.records[label] = self.records.get(label, 0) + 1
             self.bytes[label] = self.bytes.get(label, 0) + len(key) + len(value)
@@ -263,6 +273,7 @@ class Counts:
     behind_s_max: float  # how late the simulator ran its steps at worst
     delivery_sent: int
     delivery_spooled: int
+    made_cpu_s: float = 0.0  # CPU seconds making the records ahead of time (``--start-at-ns``)
 
 
 class Fleet:
@@ -278,11 +289,16 @@ class Fleet:
             comm_every=args.comm_every,
             spool_dir=tempfile.mkdtemp(prefix="sim-spool-"),
         )
-        rank0 = Identity(args.run_id, args.first, 0, args.ranks, host_of(args.first))
+        self.rank0 = Identity(args.run_id, args.first, 0, args.ranks, host_of(args.first))
+        self.recorded = args.start_at_ns is not None
         inner: Transport = (
-            MemoryTransport() if args.bootstrap == "memory" else kafka_transport(self.config, rank0)
+            MemoryTransport()
+            if args.bootstrap == "memory" or self.recorded
+            else kafka_transport(self.config, self.rank0)
         )
         self.tx = CountingTransport(inner)
+        if self.recorded:
+            self.tx.tape = []
         spool = Spool(
             os.path.join(self.config.spool_dir, f"ranks{args.first}-{args.last}"),
             self.config.spool_max_bytes,
@@ -294,14 +310,22 @@ class Fleet:
             self.ranks.append(SimRank(ident, self.config, self.delivery, random.Random(r)))
         self.onsets: dict[str, int] = {}
         self.k = 0  # the step being logged
+        self.wall_offset_ns = time.time_ns() - time.monotonic_ns()
         self.t0_ns = time.monotonic_ns()
+        if self.recorded:  # the clock starts then
+            self.t0_ns = args.start_at_ns - self.wall_offset_ns
+
+    @property
+    def simulated(self) -> bool:
+        a = self.args
+        return self.recorded or not (a.pace_s is None or a.pace_s == a.step_s)
 
     def now_ns(self) -> int:
-        """The ranks' monotonic clock: real, or simulated when paced faster than real time."""
-        a = self.args
-        if a.pace_s is None or a.pace_s == a.step_s:
+        """The ranks' monotonic clock: real, or simulated when paced faster than real time or
+        made ahead of time."""
+        if not self.simulated:
             return time.monotonic_ns()
-        return self.t0_ns + int(self.k * a.step_s * 1e9)
+        return self.t0_ns + int(self.k * self.args.step_s * 1e9)
 
     def _active(self, kind: str, step: int) -> Fault | None:
         for f in self.faults:
@@ -311,7 +335,9 @@ class Fleet:
 
     def _onset(self, fault: Fault) -> None:
         if fault.kind not in self.onsets:
-            self.onsets[fault.kind] = time.time_ns()
+            self.onsets[fault.kind] = (
+                self.now_ns() + self.wall_offset_ns if self.simulated else time.time_ns()
+            )
 
     def _mine(self, fault: Fault) -> bool:
         return self.args.first <= fault.rank <= self.args.last
@@ -419,9 +445,9 @@ class Fleet:
         hw_every = max(1, round(cfg.hw_interval_s / a.step_s))
         health_every = max(1, round(cfg.health_interval_s / a.step_s))
         samples = 0
-        pace = a.step_s if a.pace_s is None else a.pace_s
+        pace = 0.0 if self.recorded else a.step_s if a.pace_s is None else a.pace_s
         for k in range(a.steps):
-            self.k = k
+            self.k = self.tx.step = k
             due = t0 + k * pace
             while (wait := due - time.monotonic()) > 0:
                 self.delivery.service()
@@ -438,22 +464,63 @@ class Fleet:
             for sr in self.ranks:
                 sr.pipeline.steps.emit_due(now_ns)
             self.delivery.service()
+            if self.recorded and isinstance(self.tx.inner, MemoryTransport):
+                self.tx.inner.messages.clear()  # kept on the tape
         self.tx.label = "steps"
+        self.k = self.tx.step = a.steps
         now_ns = self.now_ns()
         for sr in self.ranks:
             sr.pipeline.steps.emit_all(now_ns)
         left = self.delivery.close(30.0)
         if left:
             print(f"sim: {left} records not delivered", file=sys.stderr)
+        delivery, made_cpu_s = self.delivery, 0.0
+        if self.recorded:
+            made_s, made_cpu_s = time.monotonic() - t0 + 1.0, time.process_time()
+            t0, behind, delivery = self.replay()
+            print(
+                f"sim: made in {made_s:.0f} s, sent {behind:.1f} s late at worst", file=sys.stderr
+            )
         return Counts(
             dict(self.tx.records),
             dict(self.tx.bytes),
             a.steps * len(self.ranks),
             time.monotonic() - t0,
             behind,
-            self.delivery.sent,
-            self.delivery.spooled,
+            delivery.sent,
+            delivery.spooled,
+            made_cpu_s,
         )
+
+    def replay(self) -> tuple[float, float, Delivery]:
+        """The records made ahead of time, step ``k``'s at ``start + k * step_s``, through a
+        ``Delivery`` over the Kafka producer: (the monotonic start, how late at worst, it)."""
+        a, tape = self.args, self.tx.tape or []
+        tx = kafka_transport(self.config, self.rank0)
+        spool = Spool(
+            os.path.join(self.config.spool_dir, f"replay{a.first}-{a.last}"),
+            self.config.spool_max_bytes,
+        )
+        delivery = Delivery(lambda: tx, spool)
+        start = (a.start_at_ns - time.time_ns()) / 1e9 + time.monotonic()
+        if start < time.monotonic():
+            print(f"sim: made {time.monotonic() - start:.1f} s after the start", file=sys.stderr)
+        behind, i = 0.0, 0
+        for k in range(a.steps + 1):  # the last windows were made after the last step
+            due = start + k * a.step_s
+            while (wait := due - time.monotonic()) > 0:
+                delivery.service()
+                time.sleep(min(wait, 0.05))
+            behind = max(behind, time.monotonic() - due)
+            while i < len(tape) and (tape[i][0] <= k or k == a.steps):
+                _, key, value = tape[i]
+                delivery.send(key, value)
+                i += 1
+            delivery.service()
+        left = delivery.close(30.0)
+        if left:
+            print(f"sim: {left} records not delivered", file=sys.stderr)
+        return start, behind, delivery
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -479,6 +546,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--comm-every", type=int, default=10, help="a comm record every N steps (producer: 100)"
     )
     p.add_argument("--out", default=None, help="counts and fault onsets as JSON")
+    p.add_argument(
+        "--start-at-ns",
+        type=int,
+        default=None,
+        help="make every record first, on a clock that starts at this wall time (ns, in the "
+        "future), then send step k's at start + k * step-s",
+    )
     args = p.parse_args(argv)
     if args.last is None:
         args.last = args.ranks - 1
