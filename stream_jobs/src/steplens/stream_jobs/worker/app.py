@@ -43,6 +43,7 @@ from steplens.stream_jobs.worker.baseline_fits import Bands, BaselineFits
 from steplens.stream_jobs.worker.fit_queue import FitQueue
 from steplens.stream_jobs.worker.metrics import WorkerMetrics
 from steplens.stream_jobs.worker.publisher import Publisher
+from steplens.stream_jobs.worker.recovery_watch import RecoveryWatch
 from steplens.stream_jobs.worker.router import Router
 from steplens.stream_jobs.worker.run_limits import RunLimits
 from steplens.stream_jobs.worker.scoring import Scorer
@@ -178,6 +179,8 @@ class Worker:
         app.timer(max(1.0, s.checkpoint_s))(self._nudge_quiet_runs)
         app.timer(min(600.0, max(1.0, s.limits.idle_s / 4)))(self._retire_idle_runs)
         app.timer(60.0)(self._refit_baselines)
+        self.recovery_watch: RecoveryWatch | None = None
+        app.timer(1.0)(self._watch_recovery)
         app.on_partitions_revoked.connect(cast(Any, self._revoked))
         app.on_partitions_assigned.connect(cast(Any, self._assigned))
         app.on_before_shutdown.connect(cast(Any, self._stopping))
@@ -214,6 +217,17 @@ class Worker:
             log.warning("the consumer's fetch wait could not be set; it stays Faust's 1.5 s")
             return
         self.metrics.fetch_wait.set(ms / 1000)
+
+    async def _watch_recovery(self) -> None:
+        """A table recovery that read nothing for ``STALL_S`` starts over (``RecoveryWatch``)."""
+        if self.recovery_watch is None:
+            self.recovery_watch = RecoveryWatch(cast(Any, self.app.tables).recovery)
+        if self.recovery_watch.check(time.monotonic()):
+            self.metrics.recovery_restarts.inc()
+            log.warning(
+                "table recovery read nothing from the changelog for %.0f s: started over",
+                self.recovery_watch.stall_s,
+            )
 
     async def _report(self) -> None:
         now = time.monotonic()

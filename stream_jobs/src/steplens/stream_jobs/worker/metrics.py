@@ -70,6 +70,11 @@ class WorkerMetrics:
             "times the fit pool was started again after one of its processes died",
             registry=r,
         )
+        self.recovery_restarts = Counter(
+            "steplens_worker_recovery_restarts",
+            "table recoveries started over after reading nothing for 3 s (recovery_watch)",
+            registry=r,
+        )
         self.baselines = Counter(
             "steplens_worker_baseline_loads",
             "7-day baseline jobs: history loaded (loaded) or not (load_failed: in-run "

@@ -282,7 +282,8 @@ class WorkerSettings:
         PositiveFloat,
         about(
             "seconds after which a SIGKILLed worker's partitions move to the others: its runs "
-            "alert again on them 2-4 s later (heartbeats every sixth of it); a worker whose "
+            "alert again on them 2-4 s later, 4 s more where the table recovery stalls and is "
+            "started over (heartbeats every sixth of it); a worker whose "
             "loop is busy this long is taken for dead; the broker's floor is its "
             "group.min.session.timeout.ms (6 s by default)"
         ),
