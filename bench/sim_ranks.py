@@ -114,16 +114,12 @@ class CountingTransport:
         self.label = "other"
         self.records: dict[str, int] = {}
         self.bytes: dict[str, int] = {}
-        self.step = 0  # the step being made, and what each message was made at (``tape``)
-        self.tape: list[tuple[int, bytes, bytes]] | None = None
 
     def produce(
         self, key: bytes, value: bytes, on_result: OnResult, topic: str | None = None
     ) -> bool:
         ok = self.inner.produce(key, value, on_result, topic)
         if ok:
-            if self.tape is not None and topic is None:
-                self.tape.append((self.step, key, value))
             label = self.label
             self.records[label] = self.records.get(label, 0) + 1
             self.bytes[label] = self.bytes.get(label, 0) + len(key) + len(value)
@@ -297,8 +293,8 @@ class Fleet:
             else kafka_transport(self.config, self.rank0)
         )
         self.tx = CountingTransport(inner)
-        if self.recorded:
-            self.tx.tape = []
+        # made ahead: step k's messages (the last entry: those made after the last step)
+        self.tape: list[list[tuple[bytes, bytes]]] = []
         spool = Spool(
             os.path.join(self.config.spool_dir, f"ranks{args.first}-{args.last}"),
             self.config.spool_max_bytes,
@@ -447,7 +443,7 @@ class Fleet:
         samples = 0
         pace = 0.0 if self.recorded else a.step_s if a.pace_s is None else a.pace_s
         for k in range(a.steps):
-            self.k = self.tx.step = k
+            self.k = k
             due = t0 + k * pace
             while (wait := due - time.monotonic()) > 0:
                 self.delivery.service()
@@ -464,10 +460,9 @@ class Fleet:
             for sr in self.ranks:
                 sr.pipeline.steps.emit_due(now_ns)
             self.delivery.service()
-            if self.recorded and isinstance(self.tx.inner, MemoryTransport):
-                self.tx.inner.messages.clear()  # kept on the tape
+            self._record()
         self.tx.label = "steps"
-        self.k = self.tx.step = a.steps
+        self.k = a.steps
         now_ns = self.now_ns()
         for sr in self.ranks:
             sr.pipeline.steps.emit_all(now_ns)
@@ -476,6 +471,7 @@ class Fleet:
             print(f"sim: {left} records not delivered", file=sys.stderr)
         delivery, made_cpu_s = self.delivery, 0.0
         if self.recorded:
+            self._record()
             made_s, made_cpu_s = time.monotonic() - t0 + 1.0, time.process_time()
             t0, behind, delivery = self.replay()
             print(
@@ -492,10 +488,17 @@ class Fleet:
             made_cpu_s,
         )
 
+    def _record(self) -> None:
+        """Made ahead: the messages the Delivery handed over since the last call, as the
+        next step's."""
+        if self.recorded and isinstance(self.tx.inner, MemoryTransport):
+            self.tape.append(self.tx.inner.messages)
+            self.tx.inner.messages = []
+
     def replay(self) -> tuple[float, float, Delivery]:
         """The records made ahead of time, step ``k``'s at ``start + k * step_s``, through a
         ``Delivery`` over the Kafka producer: (the monotonic start, how late at worst, it)."""
-        a, tape = self.args, self.tx.tape or []
+        a = self.args
         tx = kafka_transport(self.config, self.rank0)
         spool = Spool(
             os.path.join(self.config.spool_dir, f"replay{a.first}-{a.last}"),
@@ -505,17 +508,15 @@ class Fleet:
         start = (a.start_at_ns - time.time_ns()) / 1e9 + time.monotonic()
         if start < time.monotonic():
             print(f"sim: made {time.monotonic() - start:.1f} s after the start", file=sys.stderr)
-        behind, i = 0.0, 0
-        for k in range(a.steps + 1):  # the last windows were made after the last step
+        behind = 0.0
+        for k, messages in enumerate(self.tape):
             due = start + k * a.step_s
             while (wait := due - time.monotonic()) > 0:
                 delivery.service()
                 time.sleep(min(wait, 0.05))
             behind = max(behind, time.monotonic() - due)
-            while i < len(tape) and (tape[i][0] <= k or k == a.steps):
-                _, key, value = tape[i]
+            for key, value in messages:
                 delivery.send(key, value)
-                i += 1
             delivery.service()
         left = delivery.close(30.0)
         if left:

@@ -147,8 +147,6 @@ class Monitor:
         )
         _LIVE.add(self)
         atexit.register(_shutdown_at_exit, weakref.ref(self))
-        if self.config.exit_signals:
-            install_exit_signals(self.config.exit_signals, _end_all, self.config.shutdown_timeout_s)
 
     def _run_meta(self) -> dict[str, Any]:
         """The run_meta payload, with the checks of the design this rank turns on; rank 0 says
@@ -243,7 +241,7 @@ class Monitor:
         self._needs_start = False
         self._pipeline.thread.start()
         self._update_plain_path()
-        if self.pid != self._creator_pid and self.config.exit_signals:  # a forked child logs
+        if self.config.exit_signals:  # at the first record, again in a forked child that logs
             install_exit_signals(self.config.exit_signals, _end_all, self.config.shutdown_timeout_s)
 
     def _put(self, item: Item) -> None:
