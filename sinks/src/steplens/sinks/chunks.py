@@ -3,6 +3,10 @@
 A partition's messages are buffered into a chunk; a chunk rolls by size or age, or exactly at
 the last offset of the range a crashed roller was uploading (its state marker, read through
 ``marker``), so a retry after a crash covers the same offsets and writes the same object keys.
+What all partitions hold together is bounded too (``buffer_bytes`` of messages, about three
+times that in memory as rows): past it the largest chunk rolls early. A run of 16,384 ranks
+sends about 12 MB a second, which a minute's chunks held as 1.4 GB (over the 1 GB the
+compose file gives the roller).
 
 Time: a step stamped further ahead of the clock than ``TimeBounds`` allows is not stored; its
 message is dead-lettered with the reason, as the InfluxDB sink does.
@@ -108,11 +112,14 @@ class Chunker:
         max_age_s: float = RollSettings.max_age_s,
         dedupe_window: int = RollSettings.dedupe_window,
         bounds: TimeBounds | None = None,
+        buffer_bytes: int = RollSettings.buffer_bytes,
     ) -> None:
         self.marker = marker
         self.bounds = bounds or TimeBounds.from_env()
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
+        self.buffer_bytes = buffer_bytes
+        self.held = 0  # bytes of the messages in every partition's chunk
         self.dedupe_window = dedupe_window
         self.chunks: dict[TopicPart, Chunk] = {}
         self._recent: dict[TopicPart, RecentRecords] = {}
@@ -123,7 +130,7 @@ class Chunker:
         ready = []
         chunk = self.chunks.get(tp)
         if chunk is not None and chunk.forced_last is not None and item.offset > chunk.forced_last:
-            ready.append(self.chunks.pop(tp))
+            ready.append(self._take(tp))
             chunk = None
         if chunk is None:
             marker = self.marker(tp)  # may raise: then nothing has changed, add again
@@ -136,12 +143,28 @@ class Chunker:
         else:
             self._rows(chunk, item, item.decoded)
         chunk.nbytes += len(item.value)
+        self.held += len(item.value)
         if chunk.forced_last is not None:
             if item.offset >= chunk.forced_last:
-                ready.append(self.chunks.pop(tp))
+                ready.append(self._take(tp))
         elif chunk.nbytes >= self.max_bytes:
-            ready.append(self.chunks.pop(tp))
+            ready.append(self._take(tp))
+        if self.held > self.buffer_bytes:
+            ready += self._largest()
         return ready
+
+    def _take(self, tp: TopicPart) -> Chunk:
+        chunk = self.chunks.pop(tp)
+        self.held -= chunk.nbytes
+        return chunk
+
+    def _largest(self) -> list[Chunk]:
+        """The largest chunk that may roll early (not one that must end at a crashed
+        roller's offset), to bring what all partitions hold back under ``buffer_bytes``."""
+        free = [tp for tp, c in self.chunks.items() if c.forced_last is None]
+        if not free:
+            return []
+        return [self._take(max(free, key=lambda tp: self.chunks[tp].nbytes))]
 
     def _rows(self, chunk: Chunk, item: Consumed, rec: Record) -> None:
         recent = self._recent.get((item.topic, item.partition))
@@ -175,10 +198,11 @@ class Chunker:
             for tp, c in self.chunks.items()
             if everything or (c.forced_last is None and now - c.started >= self.max_age_s)
         ]
-        return [self.chunks.pop(tp) for tp in keys]
+        return [self._take(tp) for tp in keys]
 
     def drop(self, partitions: Iterable[TopicPart]) -> None:
         """Forget the buffers of these partitions (revoked, or not to be committed past)."""
         for tp in partitions:
-            self.chunks.pop(tp, None)
+            if tp in self.chunks:
+                self._take(tp)
             self._recent.pop(tp, None)

@@ -162,6 +162,7 @@ def _run_s3(
         roller.marker,
         max_bytes=roll.max_bytes,
         max_age_s=roll.max_age_s,
+        buffer_bytes=roll.buffer_bytes,
         dedupe_window=roll.dedupe_window,
         bounds=resolve(TimeBounds, given(TimeBounds, args)),
     )

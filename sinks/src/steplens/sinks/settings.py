@@ -117,6 +117,13 @@ class RollSettings:
 
     max_bytes: Annotated[PositiveInt, about("S3: roll an object at this size")] = 64 << 20
     max_age_s: Annotated[PositiveFloat, about("S3: roll an object at this age")] = 60.0
+    buffer_bytes: Annotated[
+        PositiveInt,
+        about(
+            "S3: messages held for every partition together at most (about three times that "
+            "in memory); past it the largest object rolls early"
+        ),
+    ] = 128 << 20
     dedupe_window: Annotated[
         NonNegativeInt,
         about(
