@@ -5,6 +5,7 @@ stopped."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import orjson
@@ -25,6 +26,7 @@ from steplens.stream_jobs.engine.history import (
 )
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 from steplens.stream_jobs.worker.history_loads import WarmJob, first_sight, warm_job
+from steplens.stream_jobs.worker.run_shards import shard_key, shard_ranks_of
 from steplens.stream_jobs.worker.settings import HistorySettings
 
 
@@ -191,6 +193,22 @@ def test_a_warm_start_scores_on_as_a_detector_that_never_stopped():
     hw = make_record("hw", {"cpu_percent": 1.0}, run_id="r", time_ns=live[-1].time_ns + 10**9)
     batch, _ = warm.process(hw)
     assert not [s for s in batch if s.name == "hang" and s.severity.any()]
+
+
+def test_a_shard_of_a_wide_run_warms_from_its_own_ranks_of_its_run():
+    """A shard's by-run key names its run and shard: its warm start reads that run's history
+    and replays only the shard's ranks."""
+    past = steps("r", 0, 300, ranks=(0, 1, 2, 3))
+    store = Store({"r": past})
+    for shard, ranks in ((0, [0, 1]), (1, [2, 3])):
+        key = shard_key("r", shard)
+        job = WarmJob(key, DetectorConfig(), HistorySettings(), T0 + 10**12)
+        job = replace(job, ranks=shard_ranks_of(key, 2))  # as ``HistoryLoads.begin`` gives it
+        result = warm_job(job, store)
+        assert sorted(result.points) == ranks
+        assert result.runs == ["r"]
+    whole = warm_job(WarmJob("r", DetectorConfig(), HistorySettings(), T0 + 10**12), store)
+    assert sorted(whole.points) == [0, 1, 2, 3]  # runs not split: every rank
 
 
 def test_a_checkpoint_keeps_saying_where_the_baselines_came_from():

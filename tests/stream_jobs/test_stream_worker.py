@@ -7,6 +7,7 @@ import random
 import signal
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from steplens.schema import encode, make_record
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.state import rank_key
 from steplens.stream_jobs.worker.fit_queue import FIT_NICENESS
+from steplens.stream_jobs.worker.run_shards import shard_key
 
 pytestmark = pytest.mark.stack
 
@@ -199,6 +201,69 @@ def test_the_state_of_a_run_with_many_ranks_reaches_the_changelog(kafka, workers
     assert sum(len(v) for k, v in latest.items() if k.startswith(run)) > 1 << 20
     assert all(len(s["arima"]["loss"].history) == 100 for s in det.series.values())
     assert "TooLarge" not in w.log.read_text()
+
+
+def by_run_partitions(bootstrap: str, topic: str, keys: set[str], timeout_s: float = 30.0):
+    """The by-run partitions each of ``keys`` was written to (read from the topic's start)."""
+    from confluent_kafka import Consumer
+
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"t-{uuid.uuid4()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    c.subscribe([topic])
+    got: dict[str, set[int]] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline and not keys <= got.keys():
+            msg = c.poll(0.5)
+            if msg is not None and not msg.error() and msg.key():
+                got.setdefault(msg.key().decode(), set()).add(msg.partition())
+    finally:
+        c.close()
+    return got
+
+
+def test_a_wide_runs_shards_are_scored_apart_and_named_as_their_run(kafka, workers):
+    """``--shard-ranks 2``: ranks 2 and 3 of a run of 4 are a shard of their own, on a by-run
+    partition of its own; each shard's state holds its ranks only, the followed ranks are
+    shard 0's, and what a shard publishes names the run."""
+    run = f"wide-{uuid.uuid4().hex[:6]}"
+    w = workers("--no-arima", "--checkpoint-s", "0", "--shard-ranks", "2").start()
+    w.wait_metrics()
+    for rank in range(4):
+        recs = steps(run, 0, 40, rank=rank, spike_at=35 if rank in (0, 3) else None, seed=rank)
+        if rank == 3:
+            recs[30] = replace(recs[30], data={**recs[30].data, "loss": float("nan")})
+        kafka.send(recs)
+
+    def paged(got):
+        return {(a.data["rule"], a.step) for a in alerts_matching(got, state="firing")}
+
+    alerts = kafka.collect(
+        kafka.topics.alerts,
+        lambda got: {("spike:loss", 35), ("nonfinite:loss", 30)} <= paged(got),
+        90,
+    )
+    assert {a.run_id for a in alerts} == {run}  # never the shard's key
+    # rank 3's NaN is seen by shard 1 (the only detector with rank 3), which follows no rank's
+    # loss: the spike at 35 on ranks 0 and 3 pages once, from shard 0
+    assert [a.step for a in alerts_matching(alerts, rule="spike:loss", state="firing")] == [35]
+    second = shard_key(run, 1)
+
+    def both(msgs):
+        states = [stored_state(msgs, key) for key in (run, second)]
+        return all(d is not None and d.records == 80 for d in states)
+
+    msgs = kafka.collect(f"{w.app_id}-runs-changelog", both, 60, raw=True)
+    assert sorted(stored_state(msgs, run).series) == [0, 1]
+    assert sorted(stored_state(msgs, second).series) == [2, 3]
+    parts = by_run_partitions(kafka.bootstrap, f"{w.app_id}-by-run", {run, second})
+    assert len(parts[run]) == len(parts[second]) == 1 and parts[run] != parts[second], parts
 
 
 def test_arima_fits_of_a_wide_run_go_to_the_pool_together(kafka, workers):

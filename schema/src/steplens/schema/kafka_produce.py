@@ -51,10 +51,14 @@ def produce_bounded(
     on_delivery: Callable[[Any, Any], None] | None = None,
     max_wait_s: float,
     poll_s: float = 0.1,
+    partition: int | None = None,
 ) -> bool:
-    """Produce one message to ``topic``, waiting at most ``max_wait_s`` while the local queue
-    is full (``retry_while_full``); False when it stayed full (the message is not queued)."""
-    extra = {} if on_delivery is None else {"on_delivery": on_delivery}
+    """Produce one message to ``topic`` (to ``partition``, else its key's), waiting at most
+    ``max_wait_s`` while the local queue is full (``retry_while_full``); False when it stayed
+    full (the message is not queued)."""
+    extra: dict[str, Any] = {} if on_delivery is None else {"on_delivery": on_delivery}
+    if partition is not None:
+        extra["partition"] = partition
 
     def attempt() -> bool:
         try:

@@ -66,10 +66,11 @@ def signal_bytes(run_id: str, sig: Signal, seq: int = 0, time_ns: int = 0) -> by
     return _envelope("signal", run_id, sig.rank, sig.step, data, seq, time_ns)
 
 
-def alert_bytes(a: Alert, seq: int = 0) -> bytes:
+def alert_bytes(a: Alert, seq: int = 0, run_id: str | None = None) -> bytes:
     """An alert transition at the time of the record it fired on (``a.time_ns``): scored
     again after a restart, it is the same point with the same identity (fingerprint, state,
-    step), so a store keyed by them overwrites it."""
+    step), so a store keyed by them overwrites it. ``run_id``: the run it names, where that is
+    not ``a.run_id`` (a shard's detector names its run)."""
     rank = a.evidence.get("rank", RUN_RANK)
     data = {
         "rule": a.rule,
@@ -82,8 +83,9 @@ def alert_bytes(a: Alert, seq: int = 0) -> bytes:
         "evidence": a.evidence,
         **_optional(started_step=a.started_step),
     }
+    run = run_id or a.run_id
     return _envelope(
-        "alert", a.run_id, rank if isinstance(rank, int) else RUN_RANK, a.step, data, seq, a.time_ns
+        "alert", run, rank if isinstance(rank, int) else RUN_RANK, a.step, data, seq, a.time_ns
     )
 
 

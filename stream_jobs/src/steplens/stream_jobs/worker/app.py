@@ -6,8 +6,9 @@ raw topic (key run_id:rank, 8 partitions)
      and forwarded to the internal ``<app id>-by-run`` topic, a run's share of a batch cut into
      messages of about ``BY_RUN_MESSAGE_BYTES``; undecodable keys or non-UTF-8 payloads become
      dead letters here. The hop puts every rank of a run on one partition: the producers key
-     raw by run and rank, and a run's detectors judge its ranks together.
-  -> ``detect`` (a Faust agent): one ``RunDetector`` per run (``RunStore``: the ``runs``
+     raw by run and rank, and a run's detectors judge its ranks together; a run wider than
+     ``shard_ranks`` goes in shards, each keyed and placed as a run of its own (``run_shards``).
+  -> ``detect`` (a Faust agent): one ``RunDetector`` per run or shard (``RunStore``: the ``runs``
      table, checkpoints, acknowledgements; a run the table does not have, or a rank whose
      steps go back, is warmed from its history first: ``HistoryLoads``); ``Scorer`` scores
      its messages, ``Publisher`` sends its signals, alerts and dead letters.
@@ -38,7 +39,7 @@ from steplens.stream_jobs.engine.signals.host_memory import HostMemoryConfig
 from steplens.stream_jobs.engine.signals.ranks import RanksConfig
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 from steplens.stream_jobs.engine.signals.thresholds import ThresholdConfig
-from steplens.stream_jobs.worker import compat, fit_pool, history_loads
+from steplens.stream_jobs.worker import compat, fit_pool, history_loads, run_shards
 from steplens.stream_jobs.worker.baseline_fits import Bands, BaselineFits
 from steplens.stream_jobs.worker.fit_queue import FitQueue
 from steplens.stream_jobs.worker.metrics import WorkerMetrics
@@ -62,10 +63,17 @@ SERIES_PER_RANK = 8  # a run's 7-day baseline series per rank (``detector_config
 QUIET_KEYS_PER_RANK = 32  # quiet series (run, rank, rule, metric) remembered per rank
 
 
-def detector_config(options: DetectorOptions, max_ranks: int) -> DetectorConfig:
+def detector_config(
+    options: DetectorOptions, max_ranks: int, shard_ranks: int = 0
+) -> DetectorConfig:
     """The engine's detector settings with the worker's options applied; a run's caps follow
     ``max_ranks``: a GPU a rank, ``SERIES_PER_RANK`` 7-day baseline series a rank (4 of its
-    GPU's, 2 of its own, its share of the node's disks and ports)."""
+    GPU's, 2 of its own, its share of the node's disks and ports). The followed ranks
+    (``series_ranks``) stay within a run's first shard (``shard_ranks``), so that one detector
+    makes the run-wide loss checks, and a loss spike on every rank pages once."""
+    followed = registry.SERIES_RANKS if options.series_ranks is None else options.series_ranks
+    if shard_ranks > 0:
+        followed = min(followed, shard_ranks)
     ranks = RanksConfig()
     if options.hang_after_s is not None:
         ranks = RanksConfig(hang_after_s=options.hang_after_s)
@@ -75,7 +83,7 @@ def detector_config(options: DetectorOptions, max_ranks: int) -> DetectorConfig:
     )
     return DetectorConfig(
         arima_enabled=options.arima_enabled,
-        **({} if options.series_ranks is None else {"series_ranks": options.series_ranks}),
+        series_ranks=followed,
         ranks=ranks,
         advice=advice,
         baseline=baseline,
@@ -95,7 +103,7 @@ class Worker:
         registry.warm_up()  # not at the first batch: compiled once per machine, then cached
         log.info("compiled detector loops ready in %.1f s", time.perf_counter() - t)
         self.s = s
-        detector = detector_config(s.detector, s.limits.max_ranks)
+        detector = detector_config(s.detector, s.limits.max_ranks, s.shard_ranks)
         self.metrics = metrics
         self.fits = FitQueue(
             None,
@@ -150,7 +158,9 @@ class Worker:
             internal=True,
         )
         table = compat.runs_table(app, "runs", s.by_run_partitions)
-        self.history = history_loads.for_worker(s.history, detector, metrics, self._wake)
+        self.history = history_loads.for_worker(
+            s.history, detector, metrics, self._wake, s.shard_ranks
+        )
         limits = RunLimits(s.limits, table.keys, metrics.count_limited)
         self.store = RunStore(
             table,
@@ -271,7 +281,9 @@ class Worker:
     async def _wake(self, run: str) -> None:
         """An empty message to ``run``: the detect agent then installs its ended history
         load, checkpoints the run, or retires it when idle (``RunStore.admit``)."""
-        await compat.nudge(self.by_run, run)
+        name, shard = run_shards.split_key(run)
+        to = run_shards.partition_of(name, shard, self.router.partitions)
+        await compat.nudge(self.by_run, run, to)
 
     async def _nudge_quiet_runs(self) -> None:
         """A quiet run's held messages wait for its next checkpoint, which needs a message of

@@ -106,6 +106,7 @@ def raise_producer_buffer(app: Any, max_messages: int) -> None:
 NUDGE: Final = b"[]"  # an empty by-run message: checkpoint, install a load, or retire
 
 
-async def nudge(by_run: Any, run: str) -> None:
-    """Send ``run`` an empty by-run message (``by_run``: the by-run topic)."""
-    await by_run.send(key=run.encode(), value=NUDGE)
+async def nudge(by_run: Any, run: str, partition: int | None = None) -> None:
+    """Send ``run`` an empty by-run message (``by_run``: the by-run topic), to ``partition``
+    (else its key's)."""
+    await by_run.send(key=run.encode(), value=NUDGE, partition=partition)

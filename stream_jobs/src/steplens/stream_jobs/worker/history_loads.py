@@ -23,7 +23,7 @@ import asyncio
 import importlib.util
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,7 @@ from steplens.stream_jobs.engine.detector import CODEC, RunDetector
 from steplens.stream_jobs.engine.history import read_history
 from steplens.stream_jobs.engine.signals import arima, registry
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
-from steplens.stream_jobs.worker import fit_pool
+from steplens.stream_jobs.worker import fit_pool, run_shards
 from steplens.stream_jobs.worker.history_source import Source
 from steplens.stream_jobs.worker.settings import HistorySettings
 
@@ -45,8 +45,9 @@ REWIND_S = 600.0  # how long a rank's re-seed at a restart waits for its steps t
 
 @dataclass(frozen=True)
 class WarmJob:
-    """A warm start to run in the history process: the whole run (``ranks`` None), or a
-    restart's re-seed of ``ranks`` at the step they resume at (``cuts``)."""
+    """A warm start to run in the history process: ``run`` (a by-run key: a run, or a shard
+    of one, ``run_shards``) from its ranks' history (``ranks``: every rank when None, else a
+    shard's, or a restart's re-seed at the step they resume at, ``cuts``)."""
 
     run: str
     cfg: DetectorConfig
@@ -54,7 +55,7 @@ class WarmJob:
     until_ns: int
     meta: dict[str, Any] | None = None  # the live run_meta's fields (None: the stored one)
     cuts: dict[int, int] = field(default_factory=dict)
-    ranks: tuple[int, ...] | None = None
+    ranks: Sequence[int] | None = None
 
 
 @dataclass
@@ -75,7 +76,7 @@ def warm_job(job: WarmJob, source: Any = None) -> WarmResult:
     t0 = time.perf_counter()
     hist = read_history(
         source or Source.from_env(),
-        job.run,
+        run_shards.run_of(job.run),
         until_ns=job.until_ns,
         settings=job.settings,
         metrics=job.cfg.metrics(),
@@ -196,6 +197,7 @@ def for_worker(
     cfg: DetectorConfig,
     metrics: Any,
     wake: Callable[[str], Coroutine[Any, Any, None]],
+    shard_ranks: int = 0,
 ) -> HistoryLoads | None:
     """The worker's history loads; None (runs start cold) when off or without the stores'
     code (``steplens-sinks``)."""
@@ -205,7 +207,7 @@ def for_worker(
     if importlib.util.find_spec("steplens.sinks") is None:
         log.warning("history off: steplens-sinks is not installed (runs start cold)")
         return None
-    return HistoryLoads(settings, cfg, metrics.registry, wake)
+    return HistoryLoads(settings, cfg, metrics.registry, wake, shard_ranks)
 
 
 class HistoryLoads:
@@ -217,8 +219,10 @@ class HistoryLoads:
         cfg: DetectorConfig,
         registry: CollectorRegistry,
         wake: Callable[[str], Coroutine[Any, Any, None]],
+        shard_ranks: int = 0,
     ) -> None:
         self.settings = settings
+        self.shard_ranks = shard_ranks  # a wide run's shards read their own ranks
         self.cfg = cfg
         self.metrics = HistoryMetrics(registry)
         self.wake = wake  # sends the run an empty message (the agent then installs the load)
@@ -245,7 +249,15 @@ class HistoryLoads:
         load = Load(run, "start", time.monotonic())
         self.loads[run] = load
         self.hold(load, event)
-        job = WarmJob(run, self.cfg, self.settings, sight.until_ns, sight.meta, sight.cuts)
+        job = WarmJob(
+            run,
+            self.cfg,
+            self.settings,
+            sight.until_ns,
+            sight.meta,
+            sight.cuts,
+            run_shards.shard_ranks_of(run, self.shard_ranks),
+        )
         asyncio.get_running_loop().create_task(self._run(load, job))
         return load
 

@@ -16,6 +16,7 @@ from steplens.stream_jobs.engine.core import Alert, Signals
 from steplens.stream_jobs.engine.outputs import advice_bytes, alert_bytes, signal_bytes
 from steplens.stream_jobs.engine.publish_limit import QuietLimiter
 from steplens.stream_jobs.worker.metrics import WorkerMetrics, reason_class
+from steplens.stream_jobs.worker.run_shards import run_of
 
 log = logging.getLogger("steplens.stream_jobs")
 
@@ -44,21 +45,23 @@ class Publisher:
         """A record's signals (breaches, and the quiet ones the limiter lets through, built as
         rows only then), each at the time of its row's record (``times_ns``, one per row), so
         a replay writes the same points; and its alert transitions. The signal latency is
-        measured from the last row's time."""
-        key = run.encode()
+        measured from the last row's time. ``run``: a by-run key, whose run the outputs name
+        (``run_shards``)."""
+        name = run_of(run)
+        key = name.encode()
         send, topic = self.send, self.topics.signals
         now = time.monotonic()
         n = 0
         for sigs in batch:
             rows = sigs.row
             for k in self.quiet.picked(run, sigs, now):
-                body = signal_bytes(run, sigs.view(k), time_ns=times_ns[rows[k]])
+                body = signal_bytes(name, sigs.view(k), time_ns=times_ns[rows[k]])
                 await send(topic, key, body)
                 n += 1
         if n:
             self.metrics.signals.inc(n)
         for a in alerts:
-            await send(self.topics.alerts, key, alert_bytes(a))
+            await send(self.topics.alerts, key, alert_bytes(a, run_id=name))
             self.metrics.alerts.labels(a.state, a.severity).inc()
         last = max(times_ns, default=0)
         if (n or alerts) and last:
@@ -72,14 +75,15 @@ class Publisher:
         for adv in held:
             outcome = "held" if adv.held in (None, "storm") else f"held_{adv.held}"
             self.metrics.advice.labels(adv.action, outcome).inc()
+        name = run_of(run)
         for adv in given:
             try:
-                body = advice_bytes(run, adv)
+                body = advice_bytes(name, adv)
             except ValueError as exc:
-                log.warning("advice not sent (run %s): %s", run, exc)
+                log.warning("advice not sent (run %s): %s", name, exc)
                 self.metrics.advice.labels(adv.action, "invalid").inc()
                 continue
-            await self.send(self.topics.advice, run.encode(), body)
+            await self.send(self.topics.advice, name.encode(), body)
             self.metrics.advice.labels(adv.action, "sent").inc()
 
     async def dead(  # noqa: PLR0917
@@ -92,7 +96,7 @@ class Publisher:
         offset: int,
     ) -> None:
         """A record that cannot be scored, with the reason, to the dead-letter topic."""
-        body = self.dead_letter(reason, payload, run, partition, offset)
+        body = self.dead_letter(reason, payload, run and run_of(run), partition, offset)
         await self.send(self.topics.dead_letters, key if isinstance(key, bytes) else None, body)
 
     def dead_letter(

@@ -11,7 +11,8 @@ Faust's per-message machinery (its event, stream and sensor calls, aiokafka's re
 cost about 150 us a message where this costs under 10 (bench/RESULTS.md), the largest share of
 the worker's time in a wide run. A batch: up to ``batch`` messages within ``within_s``; their
 by-run messages produced keyed by run with the murmur2 partitioner (the partition Faust's
-producer gives the same key, so a run's nudges land beside its messages); the producer
+producer gives the same key, so a run's nudges land beside its messages; the shards of a wide
+run, keyed and placed by ``run_shards``, are nudged on their partitions); the producer
 flushed; then the raw offsets committed. A worker killed before the commit leaves the old
 position: the batch is routed again, and the detectors skip what they already applied.
 
@@ -40,6 +41,8 @@ from steplens.schema import DecodeError, decode
 from steplens.schema.kafka_config import admin_config, consumer_config, producer_config
 from steplens.schema.kafka_produce import produce_bounded
 from steplens.schema.log_limit import LimitedLog
+from steplens.stream_jobs.worker import run_shards
+from steplens.stream_jobs.worker.run_shards import shard_key
 from steplens.stream_jobs.worker.settings import (
     BY_RUN_MAX_BYTES,
     WorkerSettings,
@@ -74,6 +77,7 @@ class Router:
         self.consumer: Consumer | None = None
         self.producer: Producer | None = None
         self.routed = 0  # raw messages routed (dead letters included)
+        self.partitions = s.by_run_partitions  # the by-run topic's, once it is read
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
         self.failed: list[str] = []  # a delivery of the batch in flight that failed
@@ -110,6 +114,11 @@ class Router:
                 extra={"partitioner": "murmur2_random", "message.max.bytes": BY_RUN_MAX_BYTES},
             )
         )
+        try:  # the shards of a wide run go to partitions of their own (``run_shards``)
+            topic = producer.list_topics(self.by_run, timeout=10).topics[self.by_run]
+            self.partitions = len(topic.partitions) or self.partitions
+        except Exception as exc:
+            log.warning("route: the by-run topic's partitions not read: %s", exc)
         return consumer, producer
 
     def stop(self, timeout_s: float = FLUSH_S + 5) -> None:
@@ -157,7 +166,7 @@ class Router:
         """``msgs`` forwarded, flushed and committed (``step``)."""
         consumer, producer = self.consumer, self.producer
         assert consumer is not None and producer is not None
-        groups: dict[str, list[list[Any]]] = {}
+        groups: dict[tuple[str, int], list[list[Any]]] = {}  # by run and shard
         offsets: dict[tuple[str, int], int] = {}
         for msg in msgs:
             err = msg.error()
@@ -170,12 +179,13 @@ class Router:
             offsets[tp] = offset + 1
             got = self._run_of(msg.key(), msg.value(), partition, offset)
             if got is not None:
-                groups.setdefault(got[0], []).append([partition, offset, got[1]])
+                groups.setdefault(got[:2], []).append([partition, offset, got[2]])
         self.failed.clear()
-        for run, items in groups.items():
-            key = run.encode()
+        for (run, shard), items in groups.items():
+            key = shard_key(run, shard).encode()
+            to = run_shards.partition_of(run, shard, self.partitions)
             for chunk in by_run_chunks(items):
-                self._produce(self.by_run, key, orjson.dumps(chunk))
+                self._produce(self.by_run, key, orjson.dumps(chunk), to)
         left = producer.flush(FLUSH_S)
         if left or self.failed:
             why = f" ({self.failed[0]})" if self.failed else ""
@@ -198,10 +208,18 @@ class Router:
             except KafkaException:
                 log.debug("route: partition %s not rewound (not assigned)", partition)
 
-    def _produce(self, topic: str, key: bytes | None, value: bytes) -> None:
+    def _produce(
+        self, topic: str, key: bytes | None, value: bytes, partition: int | None = None
+    ) -> None:
         assert self.producer is not None
         queued = produce_bounded(
-            self.producer, topic, value, key, on_delivery=self._delivered, max_wait_s=QUEUE_FULL_S
+            self.producer,
+            topic,
+            value,
+            key,
+            on_delivery=self._delivered,
+            max_wait_s=QUEUE_FULL_S,
+            partition=partition,
         )
         if not queued:
             raise RuntimeError(f"the producer's queue stayed full ({topic})")
@@ -212,22 +230,25 @@ class Router:
 
     def _run_of(
         self, key: bytes | None, value: bytes | None, partition: int, offset: int
-    ) -> tuple[str, str | None] | None:
-        """A raw message's run (from its key, else its record) and its text; None (a dead
-        letter) when it has none."""
-        run = run_of_key(key)
+    ) -> tuple[str, int, str | None] | None:
+        """A raw message's run and shard (from its key, else its record) and its text; None
+        (a dead letter) when it has none."""
+        named = run_of_key(key)
         try:
             text = value.decode("utf-8") if value is not None else None
         except UnicodeDecodeError as exc:
+            run = named[0] if named else None
             self._dead(f"not valid UTF-8: {exc}", value, run, key, partition, offset)
             return None
-        if run is None:
+        if named is None:
             got = decode(text)
             if isinstance(got, DecodeError):
                 self._dead(str(got), value, None, key, partition, offset)
                 return None
-            run = got.run_id
-        return run, text  # a null value (None) under a run's key: the scorer says why
+            named = got.run_id, got.rank
+        run, rank = named
+        shard = run_shards.shard_of_rank(rank, self.s.shard_ranks, self.s.limits.max_ranks)
+        return run, shard, text  # a null value (None) under a run's key: the scorer says why
 
     def _dead(  # noqa: PLR0917
         self,

@@ -248,6 +248,15 @@ class WorkerSettings:
     by_run_partitions: Annotated[
         PositiveInt, about("partitions of the internal by-run topic (when it is created)")
     ] = 8
+    shard_ranks: Annotated[
+        NonNegativeInt,
+        about(
+            "a wider run's ranks are scored in shards of N ranks, each on a by-run partition "
+            "of its own (the workers share them): a straggler is judged against its shard; "
+            "the followed ranks (`series_ranks`, at most N) are all in shard 0, which makes "
+            "the run-wide loss checks; a multiple of a node's ranks; 0: a run is never split"
+        ),
+    ] = 2048
     signal_every: Annotated[
         NonNegativeInt,
         about("publish a quiet signal per rank and rule every N steps (0: breaches only)"),
@@ -335,7 +344,8 @@ def by_run_chunks(items: list[list[Any]], budget: int = BY_RUN_MESSAGE_BYTES) ->
     return out
 
 
-def run_of_key(key: bytes | None) -> str | None:
+def run_of_key(key: bytes | None) -> tuple[str, int] | None:
+    """A raw key's run and rank (``run_id:rank``); None when it is not one."""
     if not key:
         return None
     try:
@@ -343,4 +353,6 @@ def run_of_key(key: bytes | None) -> str | None:
     except UnicodeDecodeError:
         return None
     run, sep, rank = text.rpartition(":")
-    return run if sep and run and rank.lstrip("-").isdigit() else None
+    if not (sep and run and rank.lstrip("-").isdigit()):
+        return None
+    return run, int(rank)

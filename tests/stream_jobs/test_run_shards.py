@@ -1,0 +1,73 @@
+"""A wide run's ranks in shards: keys, the ranks each holds, and the partitions they go to."""
+
+from __future__ import annotations
+
+from steplens.schema import RUN_RANK
+from steplens.stream_jobs.worker.run_shards import (
+    partition_of,
+    placement,
+    run_of,
+    shard_key,
+    shard_of_rank,
+    shard_ranks_of,
+    split_key,
+)
+
+
+def test_a_run_narrower_than_a_shard_keeps_its_own_key() -> None:
+    for rank in (RUN_RANK, 0, 7, 2047):
+        assert shard_of_rank(rank, 2048, 16384) == 0
+    assert shard_key("run-a", 0) == "run-a"
+    assert split_key("run-a") == ("run-a", 0)
+    assert partition_of("run-a", 0, 8) is None  # its key's own partition, as before
+
+
+def test_ranks_go_to_their_shard_and_back_to_their_run() -> None:
+    assert [shard_of_rank(r, 2048, 16384) for r in (2047, 2048, 4095, 4096, 16383)] == [
+        0,
+        1,
+        1,
+        2,
+        7,
+    ]
+    assert shard_of_rank(5000, 0, 16384) == 0  # 0: runs are never split
+    for run in ("run-a", "a:b:c", "x" * 200):
+        for shard in (0, 1, 7):
+            key = shard_key(run, shard)
+            assert split_key(key) == (run, shard)
+            assert run_of(key) == run
+    assert shard_key("run-a", 1) != "run-a1"
+
+
+def test_a_rank_past_the_cap_makes_no_new_shard() -> None:
+    """A producer naming ranks at random is held to the shards a run of ``max_ranks`` has."""
+    shards = {shard_of_rank(r, 2048, 16384) for r in range(0, 10**6, 997)}
+    assert shards == set(range(8))
+    assert shard_of_rank(2**31 - 1, 2048, 16384) == 7
+
+
+def test_each_shard_reads_its_own_ranks() -> None:
+    first, second = shard_ranks_of("r", 2048), shard_ranks_of(shard_key("r", 1), 2048)
+    assert first is not None and second is not None
+    assert RUN_RANK in first and 0 in first and 2047 in first and 2048 not in first
+    assert 2048 in second and 4095 in second and 2047 not in second and RUN_RANK not in second
+    assert shard_ranks_of("r", 0) is None  # not split: every rank
+
+
+def test_a_runs_shards_reach_as_many_workers_as_they_can_however_faust_deals() -> None:
+    """Workers that join one after the other hold blocks of the by-run partitions, workers that
+    join together every n-th one: a run's first 2, 4 and 8 shards reach 2, 4 and 8 workers
+    under both deals, for every partition a run can have."""
+    for partitions in (8, 16, 32):
+        for base in range(partitions):
+            parts = placement(base, partitions)
+            assert parts[0] == base and sorted(parts) == list(range(partitions))
+            for workers in (2, 4, 8):
+                if workers > partitions:
+                    continue
+                first = parts[:workers]
+                assert len({p // (partitions // workers) for p in first}) == workers, first
+                assert len({p % workers for p in first}) == workers, first
+    run = "run-a"
+    base = partition_of(run, 8, 8)  # one turn round: the run's own partition
+    assert [partition_of(run, k, 8) for k in range(1, 8)] == list(placement(base, 8)[1:])
