@@ -1,15 +1,18 @@
 """One run of N ranks against the real local stack: what it costs and what it catches.
 
-Starts a worker and both sinks (InfluxDB, S3) on topics, consumer groups and an S3 prefix of
-their own (as ``steplens demo --isolated`` does), then ``sim_ranks.py`` processes that send
-N ranks' records through the producer's own code for ``--steps`` steps of ``--step-s`` s
-with six faults at known steps. Measures:
+Starts ``--workers`` workers of one group (a run wider than their ``--shard-ranks`` is scored
+in shards, which they share) and both sinks (InfluxDB, S3) on topics, consumer groups and an
+S3 prefix of their own (as ``steplens demo --isolated`` does), then ``sim_ranks.py``
+processes that send N ranks' records through the producer's own code for ``--steps`` steps of
+``--step-s`` s with six faults at known steps. Measures:
 
 * the wire: records/s and bytes/s the ranks handed to Kafka, by kind;
-* the worker: CPU seconds and peak RSS (its process tree, psutil), consumer lag (its /metrics);
+* the workers: CPU seconds (summed) and the largest one's peak RSS (their process trees,
+  psutil), consumer lag and records scored (their /metrics, summed and by worker);
 * InfluxDB: the run's series (``influxdb.cardinality``, hot and rollup buckets), influxd's RSS,
   the influx sink's rollup runs (count, mean duration, runs over a minute, coverage lag);
-* S3: objects and bytes under the run's prefix, after the sinks stopped;
+* S3: objects and bytes under the run's prefix, after the sinks stopped; the sinks' CPU and
+  peak RSS;
 * InfluxDB buckets of its own (hot and rollup, deleted at the end unless ``--keep-buckets``):
   a large run left in the shared buckets slows every later query of them for hours;
 * alerts: each fault's first incident on the alerts topic, with the right rank/node/GPU and
@@ -117,13 +120,16 @@ def serving(port: int) -> psutil.Process | None:
 
 
 class Sampler(threading.Thread):
-    """Every 2 s: the worker's tree (CPU s, RSS), its lag; influxd's RSS; the sinks' CPU."""
+    """Every 2 s: the workers' trees (CPU s summed, the largest RSS), their lag and counts
+    summed; influxd's RSS; the sinks' CPU."""
 
-    def __init__(self, worker: int, sinks: list[int], worker_port: int, influx_url: str) -> None:
+    def __init__(
+        self, workers: list[int], sinks: list[int], worker_ports: list[int], influx_url: str
+    ) -> None:
         super().__init__(daemon=True)
-        self.worker = psutil.Process(worker)
+        self.workers = [psutil.Process(p) for p in workers]
         self.sinks = [psutil.Process(p) for p in sinks]
-        self.port = worker_port
+        self.ports = worker_ports
         self.influxd = serving(int(urllib.parse.urlsplit(influx_url).port or 8086))
         self.rows: list[dict[str, float]] = []
         self.stop = threading.Event()
@@ -140,14 +146,24 @@ class Sampler(threading.Thread):
                 pass
         return cpu, rss
 
+    def metric(self, name: str) -> float:
+        return sum(metric(port, name) for port in self.ports)
+
     def sample(self) -> dict[str, float]:
-        cpu, rss = self.tree(self.worker)
-        row = {"t": time.monotonic(), "worker_cpu_s": cpu, "worker_rss": rss}
-        row["sinks_cpu_s"] = sum(self.tree(p)[0] for p in self.sinks)
-        row["lag"] = metric(self.port, "steplens_worker_consumer_lag")
-        row["worker_records"] = metric(self.port, "steplens_worker_records_total")
+        trees = [self.tree(w) for w in self.workers]
+        row = {
+            "t": time.monotonic(),
+            "worker_cpu_s": sum(cpu for cpu, _ in trees),
+            "worker_rss": max(rss for _, rss in trees),
+        }
+        sinks = [self.tree(p) for p in self.sinks]
+        row["sinks_cpu_s"] = sum(cpu for cpu, _ in sinks)
+        for i, (_, rss) in enumerate(sinks):
+            row[f"sink{i}_rss"] = rss
+        row["lag"] = self.metric("steplens_worker_consumer_lag")
+        row["worker_records"] = self.metric("steplens_worker_records_total")
         for name in ("alerts", "signals", "dead_letters", "advice"):
-            row[f"worker_{name}"] = metric(self.port, f"steplens_worker_{name}_total")
+            row[f"worker_{name}"] = self.metric(f"steplens_worker_{name}_total")
         if self.influxd is not None:
             try:
                 row["influxd_rss"] = float(self.influxd.memory_info().rss)
@@ -410,6 +426,10 @@ def main() -> int:
     p.add_argument("--step-s", type=float, default=1.0)
     p.add_argument("--ranks-per-process", type=int, default=1024)
     p.add_argument("--full-resolution", action="store_true")
+    p.add_argument("--workers", type=int, default=1, help="workers of the one group")
+    p.add_argument(
+        "--shard-ranks", type=int, default=None, help="the workers' --shard-ranks (their default)"
+    )
     p.add_argument("--settle-s", type=float, default=90.0, help="most seconds to wait after")
     p.add_argument(
         "--made-ahead-s",
@@ -450,33 +470,43 @@ def main() -> int:
     ensure_topics(boot, topics)
     series_before = bucket_series(senv)
     work = Path(tempfile.mkdtemp(prefix=f"{tag}-"))
-    ports = {k: free_port() for k in ("worker", "influx", "s3")}
+    ports = {k: free_port() for k in ("influx", "s3")}
+    worker_ports = [free_port() for _ in range(args.workers)]
     s3_prefix = f"bench/{tag}"
     print(f"run {run_id}; logs in {work}", flush=True)
-    worker = start(
-        "worker",
-        ["worker", "--app-id", f"{tag}-w", "--state-dir", str(work / "worker"),
-         "--web-port", str(ports["worker"])],
-        env, work,
-    )  # fmt: skip
+    shards = [] if args.shard_ranks is None else ["--shard-ranks", str(args.shard_ranks)]
+    workers = [
+        start(
+            f"worker{i or ''}",
+            ["worker", "--app-id", f"{tag}-w", "--state-dir", str(work / f"worker{i or ''}"),
+             "--web-port", str(port), *shards],
+            env, work,
+        )
+        for i, port in enumerate(worker_ports)
+    ]  # fmt: skip
     sinks = [
         start("sink-influx", ["sink", "influx", "--group", f"{tag}-influx",
                               "--metrics-port", str(ports["influx"])], env, work),
         start("sink-s3", ["sink", "s3", "--group", f"{tag}-s3", "--prefix", s3_prefix,
                           "--metrics-port", str(ports["s3"])], env, work),
     ]  # fmt: skip
-    children = [worker, *sinks]
+    children = [*workers, *sinks]
     tail = AlertTail(boot, topics.alerts)
     result: dict[str, Any] = {"ranks": args.ranks, "steps": args.steps, "step_s": args.step_s,
+                              "workers": args.workers, "shard_ranks": args.shard_ranks,
                               "mode": "full" if args.full_resolution else "windowed",
                               "run_id": run_id}  # fmt: skip
     try:
-        wait_port(ports["worker"], worker)
+        for port, w in zip(worker_ports, workers, strict=True):
+            wait_port(port, w)
         wait_port(ports["influx"], sinks[0])
         wait_port(ports["s3"], sinks[1])
         tail.start()
         sampler = Sampler(
-            worker.pid, [s.pid for s in sinks], ports["worker"], senv["STEPLENS_INFLUX_URL"]
+            [w.pid for w in workers],
+            [s.pid for s in sinks],
+            worker_ports,
+            senv["STEPLENS_INFLUX_URL"],
         )
         base = sampler.sample()
         sampler.start()
@@ -514,7 +544,7 @@ def main() -> int:
         deadline = time.monotonic() + args.settle_s
         last, moved = -1.0, time.monotonic()
         while time.monotonic() < deadline:
-            done = metric(ports["worker"], "steplens_worker_records_total") - base["worker_records"]
+            done = sampler.metric("steplens_worker_records_total") - base["worker_records"]
             if done != last:
                 last, moved = done, time.monotonic()
             if done >= sent or time.monotonic() - moved > 20:
@@ -569,8 +599,14 @@ def main() -> int:
             "signals": end["worker_signals"] - base["worker_signals"],
             "dead_letters": end["worker_dead_letters"] - base["worker_dead_letters"],
             "caught_up_after_s": moved - t_sent,
+            "records_by_worker": [metric(p, "steplens_worker_records_total") for p in worker_ports],
+            "cpu_s_by_worker": [Sampler.tree(w)[0] for w in sampler.workers],
         }  # fmt: skip
         result["sinks_cpu_s"] = end["sinks_cpu_s"] - base["sinks_cpu_s"]
+        result["sinks_rss_peak_mb"] = {
+            name: max(r.get(f"sink{i}_rss", 0.0) for r in [*rows, end]) / 2**20
+            for i, name in enumerate(("influx", "s3"))
+        }
         if "influxd_rss" in end:
             result["influxd"] = {
                 "rss_start_mb": base.get("influxd_rss", 0) / 2**20,
