@@ -24,9 +24,10 @@ from steplens.stream_jobs.engine.history import (
     read_run,
     reference_of,
 )
+from steplens.stream_jobs.engine.run_keys import shard_key
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 from steplens.stream_jobs.worker.history_loads import WarmJob, first_sight, warm_job
-from steplens.stream_jobs.worker.run_shards import shard_key, shard_ranks_of
+from steplens.stream_jobs.worker.run_shards import shard_ranks_of
 from steplens.stream_jobs.worker.settings import HistorySettings
 
 

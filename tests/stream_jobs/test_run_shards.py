@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from steplens.schema import RUN_RANK
+from steplens.stream_jobs.engine.run_keys import run_of, shard_key, split_key
 from steplens.stream_jobs.worker.run_shards import (
     partition_of,
     placement,
-    run_of,
-    shard_key,
     shard_of_rank,
     shard_ranks_of,
-    split_key,
 )
 
 

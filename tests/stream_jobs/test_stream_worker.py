@@ -14,9 +14,9 @@ import pytest
 
 from steplens.schema import encode, make_record
 from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.engine.run_keys import shard_key
 from steplens.stream_jobs.engine.state import rank_key
 from steplens.stream_jobs.worker.fit_queue import FIT_NICENESS
-from steplens.stream_jobs.worker.run_shards import shard_key
 
 pytestmark = pytest.mark.stack
 

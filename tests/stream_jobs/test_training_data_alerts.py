@@ -13,6 +13,7 @@ from steplens.schema import make_record
 from steplens.stream_jobs.engine.core import flatten
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.hints import hint_for
+from steplens.stream_jobs.engine.run_keys import shard_key
 
 
 def t(i: int) -> int:
@@ -277,6 +278,22 @@ def test_a_hang_incident_carries_the_stacks_of_the_stuck_rank():
         assert "dist.all_reduce" in ev["stacks"]["threads"][0]["stack"]
         assert hangs[-1].severity == "critical"
         assert ("stacks" in members(hangs[0])["hang:progress"]) == (at_s < 60)
+
+
+def test_a_shard_past_a_wide_runs_first_pages_no_hang():
+    """The same hang in a detector of a wide run's second shard: its signals say which rank
+    stopped, and no incident opens (shard 0, whose ranks stop too, pages it)."""
+    det = RunDetector(shard_key("r", 1))
+    reports, sigs = [], []
+    for rec in hang_records(120.0):
+        got, alerts = det.process(rec)
+        reports += alerts
+        sigs += flatten(got)
+    assert opened(reports) == []
+    stalled = [s for s in sigs if s.rule == "hang:progress" and s.scope == "rank:1"]
+    assert stalled and max(s.value for s in stalled) > 60.0
+    _, first_shard, _ = run(hang_records(120.0))
+    assert [a for a in opened(first_shard) if "hang:progress" in members(a)]
 
 
 # ------------------------------------------------------------------------------ data quality

@@ -93,6 +93,26 @@ def test_hang_fires_for_the_stuck_rank_then_for_the_run():
     assert {s.scope for s in sigs if s.severity} == {"rank:0", "rank:1", "run"}
 
 
+def test_a_shard_past_the_first_reports_its_hung_ranks_without_paging():
+    """Every rank stops at a hang; a wide run's shard 0 pages it, the others stay quiet."""
+    sec = 10**9
+    got = {}
+    for pages in (True, False):
+        st, cfg = RanksState(), RanksConfig(hang_after_s=10)
+        for t in range(6):
+            for rank in (0, 1):
+                progress(st, rank, t, t * sec)
+        views = []
+        for now in (28, 29):
+            out = ranks.tick(st, cfg, now * sec, pages=pages)
+            views += [] if out is None else out.views()
+        got[pages] = views
+    assert {s.scope for s in got[True] if s.severity} == {"rank:0", "rank:1", "run"}
+    assert not [s for s in got[False] if s.severity]
+    stalled = {s.scope: s.value for s in got[False] if s.scope.startswith("rank:")}
+    assert stalled == {"rank:0": 24.0, "rank:1": 24.0}  # judged all the same, at the last check
+
+
 def test_a_pause_of_the_whole_process_is_not_a_hang():
     st = RanksState()
     cfg = RanksConfig(hang_after_s=10)

@@ -442,6 +442,9 @@ class Run:
     last_step_ns: int = 0  # time of the latest step record
     last_step: int = -1  # the largest step of any rank (-1: none yet)
     unfollowed: int = 0  # rows of ranks past ``series_ranks``: no series of their own
+    # the shard of a wide run that the detector holds (``run_keys``); one past the first pages
+    # nothing that is the whole run's
+    shard: int = 0
 
     def track_loss(self, xs: np.ndarray, alpha: float) -> None:
         """The training loss's EMA over finite values ``xs``, for the train/validation gap."""

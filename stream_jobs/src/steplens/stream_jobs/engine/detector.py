@@ -59,6 +59,7 @@ from steplens.stream_jobs.engine import (
     marks,
     rank_signals,
     rules,
+    run_keys,
     step_tail,
 )
 from steplens.stream_jobs.engine.calibration import CalibrationState
@@ -171,6 +172,7 @@ class RunDetector:
     def __post_init__(self) -> None:
         for e in RECORDS:
             self.run_states.setdefault(e.key, e.state())
+        self.run.shard = run_keys.shard(self.run_id)
 
     @property
     def ranks(self) -> ranks.RanksState:
@@ -633,6 +635,7 @@ class RunDetector:
         except Exception as exc:
             log.warning("a stored run state cannot be restored (%s); the run starts afresh", exc)
             return None
+        det.run.shard = run_keys.shard(det.run_id)  # the key's, not a head stored before it
         for rank in head.get("ranks", []):
             part = rank_blob(rank, det.slots.setdefault(rank, 0))
             try:

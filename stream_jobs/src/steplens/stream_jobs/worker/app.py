@@ -28,6 +28,7 @@ from typing import Any, cast
 import faust
 
 from steplens.schema.settings import kafka_security_config
+from steplens.stream_jobs.engine import run_keys
 from steplens.stream_jobs.engine.advice import AdviceConfig
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.publish_limit import QuietLimiter
@@ -281,7 +282,7 @@ class Worker:
     async def _wake(self, run: str) -> None:
         """An empty message to ``run``: the detect agent then installs its ended history
         load, checkpoints the run, or retires it when idle (``RunStore.admit``)."""
-        name, shard = run_shards.split_key(run)
+        name, shard = run_keys.split_key(run)
         to = run_shards.partition_of(name, shard, self.router.partitions)
         await compat.nudge(self.by_run, run, to)
 

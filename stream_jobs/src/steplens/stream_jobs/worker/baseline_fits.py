@@ -26,10 +26,11 @@ from dataclasses import replace
 from typing import Any
 
 from steplens.schema.log_limit import LimitedLog
+from steplens.stream_jobs.engine import run_keys
 from steplens.stream_jobs.engine.detector import RunDetector
 from steplens.stream_jobs.engine.history import DAY_NS
 from steplens.stream_jobs.engine.signals.seasonal_baseline import Band, BaselineConfig, fit_bands
-from steplens.stream_jobs.worker import baseline_history, run_shards
+from steplens.stream_jobs.worker import baseline_history
 
 log = logging.getLogger("steplens.stream_jobs")
 refused = LimitedLog(log)  # a broken pool refuses every job until it is started again
@@ -62,7 +63,7 @@ def load_and_fit(
                 influx = replace(influx, timeout_ms=max(1, int(timeout_s * 1000)))
                 now = time.time_ns()
                 since = now - int(days * DAY_NS)
-                name = run_shards.run_of(run)  # a shard's series are its run's
+                name = run_keys.run_of(run)  # a shard's series are its run's
                 stored = baseline_history.read_rollups(influx, name, since, now, live)
         except Exception as exc:  # slow or down: the in-run minutes alone
             why = f"{type(exc).__name__}: {exc}"[:300]

@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from steplens.stream_jobs.engine import run_keys
 from steplens.stream_jobs.engine.detector import CODEC, RunDetector
 from steplens.stream_jobs.engine.history import read_history
 from steplens.stream_jobs.engine.signals import arima, registry
@@ -76,7 +77,7 @@ def warm_job(job: WarmJob, source: Any = None) -> WarmResult:
     t0 = time.perf_counter()
     hist = read_history(
         source or Source.from_env(),
-        run_shards.run_of(job.run),
+        run_keys.run_of(job.run),
         until_ns=job.until_ns,
         settings=job.settings,
         metrics=job.cfg.metrics(),

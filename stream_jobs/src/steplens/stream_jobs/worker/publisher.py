@@ -15,8 +15,8 @@ from steplens.stream_jobs.engine.advice import Advised
 from steplens.stream_jobs.engine.core import Alert, Signals
 from steplens.stream_jobs.engine.outputs import advice_bytes, alert_bytes, signal_bytes
 from steplens.stream_jobs.engine.publish_limit import QuietLimiter
+from steplens.stream_jobs.engine.run_keys import run_of
 from steplens.stream_jobs.worker.metrics import WorkerMetrics, reason_class
-from steplens.stream_jobs.worker.run_shards import run_of
 
 log = logging.getLogger("steplens.stream_jobs")
 

@@ -41,8 +41,8 @@ from steplens.schema import DecodeError, decode
 from steplens.schema.kafka_config import admin_config, consumer_config, producer_config
 from steplens.schema.kafka_produce import produce_bounded
 from steplens.schema.log_limit import LimitedLog
+from steplens.stream_jobs.engine.run_keys import shard_key
 from steplens.stream_jobs.worker import run_shards
-from steplens.stream_jobs.worker.run_shards import shard_key
 from steplens.stream_jobs.worker.settings import (
     BY_RUN_MAX_BYTES,
     WorkerSettings,

@@ -1,17 +1,18 @@
 """A wide run's ranks split into shards of ``shard_ranks`` ranks, each scored as a run of its
 own, so that one run's detectors can spread over several workers.
 
-The route stage gives a record of rank ``r`` the by-run key of its shard: the run id itself for
-the first ``shard_ranks`` ranks (a run narrower than that is keyed as it always was), else the
-run id, ``SEP`` and ``r // shard_ranks``. Every part of the worker keys its state by that key
-(the table, the checkpoints, the history loads, the incidents' ids); the outputs (signals,
-alerts, advice, dead letters) name the run itself (``run_of``). Shard 0 stays on the run's own
-by-run partition (its key's murmur2 partition, as Faust's and librdkafka's producers give
-it); the others are placed by ``placement`` so that the group's workers share them whichever
-way Faust deals the partitions out. Measured: two workers that joined one after the other got
-blocks (0-3 and 4-7), two that joined together got every other partition (so shards on
-partitions 1 and 5 both went to one worker); each next shard takes the partition that keeps
-the run's shards apart under both deals for 2, 4, 8, ... workers as far as it can.
+The route stage gives a record of rank ``r`` the by-run key of its shard (``run_keys``): the
+run id itself for the first ``shard_ranks`` ranks (a run narrower than that is keyed as it
+always was), else the run id, ``SEP`` and ``r // shard_ranks``. Every part of the worker keys
+its state by that key (the table, the checkpoints, the history loads, the incidents' ids); the
+outputs (signals, alerts, advice, dead letters) name the run itself (``run_of``). Shard 0
+stays on the run's own by-run partition (its key's murmur2 partition, as Faust's and
+librdkafka's producers give it); the others are placed by ``placement`` so that the group's
+workers share them whichever way Faust deals the partitions out. Measured: two workers that
+joined one after the other got blocks (0-3 and 4-7), two that joined together got every other
+partition (so shards on partitions 1 and 5 both went to one worker); each next shard takes the
+partition that keeps the run's shards apart under both deals for 2, 4, 8, ... workers as far
+as it can.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ import functools
 from aiokafka.partitioner import DefaultPartitioner
 
 from steplens.schema import RUN_RANK
-
-SEP = "\x1e"  # between a run id and its shard (a run id is printable)
+from steplens.stream_jobs.engine.run_keys import split_key
 
 _PARTITIONER = DefaultPartitioner()
 
@@ -35,23 +35,6 @@ def shard_of_rank(rank: int, shard_ranks: int, max_ranks: int) -> int:
         return 0
     last = max(0, (max_ranks - 1) // shard_ranks)
     return min(rank // shard_ranks, last)
-
-
-def shard_key(run: str, shard: int) -> str:
-    return run if shard == 0 else f"{run}{SEP}{shard}"
-
-
-def split_key(key: str) -> tuple[str, int]:
-    """A by-run key's run id and shard."""
-    run, sep, shard = key.rpartition(SEP)
-    if sep and run and shard.isdigit():
-        return run, int(shard)
-    return key, 0
-
-
-def run_of(key: str) -> str:
-    """The run id a by-run key names."""
-    return split_key(key)[0]
 
 
 def shard_ranks_of(key: str, shard_ranks: int) -> range | None:

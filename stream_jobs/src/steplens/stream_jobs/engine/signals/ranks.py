@@ -21,7 +21,10 @@ other.
 
 ``tick`` runs on hardware/health records. A hang is confirmed by two checks at least
 ``check_every_s`` apart, so a pause of the whole process (which delays every record alike) is
-not mistaken for a stuck rank."""
+not mistaken for a stuck rank. A shard of a wide run past its first (``Run.shard``) judges its
+ranks' hangs without paging them: the collectives hold every rank of a run when one stops, so
+the ranks of shard 0 stop too, and its detector pages the hang once for the whole run (each
+shard paging its own ranks was one page per shard for one hang)."""
 
 from __future__ import annotations
 
@@ -393,8 +396,11 @@ def progress(state: RanksState, rank: int, step: int, time_ns: int) -> RanksStat
     return state
 
 
-def tick(state: RanksState, cfg: RanksConfig, time_ns: int, row: int = 0) -> Signals | None:
-    """Advance the run's clock (any record) and report ranks without progress."""
+def tick(
+    state: RanksState, cfg: RanksConfig, time_ns: int, row: int = 0, pages: bool = True
+) -> Signals | None:
+    """Advance the run's clock (any record) and report ranks without progress (breaches
+    where ``pages``, else quiet signals: a shard past a wide run's first)."""
     state.clock_ns = max(state.clock_ns, time_ns)
     if state.clock_ns - state.checked_ns < cfg.check_every_s * 1e9 or not state.progress_ns:
         return None
@@ -416,7 +422,7 @@ def tick(state: RanksState, cfg: RanksConfig, time_ns: int, row: int = 0) -> Sig
                 f"rank:{rank}",
                 stalled,
                 score_of(stalled / cfg.hang_after_s),
-                CRIT_SEV if hung else 0,
+                CRIT_SEV if hung and pages else 0,
                 {"last_step": state.last_step.get(rank)},
             )
             for c, v in zip(cols, got, strict=True):
@@ -427,7 +433,8 @@ def tick(state: RanksState, cfg: RanksConfig, time_ns: int, row: int = 0) -> Sig
             state.hung.discard(rank)
     expected = [cfg.hang_after_s] * len(cols[0])
     if len(state.progress_ns) > 1 or stalled_all:
-        got = (-1, "run", 0.0, 1.0 if stalled_all else 0.0, CRIT_SEV if stalled_all else 0, None)
+        sev = CRIT_SEV if stalled_all and pages else 0
+        got = (-1, "run", 0.0, 1.0 if stalled_all else 0.0, sev, None)
         for c, v in zip(cols, got, strict=True):
             c.append(v)
         expected.append(NAN)
@@ -457,7 +464,7 @@ def on_record(state: RanksState, cfg: RanksConfig, rec: Record, run: Run) -> lis
     if not rec.time_ns:
         return []
     out = []
-    got = tick(state, cfg, rec.time_ns)
+    got = tick(state, cfg, rec.time_ns, pages=run.shard == 0)
     if got is not None:
         out.append(got)
     lone = _held_long_enough(state, cfg, set())
