@@ -266,6 +266,52 @@ def test_a_wide_runs_shards_are_scored_apart_and_named_as_their_run(kafka, worke
     assert len(parts[run]) == len(parts[second]) == 1 and parts[run] != parts[second], parts
 
 
+def test_a_hang_of_a_wide_run_pages_once(kafka, workers):
+    """Every rank of a run of two shards stops stepping while its nodes still sample: shard
+    0 pages the hang, and shard 1 judges its ranks hung without a page of its own."""
+    run = f"hung-{uuid.uuid4().hex[:6]}"
+    w = workers("--no-arima", "--checkpoint-s", "0", "--shard-ranks", "2", "--hang-after-s", "3")
+    w.start().wait_metrics()
+    for rank in range(4):
+        kafka.send(steps(run, 0, 20, rank=rank, seed=rank))  # the last at 1.9 s
+    wait_scored(w, 80)
+    t0 = steps(run, 0, 1)[0].time_ns
+    gpus = {"gpus": [{"index": 0, "util_gpu": 0.0}]}
+    kafka.send(
+        [
+            make_record("hw", gpus, run_id=run, rank=rank, host=f"n{rank}", time_ns=t)
+            for t in range(t0 + 2 * 10**9, t0 + 22 * 10**9, 10**9)
+            for rank in (0, 2)  # each shard's node
+        ]
+    )
+
+    def hang_pages(got):
+        return [
+            a
+            for a in alerts_matching(got, state="firing")
+            if any(m["rule"] == "hang:progress" for m in a.data["evidence"]["members"])
+        ]
+
+    kafka.collect(kafka.topics.alerts, lambda got: bool(hang_pages(got)), 90)
+    second = shard_key(run, 1)
+
+    def judged(msgs):  # each shard's 40 steps and 20 samples applied
+        states = [stored_state(msgs, key) for key in (run, second)]
+        return all(d is not None and d.records == 60 for d in states)
+
+    det = stored_state(kafka.collect(f"{w.app_id}-runs-changelog", judged, 60, raw=True), second)
+    assert det.run_states["ranks"].hung == {2, 3}
+    # every firing transition the worker sent by then, hang or not, read back
+    sent = sample(w.metrics(), "steplens_worker_alerts_total", state="firing")
+    got = kafka.collect(
+        kafka.topics.alerts, lambda got: len(alerts_matching(got, state="firing")) >= sent
+    )
+    pages = hang_pages(got)
+    assert len(pages) == 1 and pages[0].run_id == run, [a.data for a in pages]
+    ranks = {m["scope"] for m in pages[0].data["evidence"]["members"]}
+    assert {"run", "rank:0", "rank:1"} <= ranks and "rank:2" not in ranks
+
+
 def test_arima_fits_of_a_wide_run_go_to_the_pool_together(kafka, workers):
     """32 ranks whose series all come due for their fits at once: every fit comes back from
     the pool, in far fewer jobs than fits, and the signals after it carry the model's
