@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -25,7 +26,13 @@ from steplens.sinks.rollup import (
     run_once,
     run_rollup,
 )
-from steplens.sinks.rollup_loop import RollupLoop, take_lease
+from steplens.sinks.rollup_loop import (
+    CATCH_UP_LAG_S,
+    RollupLoop,
+    covered_lag_s,
+    next_chunk,
+    take_lease,
+)
 from steplens.sinks.text_fields import TextFields
 
 pytestmark = pytest.mark.stack
@@ -325,6 +332,43 @@ def test_the_loop_catches_up_at_once_and_exports_the_coverage_lag(scratch_bucket
     assert runs >= s.hot_retention_s // 60 // CHUNK_MIN
     got = rows(s, 'r._measurement == "step" and r._field == "loss_mean"', bucket=s.rollup_bucket)
     assert [r["_value"] for r in got] == [1.0]
+
+
+def test_runs_after_a_failed_one_cover_fewer_minutes_until_they_succeed() -> None:
+    halved = [CHUNK_MIN]
+    while halved[-1] > 1:
+        halved.append(next_chunk(halved[-1], ok=False))
+    assert halved == [CHUNK_MIN, 7, 3, 1] and next_chunk(1, ok=False) == 1
+    doubled = [next_chunk(c, ok=True) for c in (1, 2, 4, 8, CHUNK_MIN)]
+    assert doubled == [2, 4, 8, CHUNK_MIN, CHUNK_MIN]
+
+
+def test_a_store_too_slow_for_a_chunk_is_caught_up_in_smaller_ones(scratch_buckets) -> None:
+    """Runs that time out (a store too slow for a chunk's queries) are made again over fewer
+    minutes, down to one; each run that succeeds doubles them again, and no minute is left
+    out. Before, every next run reached back over the same minutes and more."""
+    s = scratch_buckets
+    now_ns = time.time_ns()
+    recs = [_step("r", k, now_ns - (k + 3) * MIN_NS, loss=float(k)) for k in range(30)]
+    with make_client(s) as client, make_client(s, timeout_ms=1) as hurried:
+        assert InfluxSink(client, s).export(recs).accepted == len(recs)
+        loop = RollupLoop(hurried, s, TextFields())
+        for _ in range(4):
+            assert not loop.run_now()
+        assert loop.chunk_min == 1
+        assert REGISTRY.get_sample_value("steplens_sink_rollup_chunk_minutes") == 1
+        loop.client = client  # the store answers in time again
+        deadline = time.monotonic() + 240
+        while (lag := covered_lag_s(client, s)) is None or lag > CATCH_UP_LAG_S:
+            assert time.monotonic() < deadline, lag
+            loop.run_now()
+    marks = sorted(
+        r["_time"] for r in rows(s, f'r._measurement == "{COVERAGE}"', bucket=s.rollup_bucket)
+    )
+    gaps = [round((b - a).total_seconds() / 60) for a, b in itertools.pairwise(marks)]
+    assert gaps[:4] == [2, 4, 8, CHUNK_MIN], gaps
+    got = rows(s, 'r._measurement == "step" and r._field == "loss_mean"', bucket=s.rollup_bucket)
+    assert sorted(r["_value"] for r in got) == [float(k) for k in range(30)]
 
 
 def test_of_two_sinks_on_the_same_buckets_one_makes_the_runs(scratch_buckets) -> None:

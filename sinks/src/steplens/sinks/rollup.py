@@ -12,8 +12,9 @@ Coverage: after a run's points are written, it writes a ``rollup_coverage`` poin
 into the rollup bucket, stamped with the end of the range it covered. The next run starts
 from the older of that mark and the last ``lookback_min`` minutes (late data, such as a sink
 catching up after an outage, is folded in), so minutes of failed or missed runs are redone
-once a run succeeds. A run covers at most ``CHUNK_MIN`` minutes, and never reaches back past
-the hot window (``floor``): a gap longer than that cannot be rolled up from the hot bucket.
+once a run succeeds. A run covers at most ``CHUNK_MIN`` minutes (fewer after runs that failed:
+``rollup_loop``), and never reaches back past the hot window (``floor``): a gap longer than
+that cannot be rolled up from the hot bucket.
 
 Memory: every aggregate is computed by the storage engine (a window aggregate pushed down),
 so a query holds rollup rows, not raw points, whatever the burst; and a run makes one query a
@@ -119,9 +120,9 @@ def max_lookback_s(s: InfluxSettings) -> int:
     return min(hot, MAX_LOOKBACK_S) if hot > 0 else MAX_LOOKBACK_S
 
 
-def window_flux(s: InfluxSettings, lookback_min: int = 5) -> str:
+def window_flux(s: InfluxSettings, lookback_min: int = 5, chunk_min: int = CHUNK_MIN) -> str:
     """One run's range, from the coverage mark (at most ``lookback_min`` minutes back, at
-    least the hot window) to the last closed minute, ``CHUNK_MIN`` minutes at most, and the
+    least the hot window) to the last closed minute, ``chunk_min`` minutes at most, and the
     measurements in it: a row per measurement (and one named ``""``), with ``start`` and
     ``stop``."""
     rollup = flux_string(s.rollup_bucket)
@@ -137,7 +138,7 @@ marks = from(bucket: {rollup})
     |> findColumn(fn: (key) => true, column: "_time")
 covered = if length(arr: marks) > 0 then marks[0] else floor
 start_ = if covered < late then covered else late
-chunk_end = date.add(d: {CHUNK_MIN}m, to: start_)
+chunk_end = date.add(d: {int(chunk_min)}m, to: start_)
 stop_ = if chunk_end < now_ then chunk_end else now_
 names = schema.measurements(bucket: {flux_string(s.bucket)}, start: start_, stop: stop_)
     |> findColumn(fn: (key) => true, column: "_value")
@@ -209,9 +210,12 @@ def run_once(
     s: InfluxSettings,
     fields: TextFields,
     now: datetime | None = None,
+    *,
     lookback_min: int = 5,
+    chunk_min: int = CHUNK_MIN,
 ) -> None:
-    """One rollup run, as if at ``now`` (default: the server's clock): its range and
+    """One rollup run, as if at ``now`` (default: the server's clock): its range (``chunk_min``
+    minutes at most, from the coverage mark or ``lookback_min`` back, ``window_flux``) and
     measurements, each measurement rolled up, then the coverage mark at the range's end (a
     run that fails leaves the mark where it was: the next one redoes its minutes). A run
     that the server fails (another sink may have written a text field this one never saw:
@@ -222,7 +226,7 @@ def run_once(
     still."""
     query_api = client.query_api()
     fields.scan_if_stale(query_api, s)
-    flux = window_flux(s, lookback_min)
+    flux = window_flux(s, lookback_min, chunk_min)
     if now is not None:
         flux = flux.replace("now_ = ", f"option now = () => {flux_time(now)}\nnow_ = ", 1)
     try:

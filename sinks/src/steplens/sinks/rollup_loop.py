@@ -4,7 +4,11 @@ One thread makes every run, so a sink's runs never overlap: a run that takes lon
 minute delays the next, which starts from the coverage mark and so skips nothing. A run covers
 at most ``CHUNK_MIN`` minutes; while coverage is further behind than ``CATCH_UP_LAG_S`` (a
 fresh bucket, a sink back from an outage) the next run follows at once, for up to
-``CATCH_UP_S`` each minute. Of several
+``CATCH_UP_S`` each minute. A run that fails (a query past its timeout on a loaded store) is
+made again over half the minutes, down to one, and without the lookback (``next_chunk``):
+otherwise the next run would reach back over the same minutes and more, and on a store too
+slow for one chunk the rollups stopped for good. Each run that succeeds doubles the chunk
+again up to ``CHUNK_MIN``, and at ``CHUNK_MIN`` the lookback is back. Of several
 sinks writing to the same buckets one makes the runs: it holds a lease, a point in the rollup
 bucket it renews at each run; the others wait while it is younger than ``LEASE_S`` (two
 sinks that find it stale at once may both run once: runs are idempotent). Each run's
@@ -27,7 +31,7 @@ from influxdb_client.client.write_api import SYNCHRONOUS
 from prometheus_client import Counter, Gauge, Histogram
 
 from steplens.schema.store_layout import LEASE, LEASE_FIELD, last_mark
-from steplens.sinks.rollup import covered_until, run_once
+from steplens.sinks.rollup import CHUNK_MIN, covered_until, run_once
 from steplens.sinks.settings import InfluxSettings
 from steplens.sinks.text_fields import TextFields
 
@@ -48,10 +52,21 @@ LAG = Gauge(
     "Seconds from the end of the range the last successful rollup run covered to now",
 )
 TEXT_FIELDS = Gauge("steplens_sink_rollup_text_fields", "Fields the rollups leave out: not numbers")
+CHUNK = Gauge(
+    "steplens_sink_rollup_chunk_minutes",
+    f"Minutes the next rollup run covers at most ({CHUNK_MIN}; fewer after runs that failed)",
+)
 OFFSET_S = 5.0  # into each minute: its points have arrived
 LEASE_S = 150.0  # a lease not renewed for this long is taken over
 CATCH_UP_LAG_S = 120.0  # coverage further behind than this: one more run at once ...
 CATCH_UP_S = 40.0  # ... while the runs of one minute took less than this
+SHORT_LOOKBACK_MIN = 1  # the lookback of runs after one that failed: the last closed minute
+
+
+def next_chunk(chunk_min: int, ok: bool) -> int:
+    """The chunk of the run after one of ``chunk_min`` minutes that succeeded (``ok``) or
+    failed: doubled up to ``CHUNK_MIN``, or halved down to one minute."""
+    return min(CHUNK_MIN, chunk_min * 2) if ok else max(1, chunk_min // 2)
 
 
 class RollupLoop:
@@ -66,6 +81,7 @@ class RollupLoop:
         self.settings = settings
         self.fields = fields
         self.lookback_min = lookback_min
+        self.chunk_min = CHUNK_MIN  # the next run's (``next_chunk``)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="steplens-rollup", daemon=True)
@@ -98,15 +114,25 @@ class RollupLoop:
 
     def _one_run(self) -> bool:
         t0 = time.monotonic()
+        full = self.chunk_min >= CHUNK_MIN
+        lookback = self.lookback_min if full else SHORT_LOOKBACK_MIN
         try:
-            run_once(self.client, self.settings, self.fields, lookback_min=self.lookback_min)
+            run_once(
+                self.client,
+                self.settings,
+                self.fields,
+                lookback_min=lookback,
+                chunk_min=self.chunk_min,
+            )
             ok = True
         except Exception as exc:
-            log.warning("steplens rollup run failed: %s", exc)
+            log.warning("steplens rollup run of %d minutes at most failed: %s", self.chunk_min, exc)
             ok = False
+        self.chunk_min = next_chunk(self.chunk_min, ok)
         RUN_SECONDS.observe(time.monotonic() - t0)
         RUNS.labels("ok" if ok else "failed").inc()
         TEXT_FIELDS.set(self.fields.count())
+        CHUNK.set(self.chunk_min)
         return ok
 
     def _lag(self) -> float | None:
