@@ -282,7 +282,7 @@ class Fleet:
             kafka_bootstrap=args.bootstrap,
             topic=args.topic,
             full_resolution=args.full_resolution,
-            comm_every=args.comm_every,
+            **({} if args.comm_every is None else {"comm_every": args.comm_every}),
             spool_dir=tempfile.mkdtemp(prefix="sim-spool-"),
         )
         self.rank0 = Identity(args.run_id, args.first, 0, args.ranks, host_of(args.first))
@@ -544,7 +544,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--topic", default=os.environ.get("STEPLENS_TOPIC_RAW", "steplens.raw"))
     p.add_argument("--full-resolution", action="store_true", help="every step, in batches")
     p.add_argument(
-        "--comm-every", type=int, default=10, help="a comm record every N steps (producer: 100)"
+        "--comm-every",
+        type=int,
+        default=None,
+        help="a comm record every N steps (default: the producer's, 100)",
     )
     p.add_argument("--out", default=None, help="counts and fault onsets as JSON")
     p.add_argument(
