@@ -22,7 +22,7 @@ import functools
 from aiokafka.partitioner import DefaultPartitioner
 
 from steplens.schema import RUN_RANK
-from steplens.stream_jobs.engine.run_keys import split_key
+from steplens.stream_jobs.engine import run_keys
 
 _PARTITIONER = DefaultPartitioner()
 
@@ -41,7 +41,7 @@ def shard_ranks_of(key: str, shard_ranks: int) -> range | None:
     """The ranks a by-run key's shard holds; None: every rank (runs are not split)."""
     if shard_ranks <= 0:
         return None
-    shard = split_key(key)[1]
+    shard = run_keys.shard(key)
     first = shard * shard_ranks if shard else RUN_RANK  # shard 0 has the run's own records
     return range(first, (shard + 1) * shard_ranks)
 
