@@ -48,8 +48,9 @@ from steplens.producer.delivery.transport import (
     kafka_transport,
 )
 from steplens.producer.identity import Identity
-from steplens.producer.instruments.allocator import ReportCadence, merge
+from steplens.producer.instruments.allocator import merge
 from steplens.producer.instruments.hardware import HardwareSampler
+from steplens.producer.instruments.report_cadence import ReportCadence, allocator_news
 from steplens.producer.pipeline.items import StepItem
 from steplens.producer.pipeline.sender import Sender
 from steplens.producer.pipeline.worker import Pipeline
@@ -240,7 +241,8 @@ class SimRank:
         meta["checks"] = checks.design_checks(config, ident)
         self.meta = meta
         self.sampler: HardwareSampler | None = None
-        self.cadence = ReportCadence(config.hw_allocator_every_s)  # the other ranks' reports
+        # the other ranks' reports
+        self.cadence = ReportCadence(config.hw_allocator_every_s, allocator_news)
         if ident.local_rank == 0:
             node = ident.rank // GPUS_PER_NODE
             self.sampler = HardwareSampler(
@@ -250,6 +252,7 @@ class SimRank:
                 gpu=SimGpus(node, rng),  # type: ignore[arg-type]
                 host=SimHost(rng),  # type: ignore[arg-type]
                 host_wide=True,
+                report_every_s=config.hw_report_every_s,
             )
 
 
@@ -382,8 +385,8 @@ class Fleet:
 
     def hardware(self, k: int, sample_no: int) -> None:
         """One hardware sample of every rank: the node's on local rank 0, each rank's
-        allocator figures (what ``AllocatorReader`` reads) merged in, or alone when due
-        (``ReportCadence``)."""
+        allocator figures (what ``AllocatorReader`` reads) merged in, or alone, each sent when
+        due (``report_cadence``)."""
         self.tx.label = "hw"
         ecc = self._active("gpu_ecc_xid", k)
         thermal = self._active("gpu_thermal", k)
@@ -420,7 +423,8 @@ class Fleet:
                 host.net_down = net is not None and net.host == host_name
                 data = node_sampler.sample_once()
                 data["gpus"] = merge(data["gpus"], [own])
-                sr.sender.send("hw", None, now_ns, data)
+                if node_sampler.due(data, now_ns / 1e9):
+                    sr.sender.send("hw", None, now_ns, data)
             elif sr.cadence.due([own], now_ns / 1e9):
                 sr.sender.send("hw", None, now_ns, {"gpus": [own]})
 

@@ -134,6 +134,15 @@ class ProducerConfig:
             "allocator); 0 turns it off"
         ),
     ] = 1.0
+    hw_report_every_s: Annotated[
+        NonNegativeFloat,
+        about(
+            "a node's hardware sample (local rank 0) is sent every N s, and at once when it "
+            "holds news against the last one sent (an ECC or XID count, a throttle reason, "
+            "the allocator's retries or OOMs; a temperature, utilisation, clock, power, "
+            "memory or network level past its band), then its next 3 samples; 0: every sample"
+        ),
+    ] = 5.0
     hw_allocator_every_s: Annotated[
         NonNegativeFloat,
         about(

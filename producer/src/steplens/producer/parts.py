@@ -111,6 +111,7 @@ def node_parts(
         config.hw_slow_every,
         host_wide=host_wide,
         allocator_every_s=config.hw_allocator_every_s,
+        report_every_s=config.hw_report_every_s,
     )
     sampler.start()
     if exporter is None and host_wide and config.exporter_port:

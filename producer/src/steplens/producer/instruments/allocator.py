@@ -17,18 +17,16 @@ after freeing the cache) and ``torch_ooms`` (out-of-memory errors raised), both 
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from typing import Any
 
-RETRIES, OOMS = "torch_alloc_retries", "torch_ooms"
 STATS = (
     ("torch_allocated_bytes", "allocated_bytes.all.current"),
     ("torch_reserved_bytes", "reserved_bytes.all.current"),
     ("torch_peak_bytes", "allocated_bytes.all.peak"),
-    (RETRIES, "num_alloc_retries"),
-    (OOMS, "num_ooms"),
+    ("torch_alloc_retries", "num_alloc_retries"),
+    ("torch_ooms", "num_ooms"),
 )
 
 
@@ -75,29 +73,6 @@ class AllocatorReader:
         free, _total = cuda.mem_get_info(device)
         out["torch_limit_bytes"] = reserved + int(free)
         return out
-
-
-class ReportCadence:
-    """When a rank other than a node's local rank 0 (whose node record carries its figures
-    every sample) sends its allocator's figures: every ``every_s`` seconds, and at once when
-    they first appear, when its devices change, or when the allocator retried a cudaMalloc
-    or raised an out-of-memory error since the last read: what the stream jobs judge at once.
-    The memory's trend is judged at samples kept every few seconds, so sending every sample
-    of every rank cost the wire and the worker most of a large run's records for nothing."""
-
-    def __init__(self, every_s: float) -> None:
-        self.every_s = every_s
-        self._sent_s = -math.inf
-        self._counters: list[tuple[Any, ...]] | None = None
-
-    def due(self, own: list[dict[str, Any]], now_s: float) -> bool:
-        counters = [(e.get("index"), e.get(RETRIES), e.get(OOMS)) for e in own]
-        changed = counters != self._counters
-        self._counters = counters
-        if changed or now_s - self._sent_s >= self.every_s:
-            self._sent_s = now_s
-            return True
-        return False
 
 
 def _identity(cuda: Any, device: int) -> dict[str, Any]:

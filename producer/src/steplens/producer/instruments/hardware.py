@@ -4,9 +4,11 @@
 
 One per host (``host_wide``, local rank 0) reads NVML and the host; every process adds its
 own PyTorch allocator's figures to its GPUs' entries (``allocator.py``): the other ranks' samplers
-(``host_wide=False``) send only those, a ``hw`` record with ``gpus`` alone, when they have any,
-every ``allocator_every_s`` and at once when the allocator retried or failed
-(``allocator.ReportCadence``)."""
+(``host_wide=False``) send only those, a ``hw`` record with ``gpus`` alone, when they have any.
+Listeners get every sample; the record is sent when due (``report_cadence``): a node's sample
+every ``report_every_s`` and at once with news (an error counter, a throttle reason, a level
+past its band), a rank's allocator figures every ``allocator_every_s`` and at once when the
+allocator retried or failed."""
 
 from __future__ import annotations
 
@@ -16,9 +18,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from steplens.producer.instruments.allocator import AllocatorReader, ReportCadence, merge
+from steplens.producer.instruments.allocator import AllocatorReader, merge
 from steplens.producer.instruments.gpu_stats import GpuSampler
 from steplens.producer.instruments.host_stats import HostSampler
+from steplens.producer.instruments.report_cadence import (
+    FOLLOW,
+    ReportCadence,
+    allocator_news,
+    has_slow_fields,
+    node_news,
+)
 
 log = logging.getLogger("steplens")
 
@@ -34,6 +43,7 @@ class HardwareSampler:
         *,
         host_wide: bool = True,
         allocator_every_s: float = 0.0,
+        report_every_s: float = 0.0,
     ) -> None:
         self._emit = emit
         self.interval_s = interval_s
@@ -42,10 +52,14 @@ class HardwareSampler:
         self.host = host or HostSampler()
         self.host_wide = host_wide
         self.allocator = AllocatorReader()
-        self.cadence = ReportCadence(allocator_every_s)
+        self.cadence = (
+            ReportCadence(report_every_s, node_news, FOLLOW, has_slow_fields)
+            if host_wide
+            else ReportCadence(allocator_every_s, allocator_news)
+        )
         self.errors = 0
         self.samples = 0
-        self.sent = 0  # samples handed on
+        self.sent = 0  # samples sent (every sample goes to the listeners)
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -56,11 +70,11 @@ class HardwareSampler:
 
     def sample_once(self) -> dict[str, Any]:
         """One ``hw`` payload (host + every GPU; not host-wide: this process's GPUs' allocator
-        figures when due, or nothing)."""
+        figures, or nothing)."""
         self.samples += 1
         if not self.host_wide:
             own = self.allocator.read()
-            return {"gpus": own} if own and self.cadence.due(own, time.monotonic()) else {}
+            return {"gpus": own} if own else {}
         data = self.host.sample(time.monotonic())
         gpus = self.gpu.sample(slow=(self.samples - 1) % self.slow_every == 0)
         data["gpus"] = merge(gpus, self.allocator.read())
@@ -84,6 +98,10 @@ class HardwareSampler:
         except Exception:
             self.errors += 1
 
+    def due(self, data: dict[str, Any], now_s: float) -> bool:
+        """Whether a sample is sent (``report_cadence``)."""
+        return self.cadence.due(data["gpus"] if not self.host_wide else data, now_s)
+
     def _sample_and_send(self) -> None:
         try:
             data = self.sample_once()
@@ -91,8 +109,9 @@ class HardwareSampler:
                 return
             for listener in self.listeners:
                 listener(data)
-            self._emit(data)
-            self.sent += 1
+            if self.due(data, time.monotonic()):
+                self._emit(data)
+                self.sent += 1
         except Exception:
             self.errors += 1
 

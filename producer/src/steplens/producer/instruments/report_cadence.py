@@ -1,0 +1,165 @@
+"""When a hardware sample is sent: every ``every_s`` seconds, and at once when it holds news
+against the last one sent, then its next ``follow`` samples too.
+
+The sampler reads NVML, the host and the allocator every second; sending every sample of
+every node made the node records most of a wide run's records, points in InfluxDB and the
+worker's time (bench/RESULTS.md), for samples that repeat the last one. What the stream jobs
+judge at once is news and goes at once:
+
+- ``allocator_news``: a rank's own allocator figures: its devices, or the allocator retried a
+  cudaMalloc or raised an out-of-memory error;
+- ``node_news``: a node's sample (local rank 0): the GPUs present or NVML's status; any GPU's
+  error counters (ECC, XID), throttle reasons or allocator counters; a level moved past its
+  band since the last sample sent (``LEVEL_BANDS``), the host's available memory or a
+  network's throughput likewise (``HOST_BANDS``, ``NET_BAND``).
+
+A node's sample with the slow fields (PCIe, energy, read every ``hw_slow_every`` samples) is
+sent too (``has_slow_fields``), without the follow.
+
+The ``follow`` samples after news let the checks that want a breach sustained for a few
+samples (low utilisation, memory share: 3) confirm it as fast as at every sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+Sample = Mapping[str, Any]
+GpuEntries = list[dict[str, Any]]
+
+RETRIES, OOMS = "torch_alloc_retries", "torch_ooms"
+# a GPU's fields whose every change is news
+GPU_STATES = (
+    "ecc_corrected",
+    "ecc_uncorrected",
+    "xid_count",
+    "xid_last",
+    "throttle_reasons",
+    RETRIES,
+    OOMS,
+)
+# a GPU's levels, news once they moved by this much since the sample last sent: (absolute,
+# relative to the last one sent); either suffices
+LEVEL_BANDS: dict[str, tuple[float, float]] = {
+    "temp_c": (3.0, math.inf),
+    "util_gpu": (15.0, math.inf),
+    "sm_clock_mhz": (math.inf, 0.1),
+    "power_w": (math.inf, 0.3),
+}
+# memory levels: news once they moved by this share of the total
+MEMORY_BANDS = {
+    "mem_used_bytes": ("mem_total_bytes", 0.02),
+    "torch_reserved_bytes": ("torch_limit_bytes", 0.02),
+    "torch_peak_bytes": ("torch_limit_bytes", 0.02),
+}
+HOST_BANDS = {"mem_available_bytes": ("mem_total_bytes", 0.02)}
+NET_BAND = 0.5  # a network's receive or send rate halved or doubled ...
+NET_FLOOR_MB_S = 1.0  # ... from or to at least this much
+DISK_LATENCY_MS = 5.0  # a disk's I/O latency moved by this much
+SLOW_FIELD = "energy_j"  # present in the samples that read the slow fields
+FOLLOW = 3  # samples sent after news (the stream jobs' sustained checks count 3)
+
+
+class ReportCadence:
+    """``due(sample, now_s)``: whether to send this sample (``news(last sent, sample)``, the
+    ``every_s`` heartbeat, one of the ``follow`` samples after news, or ``kept(sample)``);
+    ``every_s`` 0: every sample."""
+
+    def __init__(
+        self,
+        every_s: float,
+        news: Callable[[Any, Any], bool],
+        follow: int = 0,
+        kept: Callable[[Any], bool] = lambda sample: False,
+    ) -> None:
+        self.every_s = every_s
+        self.news = news
+        self.follow = follow
+        self.kept = kept
+        self._sent_s = -math.inf
+        self._last: Any = None  # the sample last sent
+        self._following = 0
+
+    def due(self, sample: Any, now_s: float) -> bool:
+        if self._last is not None and self.news(self._last, sample):
+            self._following = self.follow
+        elif self._following > 0:
+            self._following -= 1
+        elif (
+            self._last is not None and now_s - self._sent_s < self.every_s and not self.kept(sample)
+        ):
+            return False
+        self._sent_s, self._last = now_s, sample
+        return True
+
+
+def allocator_news(last: GpuEntries, now: GpuEntries) -> bool:
+    return _counters(last) != _counters(now)
+
+
+def _counters(gpus: GpuEntries) -> list[tuple[Any, ...]]:
+    return [(e.get("index"), e.get(RETRIES), e.get(OOMS)) for e in gpus]
+
+
+def node_news(last: Sample, now: Sample) -> bool:
+    if now.get("gpu_status") != last.get("gpu_status"):
+        return True
+    gpus, before = now.get("gpus") or [], last.get("gpus") or []
+    if [g.get("index") for g in gpus] != [g.get("index") for g in before]:
+        return True
+    for g, b in zip(gpus, before, strict=True):
+        if any(g.get(k) != b.get(k) for k in GPU_STATES):
+            return True
+        if _levels_moved(g, b) or _memory_moved(g, b, MEMORY_BANDS):
+            return True
+    return _memory_moved(now, last, HOST_BANDS) or _host_io_moved(now, last)
+
+
+def has_slow_fields(sample: Sample) -> bool:
+    return any(SLOW_FIELD in g for g in sample.get("gpus") or [])
+
+
+def _levels_moved(g: Sample, b: Sample) -> bool:
+    for key, (absolute, relative) in LEVEL_BANDS.items():
+        x, y = g.get(key), b.get(key)
+        if x is None or y is None:
+            if (x is None) != (y is None):
+                return True
+            continue
+        moved = abs(x - y)
+        if moved >= absolute or moved >= relative * abs(y):
+            return True
+    return False
+
+
+def _memory_moved(now: Sample, last: Sample, bands: dict[str, tuple[str, float]]) -> bool:
+    for key, (total_key, share) in bands.items():
+        x, y, total = now.get(key), last.get(key), now.get(total_key)
+        if (x is None) != (y is None):
+            return True
+        if x is not None and y is not None and total and abs(x - y) >= share * total:
+            return True
+    return False
+
+
+def _host_io_moved(now: Sample, last: Sample) -> bool:
+    before = {n.get("iface"): n for n in last.get("nets") or []}
+    for net in now.get("nets") or []:
+        b = before.get(net.get("iface"))
+        if b is None:
+            return True
+        for key in ("rx_mb_s", "tx_mb_s"):
+            x, y = net.get(key) or 0.0, b.get(key) or 0.0
+            if max(x, y) >= NET_FLOOR_MB_S and abs(x - y) >= NET_BAND * max(x, y):
+                return True
+    disks = {d.get("device"): d for d in last.get("disks") or []}
+    for disk in now.get("disks") or []:
+        d = disks.get(disk.get("device"))
+        if d is None:
+            return True
+        x, y = disk.get("io_latency_ms") or 0.0, d.get("io_latency_ms") or 0.0
+        if abs(x - y) >= DISK_LATENCY_MS:
+            return True
+    return False
