@@ -90,6 +90,8 @@ def test_a_level_past_its_band_is_news_and_jitter_within_it_is_not() -> None:
     util_low = node(rng, util_gpu=40.0)
     assert node_news(base, util_low)
     assert not node_news(base, node(rng))
+    # power and clocks swing with every step on a busy GPU: their minute means are judged
+    assert not node_news(base, node(rng, power_w=300.0, sm_clock_mhz=1755.0))
     net_down = node(rng)
     net_down["nets"][0]["rx_mb_s"] = 1000.0
     assert node_news(base, net_down)

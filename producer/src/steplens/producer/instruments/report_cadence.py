@@ -9,9 +9,10 @@ judge at once is news and goes at once:
 - ``allocator_news``: a rank's own allocator figures: its devices, or the allocator retried a
   cudaMalloc or raised an out-of-memory error;
 - ``node_news``: a node's sample (local rank 0): the GPUs present or NVML's status; any GPU's
-  error counters (ECC, XID), throttle reasons or allocator counters; a level moved past its
-  band since the last sample sent (``LEVEL_BANDS``), the host's available memory or a
-  network's throughput likewise (``HOST_BANDS``, ``NET_BAND``).
+  error counters (ECC, XID), throttle reasons or allocator counters; a temperature or
+  utilisation (``LEVEL_BANDS``), a GPU's or the host's memory (``MEMORY_BANDS``,
+  ``HOST_BANDS``), a network's rate (``NET_BAND``) or a disk's latency moved past its band
+  since the last sample sent.
 
 A node's sample with the slow fields (PCIe, energy, read every ``hw_slow_every`` samples) is
 sent too (``has_slow_fields``), without the follow.
@@ -40,14 +41,11 @@ GPU_STATES = (
     RETRIES,
     OOMS,
 )
-# a GPU's levels, news once they moved by this much since the sample last sent: (absolute,
-# relative to the last one sent); either suffices
-LEVEL_BANDS: dict[str, tuple[float, float]] = {
-    "temp_c": (3.0, math.inf),
-    "util_gpu": (15.0, math.inf),
-    "sm_clock_mhz": (math.inf, 0.1),
-    "power_w": (math.inf, 0.3),
-}
+# a GPU's levels that the stream jobs judge sample by sample (a temperature limit, utilisation
+# low for 3 samples), news once they moved by this much since the sample last sent. Power and
+# clocks are not: they swing with every step on a busy GPU, only their minute means are judged
+# (``baseline``), and a clock held down shows as a throttle reason.
+LEVEL_BANDS: dict[str, float] = {"temp_c": 3.0, "util_gpu": 15.0}
 # memory levels: news once they moved by this share of the total
 MEMORY_BANDS = {
     "mem_used_bytes": ("mem_total_bytes", 0.02),
@@ -122,14 +120,13 @@ def has_slow_fields(sample: Sample) -> bool:
 
 
 def _levels_moved(g: Sample, b: Sample) -> bool:
-    for key, (absolute, relative) in LEVEL_BANDS.items():
+    for key, band in LEVEL_BANDS.items():
         x, y = g.get(key), b.get(key)
         if x is None or y is None:
             if (x is None) != (y is None):
                 return True
             continue
-        moved = abs(x - y)
-        if moved >= absolute or moved >= relative * abs(y):
+        if abs(x - y) >= band:
             return True
     return False
 
