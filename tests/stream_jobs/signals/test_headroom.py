@@ -173,3 +173,52 @@ def test_a_drift_is_judged_once_in_each_half_minute_of_its_kept_samples():
         firsts.append(at[0])
     assert set(firsts) == {1000.0, 1010.0, 1020.0}  # spread over the first three samples
     assert max(Counter(firsts).values()) < 40
+
+
+def judged_in_full(cfg, t, x, limit):
+    """``headroom`` with every trailing stretch fitted (no bound skips any)."""
+    from steplens.stream_jobs.engine.signals import headroom as module
+
+    n = cfg.min_samples
+    while n < len(t):
+        h = module._fit(cfg, t[-n:], x[-n:], limit, cfg.confidence_short)
+        if h.breach:
+            return h
+        n *= 2
+    return module._fit(cfg, t, x, limit, cfg.confidence)
+
+
+def test_the_stretches_skipped_by_the_bound_never_change_a_verdict():
+    """Noise, rises that start anywhere in the window and falls, with limits from just above
+    the series to far above it (a process's memory against its host's): the same result as
+    with every stretch fitted, breaches included."""
+    rng = np.random.default_rng(11)
+    breaches = skipped = 0
+    for case in range(600):
+        n = int(rng.integers(5, 121))
+        t = np.cumsum(rng.uniform(4.9, 30.0, n))
+        start = int(rng.integers(0, n))
+        slope = rng.choice([0.0, 1e6, 2e7, -1e6]) * rng.uniform(0.5, 2.0)
+        x = 10 * GIB + rng.normal(0, 5e7, n) + slope * np.maximum(t - t[start], 0.0)
+        limit = x.max() * float(rng.choice([1.01, 1.1, 1.5, 3.0, 200.0]))
+        got = headroom(CFG, t, x, limit)
+        want = judged_in_full(CFG, t, x, limit)
+        assert got == want or (math.isnan(got.slope) and math.isnan(want.slope)), case
+        breaches += got.breach
+        skipped += limit - x.max() > 1e12
+    assert breaches > 20 and skipped > 50  # both sides of the bound were exercised
+
+
+def test_memory_far_below_its_limit_is_fitted_once(monkeypatch):
+    from steplens.stream_jobs.engine.signals import headroom as module
+
+    fits = Counter()
+    real = module._fit
+    monkeypatch.setattr(module, "_fit", lambda *a: fits.update(["fit"]) or real(*a))
+    t = np.arange(120) * 5.0
+    rss = 12 * GIB + np.random.default_rng(3).normal(0, 3e7, 120)
+    headroom(CFG, t, rss, 1.6e12)  # a rank's process against its host's memory
+    assert fits["fit"] == 1
+    fits.clear()
+    headroom(CFG, t, rss, 12.5 * GIB)  # near its limit: every stretch is judged
+    assert fits["fit"] == 4

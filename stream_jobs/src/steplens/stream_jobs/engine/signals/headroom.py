@@ -143,13 +143,34 @@ def headroom(
     that of the shortest trailing stretch that breaches, else of them all."""
     ok = np.isfinite(times_s) & np.isfinite(values)
     t, x = np.asarray(times_s, float)[ok], np.asarray(values, float)[ok]
-    n = cfg.min_samples
+    n = cfg.min_samples if _may_breach(cfg, t, x, limit) else len(t)
     while n < len(t):
         h = _fit(cfg, t[-n:], x[-n:], limit, cfg.confidence_short)
         if h.breach:
             return h
         n *= 2
     return _fit(cfg, t, x, limit, cfg.confidence)
+
+
+def _may_breach(cfg: HeadroomConfig, t: np.ndarray, x: np.ndarray, limit: float) -> bool:
+    """False when no stretch of ``(t, x)`` can breach, so that only the whole window's fit is
+    made (the result is the same: the shorter stretches are judged only for a breach). A
+    stretch breaches only when ``limit - level <= low * horizon_s``, with ``low <= slope``, the
+    slope at most the steepest pairwise slope ``S`` (at most ``ptp(x)`` over the closest two
+    times), and the level (the line at the last time: ``median(x) + slope * (t[-1] -
+    median(t))``) at most ``max(x) + S * ptp(t)``: so never when ``limit > max(x) + S *
+    (ptp(t) + horizon_s)``. A process's memory far below its host's is judged this way: a
+    window's stretches cost about half of its fits."""
+    if len(t) <= cfg.min_samples:
+        return True  # no shorter stretch is judged
+    gaps = np.diff(t)
+    closest = gaps.min()
+    if not closest > 0:
+        return True  # times not in order: judged in full
+    top = x.max()
+    steepest = (top - x.min()) / closest
+    # a margin for rounding: near the bound every stretch is judged
+    return not limit - top > steepest * (t[-1] - t[0] + cfg.horizon_s) * (1 + 1e-6)
 
 
 def _fit(
