@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 from typing import Any
 
 from steplens.stack.config import S3_BUCKET, S3PROXY_VERSION
@@ -11,6 +13,10 @@ from steplens.stack.private_files import write_private
 from steplens.stack.services.base import Progress, Service
 
 REGION = "us-east-1"
+# an upload in progress: the backend writes ``<key>-<uuid>``, sets the object's ETag as this
+# extended attribute, then renames the file to ``<key>``
+UPLOAD_FILE = re.compile(r"-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
+ETAG_XATTR = "user.content-md5"
 LOGBACK = """\
 <configuration>
   <appender name="out" class="ch.qos.logback.core.ConsoleAppender">
@@ -35,7 +41,10 @@ class S3(Service):
         ensure_jars(self.cfg, "s3", s3proxy_libs(self.cfg), S3PROXY_ARTIFACTS, progress)
 
     def prepare(self, progress: Progress) -> None:
-        self.private_dir("data")
+        data = self.private_dir("data")
+        dropped = drop_interrupted_uploads(data)
+        if dropped:
+            progress(f"[s3] removed {dropped} upload(s) a stopped server left unfinished")
         props = {
             "s3proxy.endpoint": self.endpoint,
             "s3proxy.authorization": "aws-v2-or-v4",
@@ -120,3 +129,23 @@ class S3(Service):
             "AWS_SECRET_ACCESS_KEY": self.secrets.s3_secret_key,
             "AWS_DEFAULT_REGION": REGION,
         }
+
+
+def drop_interrupted_uploads(data: Path) -> int:
+    """Remove the upload files a server stopped mid-upload left behind (``UPLOAD_FILE`` names
+    without the ETag attribute); returns how many. s3proxy 2.6 lists a folder by reading that
+    attribute of every file in it, so one such file made every listing under its prefix fail
+    with HTTP 500 until it was removed (gaul/s3proxy#963; later releases list it as an
+    object instead). Nothing else removes them: the server itself never looks again."""
+    dropped = 0
+    for path in data.rglob("*-*"):
+        if not UPLOAD_FILE.search(path.name) or not path.is_file():
+            continue
+        try:
+            if ETAG_XATTR in os.listxattr(path):
+                continue
+            path.unlink()
+        except OSError:
+            continue
+        dropped += 1
+    return dropped
