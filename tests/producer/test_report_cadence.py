@@ -112,3 +112,37 @@ def test_a_sample_with_the_slow_fields_is_sent_and_not_followed() -> None:
         for g in samples[t]["gpus"]:
             g["energy_j"] = 1e6 + t
     assert sent_seconds(samples) == [0, 3, 8, 13, 18]
+
+
+def test_every_node_sample_is_sent_while_the_steps_have_paused() -> None:
+    """A hang is judged by the samples that keep coming: while the process's steps have
+    paused every sample goes, then the cadence again."""
+    from steplens.producer.instruments.hardware import HardwareSampler
+
+    rng = random.Random(6)
+    paused = {"now": False}
+    sampler = HardwareSampler(lambda d: None, report_every_s=5.0, paused=lambda: paused["now"])
+    sent = []
+    for t in range(40):
+        paused["now"] = 10 <= t < 25
+        if sampler.due(node(rng), float(t)):
+            sent.append(t)
+    assert sent == [0, 5, *range(10, 25), 29, 34, 39]
+
+
+def test_steps_have_paused_after_three_median_intervals_and_at_least_two_seconds() -> None:
+    from steplens.producer.pipeline.stall import StallWatch
+
+    watch = StallWatch(None)
+    assert not watch.paused(10**12)  # before the first step: loading is no pause
+    s = 10**9
+    for k in range(20):
+        watch.on_step(k, k * s)  # 1 s steps
+    last = 19 * s
+    assert not watch.paused(last + 2 * s)
+    assert watch.paused(last + 3 * s + 1)
+    fast = StallWatch(None)
+    for k in range(20):
+        fast.on_step(k, k * s // 100)  # 10 ms steps: the 2 s floor holds
+    assert not fast.paused(19 * s // 100 + s)
+    assert fast.paused(19 * s // 100 + 2 * s + 1)

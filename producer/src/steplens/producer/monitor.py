@@ -142,8 +142,13 @@ class Monitor:
         self._init_process_state()
         self._put(MetaItem(_monotonic_ns(), self._run_meta()))
         # host-wide on local rank 0 (with the exporter); the allocator's figures on the others
+        stall = self._pipeline.stall
         self._hw, self._exporter = node_parts(
-            self.config, self.identity, self._enqueue_hw, exporter
+            self.config,
+            self.identity,
+            self._enqueue_hw,
+            exporter,
+            paused=lambda: stall.paused(_monotonic_ns()),
         )
         _LIVE.add(self)
         atexit.register(_shutdown_at_exit, weakref.ref(self))

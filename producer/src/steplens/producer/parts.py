@@ -97,6 +97,7 @@ def node_parts(
     identity: Identity,
     emit_hw: Callable[[dict[str, Any]], None],
     exporter: Exporter | None = None,
+    paused: Callable[[], bool] = lambda: False,
 ) -> NodeParts:
     """With ``hw_interval_s``: the sampler, started, and on local rank 0 the exporter
     (``exporter_port``; a given one is kept as it is)."""
@@ -112,6 +113,7 @@ def node_parts(
         host_wide=host_wide,
         allocator_every_s=config.hw_allocator_every_s,
         report_every_s=config.hw_report_every_s,
+        paused=paused,
     )
     sampler.start()
     if exporter is None and host_wide and config.exporter_port:

@@ -6,9 +6,10 @@ One per host (``host_wide``, local rank 0) reads NVML and the host; every proces
 own PyTorch allocator's figures to its GPUs' entries (``allocator.py``): the other ranks' samplers
 (``host_wide=False``) send only those, a ``hw`` record with ``gpus`` alone, when they have any.
 Listeners get every sample; the record is sent when due (``report_cadence``): a node's sample
-every ``report_every_s`` and at once with news (an error counter, a throttle reason, a level
-past its band), a rank's allocator figures every ``allocator_every_s`` and at once when the
-allocator retried or failed."""
+every ``report_every_s``, at once with news (an error counter, a throttle reason, a level
+past its band), and every one while the process's steps have paused (``paused``); a rank's
+allocator figures every ``allocator_every_s`` and at once when the allocator retried or
+failed."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ class HardwareSampler:
         host_wide: bool = True,
         allocator_every_s: float = 0.0,
         report_every_s: float = 0.0,
+        paused: Callable[[], bool] = lambda: False,
     ) -> None:
         self._emit = emit
         self.interval_s = interval_s
@@ -52,8 +54,9 @@ class HardwareSampler:
         self.host = host or HostSampler()
         self.host_wide = host_wide
         self.allocator = AllocatorReader()
+        self.paused = paused  # steps paused: every node sample is sent (``_kept``)
         self.cadence = (
-            ReportCadence(report_every_s, node_news, FOLLOW, has_slow_fields)
+            ReportCadence(report_every_s, node_news, FOLLOW, self._kept)
             if host_wide
             else ReportCadence(allocator_every_s, allocator_news)
         )
@@ -97,6 +100,18 @@ class HardwareSampler:
                 self.gpu.close()
         except Exception:
             self.errors += 1
+
+    def _kept(self, data: dict[str, Any]) -> bool:
+        """A node sample sent off its cadence: one with the slow fields, and every one while
+        the process's steps have paused (the stream jobs judge a hang by samples that keep
+        coming: at the cadence a hang was confirmed up to two cadences late)."""
+        if has_slow_fields(data):
+            return True
+        try:
+            return self.paused()
+        except Exception:
+            self.errors += 1
+            return False
 
     def due(self, data: dict[str, Any], now_s: float) -> bool:
         """Whether a sample is sent (``report_cadence``)."""

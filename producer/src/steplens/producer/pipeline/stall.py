@@ -22,6 +22,8 @@ from steplens.schema import MAX_STR_LEN
 
 FLOOR_S = 60.0  # the automatic threshold is never below this ...
 FACTOR = 20.0  # ... nor below this many median step intervals
+PAUSE_FLOOR_S = 2.0  # steps have paused after this long without one ...
+PAUSE_FACTOR = 3.0  # ... and this many median step intervals (``paused``)
 MAX_THREADS = 64  # threads in one record (a record stays far below its size limit)
 
 
@@ -50,6 +52,20 @@ class StallWatch:
             return FLOOR_S
         median = sorted(self.intervals)[len(self.intervals) // 2] / 1e9
         return max(FLOOR_S, FACTOR * median)
+
+    def paused(self, now_ns: int) -> bool:
+        """Whether steps have paused (none for ``PAUSE_FACTOR`` median intervals, at least
+        ``PAUSE_FLOOR_S``); False before the first step. Read from the hardware sampler's
+        thread: its node samples are all sent then, the ticks the stream jobs judge a hang by."""
+        last = self.last_ns
+        if last is None:
+            return False
+        try:
+            intervals = sorted(self.intervals)
+        except RuntimeError:  # appended to while read: the next sample asks again
+            return False
+        median = intervals[len(intervals) // 2] / 1e9 if intervals else 0.0
+        return (now_ns - last) / 1e9 > max(PAUSE_FLOOR_S, PAUSE_FACTOR * median)
 
     def stalled_s(self, now_ns: int) -> float | None:
         """Seconds since the last step when a dump is due now (at most once per stall)."""
