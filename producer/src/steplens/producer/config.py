@@ -140,7 +140,9 @@ class ProducerConfig:
             "a node's hardware sample (local rank 0) is sent every N s, and at once when it "
             "holds news against the last one sent (an ECC or XID count, a throttle reason, "
             "the allocator's retries or OOMs; a temperature, utilisation, memory, network or "
-            "disk latency level past its band), then its next 3 samples; 0: every sample"
+            "disk latency level past its band), then its next 3 samples; and every sample "
+            "while the steps have paused (3 median step intervals, at least 2 s: a hang is "
+            "judged by the samples); 0: every sample"
         ),
     ] = 5.0
     hw_allocator_every_s: Annotated[
