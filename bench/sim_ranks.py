@@ -425,8 +425,8 @@ class Fleet:
                 data["gpus"] = merge(data["gpus"], [own])
                 if node_sampler.due(data, now_ns / 1e9):
                     sr.sender.send("hw", None, now_ns, data)
-            elif sr.cadence.due([own], now_ns / 1e9):
-                sr.sender.send("hw", None, now_ns, {"gpus": [own]})
+            elif sr.cadence.due(alone := {"gpus": [own]}, now_ns / 1e9):
+                sr.sender.send("hw", None, now_ns, alone)
 
     def health(self) -> None:
         self.tx.label = "health"

@@ -42,8 +42,8 @@ def test_a_rank_sends_its_allocator_every_few_seconds_and_at_once_when_it_retrie
     allocator retried or failed, or the devices changed (the next heartbeat counts from
     there); every second at 0."""
 
-    def gpus(retries: int = 0, ooms: int = 0, index: int = 0) -> list[dict[str, int]]:
-        return [{"index": index, "torch_alloc_retries": retries, "torch_ooms": ooms}]
+    def gpus(retries: int = 0, ooms: int = 0, index: int = 0) -> dict[str, list[dict[str, int]]]:
+        return {"gpus": [{"index": index, "torch_alloc_retries": retries, "torch_ooms": ooms}]}
 
     reads = {t: gpus(int(t >= 7), int(t >= 14), int(t >= 26)) for t in range(30)}
     cadence = ReportCadence(5.0, allocator_news)

@@ -21,12 +21,13 @@ import os
 import sys
 from typing import Any
 
+RETRIES, OOMS = "torch_alloc_retries", "torch_ooms"
 STATS = (
     ("torch_allocated_bytes", "allocated_bytes.all.current"),
     ("torch_reserved_bytes", "reserved_bytes.all.current"),
     ("torch_peak_bytes", "allocated_bytes.all.peak"),
-    ("torch_alloc_retries", "num_alloc_retries"),
-    ("torch_ooms", "num_ooms"),
+    (RETRIES, "num_alloc_retries"),
+    (OOMS, "num_ooms"),
 )
 
 

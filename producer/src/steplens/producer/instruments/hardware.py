@@ -115,7 +115,7 @@ class HardwareSampler:
 
     def due(self, data: dict[str, Any], now_s: float) -> bool:
         """Whether a sample is sent (``report_cadence``)."""
-        return self.cadence.due(data["gpus"] if not self.host_wide else data, now_s)
+        return self.cadence.due(data, now_s)
 
     def _sample_and_send(self) -> None:
         try:

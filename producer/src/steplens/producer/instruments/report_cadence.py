@@ -9,10 +9,9 @@ judge at once is news and goes at once:
 - ``allocator_news``: a rank's own allocator figures: its devices, or the allocator retried a
   cudaMalloc or raised an out-of-memory error;
 - ``node_news``: a node's sample (local rank 0): the GPUs present or NVML's status; any GPU's
-  error counters (ECC, XID), throttle reasons or allocator counters; a temperature or
-  utilisation (``LEVEL_BANDS``), a GPU's or the host's memory (``MEMORY_BANDS``,
-  ``HOST_BANDS``), a network's rate (``NET_BAND``) or a disk's latency moved past its band
-  since the last sample sent.
+  error counters (ECC, XID), throttle reasons or allocator counters; a GPU's temperature,
+  utilisation or memory (``GPU_BANDS``), the host's memory (``HOST_BANDS``), a network's rate
+  (``NET_BAND``) or a disk's latency moved past its band since the last sample sent.
 
 A node's sample with the slow fields (PCIe, energy, read every ``hw_slow_every`` samples) is
 sent too (``has_slow_fields``), without the follow.
@@ -23,14 +22,15 @@ samples (low utilisation, memory share: 3) confirm it as fast as at every sample
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-Sample = Mapping[str, Any]
-GpuEntries = list[dict[str, Any]]
+from steplens.producer.instruments.allocator import OOMS, RETRIES
 
-RETRIES, OOMS = "torch_alloc_retries", "torch_ooms"
+Sample = Mapping[str, Any]
+# a field's band: (the field it is a share of, None: in its own units; the band)
+Bands = dict[str, tuple[str | None, float]]
+
 # a GPU's fields whose every change is news
 GPU_STATES = (
     "ecc_corrected",
@@ -41,18 +41,18 @@ GPU_STATES = (
     RETRIES,
     OOMS,
 )
-# a GPU's levels that the stream jobs judge sample by sample (a temperature limit, utilisation
-# low for 3 samples), news once they moved by this much since the sample last sent. Power and
-# clocks are not: they swing with every step on a busy GPU, only their minute means are judged
-# (``baseline``), and a clock held down shows as a throttle reason.
-LEVEL_BANDS: dict[str, float] = {"temp_c": 3.0, "util_gpu": 15.0}
-# memory levels: news once they moved by this share of the total
-MEMORY_BANDS = {
+# a GPU's levels, news once they moved by their band since the sample last sent: those the
+# stream jobs judge sample by sample (a temperature limit, utilisation low for 3 samples) and
+# the memory. Power and clocks are not: they swing with every step on a busy GPU, only their
+# minute means are judged (``baseline``), and a clock held down shows as a throttle reason.
+GPU_BANDS: Bands = {
+    "temp_c": (None, 3.0),
+    "util_gpu": (None, 15.0),
     "mem_used_bytes": ("mem_total_bytes", 0.02),
     "torch_reserved_bytes": ("torch_limit_bytes", 0.02),
     "torch_peak_bytes": ("torch_limit_bytes", 0.02),
 }
-HOST_BANDS = {"mem_available_bytes": ("mem_total_bytes", 0.02)}
+HOST_BANDS: Bands = {"mem_available_bytes": ("mem_total_bytes", 0.02)}
 NET_BAND = 0.5  # a network's receive or send rate halved or doubled ...
 NET_FLOOR_MB_S = 1.0  # ... from or to at least this much
 DISK_LATENCY_MS = 5.0  # a disk's I/O latency moved by this much
@@ -76,8 +76,8 @@ class ReportCadence:
         self.news = news
         self.follow = follow
         self.kept = kept
-        self._sent_s = -math.inf
-        self._last: Any = None  # the sample last sent
+        self._sent_s = 0.0
+        self._last: Any = None  # the sample last sent (None: the next one is sent)
         self._following = 0
 
     def due(self, sample: Any, now_s: float) -> bool:
@@ -93,12 +93,12 @@ class ReportCadence:
         return True
 
 
-def allocator_news(last: GpuEntries, now: GpuEntries) -> bool:
+def allocator_news(last: Sample, now: Sample) -> bool:
     return _counters(last) != _counters(now)
 
 
-def _counters(gpus: GpuEntries) -> list[tuple[Any, ...]]:
-    return [(e.get("index"), e.get(RETRIES), e.get(OOMS)) for e in gpus]
+def _counters(sample: Sample) -> list[tuple[Any, ...]]:
+    return [(e.get("index"), e.get(RETRIES), e.get(OOMS)) for e in sample.get("gpus") or []]
 
 
 def node_news(last: Sample, now: Sample) -> bool:
@@ -110,33 +110,24 @@ def node_news(last: Sample, now: Sample) -> bool:
     for g, b in zip(gpus, before, strict=True):
         if any(g.get(k) != b.get(k) for k in GPU_STATES):
             return True
-        if _levels_moved(g, b) or _memory_moved(g, b, MEMORY_BANDS):
+        if _moved(g, b, GPU_BANDS):
             return True
-    return _memory_moved(now, last, HOST_BANDS) or _host_io_moved(now, last)
+    return _moved(now, last, HOST_BANDS) or _host_io_moved(now, last)
 
 
 def has_slow_fields(sample: Sample) -> bool:
     return any(SLOW_FIELD in g for g in sample.get("gpus") or [])
 
 
-def _levels_moved(g: Sample, b: Sample) -> bool:
-    for key, band in LEVEL_BANDS.items():
-        x, y = g.get(key), b.get(key)
+def _moved(now: Sample, last: Sample, bands: Bands) -> bool:
+    for key, (total_key, band) in bands.items():
+        x, y = now.get(key), last.get(key)
         if x is None or y is None:
             if (x is None) != (y is None):
                 return True
             continue
-        if abs(x - y) >= band:
-            return True
-    return False
-
-
-def _memory_moved(now: Sample, last: Sample, bands: dict[str, tuple[str, float]]) -> bool:
-    for key, (total_key, share) in bands.items():
-        x, y, total = now.get(key), last.get(key), now.get(total_key)
-        if (x is None) != (y is None):
-            return True
-        if x is not None and y is not None and total and abs(x - y) >= share * total:
+        scale = 1.0 if total_key is None else now.get(total_key)
+        if scale and abs(x - y) >= band * scale:
             return True
     return False
 

@@ -45,13 +45,17 @@ class StallWatch:
         if type(step) is int:
             self.last_step = step
 
+    def median_s(self) -> float:
+        """The median interval of the last steps (0 before two)."""
+        intervals = sorted(self.intervals)
+        return intervals[len(intervals) // 2] / 1e9 if intervals else 0.0
+
     def threshold_s(self) -> float:
         if self.after_s is not None:
             return self.after_s
         if not self.intervals:
             return FLOOR_S
-        median = sorted(self.intervals)[len(self.intervals) // 2] / 1e9
-        return max(FLOOR_S, FACTOR * median)
+        return max(FLOOR_S, FACTOR * self.median_s())
 
     def paused(self, now_ns: int) -> bool:
         """Whether steps have paused (none for ``PAUSE_FACTOR`` median intervals, at least
@@ -61,10 +65,9 @@ class StallWatch:
         if last is None:
             return False
         try:
-            intervals = sorted(self.intervals)
+            median = self.median_s()
         except RuntimeError:  # appended to while read: the next sample asks again
             return False
-        median = intervals[len(intervals) // 2] / 1e9 if intervals else 0.0
         return (now_ns - last) / 1e9 > max(PAUSE_FLOOR_S, PAUSE_FACTOR * median)
 
     def stalled_s(self, now_ns: int) -> float | None:
