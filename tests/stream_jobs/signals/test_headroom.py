@@ -150,9 +150,10 @@ def test_a_leak_read_every_second_warns_before_its_limit():
 def test_a_drift_is_judged_once_in_each_half_minute_of_its_kept_samples():
     """Samples are kept every 10 s and judged at the first kept in each 30 s (a fit of the
     window's stretches is paid by every GPU): a GPU read every second for 10 minutes has its
-    temperature drift judged 19 or 20 times, not 60, 30 s apart: the kept sample in the first
-    10 s of each 30 s of its own phase. The fleet's series have phases of their own: 64 GPUs'
-    drifts are not all judged at the same samples."""
+    temperature drift judged 20 or 21 times, not 60: at its first sample, then 30 s apart at
+    the first kept sample of each 30 s of its own phase. The fleet's series have phases of
+    their own: 64 GPUs' drifts are not all judged at the same samples. Samples 30 s apart or
+    more are each judged."""
     st, cfg = thresholds.ThresholdState(), thresholds.ThresholdConfig()
     judged: list[float] = []
     for i in range(600):
@@ -162,7 +163,8 @@ def test_a_drift_is_judged_once_in_each_half_minute_of_its_kept_samples():
         judged += [t for s in sigs if s.metric == "gpu_temp_drift"]
     kept = [k for k, _ in st.drift["gpu:n1/0 gpu_temp_drift"]]
     assert len(kept) == 60 and set(judged) <= set(kept)
-    assert len(judged) in (19, 20) and all(b - a == 30.0 for a, b in itertools.pairwise(judged))
+    assert judged[0] == 1000.0 and len(judged) in (20, 21)
+    assert all(b - a == 30.0 for a, b in itertools.pairwise(judged[1:]))
     firsts = []
     for g in range(64):
         st, at = thresholds.ThresholdState(), []
@@ -170,9 +172,18 @@ def test_a_drift_is_judged_once_in_each_half_minute_of_its_kept_samples():
             gpu = {"index": g, "temp_c": 60.0}
             _, sigs = thresholds.hw(st, cfg, {"gpus": [gpu]}, "n1", i, 0, True, 1000.0 + i)
             at += [1000.0 + i for s in sigs if s.metric == "gpu_temp_drift"]
-        firsts.append(at[0])
-    assert set(firsts) == {1000.0, 1010.0, 1020.0}  # spread over the first three samples
+        assert at[0] == 1000.0
+        firsts.append(at[1])
+    # a series' first sample, then spread over the next three samples
+    assert set(firsts) == {1010.0, 1020.0, 1030.0}
     assert max(Counter(firsts).values()) < 40
+    st, judged = thresholds.ThresholdState(), []
+    for i in range(20):  # a sample every 30 s, or a little more
+        t = 1000.0 + i * 31.0
+        gpu = {"index": 0, "temp_c": 60 + i}
+        st, sigs = thresholds.hw(st, cfg, {"gpus": [gpu]}, "n1", i, 0, True, t)
+        judged += [t for s in sigs if s.metric == "gpu_temp_drift"]
+    assert len(judged) == 20  # each
 
 
 def judged_in_full(cfg, t, x, limit):

@@ -52,9 +52,11 @@ from steplens.stream_jobs.engine.signals.memory_trend import growth
 @dataclass
 class GpuMemoryConfig:
     keep_every_s: float = 5.0  # allocator samples kept for the trend at most this often
-    # the mark's drift toward the limit: its window (120 kept samples: 10 minutes), the samples
-    # before a verdict, and the time left that warns (30 minutes)
-    trend: HeadroomConfig = field(default_factory=HeadroomConfig)
+    # the mark's drift toward the limit: its window (120 kept samples: an hour of a steady
+    # rank's, sent every 30 s; 10 minutes of a climbing one's, every 5 s), the samples before
+    # a verdict, the time left that warns (30 minutes), judged every 10 s at most (a steady
+    # rank's samples, 30 s apart, are each judged)
+    trend: HeadroomConfig = field(default_factory=lambda: HeadroomConfig(judge_every_s=10.0))
     eta_critical_s: float = 300.0  # the time left that is critical
     retry_window_s: float = 60.0  # the retries' window
     retry_samples: int = 3  # samples with new retries among them that warn

@@ -103,8 +103,8 @@ class HeadroomConfig:
     confidence: float = 0.95  # of the slope's interval
     # of a shorter trailing stretch's: several are judged at once, and a short one is noisier
     confidence_short: float = 0.999
-    # a drift is judged at about one kept sample in each span of this many seconds
-    # (``judged_at``; at most the keep interval: every kept sample): a fit of the window's
+    # a drift is judged at the first kept sample in each span of this many seconds
+    # (``judged_at``; samples further apart: each of them): a fit of the window's
     # stretches costs about 0.25 ms, paid by every GPU and rank, and a drift that reaches its
     # limit within ``horizon_s`` is seen as well 30 s later
     judge_every_s: float = 30.0
@@ -122,18 +122,19 @@ NONE = Headroom(math.nan, math.inf, 0.0, False)
 FLAT = Headroom(0.0, math.inf, 0.0, False)  # what the fit of a flat stretch gives
 
 
-def judged_at(cfg: HeadroomConfig, series: str, now_s: float, keep_every_s: float) -> bool:
-    """Whether a sample of ``series`` kept at ``now_s`` (samples kept at most every
-    ``keep_every_s``) is judged: one kept in the first ``keep_every_s`` of a span of
-    ``judge_every_s``, the span's first. Each series' spans start at a phase of its own (from
-    its name), so a fleet's drifts are judged spread over the span, not all at once; and
-    whether a sample is judged depends on its time alone, so a restored detector judges the
-    samples a never-stopped one does."""
-    every = cfg.judge_every_s
-    if every <= keep_every_s:
+def judged_at(cfg: HeadroomConfig, series: str, now_s: float, before_s: float | None) -> bool:
+    """Whether a sample of ``series`` kept at ``now_s`` (the one kept before it at
+    ``before_s``; None: none, judged) is judged: the first kept in each span of
+    ``judge_every_s``.
+    Each series' spans start at a phase of its own (from its name), so a fleet's drifts are
+    judged spread over the span, not all at once; samples a span or more apart (a rank that
+    reports every 30 s) are each judged; and whether a sample is judged depends on the kept
+    samples' times alone, so a restored detector judges the samples a never-stopped one does."""
+    if before_s is None:
         return True
+    every = cfg.judge_every_s
     phase = every * (zlib.crc32(series.encode()) % 1024) / 1024
-    return (now_s + phase) % every < keep_every_s
+    return (now_s + phase) // every != (before_s + phase) // every
 
 
 def headroom(

@@ -21,10 +21,13 @@ from steplens.stream_jobs.engine.signals.memory_trend import growth
 
 @dataclass
 class HostMemoryConfig:
-    keep_every_s: float = 5.0  # the producer's health period at its defaults
-    # the resident memory's drift toward the limit: 120 kept samples (10 minutes), a verdict
-    # after 12 (a minute), a warning when the limit is 30 minutes away
-    trend: HeadroomConfig = field(default_factory=lambda: HeadroomConfig(min_samples=12))
+    keep_every_s: float = 5.0  # the producer reads its health every 5 s at its defaults
+    # the resident memory's drift toward the limit: 120 kept samples (an hour of a steady
+    # process's, sent every 30 s; 10 minutes of a growing one's, every 5 s), a verdict after
+    # 12, a warning when the limit is 30 minutes away, judged every 10 s at most
+    trend: HeadroomConfig = field(
+        default_factory=lambda: HeadroomConfig(min_samples=12, judge_every_s=10.0)
+    )
     eta_critical_s: float = 300.0  # the time left that is critical
     busy_s: float = 120.0  # the run steps: a step record this recent
     floor_pct: float = 5.0  # of the host's memory, kept free (``host_mem_available_pct``)

@@ -45,8 +45,9 @@ def growth(  # noqa: PLR0917
     if not busy:
         marks.clear()
     elif not marks or t_s - marks[-1][0] >= cfg.keep_every_s:
+        before = marks[-1][0] if marks else None
         marks.append([t_s, high, limit, float(last_step)])
-        if not judged_at(cfg.trend, f"{scope} {metric}", t_s, cfg.keep_every_s):
+        if not judged_at(cfg.trend, f"{scope} {metric}", t_s, before):
             return
     else:
         return  # judged at kept samples only

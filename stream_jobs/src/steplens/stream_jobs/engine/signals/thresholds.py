@@ -245,8 +245,9 @@ def _drift(  # noqa: PLR0917
         hist.clear()  # the clock went back: a new sampler
     elif hist and time_s - hist[-1][0] < cfg.drift_keep_every_s:
         return
+    before = hist[-1][0] if hist else None
     hist.append((time_s, float(value)))
-    if not judged_at(cfg.drift, key, time_s, cfg.drift_keep_every_s):
+    if not judged_at(cfg.drift, key, time_s, before):
         return
     pairs = np.array(hist, dtype=float).reshape(-1, 2)
     h = headroom(cfg.drift, pairs[:, 0], pairs[:, 1], limit)
