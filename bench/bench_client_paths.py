@@ -21,8 +21,9 @@ straggler rank (two ranks in processes of their own, gloo, on every path: the pl
 reading its own shard of an iterable dataset, Lightning's ``ddp`` strategy; for 40 steps rank 1
 waits for each batch as the stall does, while rank 0 waits for it at the all-reduce), a slow
 memory leak (from a fifth of the run to its end the loop keeps 40 MiB of every second,
-touched, while steps take at least 60 ms, so the producer's health records, every 5 s at its
-defaults, see a minute of it); and healthy runs of ``--healthy`` steps.
+touched, while steps take at least 60 ms, so the producer's health readings, every 5 s at its
+defaults and sent as the memory grows, see a minute of it); and healthy runs of ``--healthy``
+steps.
 
 Printed per path, schedule and incident: whether it was paged (an incident that opened from
 its first step to ``--tolerance`` steps after its last), the delay in steps and in logged
@@ -73,7 +74,7 @@ CAUSES = {
 }
 INCIDENTS = ("bad_batch", "lr_blowup", "data_stall", "straggler", "memory_leak")
 LEAK_BYTES_S = 40 << 20  # what a leaking run keeps, per second of its steps
-LEAK_STEP_S = 0.06  # a leaking run's steps take this long at least (health every 5 s)
+LEAK_STEP_S = 0.06  # a leaking run's steps take this long at least (health read every 5 s)
 
 
 @dataclass
@@ -173,7 +174,7 @@ class Run:
     @property
     def start(self) -> int | None:
         if self.incident == "memory_leak":
-            return self.steps // 5  # a slow leak needs a minute of health records
+            return self.steps // 5  # a slow leak needs a minute of health readings
         return self.steps * 3 // 5 if self.incident else None
 
     @property

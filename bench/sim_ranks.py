@@ -50,7 +50,7 @@ from steplens.producer.delivery.transport import (
 from steplens.producer.identity import Identity
 from steplens.producer.instruments.allocator import merge
 from steplens.producer.instruments.hardware import HardwareSampler
-from steplens.producer.instruments.report_cadence import ReportCadence, allocator_news
+from steplens.producer.instruments.report_cadence import allocator_cadence
 from steplens.producer.pipeline.items import StepItem
 from steplens.producer.pipeline.sender import Sender
 from steplens.producer.pipeline.worker import Pipeline
@@ -233,8 +233,11 @@ class SimRank:
         self.ident = ident
         self.sender = Sender(ident, os.getpid(), delivery, time.time_ns() - time.monotonic_ns())
         # the Monitor's pipeline, driven here instead of by its thread (never started)
-        self.pipeline = Pipeline(config, _NoQueue(), self.sender, threading.Event())
+        self.pipeline = Pipeline(
+            config, _NoQueue(), self.sender, threading.Event(), memory=self.process_memory
+        )
         self.rng = rng
+        self.rss = rng.uniform(40e9, 60e9)  # its process's resident memory
         self.speed = rng.uniform(0.97, 1.03)  # this rank's own pace
         self.offset = rng.gauss(0, 0.01)  # its loss offset (its own data)
         meta = config.run_meta(ident)
@@ -242,7 +245,7 @@ class SimRank:
         self.meta = meta
         self.sampler: HardwareSampler | None = None
         # the other ranks' reports
-        self.cadence = ReportCadence(config.hw_allocator_every_s, allocator_news)
+        self.cadence = allocator_cadence(config.hw_allocator_every_s)
         if ident.local_rank == 0:
             node = ident.rank // GPUS_PER_NODE
             self.sampler = HardwareSampler(
@@ -254,6 +257,15 @@ class SimRank:
                 host_wide=True,
                 report_every_s=config.hw_report_every_s,
             )
+
+    def process_memory(self) -> dict[str, int]:
+        """What ``process_memory`` reads from /proc for this rank's process, simulated."""
+        rng = self.rng
+        return {
+            "rss_bytes": int(self.rss + rng.uniform(0, 1e8)),
+            "mem_available_bytes": int(1.6e12 + rng.uniform(0, 1e10)),
+            "mem_total_bytes": int(2.0e12),
+        }
 
 
 class _NoQueue:

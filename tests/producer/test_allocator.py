@@ -9,7 +9,7 @@ import pytest
 
 from steplens.producer.instruments.allocator import AllocatorReader, merge
 from steplens.producer.instruments.hardware import HardwareSampler
-from steplens.producer.instruments.report_cadence import ReportCadence, allocator_news
+from steplens.producer.instruments.report_cadence import allocator_cadence
 from waiting import wait_until
 
 torch = pytest.importorskip("torch")
@@ -46,10 +46,10 @@ def test_a_rank_sends_its_allocator_every_few_seconds_and_at_once_when_it_retrie
         return {"gpus": [{"index": index, "torch_alloc_retries": retries, "torch_ooms": ooms}]}
 
     reads = {t: gpus(int(t >= 7), int(t >= 14), int(t >= 26)) for t in range(30)}
-    cadence = ReportCadence(5.0, allocator_news)
+    cadence = allocator_cadence(5.0)
     sent = [t for t in range(30) if cadence.due(reads[t], float(t))]
     assert sent == [0, 5, 7, 12, 14, 19, 24, 26]
-    every = ReportCadence(0.0, allocator_news)
+    every = allocator_cadence(0.0)
     assert all(every.due(reads[t], float(t)) for t in range(30))
 
 

@@ -1,6 +1,7 @@
-"""A node's hardware sample is sent on a cadence, and at once with news: an error counter, a
-throttle reason, a level past its band; the next samples follow it, so checks that want a
-breach sustained over 3 samples confirm it as at every sample."""
+"""A node's hardware sample, a rank's allocator figures and its health are sent on a cadence,
+and at once with news: an error counter, a throttle reason, a level past its band; the next
+samples follow it, so checks that want a breach sustained over 3 samples confirm it as at
+every sample."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from typing import Any
 from steplens.producer.instruments.report_cadence import (
     FOLLOW,
     ReportCadence,
+    allocator_cadence,
     has_slow_fields,
+    health_news,
     node_news,
 )
 
@@ -47,7 +50,7 @@ def node(rng: random.Random, **gpu0: Any) -> dict[str, Any]:
 
 
 def sent_seconds(samples: dict[int, dict[str, Any]], every_s: float = 5.0) -> list[int]:
-    cadence = ReportCadence(every_s, node_news, FOLLOW, has_slow_fields)
+    cadence = ReportCadence(every_s, node_news, FOLLOW, kept=has_slow_fields)
     return [t for t in sorted(samples) if cadence.due(samples[t], float(t))]
 
 
@@ -146,3 +149,72 @@ def test_steps_have_paused_after_three_median_intervals_and_at_least_two_seconds
         fast.on_step(k, k * s // 100)  # 10 ms steps: the 2 s floor holds
     assert not fast.paused(19 * s // 100 + s)
     assert fast.paused(19 * s // 100 + 2 * s + 1)
+
+
+def health(rng: random.Random, rss: float, **counts: Any) -> dict[str, Any]:
+    """A rank's health reading on a 24 GiB host, with the jitter of a busy process."""
+    total = 24 * 2**30
+    return {
+        "dropped": counts.get("dropped", {}),
+        "errors": {},
+        "sent": rng.randrange(10**6),  # every reading's own: never news
+        "spooled": counts.get("spooled", 0),
+        "queue_len": rng.randrange(50),
+        "rss_bytes": int(rss + rng.uniform(0, 3e7)),
+        "mem_available_bytes": int(0.5 * total + rng.uniform(0, 1e8)),
+        "mem_total_bytes": total,
+    }
+
+
+def test_a_steady_ranks_health_goes_every_half_minute_and_a_leaks_as_it_grows() -> None:
+    """Read every 5 s: a steady process's reading is sent every 30 s; one that keeps 40 MiB
+    of every second (a leak) has its memory cross its band every few readings, and those
+    readings go with the ones that follow them: its trend gets most of its samples."""
+    rng = random.Random(7)
+    cadence = ReportCadence(30.0, health_news, FOLLOW)
+    steady = [t for t in range(0, 600, 5) if cadence.due(health(rng, 4e9), float(t))]
+    assert steady == list(range(0, 600, 30))
+    leak = [
+        t
+        for t in range(600, 900, 5)
+        if cadence.due(health(rng, 4e9 + (40 << 20) * (t - 600)), float(t))
+    ]
+    assert len(leak) >= 0.75 * len(range(600, 900, 5))  # 48 of 60
+
+
+def test_a_health_count_or_the_spool_is_news() -> None:
+    rng = random.Random(8)
+    cadence = ReportCadence(30.0, health_news, FOLLOW)
+    readings = {t: health(rng, 4e9) for t in range(0, 120, 5)}
+    readings[50] = health(rng, 4e9, dropped={"queue_full": 3})
+    for t in range(55, 120, 5):
+        readings[t] = health(rng, 4e9, dropped={"queue_full": 3})
+    readings[100] = health(rng, 4e9, dropped={"queue_full": 3}, spooled=10)
+    sent = [t for t in sorted(readings) if cadence.due(readings[t], float(t))]
+    assert sent == [0, 30, 50, 55, 60, 65, 95, 100, 105, 110, 115]
+
+
+def test_a_ranks_allocator_goes_as_its_high_water_mark_climbs_at_most_every_five_seconds() -> None:
+    """Read every second, sent every 30 s: a healthy rank's high-water mark stays where its
+    first steps left it (its allocated memory swings with each step); a leak's climbs by
+    0.1 % of the limit in seconds, and goes every 5 s (as often as the stream jobs keep it);
+    a retry goes at once."""
+    limit = 77 * 10**9
+
+    def alloc(peak: float, retries: int = 0, reserved: float = 68e9) -> dict[str, Any]:
+        g = {"index": 0, "torch_reserved_bytes": int(reserved), "torch_peak_bytes": int(peak),
+             "torch_allocated_bytes": int(0.6 * peak), "torch_alloc_retries": retries,
+             "torch_ooms": 0, "torch_limit_bytes": limit}  # fmt: skip
+        return {"gpus": [g]}
+
+    cadence = allocator_cadence(30.0)
+    healthy = [t for t in range(120) if cadence.due(alloc(66e9), float(t))]
+    assert healthy == [0, 30, 60, 90]
+    leaking = [t for t in range(120, 150) if cadence.due(alloc(66e9 + 3e7 * (t - 119)), float(t))]
+    assert leaking == [120, 125, 130, 135, 140, 145]
+    assert cadence.due(alloc(66e9 + 3e7 * 31, retries=1), 150.5)
+    moved = allocator_cadence(30.0)
+    assert moved.due(alloc(66e9), 0.0) and not moved.due(alloc(66e9, reserved=69e9), 6.0)
+    grown = 68e9 + 0.02 * limit
+    assert moved.due(alloc(66e9, reserved=grown), 7.0)
+    assert not moved.due(alloc(65e9, reserved=grown), 13.0)  # a reset high-water mark

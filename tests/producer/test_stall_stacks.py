@@ -53,8 +53,9 @@ def test_a_blocked_loop_sends_its_stacks_once_per_stall(memory_monitor) -> None:
 
 
 def test_no_stacks_before_the_first_step_or_when_off(memory_monitor) -> None:  # type: ignore[no-untyped-def]
-    m, tx = memory_monitor(hang_dump_after_s=0.05, health_interval_s=0.05)
-    off, tx_off = memory_monitor(hang_dump_after_s=0, health_interval_s=0.05)
+    every = {"health_interval_s": 0.05, "health_report_every_s": 0}  # each reading sent
+    m, tx = memory_monitor(hang_dump_after_s=0.05, **every)
+    off, tx_off = memory_monitor(hang_dump_after_s=0, **every)
     off.log_step(0, loss=1.0)
     # a worker's third health record comes from a tick at least 0.15 s after it started, past
     # the threshold; a dump due then would have been sent before it

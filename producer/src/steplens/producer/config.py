@@ -150,9 +150,10 @@ class ProducerConfig:
         about(
             "a rank's own PyTorch allocator figures (ranks other than a node's local rank 0, "
             "whose node sample carries them): sent every N s, and at once when the allocator "
-            "retried or raised an out-of-memory error; 0: every sample"
+            "retried or raised an out-of-memory error, or its reserved memory or high-water "
+            "mark moved by 2 % of what it can reach; 0: every sample"
         ),
-    ] = 5.0
+    ] = 30.0
     hw_slow_every: Annotated[
         PositiveInt,
         about("PCIe throughput and energy every N samples (slow NVML calls)"),
@@ -177,8 +178,21 @@ class ProducerConfig:
         about("the address it binds: `0.0.0.0` where Prometheus scrapes the nodes from elsewhere"),
     ] = "127.0.0.1"
     health_interval_s: Annotated[
-        PositiveFloat, about("period of the producer's own `health` record")
+        PositiveFloat,
+        about(
+            "the producer reads its own health every N s (what it dropped, spooled and sent; "
+            "its process's memory and its host's)"
+        ),
     ] = 5.0
+    health_report_every_s: Annotated[
+        NonNegativeFloat,
+        about(
+            "the `health` record is sent every N s, and at once when it holds news against "
+            "the last one sent (a dropped or error count, the spool; the process's resident "
+            "memory moved by 1 % of its host's, the host's available memory by 2 %), then "
+            "its next 3 readings, and at shutdown; 0: every reading"
+        ),
+    ] = 30.0
     spool_dir: Annotated[
         NonEmptyStr,
         about(

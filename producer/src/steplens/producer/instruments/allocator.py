@@ -22,10 +22,11 @@ import sys
 from typing import Any
 
 RETRIES, OOMS = "torch_alloc_retries", "torch_ooms"
+RESERVED, PEAK, LIMIT = "torch_reserved_bytes", "torch_peak_bytes", "torch_limit_bytes"
 STATS = (
     ("torch_allocated_bytes", "allocated_bytes.all.current"),
-    ("torch_reserved_bytes", "reserved_bytes.all.current"),
-    ("torch_peak_bytes", "allocated_bytes.all.peak"),
+    (RESERVED, "reserved_bytes.all.current"),
+    (PEAK, "allocated_bytes.all.peak"),
     (RETRIES, "num_alloc_retries"),
     (OOMS, "num_ooms"),
 )
@@ -72,7 +73,7 @@ class AllocatorReader:
         for key, name in STATS:
             out[key] = int(stats.get(name, 0))
         free, _total = cuda.mem_get_info(device)
-        out["torch_limit_bytes"] = reserved + int(free)
+        out[LIMIT] = reserved + int(free)
         return out
 
 

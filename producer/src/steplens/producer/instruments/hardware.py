@@ -25,7 +25,7 @@ from steplens.producer.instruments.host_stats import HostSampler
 from steplens.producer.instruments.report_cadence import (
     FOLLOW,
     ReportCadence,
-    allocator_news,
+    allocator_cadence,
     has_slow_fields,
     node_news,
 )
@@ -56,9 +56,9 @@ class HardwareSampler:
         self.allocator = AllocatorReader()
         self.paused = paused  # steps paused: every node sample is sent (``_kept``)
         self.cadence = (
-            ReportCadence(report_every_s, node_news, FOLLOW, self._kept)
+            ReportCadence(report_every_s, node_news, FOLLOW, kept=self._kept)
             if host_wide
-            else ReportCadence(allocator_every_s, allocator_news)
+            else allocator_cadence(allocator_every_s)
         )
         self.errors = 0
         self.samples = 0

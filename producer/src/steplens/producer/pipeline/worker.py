@@ -21,6 +21,7 @@ import msgspec
 from steplens.producer.config import ProducerConfig
 from steplens.producer.delivery.live_or_spool import Delivery
 from steplens.producer.instruments.host_stats import process_memory
+from steplens.producer.instruments.report_cadence import FOLLOW, ReportCadence, health_news
 from steplens.producer.pipeline import values as V
 from steplens.producer.pipeline.items import (
     BatchItem,
@@ -56,8 +57,9 @@ _SLICE = 32
 
 class Pipeline:
     """``caller_counters``: () -> (dropped, errors) of the caller's side, for the health
-    record. ``open_advice``: opens where advice comes from (a run with remedies; None: no
-    advice), read into an inbox whose ``ready`` says advice for ``log_step`` arrived."""
+    record; ``memory``: the process's and its host's memory, for it too. ``open_advice``:
+    opens where advice comes from (a run with remedies; None: no advice), read into an inbox
+    whose ``ready`` says advice for ``log_step`` arrived."""
 
     def __init__(
         self,
@@ -69,8 +71,10 @@ class Pipeline:
         caller_counters: Callable[[], tuple[dict[str, int], dict[str, int]]] | None = None,
         open_advice: Callable[[], AdviceSource] | None = None,
         advice_ready: Callable[[], None] | None = None,
+        memory: Callable[[], dict[str, int]] = process_memory,
     ) -> None:
         self.config = config
+        self.memory = memory
         self.queue = queue
         self.sender = sender
         self.delivery: Delivery = sender.delivery
@@ -87,6 +91,7 @@ class Pipeline:
             self.advice = AdviceDesk(self._inbox(advice_ready), open_advice)
         self.dead_letters_sent = 0
         self._next_health = time.monotonic() + config.health_interval_s
+        self.health_cadence = ReportCadence(config.health_report_every_s, health_news, FOLLOW)
         self.thread = threading.Thread(target=self._run, name="steplens-producer", daemon=True)
 
     # ------------------------------------------------------------------ loop
@@ -124,7 +129,7 @@ class Pipeline:
         try:
             now_ns = time.monotonic_ns()
             self.steps.emit_all(now_ns)
-            self.emit_health(now_ns)
+            self.emit_health(now_ns, last=True)
             left = self.delivery.close(max(0.0, self.deadline - time.monotonic()))
             if left:
                 log.warning(
@@ -394,7 +399,9 @@ class Pipeline:
             "advice_source": None if self.advice is None else self.advice.source_label,
         }
 
-    def emit_health(self, now_ns: int) -> None:
+    def emit_health(self, now_ns: int, last: bool = False) -> None:
+        """Read the health and send it when due (``health_report_every_s``; ``last``: the
+        process's last, always sent)."""
         d = self.delivery
         dropped = dict(self.sender.dropped)
         errors = dict(self.counters.errors)
@@ -414,9 +421,10 @@ class Pipeline:
             "replayed": d.replayed,
             "errors": errors,
             "queue_len": len(self.queue),
-            **process_memory(),  # a leak in this rank's process, against the host's memory
+            **self.memory(),  # a leak in this rank's process, against the host's memory
         }
-        self.sender.send("health", None, now_ns, data)
+        if last or self.health_cadence.due(data, now_ns / 1e9):
+            self.sender.send("health", None, now_ns, data)
 
 
 def _ready(item: Item) -> bool:
