@@ -155,6 +155,36 @@ def test_a_class_outside_the_state_is_neither_written_nor_built():
         CODEC.unpack(forged)
 
 
+def test_every_container_and_numpy_scalar_is_written_in_its_tagged_form():
+    """The exact types and their subclasses (numpy's scalars, a bool) take the same form, and
+    read back to equal values."""
+    from collections import deque
+
+    import numpy as np
+
+    arr = np.arange(3.0)
+    value = {
+        "a": [1, np.float64(2.5), (3, "x"), True, None],
+        (1, 2): deque([1.0, np.int64(4)], maxlen=3),
+        "s": {5},
+        "arr": arr,
+        "n": {"k": np.float32(0.5), "t": (np.int64(7),)},
+    }
+    raw = msgpack.unpackb(CODEC.pack(value)[len(MAGIC) + 1 :], strict_map_key=False)
+    assert raw == {
+        "$d": [
+            ["a", [1, 2.5, {"$t": [3, "x"]}, True, None]],
+            [{"$t": [1, 2]}, {"$q": [3, [1.0, 4]]}],
+            ["s", {"$s": [5]}],
+            ["arr", {"$a": ["<f8", [3], arr.tobytes()]}],
+            ["n", {"$d": [["k", 0.5], ["t", {"$t": [7]}]]}],
+        ]
+    }
+    back = CODEC.unpack(CODEC.pack(value))
+    assert back["a"] == [1, 2.5, (3, "x"), True, None] and back[(1, 2)] == deque([1.0, 4])
+    assert back[(1, 2)].maxlen == 3 and back["s"] == {5} and (back["arr"] == arr).all()
+
+
 if __name__ == "__main__":
     write_blob()
 

@@ -27,6 +27,8 @@ MAGIC = b"SLst"
 FORMAT = 1  # raise it when a change cannot be read by the rule above; keep reading the old
 
 RANK_SEP = "\x1f"  # in a rank's table key only (a run id is printable)
+# the values written as they are (``Codec``; a subclass, numpy's float64, takes the long way)
+_SCALARS = frozenset({type(None), bool, int, float, str, bytes})
 
 
 def rank_key(run: str, rank: int, slot: int = 0) -> str:
@@ -41,32 +43,73 @@ class Codec:
 
     def __init__(self, classes: Iterable[type]) -> None:
         self.classes: dict[str, type] = {c.__name__: c for c in classes}
+        self._fields: dict[type, tuple[str, ...]] = {}  # a state class's init fields
 
     def _plain(self, x: Any) -> Any:
+        if type(x) in _SCALARS:
+            return x
+        return self._plain_container(x)
+
+    def _plain_items(self, xs: Iterable[Any]) -> list[Any]:
+        """Each of ``xs`` plain (the scalars, most of a state's values, as they are)."""
+        plain = self._plain_container
+        return [v if type(v) in _SCALARS else plain(v) for v in xs]
+
+    def _plain_dict(self, x: dict[Any, Any]) -> dict[str, Any]:
+        plain, scalars = self._plain_container, _SCALARS
+        items = [
+            [k if type(k) in scalars else plain(k), v if type(v) in scalars else plain(v)]
+            for k, v in x.items()
+        ]
+        return {"$d": items}
+
+    def _plain_container(self, x: Any) -> Any:
+        cls = type(x)
+        names = self._fields.get(cls)
+        if names is not None:  # a state class
+            plain, scalars = self._plain_container, _SCALARS
+            fields = {}
+            for n in names:
+                v = getattr(x, n)
+                fields[n] = v if type(v) in scalars else plain(v)
+            return {"$c": cls.__name__, "f": fields}
+        if cls is list:
+            return self._plain_items(x)
+        if cls is dict:
+            return self._plain_dict(x)
+        if cls is deque:
+            return {"$q": [x.maxlen, self._plain_items(x)]}
+        if cls is np.ndarray:
+            a = np.ascontiguousarray(x)
+            return {"$a": [a.dtype.str, list(a.shape), a.tobytes()]}
+        if cls is tuple:
+            return {"$t": self._plain_items(x)}
+        return self._plain_other(x)
+
+    def _plain_other(self, x: Any) -> Any:
+        """What ``_plain_container`` does not know by its type alone (subclasses included)."""
         if x is None or isinstance(x, (bool, int, float, str, bytes)):
             return x
         if isinstance(x, list):
-            return [self._plain(v) for v in x]
+            return self._plain_items(x)
         if isinstance(x, dict):
-            return {"$d": [[self._plain(k), self._plain(v)] for k, v in x.items()]}
+            return self._plain_dict(x)
         if isinstance(x, np.ndarray):
             a = np.ascontiguousarray(x)
             return {"$a": [a.dtype.str, list(a.shape), a.tobytes()]}
         if isinstance(x, deque):
-            return {"$q": [x.maxlen, [self._plain(v) for v in x]]}
+            return {"$q": [x.maxlen, self._plain_items(x)]}
         if isinstance(x, (set, frozenset)):
-            return {"$s": [self._plain(v) for v in x]}
+            return {"$s": self._plain_items(x)}
         if isinstance(x, tuple):
-            return {"$t": [self._plain(v) for v in x]}
+            return {"$t": self._plain_items(x)}
         if isinstance(x, np.generic):
             return x.item()
-        name = type(x).__name__
-        if dataclasses.is_dataclass(x) and self.classes.get(name) is type(x):
-            fields = {
-                f.name: self._plain(getattr(x, f.name)) for f in dataclasses.fields(x) if f.init
-            }
-            return {"$c": name, "f": fields}
-        raise TypeError(f"not part of a detector's state: {type(x).__name__}")
+        cls = type(x)
+        if not (dataclasses.is_dataclass(x) and self.classes.get(cls.__name__) is cls):
+            raise TypeError(f"not part of a detector's state: {cls.__name__}")
+        self._fields[cls] = tuple(f.name for f in dataclasses.fields(x) if f.init)
+        return self._plain_container(x)
 
     def _built(self, x: Any) -> Any:
         if isinstance(x, list):
