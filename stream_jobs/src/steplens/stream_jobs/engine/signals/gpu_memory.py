@@ -14,8 +14,8 @@ training holds is judged, while the run steps:
   flat mark: quiet.
 * ``memory:alloc_retries`` / ``memory:fragmentation``: the allocator freed its cache and
   retried a cudaMalloc (``num_alloc_retries``) in ``retry_samples`` samples of the last
-  ``retry_window_s`` seconds (a rank reports its allocator every few seconds, and at once
-  when it retried). With a large share of the reserved memory unallocated
+  ``retry_window_s`` seconds (a rank reports its allocator every 30 s, every 5 s while its
+  mark climbs, and at once when it retried). With a large share of the reserved memory unallocated
   (``fragmented_share``) the cause is fragmentation, else the memory is simply full.
 * ``memory:ooms``: the allocator raised an out-of-memory error (``num_ooms`` rose): critical.
 """
