@@ -59,7 +59,8 @@ wheels: setup
 lint: setup
 	$(VENV)/bin/ruff check schema producer stream_jobs sinks stack tests bench
 	$(VENV)/bin/ruff format --check schema producer stream_jobs sinks stack tests bench
-	$(VENV)/bin/mypy schema/src/steplens/schema producer/src/steplens/producer
+	$(VENV)/bin/mypy schema/src/steplens/schema producer/src/steplens/producer \
+	  stream_jobs/src/steplens/stream_jobs sinks/src/steplens/sinks stack/src/steplens/stack
 
 # docker-compose.yml for real, alone and with docker-compose.exposed.yml: images built here
 # without a registry, each stack started, checked end to end (a worker killed in the local one)

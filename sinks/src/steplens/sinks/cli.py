@@ -31,7 +31,10 @@ from steplens.sinks.settings import (
     WebhookSettings,
 )
 
-NOTIFIERS = {"webhook": WebhookSettings, "alertmanager": AlertmanagerSettings}
+NOTIFIERS: dict[str, type[WebhookSettings | AlertmanagerSettings]] = {
+    "webhook": WebhookSettings,
+    "alertmanager": AlertmanagerSettings,
+}
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:

@@ -37,6 +37,7 @@ from typing import Any, Final
 from steplens.schema import Record
 
 Point = tuple[str, float, int, int]  # key, value, timestamp (ms), step
+Found = tuple[str, Any, int, int]  # a point whose value is not checked yet (``_finite``)
 
 SEVERITY_LEVEL: Final = {"info": 1.0, "warning": 2.0, "critical": 3.0}
 STEP_FIELDS: Final = (
@@ -92,13 +93,13 @@ def points(rec: Record, step: int = 0) -> list[Point]:
         return _finite(_step(d, ts, at))
     if kind == "step_batch":
         entries = d.get("records") or []
-        out: list[Point] = []
+        steps: list[Found] = []
         for entry in _spread(entries, MAX_BATCH_ENTRIES):
-            out += _step(entry, int(entry["time_ns"]) // 1_000_000, int(entry["step"]))
-        return _finite(out)
+            steps += _step(entry, int(entry["time_ns"]) // 1_000_000, int(entry["step"]))
+        return _finite(steps)
     if kind == "step_window":
         last = int(d.get("step_last", at))
-        out = []
+        out: list[Found] = []
         for name, agg in (d.get("metrics") or {}).items():
             if isinstance(agg, dict):
                 out.append((key(f"window/{name}"), agg.get("mean"), ts, last))
@@ -112,15 +113,15 @@ def points(rec: Record, step: int = 0) -> list[Point]:
     return []
 
 
-def _step(d: dict[str, Any], ts: int, at: int) -> list[Point]:
+def _step(d: dict[str, Any], ts: int, at: int) -> list[Found]:
     out = [(f"train/{f}", d.get(f), ts, at) for f in STEP_FIELDS]
     out += [(key(f"train/{k}"), v, ts, at) for k, v in (d.get("scalars") or {}).items()]
     return out
 
 
-def _hardware(d: dict[str, Any], host: str, ts: int, at: int) -> list[Point]:
+def _hardware(d: dict[str, Any], host: str, ts: int, at: int) -> list[Found]:
     where = f"hw/{host}"
-    out: list[Point] = []
+    out: list[Found] = []
     total, free = d.get("mem_total_bytes"), d.get("mem_available_bytes")
     if isinstance(total, int) and isinstance(free, int):
         out.append((key(f"{where}/mem_used_gb"), (total - free) / GB, ts, at))
@@ -143,7 +144,7 @@ def _spread(items: list[Any], most: int) -> list[Any]:
     return [items[len(items) - 1 - int(i * stride)] for i in reversed(range(most))]
 
 
-def _finite(found: list[tuple[str, Any, int, int]]) -> list[Point]:
+def _finite(found: list[Found]) -> list[Point]:
     return [
         (k, float(v), ts, step)
         for k, v, ts, step in found

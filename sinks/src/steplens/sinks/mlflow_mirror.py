@@ -149,8 +149,9 @@ class MlflowMirror:
         part: list[tuple[int, Record, Position]] = []
         for i, item in enumerate(batch):
             rec = item.decoded
-            wanted = isinstance(rec, Record) and rec.kind in KINDS
-            if wanted and (self.only_run is None or rec.run_id == self.only_run):
+            if not isinstance(rec, Record) or rec.kind not in KINDS:
+                continue
+            if self.only_run is None or rec.run_id == self.only_run:
                 part.append((i, rec, (item.topic, item.partition, item.offset)))
         try:
             with self._lock:

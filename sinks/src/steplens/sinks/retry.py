@@ -54,13 +54,16 @@ def until_done(
         if on_retry is not None and state.outcome is not None:
             on_retry(state.attempt_number, state.outcome.result())
 
+    def pause(seconds: float) -> None:  # a backoff that a shutdown cuts short
+        stop.wait(seconds)
+
     retrying = tenacity.Retrying(
         stop=tenacity.stop_when_event_set(stop),
         wait=tenacity.wait_exponential_jitter(
             multiplier=policy.initial_backoff_s, max=policy.max_backoff_s, jitter=policy.jitter_s
         ),
         retry=tenacity.retry_if_result(lambda result: not done(result)),
-        sleep=stop.wait,
+        sleep=pause,
         before_sleep=before_sleep,
         retry_error_callback=lambda state: last[0],
     )

@@ -644,11 +644,13 @@ class Checks:
         with host_env(env):
             stores = Stores(None, S3Settings.from_env())
             for run in self.runs:
+
+                def cold(run: str = run) -> bool | None:
+                    return True if len(query_records(run, "alert", stores=stores)) else None
+
                 wait_for(
                     f"{run}'s alerts in S3 (cold Parquet)",
-                    lambda run=run: (
-                        True if len(query_records(run, "alert", stores=stores)) else None
-                    ),
+                    cold,
                     120,
                     5,
                 )
@@ -688,11 +690,11 @@ class Checks:
         out: dict[str, dict[str, list[int]]] = {}
         for group in groups.values():
             for m in group.result(timeout=10).members:
-                cid = by_ip.get(m.host.lstrip("/"))
-                if cid is None or m.assignment is None:
+                owner = by_ip.get(m.host.lstrip("/"))
+                if owner is None or m.assignment is None:
                     continue
                 for tp in m.assignment.topic_partitions:
-                    out.setdefault(cid, {}).setdefault(tp.topic, []).append(tp.partition)
+                    out.setdefault(owner, {}).setdefault(tp.topic, []).append(tp.partition)
         return out
 
     def shared(self) -> dict[str, dict[str, list[int]]]:

@@ -148,7 +148,7 @@ def members(alert: dict[str, Any]) -> list[dict[str, Any]]:
     got = ev.get("members") if isinstance(ev, dict) else None
     if not isinstance(got, list) or not got:
         return [alert]
-    shared = {k: alert[k] for k in ("time_ns", "estimated_step") if k in alert}
+    shared: dict[str, Any] = {k: alert[k] for k in ("time_ns", "estimated_step") if k in alert}
     return [{**m, **shared} for m in got if isinstance(m, dict)]
 
 

@@ -219,7 +219,7 @@ def _flat_allreduce(params: list[nn.Parameter], world: int) -> None:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: list[torch.Tensor]) -> dict[str, float]:
+def evaluate(model: nn.Module, batches: list[torch.Tensor]) -> dict[str, Any]:
     model.eval()
     total, count, correct = 0.0, 0, 0
     for ids in batches:

@@ -415,7 +415,9 @@ def _immediate(state: AdviceState, cfg: AdviceConfig, a: Alert) -> list[Advised]
 
     if _RANK.get(a.severity, 0) >= _RANK[cfg.skip_severity]:
         ids, hashes = _samples(members)
-        named = {"sample_ids": ids} if ids else {"sample_hashes": hashes} if hashes else None
+        named: dict[str, Any] | None = (
+            {"sample_ids": ids} if ids else {"sample_hashes": hashes} if hashes else None
+        )
         if named:
             n = len(ids or hashes)
             at = f" of the batch at step {a.started_step}" if a.started_step is not None else ""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -489,5 +489,5 @@ def scores_of(ratios: np.ndarray) -> np.ndarray:
         return np.where(inside, ratios / (ratios + 1.0), np.where(ratios == math.inf, 1.0, 0.0))
 
 
-def finite(x: Any) -> bool:
+def finite(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -63,7 +63,7 @@ import hashlib
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 from steplens.stream_jobs.engine.core import CRITICAL, INFO, WARNING, Alert
 
@@ -384,7 +384,7 @@ def _rank(scope: str, evidence: Mapping[str, Any]) -> Any:
     return evidence.get("rank", scope)
 
 
-def _number(v: Any) -> bool:
+def _number(v: Any) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
 
 

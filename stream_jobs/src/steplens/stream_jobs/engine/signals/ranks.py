@@ -152,9 +152,9 @@ def step_times(  # noqa: PLR0917
         if step in pending and math.isfinite(wait):
             state.waits.setdefault(step, {})[rank] = wait
     ready = _ready(state, cfg, last, behind)
-    got = _judge(state, cfg, ready, row) if ready else None
+    judged = _judge(state, cfg, ready, row) if ready else None
     _forget_gone(state)
-    return got
+    return judged
 
 
 def _forget_gone(state: RanksState) -> None:
@@ -433,8 +433,8 @@ def tick(
             state.hung.discard(rank)
     expected = [cfg.hang_after_s] * len(cols[0])
     if len(state.progress_ns) > 1 or stalled_all:
-        sev = CRIT_SEV if stalled_all and pages else 0
-        got = (-1, "run", 0.0, 1.0 if stalled_all else 0.0, sev, None)
+        run_sev = CRIT_SEV if stalled_all and pages else 0
+        got = (-1, "run", 0.0, 1.0 if stalled_all else 0.0, run_sev, None)
         for c, v in zip(cols, got, strict=True):
             c.append(v)
         expected.append(NAN)

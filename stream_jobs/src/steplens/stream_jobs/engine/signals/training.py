@@ -118,12 +118,12 @@ def lr_shares(state: TrainingState, col: Column) -> np.ndarray:
         return np.array([1.0 if g is None else min(g / peak, 1.0) for g in got])
     rows = state.row_shares
     if rows is not None:
-        got = rows[col.rows]
+        shares = rows[col.rows]
     elif state.lr_peak > 0 and state.lr_now >= 0:
-        got = np.full(len(col), min(state.lr_now / state.lr_peak, 1.0))
+        shares = np.full(len(col), min(state.lr_now / state.lr_peak, 1.0))
     else:
         return np.ones(len(col))
-    return np.where(np.isnan(got), 1.0, got)
+    return np.where(np.isnan(shares), 1.0, shares)
 
 
 def _update_share(state: TrainingState, cfg: TrainingConfig, col: Column) -> Signals | None:
