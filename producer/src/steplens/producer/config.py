@@ -189,7 +189,7 @@ class ProducerConfig:
         about(
             "the `health` record is sent every N s, and at once when it holds news against "
             "the last one sent (a dropped or error count, the spool; the process's resident "
-            "memory moved by 1 % of its host's, the host's available memory by 2 %), then "
+            "memory moved by 0.5 % of its host's, the host's available memory by 2 %), then "
             "its next 3 readings, and at shutdown; 0: every reading"
         ),
     ] = 30.0
