@@ -150,8 +150,9 @@ class ProducerConfig:
         about(
             "a rank's own PyTorch allocator figures (ranks other than a node's local rank 0, "
             "whose node sample carries them): sent every N s, and at once when the allocator "
-            "retried or raised an out-of-memory error, or its reserved memory or high-water "
-            "mark moved by 2 % of what it can reach; 0: every sample"
+            "retried or raised an out-of-memory error, and at most every 5 s while its "
+            "high-water mark rises by 0.1 % of what it can reach or its reserved memory moves "
+            "by 2 %; 0: every sample"
         ),
     ] = 30.0
     hw_slow_every: Annotated[

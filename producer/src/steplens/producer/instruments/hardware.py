@@ -8,8 +8,8 @@ own PyTorch allocator's figures to its GPUs' entries (``allocator.py``): the oth
 Listeners get every sample; the record is sent when due (``report_cadence``): a node's sample
 every ``report_every_s``, at once with news (an error counter, a throttle reason, a level
 past its band), and every one while the process's steps have paused (``paused``); a rank's
-allocator figures every ``allocator_every_s`` and at once when the allocator retried or
-failed."""
+allocator figures every ``allocator_every_s``, at once when the allocator retried or failed,
+and at most every 5 s while its high-water mark climbs."""
 
 from __future__ import annotations
 

@@ -62,8 +62,9 @@ HOST_BANDS: Bands = {"mem_available_bytes": ("mem_total_bytes", 0.02)}
 # a rank's allocator: its high-water mark risen by this share of the limit (a healthy run's
 # stays where its first steps left it; a leak's climbs), at most every ``ALLOCATOR_GAP_S``
 PEAK_RISE = 0.001
+RESERVED_BAND: Bands = {RESERVED: GPU_BANDS[RESERVED]}  # ... or its reserved memory moved
 ALLOCATOR_GAP_S = 5.0  # the stream jobs keep an allocator sample at most this often
-# a process's memory against its host's: its own by 1 % (a leak's samples come as it grows)
+# a process's memory against its host's: its own by 0.5 % (a leak's samples come as it grows)
 HEALTH_BANDS: Bands = {"rss_bytes": ("mem_total_bytes", 0.005), **HOST_BANDS}
 HEALTH_COUNTS = ("dropped", "errors", "spooled", "replayed")
 NET_BAND = 0.5  # a network's receive or send rate halved or doubled ...
@@ -109,9 +110,7 @@ class ReportCadence:
             self._following = self.follow
         elif self._following > 0:
             self._following -= 1
-        elif (
-            self._last is not None and now_s - self._sent_s < self.every_s and not self.kept(sample)
-        ):
+        elif last is not None and now_s - self._sent_s < self.every_s and not self.kept(sample):
             return False
         self._sent_s, self._last = now_s, sample
         return True
@@ -136,7 +135,7 @@ def allocator_moved(last: Sample, now: Sample) -> bool:
         peak, before = g.get(PEAK), b.get(PEAK)
         if peak is not None and before is not None and peak - before >= PEAK_RISE * limit:
             return True
-        if _moved(g, b, {RESERVED: GPU_BANDS[RESERVED]}):
+        if _moved(g, b, RESERVED_BAND):
             return True
     return False
 
