@@ -84,4 +84,8 @@ def tail(
     )
     if judged is not None:
         out.append(judged)
+    if not windowed and timed and state.levels:  # a windowed run's steps sent at once
+        got = ranks.early(state, ranks_cfg, rank, n - 1)
+        if got is not None:
+            out.append(got)
     return out

@@ -157,6 +157,51 @@ def step_times(  # noqa: PLR0917
     return judged
 
 
+def early(state: RanksState, cfg: RanksConfig, rank: int, row: int) -> Signals | None:
+    """A windowed run's rank whose own steps (sent at once) are still held, paged without
+    waiting for them: once one of its steps was judged slow alone (the run had not slowed
+    then: those ranks' steps are held against each other), its held steps that few ranks
+    sent their own time for yet are as good as judged against the run's step time, and the
+    median of its latest ``straggler_steps`` ratios, the held ones included, says straggler
+    or not. With 1 s steps the third slow step pages as it comes, not ``lone_step_hold_s``
+    later; its judgement after the hold keeps the alert firing (or lets it go)."""
+    factor, keep = cfg.straggler_factor, cfg.straggler_steps
+    judged = state.ratios.get(rank)
+    if not judged or len(state.levels) < 3 or max(judged[-keep:]) <= factor:
+        return None
+    ranks_known = max(state.world_size, len(state.last_step))
+    held = [  # its held steps few ranks sent their own time for yet: the run did not slow
+        (s, got[rank])
+        for s, got in state.pending.items()
+        if rank in got and rank in (own := state.own.get(s, ())) and 2 * len(own) < ranks_known
+    ]
+    if not held:
+        return None
+    level = float(np.median(list(state.levels.values())))
+    if level <= 0:
+        return None
+    held.sort()
+    recent = (judged + [t / level for _, t in held])[-keep:]
+    typical = float(np.median(recent))
+    if len(recent) < keep or typical <= factor:
+        return None
+    return Signals.of(
+        "straggler",
+        "step_time_s",
+        np.array([row], dtype=np.int64),
+        np.array([held[-1][0]], dtype=np.int64),
+        [typical],
+        [score(typical / factor)],
+        np.array([WARN_SEV], dtype=np.int8),
+        [level],
+        None,
+        [factor * level],
+        np.array([rank], dtype=np.int64),
+        [_scope(rank)],
+        [{"rank": rank, "waits_on": "compute", "held_steps": len(held)}],
+    )
+
+
 def _forget_gone(state: RanksState) -> None:
     """What the steps no longer pending left behind (judged, or dropped by a restart)."""
     pending = state.pending
