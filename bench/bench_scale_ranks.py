@@ -16,7 +16,8 @@ processes that send N ranks' records through the producer's own code for ``--ste
 * InfluxDB buckets of its own (hot and rollup, deleted at the end unless ``--keep-buckets``):
   a large run left in the shared buckets slows every later query of them for hours;
 * alerts: each fault's first incident on the alerts topic, with the right rank/node/GPU and
-  rule, its latency from the fault's onset (the time its first step or sample was logged);
+  rule, its latency from the fault's onset (the time its first step or sample was logged; a
+  GPU throttling on temperature: its first throttled sample);
   every other firing incident counts as a false alarm.
 
 With ``--made-ahead-s S`` the simulator makes every record first (the same code, on a clock

@@ -12,7 +12,9 @@ host and its 8 GPUs; every rank: its allocator's figures), and ``comm`` records 
 
 Time is real: step ``k`` of every rank is logged at ``t0 + k * step_s`` (the worker's
 hang and idle checks read wall time). Faults (``plan``) start at known steps; their onset
-times are written to ``--plan-out`` by the process that injects them.
+times (the time of the first record that shows each: a throttled GPU's first throttled
+sample, not its heating before) are written to ``--plan-out`` by the process that injects
+them.
 
 With ``--start-at-ns`` the ranks' records are made first, all of them, through the same code
 on a clock that starts at that wall time (in the future), and kept in memory; then step
@@ -430,10 +432,12 @@ class Fleet:
                 gpus.hot = (
                     thermal.gpu if thermal is not None and thermal.host == host_name else None
                 )
-                if gpus.hot is not None:
-                    self._onset(thermal)  # type: ignore[arg-type]
                 host.net_down = net is not None and net.host == host_name
                 data = node_sampler.sample_once()
+                if gpus.hot is not None and any(
+                    g.get("throttle_reasons") for g in data["gpus"] if g["index"] == gpus.hot
+                ):  # the fault's first record: its first throttled sample, not the heating
+                    self._onset(thermal)  # type: ignore[arg-type]
                 data["gpus"] = merge(data["gpus"], [own])
                 if node_sampler.due(data, now_ns / 1e9):
                     sr.sender.send("hw", None, now_ns, data)
