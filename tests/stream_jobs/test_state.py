@@ -185,6 +185,26 @@ def test_every_container_and_numpy_scalar_is_written_in_its_tagged_form():
     assert back[(1, 2)].maxlen == 3 and back["s"] == {5} and (back["arr"] == arr).all()
 
 
+def test_a_trend_s_samples_are_written_as_one_array_and_read_back_equal():
+    """``Samples`` (rows of floats: a GPU's temperature drift, a rank's memory marks) take one
+    float64 array, not a map per row; non-finite values, the bound and an empty one survive."""
+    import numpy as np
+
+    from steplens.stream_jobs.engine.state import Samples
+
+    rows = Samples([(1.0, 2.5), (2.0, math.nan), (3.0, math.inf)], maxlen=3)
+    rows.append((4.0, -1e300))  # past the bound: the oldest goes
+    raw = msgpack.unpackb(CODEC.pack(rows)[len(MAGIC) + 1 :])
+    want = np.array([(2.0, math.nan), (3.0, math.inf), (4.0, -1e300)])
+    assert raw["$r"][:2] == [3, 2] and raw["$r"][2] == want.tobytes()
+    back = CODEC.unpack(CODEC.pack(rows))
+    assert type(back) is Samples and back.maxlen == 3 and len(back) == 3
+    assert back[0] == (2.0, back[0][1]) and math.isnan(back[0][1])
+    assert list(back)[1:] == [(3.0, math.inf), (4.0, -1e300)]
+    empty = CODEC.unpack(CODEC.pack(Samples(maxlen=5)))
+    assert type(empty) is Samples and empty.maxlen == 5 and not empty
+
+
 if __name__ == "__main__":
     write_blob()
 

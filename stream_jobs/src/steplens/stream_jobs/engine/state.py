@@ -2,7 +2,8 @@
 
 A value is ``MAGIC``, a format byte, then msgpack. Containers and state dataclasses are
 written as tagged maps (``$c`` class, ``$d`` dict, ``$s`` set, ``$q`` deque, ``$t`` tuple,
-``$a`` numpy array as dtype, shape and bytes); only the classes a ``Codec`` is given are built
+``$a`` numpy array as dtype, shape and bytes, ``$r`` a trend's ``Samples`` as one float64
+array); only the classes a ``Codec`` is given are built
 back, each from the fields it has now (a field added by a later release takes its default; one
 it no longer has is dropped). A value of another format, or none of ours (the pickles of earlier
 releases), is refused (``ValueError``).
@@ -29,6 +30,13 @@ FORMAT = 1  # raise it when a change cannot be read by the rule above; keep read
 RANK_SEP = "\x1f"  # in a rank's table key only (a run id is printable)
 # the values written as they are (``Codec``; a subclass, numpy's float64, takes the long way)
 _SCALARS = frozenset({type(None), bool, int, float, str, bytes})
+
+
+class Samples(deque[tuple[float, ...]]):
+    """A trend's kept samples: rows of floats of one width, oldest first (a ``deque`` with a
+    ``maxlen``), stored as one float64 array (``$r``) rather than a list per row. A run's
+    trends (a GPU's temperature, a rank's memory: up to 120 samples each) were most of what
+    its head cost to pack."""
 
 
 def rank_key(run: str, rank: int, slot: int = 0) -> str:
@@ -79,6 +87,9 @@ class Codec:
             return self._plain_dict(x)
         if cls is deque:
             return {"$q": [x.maxlen, self._plain_items(x)]}
+        if cls is Samples:
+            rows = np.array(x, dtype=np.float64)
+            return {"$r": [x.maxlen, rows.shape[1] if rows.ndim == 2 else 0, rows.tobytes()]}
         if cls is np.ndarray:
             a = np.ascontiguousarray(x)
             return {"$a": [a.dtype.str, list(a.shape), a.tobytes()]}
@@ -124,6 +135,10 @@ class Codec:
         if "$q" in x:
             maxlen, items = x["$q"]
             return deque((self._built(v) for v in items), maxlen=maxlen)
+        if "$r" in x:
+            maxlen, width, raw = x["$r"]
+            rows = np.frombuffer(raw, dtype=np.float64).reshape(-1, width).tolist() if width else []
+            return Samples(map(tuple, rows), maxlen=maxlen)
         if "$s" in x:
             return {_key(self._built(v)) for v in x["$s"]}
         if "$t" in x:

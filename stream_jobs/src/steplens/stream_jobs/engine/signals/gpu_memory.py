@@ -47,6 +47,7 @@ from steplens.stream_jobs.engine.signals.allocator_keys import (
 )
 from steplens.stream_jobs.engine.signals.headroom import HeadroomConfig
 from steplens.stream_jobs.engine.signals.memory_trend import growth
+from steplens.stream_jobs.engine.state import Samples
 
 
 @dataclass
@@ -69,7 +70,7 @@ class GpuMemoryConfig:
 class GpuMemoryState:
     gpus: set[str] = field(default_factory=set)  # GPU scopes followed
     # GPU scope -> kept samples [time s, high-water bytes, limit bytes, run's last step]
-    marks: dict[str, deque[list[float]]] = field(default_factory=dict)
+    marks: dict[str, Samples] = field(default_factory=dict)
     # times (s) of the samples with new retries, the last ``retry_samples``
     retried: dict[str, deque[float]] = field(default_factory=dict)
     counters: dict[str, list[float]] = field(default_factory=dict)  # last [retries, ooms]
@@ -110,7 +111,7 @@ def allocator(  # noqa: PLR0917
     high = peak if peak >= alloc else alloc
     marks = state.marks.get(scope)
     if marks is None:
-        marks = state.marks[scope] = deque(maxlen=cfg.trend.window)
+        marks = state.marks[scope] = Samples(maxlen=cfg.trend.window)
     growth(out, marks, cfg, "alloc_growth", scope, t_s, high, limit, busy, last_step, step, rank)
     now = [_number(gpu.get(k)) for k in (RETRIES, OOMS)]
     before = state.counters.get(scope)

@@ -10,13 +10,13 @@ other processes on the host only move the limit."""
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from steplens.schema import Record
 from steplens.stream_jobs.engine.core import Run, SignalRows, Signals, finite
 from steplens.stream_jobs.engine.signals.headroom import HeadroomConfig
 from steplens.stream_jobs.engine.signals.memory_trend import growth
+from steplens.stream_jobs.engine.state import Samples
 
 
 @dataclass
@@ -37,7 +37,7 @@ class HostMemoryConfig:
 @dataclass
 class HostMemoryState:
     # rank -> kept samples [time s, resident bytes, limit bytes, run's last step]
-    marks: dict[int, deque[list[float]]] = field(default_factory=dict)
+    marks: dict[int, Samples] = field(default_factory=dict)
     overflow: int = 0  # samples of ranks past ``max_ranks``
 
 
@@ -54,7 +54,7 @@ def on_record(
         if len(state.marks) >= cfg.max_ranks:
             state.overflow += 1
             return []
-        marks = state.marks[rec.rank] = deque(maxlen=cfg.trend.window)
+        marks = state.marks[rec.rank] = Samples(maxlen=cfg.trend.window)
     limit = float(rss + avail) - total * cfg.floor_pct / 100.0
     busy = bool(run.last_step_ns) and rec.time_ns - run.last_step_ns < cfg.busy_s * 1e9
     scope = f"rank:{rec.rank}"

@@ -26,7 +26,7 @@ class TrendSettings(Protocol):
 
 def growth(  # noqa: PLR0917
     out: SignalRows,
-    marks: deque[list[float]],
+    marks: deque[tuple[float, ...]],
     cfg: TrendSettings,
     metric: str,
     scope: str,
@@ -46,7 +46,7 @@ def growth(  # noqa: PLR0917
         marks.clear()
     elif not marks or t_s - marks[-1][0] >= cfg.keep_every_s:
         before = marks[-1][0] if marks else None
-        marks.append([t_s, high, limit, float(last_step)])
+        marks.append((t_s, high, limit, float(last_step)))
         if not judged_at(cfg.trend, f"{scope} {metric}", t_s, before):
             return
     else:

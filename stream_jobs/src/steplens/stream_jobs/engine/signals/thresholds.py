@@ -16,7 +16,6 @@ once sustained.
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +34,7 @@ from steplens.stream_jobs.engine.core import (
 )
 from steplens.stream_jobs.engine.signals.allocator_keys import ALLOCATED
 from steplens.stream_jobs.engine.signals.headroom import HeadroomConfig, headroom, judged_at
+from steplens.stream_jobs.engine.state import Samples
 
 
 @dataclass
@@ -62,7 +62,7 @@ class ThresholdConfig:
 class ThresholdState:
     low_util: dict[str, int] = field(default_factory=dict)  # gpu scope -> consecutive low samples
     # "<gpu scope> <metric>" -> recent (seconds, value) samples, for the drift toward the limit
-    drift: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    drift: dict[str, Samples] = field(default_factory=dict)
     mem_over: dict[str, int] = field(default_factory=dict)  # gpu scope -> samples over the pct
     allocator: set[str] = field(default_factory=set)  # gpu scopes with allocator reports
 
@@ -240,7 +240,7 @@ def _drift(  # noqa: PLR0917
     key = f"{scope} {metric}"
     hist = state.drift.get(key)
     if hist is None:
-        hist = state.drift[key] = deque(maxlen=cfg.drift.window)
+        hist = state.drift[key] = Samples(maxlen=cfg.drift.window)
     if hist and time_s <= hist[-1][0]:
         hist.clear()  # the clock went back: a new sampler
     elif hist and time_s - hist[-1][0] < cfg.drift_keep_every_s:
