@@ -157,6 +157,22 @@ def step_times(  # noqa: PLR0917
     return judged
 
 
+def _ranks_known(state: RanksState) -> int:
+    return max(state.world_size, len(state.last_step))
+
+
+def _run_step_time(state: RanksState) -> float:
+    """A windowed run's step time: the median of its ranks' latest window means."""
+    return float(np.median(list(state.levels.values())))
+
+
+def _against_run(state: RanksState, sent: int, ranks_known: int) -> bool:
+    """Whether a windowed run's own times of a step, which ``sent`` ranks sent, are held
+    against the run's step time (fewer than half of the ranks sent theirs: a rank turned
+    slow) rather than against each other (the run slowed)."""
+    return 2 * sent < ranks_known and len(state.levels) >= 3
+
+
 def early(state: RanksState, cfg: RanksConfig, rank: int, row: int) -> Signals | None:
     """A windowed run's rank whose own steps (sent at once) are still held, paged without
     waiting for them: once one of its steps was judged slow alone (the run had not slowed
@@ -167,17 +183,19 @@ def early(state: RanksState, cfg: RanksConfig, rank: int, row: int) -> Signals |
     later; its judgement after the hold keeps the alert firing (or lets it go)."""
     factor, keep = cfg.straggler_factor, cfg.straggler_steps
     judged = state.ratios.get(rank)
-    if not judged or len(state.levels) < 3 or max(judged[-keep:]) <= factor:
+    if not judged or max(judged[-keep:]) <= factor:
         return None
-    ranks_known = max(state.world_size, len(state.last_step))
+    ranks_known = _ranks_known(state)
     held = [  # its held steps few ranks sent their own time for yet: the run did not slow
         (s, got[rank])
         for s, got in state.pending.items()
-        if rank in got and rank in (own := state.own.get(s, ())) and 2 * len(own) < ranks_known
+        if rank in got
+        and rank in (own := state.own.get(s, ()))
+        and _against_run(state, len(own), ranks_known)
     ]
     if not held:
         return None
-    level = float(np.median(list(state.levels.values())))
+    level = _run_step_time(state)
     if level <= 0:
         return None
     held.sort()
@@ -218,7 +236,7 @@ def _ready(state: RanksState, cfg: RanksConfig, step: int, behind: int) -> list[
     older than ``step``, up to the first that is neither; and a windowed run's steps that only
     ranks' own times came for, ``lone_step_hold_s`` after the first came."""
     pending = state.pending
-    ranks_known = max(state.world_size, len(state.last_step))
+    ranks_known = _ranks_known(state)
     old = step - cfg.pending_steps - behind
     ready: list[int] = []
     first = min(pending)
@@ -256,7 +274,7 @@ def _judge(state: RanksState, cfg: RanksConfig, ready: list[int], row: int) -> S
     sustained: list[bool] = []  # each time's step is a window's (its ratio is its typical)
     starts = [0]
     refs: list[float] = []  # each group's step time to hold its times against (NaN: its median)
-    ranks_known = max(state.world_size, len(state.last_step))
+    ranks_known = _ranks_known(state)
     for s in ready:
         got = state.pending.pop(s)
         waited = state.waits.pop(s, None) or {}
@@ -340,8 +358,8 @@ def _groups(
     mine = {r: t for r, t in got.items() if r in own}
     rest = {r: t for r, t in got.items() if r not in own}
     out: list[tuple[dict[int, float], bool, float]] = []
-    if 2 * len(mine) < ranks_known and len(state.levels) >= 3:
-        out.append((mine, False, float(np.median(list(state.levels.values())))))
+    if _against_run(state, len(mine), ranks_known):
+        out.append((mine, False, _run_step_time(state)))
     elif len(mine) >= 2:
         out.append((mine, False, NAN))
     if len(rest) >= 2:
