@@ -62,6 +62,36 @@ def test_series_first_seen_together_come_due_spread_over_the_interval():
     assert sum(per_second[1:]) == 4 * ranks  # and then every 15 s
 
 
+def test_a_wide_run_sends_about_the_quiet_signals_of_a_run_of_width_ranks():
+    """A run 16 times wider than ``width_ranks``: its ranks' quiet signals are spread so the
+    run sends about what a run of ``width_ranks`` ranks sends, with no burst when every rank
+    starts at once, and each rank's series still comes out, within 16 intervals."""
+
+    def sent(ranks: int, seconds: int) -> tuple[list[int], dict[int, list[float]]]:
+        lim = QuietLimiter(every=50, interval_s=15.0, width_ranks=16)
+        per_second, at = [], {}
+        for t in range(seconds):  # a window of 100 steps from every rank each second
+            n = 0
+            for rank in range(ranks):
+                if lim.wanted("run", quiet(99 + 100 * t, rank=rank), float(t), width=ranks):
+                    at.setdefault(rank, []).append(float(t))
+                    n += 1
+            per_second.append(n)
+        return per_second, at
+
+    narrow, _ = sent(16, 481)
+    wide, at = sent(256, 481)
+    assert narrow[0] == 16  # a narrow run's series go out at once, as before
+    assert wide[0] == 0 and max(wide) <= 8  # no burst: about 256 / 240 a second
+    assert 0.5 * sum(narrow) <= sum(wide) <= 1.2 * sum(narrow)
+    assert sorted(at) == list(range(256))  # every rank's series, within 240 s
+    for ts in at.values():
+        assert ts[0] <= 240 and all(b - a >= 240 for a, b in itertools.pairwise(ts))
+    loud = Signal("spike", "loss", 3, 9.0, 0.9, 5, severity=CRITICAL)
+    lim = QuietLimiter(every=50, interval_s=15.0, width_ranks=16)
+    assert lim.wanted("run", loud, 0.0, width=100_000)  # breaches still always go out
+
+
 def test_series_are_limited_separately_and_a_restart_publishes():
     lim = QuietLimiter(every=50, interval_s=0.0)
     assert lim.wanted("run", quiet(10, rank=0), 0.0)
@@ -145,7 +175,12 @@ def test_signals_of_many_ranks_are_picked_as_their_signals_one_by_one():
             np.array(ranks * n_steps),
             [f"rank:{r}" for r in ranks] * n_steps,
         )
-        lim = QuietLimiter(every=rng.choice([0, 1, 10, 50]), interval_s=rng.choice([0.0, 5.0]))
+        lim = QuietLimiter(
+            every=rng.choice([0, 1, 10, 50]),
+            interval_s=rng.choice([0.0, 5.0]),
+            width_ranks=rng.choice([0, 4, 256]),
+        )
+        width = rng.choice([1, 64, 1000])
         now = rng.uniform(0, 20)
         for r in rng.sample(ranks, rng.randrange(0, n_ranks + 1)):  # series seen before
             lim.last[("run", r, "straggler", "step_time_s")] = (
@@ -155,8 +190,8 @@ def test_signals_of_many_ranks_are_picked_as_their_signals_one_by_one():
             )
         one = copy.deepcopy(lim)
         by_rank = sorted(sigs.views(), key=lambda s: (s.rank, s.step))
-        want = sorted(map(repr, (s for s in by_rank if one.wanted("run", s, now))))
-        got = sorted(map(repr, sigs.views(lim.picked("run", sigs, now))))
+        want = sorted(map(repr, (s for s in by_rank if one.wanted("run", s, now, width))))
+        got = sorted(map(repr, sigs.views(lim.picked("run", sigs, now, width))))
         assert got == want
         assert lim.last == one.last
         loud_seen += any("severity='warning'" in g or "score=0.5" in g for g in got)

@@ -180,6 +180,12 @@ class RunDetector:
         return state
 
     # ------------------------------------------------------------------ records
+    @property
+    def width(self) -> int:
+        """The run's ranks: its declared world size, or the ranks seen if more (in a shard of
+        a wide run: the whole run's, from its ranks' run_meta)."""
+        return ranks.ranks_known(self.ranks)
+
     def process(self, rec: Record) -> tuple[list[Signals], list[Alert]]:
         """Route one validated record; returns its signals (a ``step_batch``'s: one row per
         entry) and the alert transitions. ``ValueError`` (with the reason) for a record whose

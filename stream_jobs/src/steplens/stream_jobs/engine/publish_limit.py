@@ -7,6 +7,12 @@ a series sent as 100-step windows is not published at every window either. A ser
 is a fixed fraction of both, from a hash of its key: the series of a run start together (every
 rank at once) and would otherwise come due in the same second each interval, thousands of sends
 at once that stall the worker's producer.
+
+A run wider than ``width_ranks`` has its ranks' quiet series spread further: each waits
+``width / width_ranks`` times both limits, first wait included, so a run sends about as many
+quiet signals as one of ``width_ranks`` ranks, however wide. The InfluxDB sink keeps the series
+of about that many ranks of a run (``rank_budget``, 256 first come and the ranks alerts name);
+at 16,384 ranks the quiet scores of the others were 500 sends a second, kept only in S3.
 """
 
 from __future__ import annotations
@@ -32,37 +38,50 @@ class QuietLimiter:
     every: int = 50  # steps; <= 0: quiet signals are never published
     interval_s: float = 5.0
     max_keys: int = 100_000  # bounded memory: forget everything past this many series
+    width_ranks: int = 256  # a wider run's quiet series wait width / width_ranks times longer
     # series -> (step of its last quiet signal, steps to wait after it, time it may go again)
     last: dict[tuple[str, int, str, str], tuple[int, int, float]] = field(default_factory=dict)
 
     def _after(
-        self, key: tuple[str, int, str, str], step: int, now: float, first: bool
+        self, key: tuple[str, int, str, str], step: int, now: float, f: float
     ) -> tuple[int, int, float]:
-        """Record a quiet signal of ``key`` published at ``step``; returns what it records."""
+        """Record a quiet signal of ``key`` published (or, first in a wide run, due) at
+        ``step``, the next one ``f`` times the limits later; returns what it records."""
         if len(self.last) >= self.max_keys:
             self.last.clear()
-        f = _phase(key) if first else 1.0
         got = self.last[key] = (step, max(1, math.ceil(self.every * f)), now + self.interval_s * f)
         return got
 
-    def wanted(self, run: str, sig: Signal, now: float) -> bool:
+    def _spread(self, width: int) -> float:
+        return max(1.0, width / self.width_ranks) if self.width_ranks > 0 else 1.0
+
+    def _first(self, key: tuple[str, int, str, str], step: int, now: float, spread: float) -> bool:
+        """A series' first quiet signal: published at once in a run of at most ``width_ranks``
+        ranks; in a wider one it only sets the series' first wait (every rank starts at once)."""
+        self._after(key, step, now, _phase(key) * spread)
+        return spread == 1.0
+
+    def wanted(self, run: str, sig: Signal, now: float, width: int = 1) -> bool:
         if sig.severity is not None or sig.score >= 0.5 or sig.name in EVENTS:
             return True
         if self.every <= 0 or sig.step is None:
             return False
         key = (run, sig.rank, sig.name, sig.metric)
         prev = self.last.get(key)
-        if prev is not None:
-            too_soon = now < prev[2]
-            too_close = prev[0] <= sig.step < prev[0] + prev[1]  # a step back: publish
-            if too_soon or too_close:
-                return False
-        self._after(key, sig.step, now, prev is None)
+        spread = self._spread(width)
+        if prev is None:
+            return self._first(key, sig.step, now, spread)
+        too_soon = now < prev[2]
+        too_close = prev[0] <= sig.step < prev[0] + prev[1]  # a step back: publish
+        if too_soon or too_close:
+            return False
+        self._after(key, sig.step, now, spread)
         return True
 
-    def picked(self, run: str, sigs: Signals, now: float) -> list[int]:
+    def picked(self, run: str, sigs: Signals, now: float, width: int = 1) -> list[int]:
         """Which of ``sigs`` (one detector's, in order; one clock reading) ``wanted`` would let
-        through, asked one after the other: every breach, and the quiet ones the limits allow,
+        through, asked one after the other (``width``: the run's ranks, ``RunDetector.width``):
+        every breach, and the quiet ones the limits allow,
         each rank's series on its own. A rank with nothing loud whose time limit has not passed
         is skipped whole, without reading its signals."""
         if sigs.name in EVENTS:  # an event (an lr decay): every one
@@ -77,15 +96,17 @@ class QuietLimiter:
         else:
             groups = [(int(r), np.flatnonzero(sigs.rank == r)) for r in np.unique(sigs.rank)]
         steps = sigs.step
+        spread = self._spread(width)
         for rank, at in groups:
             key = (run, rank, sigs.name, sigs.metric)
             prev = self.last.get(key)
             if prev is not None and now < prev[2]:
                 continue  # the common case: the clock does not move within a batch
             if at is None:
-                quiet = self._quiet(key, steps.tolist(), loud.tolist() if any_loud else None, now)
+                flags = loud.tolist() if any_loud else None
+                quiet = self._quiet(key, steps.tolist(), flags, now, spread)
             else:
-                got = self._quiet(key, steps[at].tolist(), loud[at].tolist(), now)
+                got = self._quiet(key, steps[at].tolist(), loud[at].tolist(), now, spread)
                 quiet = at[got].tolist() if got else []
             out += quiet
         return sorted(out)
@@ -96,6 +117,7 @@ class QuietLimiter:
         steps: Sequence[int],
         loud: Sequence[bool] | None,
         now: float,
+        spread: float,
     ) -> list[int]:
         """The quiet signals (not ``loud``; None: none is) of one series over consecutive
         steps that the limits let through, recorded as published."""
@@ -104,12 +126,16 @@ class QuietLimiter:
         for k, step in enumerate(steps):
             if step == NO_STEP or (loud is not None and loud[k]):
                 continue
-            if prev is not None:
-                if now < prev[2]:
-                    break  # the clock does not move within the run: no later one either
-                if prev[0] <= step < prev[0] + prev[1]:
-                    continue
-            prev = self._after(key, step, now, prev is None)
+            if prev is None:
+                if self._first(key, step, now, spread):
+                    out.append(k)
+                prev = self.last[key]
+                continue
+            if now < prev[2]:
+                break  # the clock does not move within the run: no later one either
+            if prev[0] <= step < prev[0] + prev[1]:
+                continue
+            prev = self._after(key, step, now, spread)
             out.append(k)
         return out
 

@@ -180,6 +180,7 @@ class Worker:
                 s.signal_every,
                 s.signal_interval_s,
                 max(100_000, QUIET_KEYS_PER_RANK * s.limits.max_ranks),
+                s.signal_ranks,
             ),
             s.app_id,
         )

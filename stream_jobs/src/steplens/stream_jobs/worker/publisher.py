@@ -40,13 +40,19 @@ class Publisher:
         self.consumer_name = consumer_name
 
     async def publish(
-        self, run: str, batch: list[Signals], alerts: list[Alert], times_ns: Sequence[int]
+        self,
+        run: str,
+        batch: list[Signals],
+        alerts: list[Alert],
+        times_ns: Sequence[int],
+        width: int = 1,
     ) -> None:
         """A record's signals (breaches, and the quiet ones the limiter lets through, built as
         rows only then), each at the time of its row's record (``times_ns``, one per row), so
         a replay writes the same points; and its alert transitions. The signal latency is
         measured from the last row's time. ``run``: a by-run key, whose run the outputs name
-        (``run_shards``)."""
+        (``run_shards``); ``width``: the run's ranks (a wide run's quiet signals are spread:
+        ``QuietLimiter``)."""
         name = run_of(run)
         key = name.encode()
         send, topic = self.send, self.topics.signals
@@ -54,7 +60,7 @@ class Publisher:
         n = 0
         for sigs in batch:
             rows = sigs.row
-            for k in self.quiet.picked(run, sigs, now):
+            for k in self.quiet.picked(run, sigs, now, width):
                 body = signal_bytes(name, sigs.view(k), time_ns=times_ns[rows[k]])
                 await send(topic, key, body)
                 n += 1

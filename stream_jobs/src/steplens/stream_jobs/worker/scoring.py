@@ -180,6 +180,6 @@ class Scorer:
         held: list[Any] = []
         if det.advice.remedies and (alerts or det.advice.pending):
             given, held, alerts = det.advise(alerts, max(times, default=0), time.time_ns())
-        await self.out.publish(run, batch, alerts, times)
+        await self.out.publish(run, batch, alerts, times, det.width)
         if given or held:
             await self.out.advise(run, given, held)

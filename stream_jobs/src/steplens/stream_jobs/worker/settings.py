@@ -268,6 +268,14 @@ class WorkerSettings:
             aliases=["--signal-interval"],
         ),
     ] = 15.0
+    signal_ranks: Annotated[
+        NonNegativeInt,
+        about(
+            "a run wider than this many ranks has each rank's quiet signals spread out (the "
+            "two limits times width / N): it sends about as many as a run of N ranks "
+            "(0: no spreading)"
+        ),
+    ] = 256
     checkpoint_s: Annotated[
         NonNegativeFloat,
         about(

@@ -157,7 +157,8 @@ def step_times(  # noqa: PLR0917
     return judged
 
 
-def _ranks_known(state: RanksState) -> int:
+def ranks_known(state: RanksState) -> int:
+    """The run's width: its declared world size, or the ranks seen if more."""
     return max(state.world_size, len(state.last_step))
 
 
@@ -185,13 +186,13 @@ def early(state: RanksState, cfg: RanksConfig, rank: int, row: int) -> Signals |
     judged = state.ratios.get(rank)
     if not judged or max(judged[-keep:]) <= factor:
         return None
-    ranks_known = _ranks_known(state)
+    known = ranks_known(state)
     held = [  # its held steps few ranks sent their own time for yet: the run did not slow
         (s, got[rank])
         for s, got in state.pending.items()
         if rank in got
         and rank in (own := state.own.get(s, ()))
-        and _against_run(state, len(own), ranks_known)
+        and _against_run(state, len(own), known)
     ]
     if not held:
         return None
@@ -236,13 +237,13 @@ def _ready(state: RanksState, cfg: RanksConfig, step: int, behind: int) -> list[
     older than ``step``, up to the first that is neither; and a windowed run's steps that only
     ranks' own times came for, ``lone_step_hold_s`` after the first came."""
     pending = state.pending
-    ranks_known = _ranks_known(state)
+    known = ranks_known(state)
     old = step - cfg.pending_steps - behind
     ready: list[int] = []
     first = min(pending)
-    if first <= old or len(pending[first]) >= ranks_known:  # else it waits, and all after it
+    if first <= old or len(pending[first]) >= known:  # else it waits, and all after it
         for s in sorted(pending):
-            if len(pending[s]) >= ranks_known or s <= old:
+            if len(pending[s]) >= known or s <= old:
                 ready.append(s)
             else:
                 break
@@ -274,7 +275,7 @@ def _judge(state: RanksState, cfg: RanksConfig, ready: list[int], row: int) -> S
     sustained: list[bool] = []  # each time's step is a window's (its ratio is its typical)
     starts = [0]
     refs: list[float] = []  # each group's step time to hold its times against (NaN: its median)
-    ranks_known = _ranks_known(state)
+    known = ranks_known(state)
     for s in ready:
         got = state.pending.pop(s)
         waited = state.waits.pop(s, None) or {}
@@ -283,7 +284,7 @@ def _judge(state: RanksState, cfg: RanksConfig, ready: list[int], row: int) -> S
         own = state.own.pop(s, set())
         state.own_since.pop(s, None)
         # steps' own times and windows' means: never one against the other
-        for group, sust, ref in _groups(state, got, own, window, ranks_known):
+        for group, sust, ref in _groups(state, got, own, window, known):
             sustained += [sust] * len(group)
             steps += [s] * len(group)
             ranks += group.keys()
