@@ -47,15 +47,20 @@ class Publisher:
         times_ns: Sequence[int],
         width: int = 1,
     ) -> None:
-        """A record's signals (breaches, and the quiet ones the limiter lets through, built as
-        rows only then), each at the time of its row's record (``times_ns``, one per row), so
-        a replay writes the same points; and its alert transitions. The signal latency is
-        measured from the last row's time. ``run``: a by-run key, whose run the outputs name
+        """A record's alert transitions, then its signals (breaches, and the quiet ones the
+        limiter lets through, built as rows only then), each at the time of its row's record
+        (``times_ns``, one per row), so a replay writes the same points. The alerts go first:
+        a run-wide spike's breaches on every rank (thousands in a wide run) fill the producer's
+        buffer, and the page must not wait behind them. The signal latency is measured from
+        the last row's time. ``run``: a by-run key, whose run the outputs name
         (``run_shards``); ``width``: the run's ranks (a wide run's quiet signals are spread:
         ``QuietLimiter``)."""
         name = run_of(run)
         key = name.encode()
         send, topic = self.send, self.topics.signals
+        for a in alerts:
+            await send(self.topics.alerts, key, alert_bytes(a, run_id=name))
+            self.metrics.alerts.labels(a.state, a.severity).inc()
         now = time.monotonic()
         n = 0
         for sigs in batch:
@@ -66,9 +71,6 @@ class Publisher:
                 n += 1
         if n:
             self.metrics.signals.inc(n)
-        for a in alerts:
-            await send(self.topics.alerts, key, alert_bytes(a, run_id=name))
-            self.metrics.alerts.labels(a.state, a.severity).inc()
         last = max(times_ns, default=0)
         if (n or alerts) and last:
             self.metrics.latency.observe(max(0.0, time.time() - last / 1e9))
