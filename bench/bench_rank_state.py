@@ -3,7 +3,7 @@ simulated ranks (``sim_ranks.py``, the producer's own code, into a ``MemoryTrans
 as fast as they can be made) scored by one ``RunDetector`` as the worker's ``detect`` does,
 with its checkpoint (``dump`` of the ranks touched) every ``--checkpoint-steps`` steps (the
 worker: every 5 s, so 5 steps of 1 s), or as the worker spaces a slow one (``store``'s
-``CHECKPOINT_SPACING``: ten times its time, a step a simulated second).
+``CHECKPOINT_SPACING``: forty times its time, a step a simulated second).
 
 Prints, per N: records, scoring µs per record, CPU seconds per simulated second, the
 checkpoint's size and time (and its head's: the run-wide states) and the checkpoints' CPU

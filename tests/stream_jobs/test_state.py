@@ -336,18 +336,22 @@ class SlowTable(dict):
 
 
 def test_a_slow_checkpoint_spaces_its_run_s_next_ones(monkeypatch):
-    """A run whose checkpoint took long (a wide run) is checkpointed again no sooner than ten
-    times that later, not every ``checkpoint_s``: its checkpoints take at most about a tenth
-    of the worker's time. A quick one keeps ``checkpoint_s``."""
+    """A run whose checkpoint took long (a wide run) is checkpointed again no sooner than
+    ``CHECKPOINT_SPACING`` times that later, not every ``checkpoint_s``: its checkpoints take
+    at most about that share of the worker's time. A quick one keeps ``checkpoint_s``."""
     from types import SimpleNamespace
 
     from steplens.stream_jobs.engine.signals.registry import DetectorConfig
     from steplens.stream_jobs.worker import store as store_module
-    from steplens.stream_jobs.worker.store import RunStore
+    from steplens.stream_jobs.worker.store import CHECKPOINT_SPACING, RunStore
 
     clock = [1000.0]
     monkeypatch.setattr(store_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-    for write_s, due_after in ((0.3, 3 * 0.3 * 10), (0.001, 5.0)):  # 3 writes: 2 ranks, a head
+    assert CHECKPOINT_SPACING >= 10
+    for write_s, due_after in (
+        (0.3, 3 * 0.3 * CHECKPOINT_SPACING),
+        (0.001, 5.0),
+    ):  # 3 writes: 2 ranks, a head
         table = SlowTable(clock, write_s)
         store = RunStore(table, DetectorConfig(), checkpoint_s=5.0)
         det = store.cache["r"] = RunDetector("r", fit_inline=True)

@@ -47,9 +47,11 @@ PARTS = b"SLpt"
 # A run's checkpoint costs about 4 KB and a quarter of a millisecond per rank it writes: 4 s
 # for a run of 16,384 ranks, most of ``checkpoint_s``. A checkpoint that took ``SLOW_CHECKPOINT_S``
 # or more makes its run's next one wait ``CHECKPOINT_SPACING`` times as long as it took (if
-# that is longer than ``checkpoint_s``): a run's checkpoints take at most about a tenth of the
-# loop, and a crash scores again at most that many seconds of its messages.
-CHECKPOINT_SPACING = 10.0
+# that is longer than ``checkpoint_s``): a run's checkpoints take at most about a fortieth of
+# the loop, and a crash scores again at most that many seconds of its messages (a shard of
+# 2,048 ranks: about 0.4 s a checkpoint, one every 16 s; at ten times, one every 5 s, they
+# were a fifth of a 16,384-rank worker's time, bench/RESULTS.md).
+CHECKPOINT_SPACING = 40.0
 SLOW_CHECKPOINT_S = 0.1
 
 
@@ -272,7 +274,7 @@ class RunStore:
         """Write ``run``'s changed state to the table: each changed rank in its other slot,
         then the head that names those slots (a checkpoint cut short before the head leaves
         the stored run as it was; a large head in parts: ``MAX_VALUE``), then the ranks'
-        previous slots are cleared. The next is due ``checkpoint_s`` after it ends, or ten
+        previous slots are cleared. The next is due ``checkpoint_s`` after it ends, or forty
         times as long as it took if it was slow (``CHECKPOINT_SPACING``)."""
         began = time.monotonic()
         det = self.cache[run]
