@@ -74,3 +74,28 @@ def test_a_non_finite_loss_past_the_cap_pages_on_its_rank():
 def test_a_straggler_past_the_cap_is_found_against_the_other_ranks():
     _, fired = run(series_ranks=2, slow_rank=6)
     assert ("straggler:step_time_s", 6) in fired
+
+
+def test_a_non_finite_grad_norm_past_the_cap_pages_on_its_rank():
+    """Only the loss of a rank past the cap is read for the run; its other metrics are still
+    checked for a non-finite value, one step's and a window's peak."""
+    det = RunDetector("r", DetectorConfig(series_ranks=2))
+    fired = []
+    for step in range(60):
+        for rank in range(RANKS):
+            entry = {
+                "step": step,
+                "time_ns": (step + 1) * 10**9 + rank,
+                "loss": 3.0,
+                "grad_norm": math.inf if (rank, step) == (5, 40) else 1.0,
+                "step_time_s": 1.0,
+            }
+            _, alerts = det.process_entries(rank, [entry], behind=0)
+            fired += [
+                (m["rule"], m.get("rank"))
+                for a in alerts
+                if a.state == "firing"
+                for m in a.evidence["members"]
+            ]
+    assert ("nonfinite:grad_norm", 5) in fired
+    assert not [f for f in fired if f[1] != 5]

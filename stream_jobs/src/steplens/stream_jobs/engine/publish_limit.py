@@ -91,17 +91,15 @@ class QuietLimiter:
         out: list[int] = np.flatnonzero(loud).tolist() if any_loud else []
         if self.every <= 0 or len(out) == len(sigs):
             return out
-        if isinstance(sigs.rank, int):
-            groups: list[tuple[int, np.ndarray | None]] = [(sigs.rank, None)]
-        else:
-            groups = [(int(r), np.flatnonzero(sigs.rank == r)) for r in np.unique(sigs.rank)]
+        ranks = [sigs.rank] if isinstance(sigs.rank, int) else np.unique(sigs.rank).tolist()
         steps = sigs.step
         spread = self._spread(width)
-        for rank, at in groups:
+        for rank in ranks:
             key = (run, rank, sigs.name, sigs.metric)
             prev = self.last.get(key)
             if prev is not None and now < prev[2]:
                 continue  # the common case: the clock does not move within a batch
+            at = None if isinstance(sigs.rank, int) else np.flatnonzero(sigs.rank == rank)
             if at is None:
                 flags = loud.tolist() if any_loud else None
                 quiet = self._quiet(key, steps.tolist(), flags, now, spread)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +82,8 @@ def score(
         training.observe_lrs(st, None if lrs is None else floats_of(lrs)[0])
     for metric, cells in columns.items():
         probe = rows.peaks.get(metric) if rows.peaks else None
+        if not followed and metric != "loss" and _all_finite(cells, probe):
+            continue  # no series: only a non-finite value would count
         col, bad = _finite(metric, cells, row_a, rows, probe)
         if bad is not None:
             out.batch.append(bad)
@@ -121,6 +124,17 @@ def _score(states: States, how: Scoring, metric: str, col: Column) -> list[Signa
                 judge_signals(judged, cfg.calibration, policy, got)
             out.append(got)
     return out
+
+
+def _all_finite(cells: Cells, peak: float | None) -> bool:
+    """Every row has a finite value (and ``peak`` is finite): what ``_finite`` finds for a
+    rank's one-row window without making arrays (most ranks of a wide run keep no series, so
+    this is all their metrics but the loss need)."""
+    if peak is not None and not math.isfinite(peak):
+        return False
+    if isinstance(cells, np.ndarray):
+        return bool(np.isfinite(cells).all())
+    return all(c is not None and math.isfinite(c) for c in cells)
 
 
 def _finite(
