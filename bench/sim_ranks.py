@@ -322,6 +322,8 @@ class Fleet:
             ident = Identity(args.run_id, r, r % GPUS_PER_NODE, args.ranks, host_of(r))
             self.ranks.append(SimRank(ident, self.config, self.delivery, random.Random(r)))
         self.onsets: dict[str, int] = {}
+        self.onset_steps: dict[str, int] = {}  # each fault's onset step here
+        self.late_s: list[float] = []  # how late each step's records were handed over
         self.k = 0  # the step being logged
         self.wall_offset_ns = time.time_ns() - time.monotonic_ns()
         self.t0_ns = time.monotonic_ns()
@@ -348,6 +350,7 @@ class Fleet:
 
     def _onset(self, fault: Fault) -> None:
         if fault.kind not in self.onsets:
+            self.onset_steps[fault.kind] = self.k
             self.onsets[fault.kind] = (
                 self.now_ns() + self.wall_offset_ns if self.simulated else time.time_ns()
             )
@@ -469,6 +472,7 @@ class Fleet:
                 self.delivery.service()
                 time.sleep(min(wait, 0.05))
             behind = max(behind, time.monotonic() - due)
+            self.late_s.append(time.monotonic() - due)
             self.step(k)
             if k % hw_every == 0:
                 self.hardware(k, samples)
@@ -535,6 +539,8 @@ class Fleet:
                 delivery.service()
                 time.sleep(min(wait, 0.05))
             behind = max(behind, time.monotonic() - due)
+            if k < len(self.late_s):
+                self.late_s[k] = time.monotonic() - due
             for key, value in messages:
                 delivery.send(key, value)
             delivery.service()
@@ -587,7 +593,9 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     fleet = Fleet(args)
     counts = fleet.run()
-    out = {"counts": asdict(counts), "onsets": fleet.onsets,
+    sent_late = {kind: fleet.late_s[k] for kind, k in fleet.onset_steps.items()
+                 if k < len(fleet.late_s)}  # fmt: skip
+    out = {"counts": asdict(counts), "onsets": fleet.onsets, "onsets_sent_late_s": sent_late,
            "faults": [asdict(f) for f in fleet.faults]}  # fmt: skip
     text = json.dumps(out)
     if args.out:
