@@ -13,6 +13,16 @@ from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 RANKS = 8
 
 
+def members_firing(alerts: list) -> list[tuple[str, int | None]]:
+    """The members, as (rule, rank), of the incidents that fired."""
+    return [
+        (m["rule"], m.get("rank"))
+        for a in alerts
+        if a.state == "firing"
+        for m in a.evidence["members"]
+    ]
+
+
 def run(series_ranks: int, loss_at=lambda rank, step, base: base, slow_rank: int = -1) -> tuple:
     """``RANKS`` ranks sending every step (one record each), 1 s steps; returns the detector
     and its incidents' members that fired, as (rule, rank)."""
@@ -31,12 +41,7 @@ def run(series_ranks: int, loss_at=lambda rank, step, base: base, slow_rank: int
                 "step_time_s": (1.8 if slow else 1.0) + rng.gauss(0, 0.01),
             }
             _, alerts = det.process_entries(rank, [entry], behind=0)
-            fired += [
-                (m["rule"], m.get("rank"))
-                for a in alerts
-                if a.state == "firing"
-                for m in a.evidence["members"]
-            ]
+            fired += members_firing(alerts)
     return det, fired
 
 
@@ -91,11 +96,6 @@ def test_a_non_finite_grad_norm_past_the_cap_pages_on_its_rank():
                 "step_time_s": 1.0,
             }
             _, alerts = det.process_entries(rank, [entry], behind=0)
-            fired += [
-                (m["rule"], m.get("rank"))
-                for a in alerts
-                if a.state == "firing"
-                for m in a.evidence["members"]
-            ]
+            fired += members_firing(alerts)
     assert ("nonfinite:grad_norm", 5) in fired
     assert not [f for f in fired if f[1] != 5]
