@@ -460,7 +460,6 @@ class Fleet:
         for sr in self.ranks:
             sr.sender.send("run_meta", None, now_ns, sr.meta)
         t0 = time.monotonic() + 1.0
-        behind = 0.0
         hw_every = max(1, round(cfg.hw_interval_s / a.step_s))
         health_every = max(1, round(cfg.health_interval_s / a.step_s))
         samples = 0
@@ -471,7 +470,6 @@ class Fleet:
             while (wait := due - time.monotonic()) > 0:
                 self.delivery.service()
                 time.sleep(min(wait, 0.05))
-            behind = max(behind, time.monotonic() - due)
             self.late_s.append(time.monotonic() - due)
             self.step(k)
             if k % hw_every == 0:
@@ -487,6 +485,7 @@ class Fleet:
             self._record()
         self.tx.label = "steps"
         self.k = a.steps
+        behind = max(self.late_s, default=0.0)
         now_ns = self.now_ns()
         for sr in self.ranks:
             sr.pipeline.steps.emit_all(now_ns)
@@ -532,22 +531,20 @@ class Fleet:
         start = (a.start_at_ns - time.time_ns()) / 1e9 + time.monotonic()
         if start < time.monotonic():
             print(f"sim: made {time.monotonic() - start:.1f} s after the start", file=sys.stderr)
-        behind = 0.0
+        self.late_s = [0.0] * len(self.tape)
         for k, messages in enumerate(self.tape):
             due = start + k * a.step_s
             while (wait := due - time.monotonic()) > 0:
                 delivery.service()
                 time.sleep(min(wait, 0.05))
-            behind = max(behind, time.monotonic() - due)
-            if k < len(self.late_s):
-                self.late_s[k] = time.monotonic() - due
+            self.late_s[k] = time.monotonic() - due
             for key, value in messages:
                 delivery.send(key, value)
             delivery.service()
         left = delivery.close(30.0)
         if left:
             print(f"sim: {left} records not delivered", file=sys.stderr)
-        return start, behind, delivery
+        return start, max(self.late_s, default=0.0), delivery
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

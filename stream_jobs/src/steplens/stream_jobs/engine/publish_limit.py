@@ -91,7 +91,8 @@ class QuietLimiter:
         out: list[int] = np.flatnonzero(loud).tolist() if any_loud else []
         if self.every <= 0 or len(out) == len(sigs):
             return out
-        ranks = [sigs.rank] if isinstance(sigs.rank, int) else np.unique(sigs.rank).tolist()
+        one_rank = isinstance(sigs.rank, int)
+        ranks = [sigs.rank] if one_rank else np.unique(sigs.rank).tolist()
         steps = sigs.step
         spread = self._spread(width)
         for rank in ranks:
@@ -99,14 +100,13 @@ class QuietLimiter:
             prev = self.last.get(key)
             if prev is not None and now < prev[2]:
                 continue  # the common case: the clock does not move within a batch
-            at = None if isinstance(sigs.rank, int) else np.flatnonzero(sigs.rank == rank)
-            if at is None:
+            if one_rank:
                 flags = loud.tolist() if any_loud else None
-                quiet = self._quiet(key, steps.tolist(), flags, now, spread)
+                out += self._quiet(key, steps.tolist(), flags, now, spread)
             else:
+                at = np.flatnonzero(sigs.rank == rank)
                 got = self._quiet(key, steps[at].tolist(), loud[at].tolist(), now, spread)
-                quiet = at[got].tolist() if got else []
-            out += quiet
+                out += at[got].tolist() if got else []
         return sorted(out)
 
     def _quiet(

@@ -167,11 +167,11 @@ def _run_step_time(state: RanksState) -> float:
     return float(np.median(list(state.levels.values())))
 
 
-def _against_run(state: RanksState, sent: int, ranks_known: int) -> bool:
+def _against_run(state: RanksState, sent: int, known: int) -> bool:
     """Whether a windowed run's own times of a step, which ``sent`` ranks sent, are held
     against the run's step time (fewer than half of the ranks sent theirs: a rank turned
     slow) rather than against each other (the run slowed)."""
-    return 2 * sent < ranks_known and len(state.levels) >= 3
+    return 2 * sent < known and len(state.levels) >= 3
 
 
 def early(state: RanksState, cfg: RanksConfig, rank: int, row: int) -> Signals | None:
