@@ -92,7 +92,7 @@ class QuietLimiter:
         if self.every <= 0 or len(out) == len(sigs):
             return out
         one_rank = isinstance(sigs.rank, int)
-        ranks = [sigs.rank] if one_rank else np.unique(sigs.rank).tolist()
+        ranks: list[int] = [int(sigs.rank)] if one_rank else np.unique(sigs.rank).tolist()
         steps = sigs.step
         spread = self._spread(width)
         for rank in ranks:
