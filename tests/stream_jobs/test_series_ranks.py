@@ -8,6 +8,7 @@ import math
 import random
 
 from steplens.stream_jobs.engine.detector import RunDetector
+from steplens.stream_jobs.engine.signals.dynamic_baseline import split_key
 from steplens.stream_jobs.engine.signals.registry import DetectorConfig
 
 RANKS = 8
@@ -54,6 +55,9 @@ def test_ranks_past_the_cap_keep_no_series_and_are_counted():
     assert fired == []  # a healthy run pages nothing either way
     assert all(det.series[r] for r in (0, 1))
     assert not any(det.series[r] for r in range(2, RANKS))
+    # the 7-day baselines of step time and tokens/s: the followed ranks' only
+    scopes = {split_key(k)[0] for k in det.run_states["baseline"].series}
+    assert scopes == {"rank:0", "rank:1"}
     assert det.run.unfollowed == 240 * (RANKS - 2)
     assert run(series_ranks=RANKS)[0].run.unfollowed == 0
 

@@ -367,7 +367,10 @@ class RunDetector:
                 behind=behind,
                 firsts=rows.firsts,
             )
-            if not self.generic:  # an offline CSV's columns are judged by the generic detectors
+            # an offline CSV's columns are judged by the generic detectors; a rank past the
+            # followed ones keeps no 7-day baseline of its own (its step time is judged
+            # against the other ranks', the followed ranks' baselines see the run slow down)
+            if not self.generic and followed:
                 dyn = self.run_states["baseline"]
                 batch += dynamic_baseline.on_steps(
                     dyn, cfg.baseline, rank, rows.steps, times_ns, columns

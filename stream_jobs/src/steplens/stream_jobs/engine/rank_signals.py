@@ -6,9 +6,10 @@ A non-finite value is a ``nonfinite`` signal, learnt by none. A series that asks
 model gets it at once from the run's ``fitter`` (offline), or, without one, is listed in what
 ``score`` returns for the caller to fit elsewhere.
 
-A rank that is not ``followed`` (past the run's ``series_ranks``) keeps no series: its values
-are checked for non-finite ones and its losses still feed the run's average; what is judged
-across ranks (its step times) is judged as for any rank, after this.
+A rank that is not ``followed`` (past the run's ``series_ranks``) keeps no series (nor a 7-day
+baseline of its step time): its values are checked for non-finite ones and its losses still
+feed the run's average; what is judged across ranks (its step times) is judged as for any
+rank, after this.
 """
 
 from __future__ import annotations

@@ -188,17 +188,17 @@ class DetectorOptions:
         PositiveFloat,
         about(
             "seconds between refits of a series' 7-day baseline (hardware per GPU, disk and "
-            "network interface; step time and tokens/s per rank), in the fit pool"
+            "network interface; step time and tokens/s per followed rank), in the fit pool"
         ),
     ] = 3600.0
     series_ranks: Annotated[
         NonNegativeInt | None,
         about(
             "a run's ranks 0 to N-1 keep series of their own metrics (ARIMA, spikes, "
-            "volatility); the others' metrics are checked for non-finite values and their "
-            "step times judged against the other ranks (a step window through the series "
-            "costs about 0.5 ms)",
-            default_doc="the engine's (`registry.SERIES_RANKS`, 1024)",
+            "volatility, 7-day baselines); the others' metrics are checked for non-finite "
+            "values and their step times judged against the other ranks (a step window "
+            "through the series costs about 0.3 ms, past them about 0.1 ms)",
+            default_doc="the engine's (`registry.SERIES_RANKS`, 256)",
         ),
     ] = None
     hang_after_s: Annotated[

@@ -3,9 +3,10 @@ resolution: each series' values of a minute are averaged, and the minute's mean,
 minute closes, is judged against the band of that minute.
 
 Series: per GPU of a host (utilisation, temperature, power, memory used), per disk (read +
-write MB/s) and network interface (rx + tx MB/s) from ``hw`` records; per rank, step time and
-tokens/s from its steps. Each keeps its newest ``in_run_window`` minute means: what the in-run
-fallback is fitted on when the stores cannot be read. Bands come from outside (``apply``: the
+write MB/s) and network interface (rx + tx MB/s) from ``hw`` records; per followed rank (the
+run's ``series_ranks``), step time and tokens/s from its steps. Each keeps its newest
+``in_run_window`` minute means: what the in-run fallback is fitted on when the stores cannot
+be read. Bands come from outside (``apply``: the
 worker's fit pool reads the stores and fits; ``fit_inline`` in tests and benches): ``due``
 says which series want one.
 

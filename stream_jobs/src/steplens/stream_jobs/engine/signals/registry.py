@@ -83,9 +83,12 @@ class Records:
 
 
 GRAD_NORMS = frozenset({"grad_norm", "grad_norm_preclip"})
-# ranks of a run whose own metrics keep series, by default: a step window through them costs
-# about 0.5 ms, 0.8 of a core at 16,384 ranks and 1 s steps (bench/RESULTS.md)
-SERIES_RANKS = 1024
+# ranks of a run whose own metrics keep series, by default: as many as the hot store keeps a
+# run's per-rank series for (the InfluxDB sink's ``RankLimits.per_run``). A step window
+# through the series costs about 0.3 ms, against about 0.1 ms past them; all followed ranks
+# sit in a wide run's first shard, so more of them make that shard's worker the slowest
+# (bench/RESULTS.md)
+SERIES_RANKS = 256
 
 SERIES: tuple[Series, ...] = (
     Series(
