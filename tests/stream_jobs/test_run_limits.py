@@ -47,7 +47,7 @@ def make_store(
 def stored(table: dict[bytes, bytes], run: str, ranks: tuple[int, ...]) -> None:
     det = RunDetector(run)
     for rank in ranks:
-        det.series[rank] = {}
+        det.series[rank] = {"spike": {}}  # a series of its own: stored as a value
     head, parts = det.dump(det.series)
     table[run.encode()] = head
     for rank, blob in parts.items():
@@ -95,7 +95,7 @@ def test_a_run_holding_messages_or_in_memory_is_retired_with_all_its_state() -> 
     ev = message()
     assert store.admit("r", ev) and store.ready("r", ev)
     det = store.cache["r"]
-    det.series.update({0: {}, 5: {}})
+    det.series.update({0: {"spike": {}}, 5: {"spike": {}}})
     det.touched.update((0, 5))
     for due, _acknowledged in store.hold(0, "r", ev):  # a run's first message: at once
         store.checkpoint(due)

@@ -132,6 +132,43 @@ def test_dump_and_load_round_trip_every_detector_state():
     assert set(back.run_states) == set(det.run_states)
 
 
+def test_ranks_without_series_are_listed_in_the_head_not_stored_and_restore_admitted():
+    """Most ranks of a wide run keep no series (past ``series_ranks``): the head lists them
+    and no value is written for them, yet a restored run still holds them (its admitted
+    ranks) and scores on as the never-stopped one."""
+    from steplens.stream_jobs.engine.signals.registry import DetectorConfig
+
+    rng = random.Random(5)
+    recs = [
+        make_record(
+            "step",
+            {"loss": 2 + rng.gauss(0, 0.01), "step_time_s": 1 + rng.gauss(0, 0.01)},
+            run_id="w",
+            rank=rank,
+            step=i,
+            time_ns=(i + 1) * 10**9 + rank,
+        )
+        for i in range(60)
+        for rank in range(6)
+    ]
+    recs[-3] = make_record("step", {"loss": math.nan, "step_time_s": 1.0}, run_id="w",
+                           rank=5, step=59, time_ns=60 * 10**9 + 5)  # fmt: skip
+    cfg = DetectorConfig(series_ranks=2)
+    det = RunDetector("w", cfg)
+    replay(det, recs[:200])
+    head, ranks = det.dump(det.series)
+    assert set(ranks) == {0, 1}  # only the followed ranks have a value
+    back = RunDetector.load(head, lambda r, _s: ranks.get(r), cfg)
+    assert back is not None and set(back.series) == set(det.series) == set(range(6))
+    got = replay(back, recs[200:])
+    assert_close(got, replay(det, recs[200:]), rel=0, abs_=0)
+    # a rank without series still pages its non-finite loss after the restore
+    assert [m["rank"] for _, alerts in got for a in alerts for m in a.evidence["members"]
+            if m["rule"] == "nonfinite:loss"] == [5]  # fmt: skip
+    _, again = back.dump(back.series)
+    assert set(again) == {0, 1}
+
+
 def test_a_state_of_another_format_or_a_pickle_is_refused_and_the_run_starts_afresh(caplog):
     det = RunDetector("r")
     replay(det, records()[:50])

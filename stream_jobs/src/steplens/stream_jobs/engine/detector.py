@@ -616,12 +616,17 @@ class RunDetector:
         Each rank has two slots and a changed one goes to the slot its stored head does not
         name, so a checkpoint cut short (some ranks written, the head not) leaves the stored
         head pointing at the series it was written with: restored, it never pairs a newer
-        series with older offsets."""
-        parts = {r: CODEC.pack(self.series[r]) for r in ranks if r in self.series}
+        series with older offsets. A rank without series (past ``series_ranks``: most ranks
+        of a wide run) has no value: the head lists it (``bare``), which keeps it admitted
+        to the run after a restore; two changelog messages a rank and checkpoint were most
+        of a wide run's."""
+        series = self.series
+        parts = {r: CODEC.pack(series[r]) for r in ranks if series.get(r)}
         for r in parts:  # a rank never stored starts in slot 0
             self.slots[r] = 1 - self.slots[r] if r in self.slots else 0
         head = {k: getattr(self, k) for k in _HEAD}
-        head["ranks"] = sorted(self.series)
+        head["ranks"] = sorted(r for r, s in series.items() if s)
+        head["bare"] = sorted(r for r, s in series.items() if not s)
         return CODEC.pack(head), parts
 
     @classmethod
@@ -645,6 +650,7 @@ class RunDetector:
             log.warning("a stored run state cannot be restored (%s); the run starts afresh", exc)
             return None
         det.run.shard = run_keys.shard(det.run_id)  # the key's, not a head stored before it
+        det.series.update((rank, {}) for rank in head.get("bare", []))
         for rank in head.get("ranks", []):
             part = rank_blob(rank, det.slots.setdefault(rank, 0))
             try:
