@@ -166,6 +166,9 @@ class Sampler(threading.Thread):
             row[f"sink{i}_rss"] = rss
         row["lag"] = self.metric("steplens_worker_consumer_lag")
         row["worker_records"] = self.metric("steplens_worker_records_total")
+        row["wall_s"] = time.time()
+        for i, port in enumerate(self.ports):
+            row[f"records_w{i}"] = metric(port, "steplens_worker_records_total")
         for name in ("alerts", "signals", "dead_letters", "advice"):
             row[f"worker_{name}"] = self.metric(f"steplens_worker_{name}_total")
         if self.influxd is not None:
@@ -360,7 +363,7 @@ def judge(
         }
         new = [k for k in named if k not in found]
         for k in new:
-            found[k] = {**row, "latency_s": (t - onsets[k]) / 1e9}
+            found[k] = {**row, "latency_s": (t - onsets[k]) / 1e9, "onset_s": onsets[k] / 1e9}
         if not named:
             other.append(row)
         elif not new:
@@ -608,6 +611,14 @@ def main() -> int:
             "caught_up_after_s": moved - t_sent,
             "records_by_worker": [metric(p, "steplens_worker_records_total") for p in worker_ports],
             "cpu_s_by_worker": [Sampler.tree(w)[0] for w in sampler.workers],
+            # every sample while the ranks sent and after: (wall clock s, raw consumer lag,
+            # records each worker scored), to place a late alert against the backlog
+            "timeline": [
+                [round(r["wall_s"], 2), r["lag"]]
+                + [r[f"records_w{i}"] for i in range(len(worker_ports))]
+                for r in rows
+                if r["t"] >= t_start
+            ],
         }  # fmt: skip
         result["sinks_cpu_s"] = end["sinks_cpu_s"] - base["sinks_cpu_s"]
         result["sinks_rss_peak_mb"] = {
