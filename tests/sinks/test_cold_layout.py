@@ -129,3 +129,21 @@ def test_advice_acted_and_checkpoint_rows_keep_their_fields() -> None:
     table = read_parquet(rows_to_parquet("advice", [record_row(recs["advice"], "t", 0, 1, b"")]))
     row = table.to_pylist()[0]
     assert row["action"] == "skip_samples" and json.loads(row["sample_ids"]) == ["a", "b"]
+
+
+def test_list_and_map_fields_are_the_wire_s_json_text() -> None:
+    """A field that is neither a number nor a map of numbers is stored as the JSON text the
+    wire holds for it: non-finite floats by name, large floats in Python's spelling, text as
+    it is, nulls kept."""
+    gpus = [{"index": 0, "temp_c": float("nan"), "name": "Ä100"}, {"index": 1, "x": None}]
+    lrs = [0.1, float("inf"), 1e16, -float("inf"), 1.234e22]
+    rec = make_record("step", {"loss": 1.0, "group_lrs": lrs}, run_id="r", time_ns=T, step=1)
+    row = record_row(rec, "raw", 0, 0, encode(rec))
+    assert row["group_lrs"] == '[0.1,"Infinity",1e+16,"-Infinity",1.234e+22]'
+    hw = make_record("hw", {"gpus": gpus}, run_id="r", time_ns=T)
+    text = record_row(hw, "raw", 0, 1, encode(hw))["gpus"]
+    assert json.loads(text) == [
+        {"index": 0, "temp_c": "NaN", "name": "Ä100"},
+        {"index": 1, "x": None},
+    ]
+    assert text in encode(hw).decode()  # the very text of the wire

@@ -18,6 +18,7 @@ from steplens.schema.codec import (
     restore_fields,
     unbatch,
     validate,
+    wire_json,
     wire_value,
 )
 from steplens.schema.fields import FieldShape, payload_fields
@@ -70,5 +71,6 @@ __all__ = [
     "unbatch",
     "valid_name",
     "validate",
+    "wire_json",
     "wire_value",
 ]

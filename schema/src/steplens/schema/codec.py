@@ -251,15 +251,32 @@ def _v1_floats(value: Any) -> Any:
     return value
 
 
+def _wire_json(value: Any) -> bytes:
+    """``value`` as compact JSON the way the wire writes it (``wire_value``'s names for
+    non-finite floats, large floats in Python's spelling): msgspec's encoding, made again
+    from converted values only when it wrote a null or such a float."""
+    out = _ENCODER.encode(value)
+    # a non-finite float is written as null: without any null, none was there
+    if b"null" in out or _BARE_EXPONENT.search(out) is not None:
+        out = _ENCODER.encode(_v1_floats(value))
+    return out
+
+
+def wire_json(value: Any) -> str:
+    """A decoded payload value (a list or a map) as the wire's JSON text. Raises
+    ``SchemaError`` for a value JSON cannot hold."""
+    try:
+        return _wire_json(value).decode()
+    except (TypeError, msgspec.EncodeError, ValueError) as exc:
+        raise SchemaError(f"not JSON-serialisable: {exc}") from None
+
+
 def encode(record: Any) -> bytes:
     """Serialise a record (a ``Record`` or an envelope dict). Raises ``SchemaError``."""
     d = record.to_dict() if isinstance(record, Record) else dict(record)
     d.setdefault("v", SCHEMA_VERSION)
     try:
-        out = _ENCODER.encode(d)
-        # a non-finite float is written as null: without any null, none was there
-        if b"null" in out or _BARE_EXPONENT.search(out) is not None:
-            out = _ENCODER.encode(_v1_floats(d))
+        out = _wire_json(d)
     except (TypeError, msgspec.EncodeError, ValueError) as exc:
         raise SchemaError(f"not JSON-serialisable: {exc}") from None
     if len(out) > MAX_RECORD_BYTES:

@@ -12,7 +12,6 @@ offset, each with that step record's wire bytes (``schema.encode``) as ``payload
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -86,10 +85,6 @@ def hour_from_key(key: str) -> str | None:
     return None
 
 
-def _json(value: Any) -> str:
-    return json.dumps(schema.wire_value(value), separators=(",", ":"), default=str)
-
-
 def record_row(rec: Record, topic: str, partition: int, offset: int, payload: bytes) -> dict:
     row: dict[str, Any] = {
         "v": rec.v,
@@ -117,7 +112,7 @@ def record_row(rec: Record, topic: str, partition: int, offset: int, payload: by
             for key, item in value.items():
                 row[f"{name}.{key}"] = item
         else:
-            row[name] = _json(value)
+            row[name] = schema.wire_json(value)
     return row
 
 
