@@ -136,9 +136,7 @@ def arrow_schema(kind: str, rows: Iterable[dict]) -> pa.Schema:
 
 
 def rows_to_parquet(kind: str, rows: list[dict], compression: str = "zstd") -> bytes:
-    sch = arrow_schema(kind, rows)
-    columns = {f.name: pa.array([r.get(f.name) for r in rows], type=f.type) for f in sch}
-    table = pa.Table.from_pydict(columns, schema=sch)
+    table = pa.Table.from_pylist(rows, schema=arrow_schema(kind, rows))
     sink = io.BytesIO()
     pq.write_table(table, sink, compression=compression)
     return sink.getvalue()
