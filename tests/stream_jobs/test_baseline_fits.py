@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import multiprocessing
+import time
 
 import numpy as np
 import pandas as pd
@@ -169,3 +171,42 @@ def test_a_store_that_failed_is_left_alone_for_a_while(monkeypatch, caplog) -> N
     said = [r.getMessage() for r in caplog.records if "stores not read" in r.getMessage()]
     # the first job tried InfluxDB; the second did not ask it again
     assert len(said) == 2 and "Connection" in said[0] and "not asked" in said[1]
+
+
+def test_a_job_is_followed_by_the_next_only_after_its_spacing(monkeypatch) -> None:
+    """Background work keeps to its share: after a job of t seconds the next starts no
+    sooner than ``JOB_SPACING * t`` later (a lower bound, which load cannot break)."""
+    det = RunDetector("r", fit_inline=False)
+    for m in range(3):  # 40 GPUs: three jobs (16, 16 and 8 series)
+        gpus = [{"index": i, "util_gpu": 90.0} for i in range(40)]
+        det.process(make_record("hw", {"gpus": gpus}, run_id="r", time_ns=T0 + m * MINUTE_NS))
+    spans: list[tuple[float, float]] = []
+
+    def job(run, live, cfg, **_kw):
+        began = time.monotonic()
+        time.sleep(0.05)
+        spans.append((began, time.monotonic()))
+        return dict.fromkeys(live), None
+
+    monkeypatch.setattr(baseline_fits, "load_and_fit", job)
+
+    async def main() -> None:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            fits = baseline_fits.BaselineFits(
+                seasonal_baseline.BaselineConfig(),
+                days=7.0,
+                timeout_s=1.0,
+                read=False,
+                apply=lambda run, bands: None,
+                count=lambda what, n: None,
+            )
+            fits.pool = pool
+            fits.tick({"r": det})
+            deadline = time.monotonic() + 60
+            while len(spans) < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+
+    asyncio.run(main())
+    assert len(spans) == 3
+    for (a, b), (c, _) in itertools.pairwise(spans):
+        assert c - b >= baseline_fits.JOB_SPACING * (b - a) * 0.99

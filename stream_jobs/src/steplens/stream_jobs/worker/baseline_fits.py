@@ -4,7 +4,9 @@ jobs of ``SERIES_PER_JOB`` series, each of which reads their last ``days`` of ro
 InfluxDB (``baseline_history``), adds the in-run minutes and fits every band
 (``seasonal_baseline.fit_bands``); the bands are applied on the event loop when the job comes
 back. One job at a time, of a few seconds: the fits are background work, the ARIMA fits wait
-at most one job, and none runs on the event loop.
+at most one job, and none runs on the event loop. After a job of ``t`` seconds the next waits
+``JOB_SPACING * t``: a wide run's series (four a GPU) are thousands of jobs, and back to back
+they kept a pool process and InfluxDB's reads busy for minutes, beside the worker.
 
 Fails soft: a store that cannot be read (none configured, down, slower than ``timeout_s``)
 leaves the job with the in-run minutes, so the series get the in-run baseline (their signals
@@ -74,6 +76,7 @@ def load_and_fit(
 # where they can): a job takes seconds, and the ARIMA fits queued behind it wait that long
 SERIES_PER_JOB = 16
 STORES_RETRY_S = 600.0  # a store that failed (down, or slower than timeout_s) is left alone
+JOB_SPACING = 3.0  # a job of t seconds is followed by the next one this many times t later
 
 
 def chunks(live: baseline_history.Series, n: int = SERIES_PER_JOB) -> list[baseline_history.Series]:
@@ -106,6 +109,9 @@ class BaselineFits:
         self.in_flight: str | None = None
         self.logged: set[str] = set()  # kinds of load failure already logged
         self.down_until = 0.0  # monotonic: the stores failed; not read again before this
+        self.started = 0.0  # monotonic: when the job in flight was submitted
+        self.next_at = 0.0  # monotonic: no job is submitted before this (``JOB_SPACING``)
+        self.spacing: asyncio.TimerHandle | None = None  # the submit waiting for ``next_at``
 
     def tick(self, runs: Mapping[str, RunDetector]) -> None:
         """Queue every run (those with series due are fitted, one job at a time)."""
@@ -117,6 +123,13 @@ class BaselineFits:
 
     def _submit(self, runs: Mapping[str, RunDetector]) -> None:
         if self.pool is None or self.in_flight is not None:
+            return
+        wait = self.next_at - time.monotonic()
+        if wait > 0:  # spaced: submitted then
+            if self.spacing is None:
+                self.spacing = asyncio.get_running_loop().call_later(
+                    wait, functools.partial(self._spaced, runs)
+                )
             return
         now = time.time_ns()
         while not self.parts and self.queue:
@@ -144,12 +157,15 @@ class BaselineFits:
                 self.parts.clear()
                 return
             self.in_flight = run
+            self.started = time.monotonic()
             fut.add_done_callback(functools.partial(self._finished, run, runs))
 
     def _finished(
         self, run: str, runs: Mapping[str, RunDetector], fut: asyncio.Future[Any]
     ) -> None:
         self.in_flight = None
+        now = time.monotonic()
+        self.next_at = now + JOB_SPACING * (now - self.started)
         if fut.cancelled() or fut.exception() is not None:
             self.count("job_failed", 1)
             log.warning(
@@ -169,4 +185,8 @@ class BaselineFits:
                     log.warning("baselines: stores not read (%s); in-run baselines", why)
             self.count("bands", sum(b is not None for b in bands.values()))
             self.apply(run, bands)
+        self._submit(runs)
+
+    def _spaced(self, runs: Mapping[str, RunDetector]) -> None:
+        self.spacing = None
         self._submit(runs)
