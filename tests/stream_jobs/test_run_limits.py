@@ -89,6 +89,28 @@ def test_an_idle_run_is_retired_by_its_nudge_and_makes_room() -> None:
     assert not store.admit("unknown", message(NUDGE))
 
 
+def test_a_retired_run_s_rank_whose_series_emptied_leaves_no_value_behind() -> None:
+    """A rank stored with a value whose series then emptied (a restart) is listed in the
+    head without one (``bare``); its earlier value still goes with the run."""
+    table: dict[bytes, bytes] = {}
+    det = RunDetector("a")
+    det.series.update({0: {"spike": {}}, 3: {"spike": {}}})
+    _, parts = det.dump(det.series)
+    for rank, blob in parts.items():
+        table[rank_key("a", rank, det.slots[rank]).encode()] = blob
+    det.series[3] = {}
+    head, parts = det.dump(det.series)
+    assert set(parts) == {0} and RunDetector.stored_ranks(head) == [0, 3]
+    table[b"a"] = head
+    assert rank_key("a", 3).encode() in table
+    store, counts, clock = make_store(table, max_runs=2, idle_s=60)
+    assert store.admit("a", message())  # known from the table, idle from now on
+    clock.now += 120
+    assert store.idle_runs() == ["a"]
+    assert not store.admit("a", message(NUDGE))
+    assert table == {} and counts["retired_runs"] == 1
+
+
 def test_a_run_holding_messages_or_in_memory_is_retired_with_all_its_state() -> None:
     table: dict[bytes, bytes] = {}
     store, _, clock = make_store(table, checkpoint_s=1e12, idle_s=60)

@@ -668,10 +668,13 @@ class RunDetector:
 
     @staticmethod
     def stored_ranks(head: bytes | None) -> list[int]:
-        """The ranks a stored head lists (none for a head this release cannot read)."""
+        """The ranks a stored head lists, those without a value (``bare``) too: one that had
+        a value before its series emptied (a restart) may still have it (none for a head
+        this release cannot read)."""
         try:
-            return list(CODEC.unpack(head)["ranks"]) if head else []
-        except (ValueError, KeyError, TypeError):
+            got = CODEC.unpack(head) if head else {}
+            return [*got.get("ranks", []), *got.get("bare", [])]
+        except (ValueError, KeyError, TypeError, AttributeError):
             return []
 
 
