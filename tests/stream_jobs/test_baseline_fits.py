@@ -8,6 +8,7 @@ import concurrent.futures
 import itertools
 import multiprocessing
 import time
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -20,6 +21,18 @@ from steplens.stream_jobs.engine.signals.seasonal_baseline import IN_RUN, MINUTE
 from steplens.stream_jobs.worker import baseline_fits, baseline_history
 
 T0 = 28_333_333 * MINUTE_NS
+
+
+def make_fits(read: bool, timeout_s: float, apply: Any, count: Any) -> baseline_fits.BaselineFits:
+    """The worker's refits of 7-day bands (a week of history), given what to apply and count."""
+    return baseline_fits.BaselineFits(
+        seasonal_baseline.BaselineConfig(),
+        days=7.0,
+        timeout_s=timeout_s,
+        read=read,
+        apply=apply,
+        count=count,
+    )
 
 
 def test_the_rollups_read_are_of_what_the_sink_writes() -> None:
@@ -99,13 +112,8 @@ def test_fits_run_in_the_pool_and_their_bands_are_applied(monkeypatch) -> None:
     async def main() -> None:
         ctx = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
-            fits = baseline_fits.BaselineFits(
-                seasonal_baseline.BaselineConfig(),
-                days=7.0,
-                timeout_s=1.0,
-                read=False,
-                apply=apply,
-                count=lambda what, n: counts.update({what: counts.get(what, 0) + n}),
+            fits = make_fits(
+                False, 1.0, apply, lambda what, n: counts.update({what: counts.get(what, 0) + n})
             )
             fits.tick({"r": det})  # no pool yet: nothing is fitted here
             assert fits.in_flight is None and not applied
@@ -149,13 +157,11 @@ def test_a_store_that_failed_is_left_alone_for_a_while(monkeypatch, caplog) -> N
 
     async def main() -> None:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            fits = baseline_fits.BaselineFits(
-                seasonal_baseline.BaselineConfig(),
-                days=7.0,
-                timeout_s=2.0,
-                read=True,
-                apply=lambda run, bands: done.append(len(bands)),
-                count=lambda what, n: counts.update({what: counts.get(what, 0) + n}),
+            fits = make_fits(
+                True,
+                2.0,
+                lambda run, bands: done.append(len(bands)),
+                lambda what, n: counts.update({what: counts.get(what, 0) + n}),
             )
             fits.pool = pool
             fits.tick({"r": det})
@@ -192,14 +198,7 @@ def test_a_job_is_followed_by_the_next_only_after_its_spacing(monkeypatch) -> No
 
     async def main() -> None:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            fits = baseline_fits.BaselineFits(
-                seasonal_baseline.BaselineConfig(),
-                days=7.0,
-                timeout_s=1.0,
-                read=False,
-                apply=lambda run, bands: None,
-                count=lambda what, n: None,
-            )
+            fits = make_fits(False, 1.0, lambda run, bands: None, lambda what, n: None)
             fits.pool = pool
             fits.tick({"r": det})
             deadline = time.monotonic() + 60
