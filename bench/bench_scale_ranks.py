@@ -165,10 +165,11 @@ class Sampler(threading.Thread):
         for i, (_, rss) in enumerate(sinks):
             row[f"sink{i}_rss"] = rss
         row["lag"] = self.metric("steplens_worker_consumer_lag")
-        row["worker_records"] = self.metric("steplens_worker_records_total")
+        scored = [metric(port, "steplens_worker_records_total") for port in self.ports]
+        row["worker_records"] = sum(scored)
         row["wall_s"] = time.time()
-        for i, port in enumerate(self.ports):
-            row[f"records_w{i}"] = metric(port, "steplens_worker_records_total")
+        for i, n in enumerate(scored):
+            row[f"records_w{i}"] = n
         for name in ("alerts", "signals", "dead_letters", "advice"):
             row[f"worker_{name}"] = self.metric(f"steplens_worker_{name}_total")
         if self.influxd is not None:

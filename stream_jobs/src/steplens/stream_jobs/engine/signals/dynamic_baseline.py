@@ -6,9 +6,8 @@ Series: per GPU of a host (utilisation, temperature, power, memory used), per di
 write MB/s) and network interface (rx + tx MB/s) from ``hw`` records; per followed rank (the
 run's ``series_ranks``), step time and tokens/s from its steps. Each keeps its newest
 ``in_run_window`` minute means: what the in-run fallback is fitted on when the stores cannot
-be read. Bands come from outside (``apply``: the
-worker's fit pool reads the stores and fits; ``fit_inline`` in tests and benches): ``due``
-says which series want one.
+be read. Bands come from outside (``apply``: the worker's fit pool reads the stores and fits;
+``fit_inline`` in tests and benches): ``due`` says which series want one.
 
 A minute outside its band (and ``min_change``, 10 %, off its expected value) ``persist``
 times in a row (ten) warns (``baseline:<metric>``: the "hardware" topic, step time and
