@@ -12,8 +12,10 @@ wait as the others').
 
 In a windowed run a rank's own step time comes only when its guard sent a step at once (a
 jump from its own baseline); the other ranks' times for that step come, if ever, in windows
-that end elsewhere. Such a step is judged ``lone_step_hold_s`` after it came (the records'
-clock), without waiting for the others: when fewer than half of the ranks sent their own time
+that end elsewhere. Such a step's own times are judged ``lone_step_hold_s`` after the first
+came (the records' clock), without waiting for the others (the means of windows that end at
+that step, a wide run's ranks ending theirs at different steps, ``Identity.phase``, wait for
+their peers): when fewer than half of the ranks sent their own time
 for it, each is held against the run's step time (the median of the ranks' latest windows,
 ``levels``), so a rank that turned slow is a straggler within three of its steps rather than
 after its next window or two; when most did, the run slowed and they are held against each
@@ -151,8 +153,8 @@ def step_times(  # noqa: PLR0917
             continue
         if step in pending and math.isfinite(wait):
             state.waits.setdefault(step, {})[rank] = wait
-    ready = _ready(state, cfg, last, behind)
-    judged = _judge(state, cfg, ready, row) if ready else None
+    ready, own_only = _ready(state, cfg, last, behind)
+    judged = _judge(state, cfg, ready, row, own_only) if ready else None
     _forget_gone(state)
     return judged
 
@@ -232,10 +234,13 @@ def _forget_gone(state: RanksState) -> None:
         state.windows.intersection_update(pending)
 
 
-def _ready(state: RanksState, cfg: RanksConfig, step: int, behind: int) -> list[int]:
+def _ready(
+    state: RanksState, cfg: RanksConfig, step: int, behind: int
+) -> tuple[list[int], set[int]]:
     """The pending steps, oldest first, that are complete or ``pending_steps`` + ``behind``
-    older than ``step``, up to the first that is neither; and a windowed run's steps that only
-    ranks' own times came for, ``lone_step_hold_s`` after the first came."""
+    older than ``step``, up to the first that is neither; and a windowed run's steps that
+    ranks' own times came for, ``lone_step_hold_s`` after the first came: of those that
+    windows end at too, only the own times (the second set)."""
     pending = state.pending
     known = ranks_known(state)
     old = step - cfg.pending_steps - behind
@@ -248,26 +253,55 @@ def _ready(state: RanksState, cfg: RanksConfig, step: int, behind: int) -> list[
             else:
                 break
     lone = _held_long_enough(state, cfg, set(ready))
-    return sorted(ready + lone) if lone else ready
+    if not lone:
+        return ready, set()
+    return sorted(ready + lone), {s for s in lone if s in state.windows}
 
 
 def _held_long_enough(state: RanksState, cfg: RanksConfig, taken: set[int]) -> list[int]:
-    """A windowed run's pending steps that only ranks' own times came for, the first of them
+    """A windowed run's pending steps with ranks' own times, the first of them
     ``lone_step_hold_s`` ago or more (the records' clock), but those in ``taken``."""
     if not state.own_since:
         return []
     held = state.clock_ns - int(cfg.lone_step_hold_s * 1e9)
-    return [
-        s
-        for s, since in state.own_since.items()
-        if since <= held and s not in taken and s not in state.windows
-    ]
+    return [s for s, since in state.own_since.items() if since <= held and s not in taken]
 
 
-def _judge(state: RanksState, cfg: RanksConfig, ready: list[int], row: int) -> Signals | None:
-    """Each of the ``ready`` steps (taken from pending) with two ranks or more: each rank's
-    time against the step's median, and its typical ratio (the median of its latest
-    ``straggler_steps``: one slow step, a GC or a checkpoint, is not a straggler)."""
+def _take(
+    state: RanksState, step: int, own_only: bool
+) -> tuple[dict[int, float], dict[int, float], bool, set[int]]:
+    """A ready step's times, data waits, whether windows end at it and its ranks' own times,
+    taken from the pending ones; ``own_only``: only its own times, the windows' means ending
+    at it stay pending for their peers."""
+    own = state.own.pop(step, set())
+    state.own_since.pop(step, None)
+    if own_only:
+        got = state.pending[step]
+        mine = {r: got.pop(r) for r in own if r in got}
+        waits = state.waits.get(step) or {}
+        waited = {r: waits.pop(r) for r in own if r in waits}
+        if not got:  # no window's mean came for it after all
+            del state.pending[step]
+            state.waits.pop(step, {})
+            state.windows.discard(step)
+        return mine, waited, False, own
+    waited = state.waits.pop(step, {})
+    window = step in state.windows
+    state.windows.discard(step)
+    return state.pending.pop(step), waited, window, own
+
+
+def _judge(
+    state: RanksState,
+    cfg: RanksConfig,
+    ready: list[int],
+    row: int,
+    own_only: set[int] | frozenset[int] = frozenset(),
+) -> Signals | None:
+    """Each of the ``ready`` steps (taken from pending; of those in ``own_only``, the ranks'
+    own times only) with two ranks or more: each rank's time against the step's median, and
+    its typical ratio (the median of its latest ``straggler_steps``: one slow step, a GC or a
+    checkpoint, is not a straggler)."""
     steps: list[int] = []
     ranks: list[int] = []
     times: list[float] = []
@@ -277,12 +311,7 @@ def _judge(state: RanksState, cfg: RanksConfig, ready: list[int], row: int) -> S
     refs: list[float] = []  # each group's step time to hold its times against (NaN: its median)
     known = ranks_known(state)
     for s in ready:
-        got = state.pending.pop(s)
-        waited = state.waits.pop(s, None) or {}
-        window = s in state.windows
-        state.windows.discard(s)
-        own = state.own.pop(s, set())
-        state.own_since.pop(s, None)
+        got, waited, window, own = _take(state, s, s in own_only)
         # steps' own times and windows' means: never one against the other
         for group, sust, ref in _groups(state, got, own, window, known):
             sustained += [sust] * len(group)
@@ -533,7 +562,7 @@ def on_record(state: RanksState, cfg: RanksConfig, rec: Record, run: Run) -> lis
         out.append(got)
     lone = _held_long_enough(state, cfg, set())
     if lone:
-        judged = _judge(state, cfg, sorted(lone), 0)
+        judged = _judge(state, cfg, sorted(lone), 0, state.windows.intersection(lone))
         if judged is not None:
             out.append(judged)
     return out
