@@ -51,6 +51,7 @@ from steplens.producer.delivery.transport import (
 )
 from steplens.producer.identity import Identity
 from steplens.producer.instruments.allocator import merge
+from steplens.producer.instruments.ddp_comm import timed
 from steplens.producer.instruments.hardware import HardwareSampler
 from steplens.producer.instruments.report_cadence import allocator_cadence
 from steplens.producer.pipeline.items import StepItem
@@ -247,7 +248,7 @@ class SimRank:
         self.meta = meta
         self.sampler: HardwareSampler | None = None
         # the other ranks' reports
-        self.cadence = allocator_cadence(config.hw_allocator_every_s)
+        self.cadence = allocator_cadence(config.hw_allocator_every_s, ident.phase)
         if ident.local_rank == 0:
             node = ident.rank // GPUS_PER_NODE
             self.sampler = HardwareSampler(
@@ -258,6 +259,7 @@ class SimRank:
                 host=SimHost(rng),  # type: ignore[arg-type]
                 host_wide=True,
                 report_every_s=config.hw_report_every_s,
+                phase=ident.phase,
             )
 
     def process_memory(self) -> dict[str, int]:
@@ -391,9 +393,11 @@ class Fleet:
             scalars = {"step_time_s": step_time}
             item = StepItem(k, now_ns, loss, 3e-4, grad, 32768, scalars, None, None)
             sr.pipeline.steps.add(item)
-        if self.config.comm_every and k % self.config.comm_every == 0:
+        if every := self.config.comm_every:
             tx.label = "comm"
             for sr in self.ranks:
+                if not timed(k + 1, every, sr.ident.phase):
+                    continue
                 slow = net is not None and sr.ident.rank in net.ranks
                 lat = (800.0 if slow else 18.0) * (1 + abs(sr.rng.gauss(0, 0.1)))
                 data = {"op": "ddp_all_reduce", "latency_ms": lat, "bytes": 25 << 20,

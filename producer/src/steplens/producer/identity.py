@@ -12,6 +12,12 @@ from dataclasses import dataclass
 
 log = logging.getLogger("steplens")
 
+# a wide run's ranks send their periodic records (windows, health, hardware heartbeats) in up
+# to MAX_PHASES phases of at least PHASE_RANKS ranks each
+PHASE_RANKS = 256
+MAX_PHASES = 16
+GOLDEN = (5**0.5 - 1) / 2  # rank * GOLDEN spreads any ranks, a node's first ones too, evenly
+
 
 @dataclass(frozen=True)
 class Identity:
@@ -20,6 +26,22 @@ class Identity:
     local_rank: int
     world_size: int
     host: str
+
+    @property
+    def phase(self) -> float:
+        """Where in each of its periods (0 <= phase < 1) this rank's periodic records fall.
+
+        The ranks of a run step together, so their windows, health and hardware heartbeats
+        all fell due at the same step: 16,384 ranks sent 16,384 windows at once every 10 s,
+        a burst the stream jobs took seconds to drain while the seconds between sat idle,
+        and an alert behind it waited. A run of ``2 * PHASE_RANKS`` ranks or more spreads
+        them by rank over up to ``MAX_PHASES`` phases; each phase keeps about ``PHASE_RANKS``
+        ranks or more, whose windows end at the same step to be compared with each other. A
+        smaller run keeps one phase (0)."""
+        phases = min(MAX_PHASES, self.world_size // PHASE_RANKS)
+        if phases <= 1:
+            return 0.0
+        return int(self.rank * GOLDEN % 1.0 * phases) / phases
 
 
 def _env_int(name: str, default: int) -> int:

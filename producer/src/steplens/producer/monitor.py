@@ -129,7 +129,7 @@ class Monitor:
         self._given = _Given(transport, delivery, advice_source)
         self.counts = CallerCounts()
         self.errors = self.counts.errors  # steplens.producer.init counts calls made before it
-        self._watching = Watching(self.config, self.counts, self._enqueue_comm)
+        self._watching = Watching(self.config, self.counts, self._enqueue_comm, self.identity.phase)
         self._loader = LoaderTiming(self.config, self.counts, self._update_plain_path)
         self._comm: Any = None  # a CommProbe (probe_comm)
         self._remedies: Any = None  # made by the first skipping() or act()

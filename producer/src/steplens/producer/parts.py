@@ -114,6 +114,7 @@ def node_parts(
         allocator_every_s=config.hw_allocator_every_s,
         report_every_s=config.hw_report_every_s,
         paused=paused,
+        phase=identity.phase,
     )
     sampler.start()
     if exporter is None and host_wide and config.exporter_port:

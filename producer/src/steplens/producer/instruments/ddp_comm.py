@@ -24,6 +24,13 @@ from typing import Any
 OP = "ddp_all_reduce"
 
 
+def timed(step: int, every: int, phase: float = 0.0) -> bool:
+    """Whether a rank's ``step``-th all-reduce (from 1) is timed: one in ``every``, shifted by
+    the rank's phase (``Identity.phase``: a wide run's ranks send their records at different
+    steps)."""
+    return (step + round(phase * every)) % every == 0
+
+
 def bucket_times(starts: list[float], ends: list[float]) -> list[float]:
     """Each bucket's own all-reduce time from its hand-over and completion marks (in launch
     order, one clock): from the later of its hand-over and the previous completion."""
@@ -70,7 +77,9 @@ class DdpCommTimer:
     """``attach(model)`` registers the hook on a DDP model; ``emit(step, data, pending)``
     receives each timed step's record (``pending``: CUDA events the worker resolves)."""
 
-    def __init__(self, emit: Callable[[Any, dict[str, Any], Any], None], every: int) -> None:
+    def __init__(
+        self, emit: Callable[[Any, dict[str, Any], Any], None], every: int, phase: float = 0.0
+    ) -> None:
         import torch
         import torch.distributed as dist
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -79,6 +88,7 @@ class DdpCommTimer:
         self._allreduce = default_hooks.allreduce_hook
         self._emit = emit
         self.every = max(1, int(every))
+        self.phase = phase
         self.backend = str(dist.get_backend())
         self.model: Any = None
         self.steps = 0  # steps whose gradients were all-reduced
@@ -103,8 +113,8 @@ class DdpCommTimer:
         try:
             if bucket.index() == 0:
                 self.steps += 1
-                timed = self.steps % self.every == 0
-                self._open = _Step(bucket.buffer().is_cuda) if timed else None
+                due = timed(self.steps, self.every, self.phase)
+                self._open = _Step(bucket.buffer().is_cuda) if due else None
             step = self._open
             if step is not None:
                 buf = bucket.buffer()

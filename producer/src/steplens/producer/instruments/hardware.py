@@ -46,6 +46,7 @@ class HardwareSampler:
         allocator_every_s: float = 0.0,
         report_every_s: float = 0.0,
         paused: Callable[[], bool] = lambda: False,
+        phase: float = 0.0,
     ) -> None:
         self._emit = emit
         self.interval_s = interval_s
@@ -56,9 +57,9 @@ class HardwareSampler:
         self.allocator = AllocatorReader()
         self.paused = paused  # steps paused: every node sample is sent (``_kept``)
         self.cadence = (
-            ReportCadence(report_every_s, node_news, FOLLOW, kept=self._kept)
+            ReportCadence(report_every_s, node_news, FOLLOW, kept=self._kept, phase=phase)
             if host_wide
-            else allocator_cadence(allocator_every_s)
+            else allocator_cadence(allocator_every_s, phase)
         )
         self.errors = 0
         self.samples = 0

@@ -79,7 +79,9 @@ class ReportCadence:
     ``every_s`` heartbeat, one of the ``follow`` samples after news, or ``kept(sample)``);
     ``every_s`` 0: every sample. ``level_news(last sent, sample)``: news too, once ``gap_s``
     passed since the last sample sent (a level that moves at every sample is then sent as
-    often as the stream jobs keep it, never more)."""
+    often as the stream jobs keep it, never more). The first heartbeat after the first sample
+    comes ``phase`` of ``every_s`` early (a rank's ``Identity.phase``: a wide run's ranks, which
+    start together, keep their heartbeats apart)."""
 
     def __init__(
         self,
@@ -90,14 +92,17 @@ class ReportCadence:
         kept: Callable[[Any], bool] = lambda sample: False,
         level_news: Callable[[Any, Any], bool] = lambda last, now: False,
         gap_s: float = 0.0,
+        phase: float = 0.0,
     ) -> None:
         self.every_s = every_s
+        self.phase = phase
         self.news = news
         self.follow = follow
         self.kept = kept
         self.level_news = level_news
         self.gap_s = gap_s
         self._sent_s = 0.0
+        self._early_s = 0.0  # how much earlier than ``every_s`` the next heartbeat comes
         self._last: Any = None  # the sample last sent (None: the next one is sent)
         self._following = 0
 
@@ -110,15 +115,26 @@ class ReportCadence:
             self._following = self.follow
         elif self._following > 0:
             self._following -= 1
-        elif last is not None and now_s - self._sent_s < self.every_s and not self.kept(sample):
+        elif (
+            last is not None
+            and now_s - self._sent_s < self.every_s - self._early_s
+            and not self.kept(sample)
+        ):
             return False
+        self._early_s = self.phase * self.every_s if last is None else 0.0
         self._sent_s, self._last = now_s, sample
         return True
 
 
-def allocator_cadence(every_s: float) -> ReportCadence:
+def allocator_cadence(every_s: float, phase: float = 0.0) -> ReportCadence:
     """A rank's own allocator figures' cadence (``hw_allocator_every_s``)."""
-    return ReportCadence(every_s, allocator_news, level_news=allocator_moved, gap_s=ALLOCATOR_GAP_S)
+    return ReportCadence(
+        every_s,
+        allocator_news,
+        level_news=allocator_moved,
+        gap_s=ALLOCATOR_GAP_S,
+        phase=phase,
+    )
 
 
 def allocator_news(last: Sample, now: Sample) -> bool:

@@ -21,8 +21,11 @@ EmitComm = Callable[[Any, dict[str, Any], Any], None]  # (step, data, pending)
 
 
 class Watching:
-    def __init__(self, config: ProducerConfig, counts: CallerCounts, emit_comm: EmitComm) -> None:
+    def __init__(
+        self, config: ProducerConfig, counts: CallerCounts, emit_comm: EmitComm, phase: float = 0.0
+    ) -> None:
         self.config = config
+        self.phase = phase  # the rank's (``Identity.phase``): when its all-reduce is timed
         self.counts = counts
         self.emit_comm = emit_comm
         self.watchers: list[Any] = []  # a Watcher per watch() call
@@ -80,7 +83,7 @@ class Watching:
             return
         from steplens.producer.instruments.ddp_comm import DdpCommTimer
 
-        timer = DdpCommTimer(self.emit_comm, every)
+        timer = DdpCommTimer(self.emit_comm, every, self.phase)
         try:
             timer.attach(model)
         except Exception as exc:  # DDP takes one hook: the model has its own

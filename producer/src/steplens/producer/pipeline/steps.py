@@ -103,7 +103,7 @@ class StepStage:
         self.config = config
         self.sender = sender
         self.counters = counters
-        self.window = Window()
+        self.window = Window(first_share=1.0 - sender.identity.phase)
         self.batch = (
             StepBatch(config.batch_steps, config.batch_s) if config.full_resolution else None
         )

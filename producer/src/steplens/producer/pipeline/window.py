@@ -69,13 +69,16 @@ class MetricStats:
 
 @dataclass
 class Window:
-    """Aggregates of all metrics between two emissions."""
+    """Aggregates of all metrics between two emissions. The first window lasts
+    ``first_share`` of the steps and seconds of the others (a rank's phase: ``1 -
+    Identity.phase``), so that the ranks of a wide run end theirs at different steps."""
 
     step_first: int | None = None
     step_last: int = 0
     steps: int = 0
     started_ns: int = 0
     metrics: dict[str, MetricStats] = field(default_factory=dict)
+    first_share: float = 1.0
 
     def add_step(self, step: int, values: dict[str, float], now_ns: int) -> None:
         if self.step_first is None:
@@ -91,6 +94,9 @@ class Window:
     def due(self, now_ns: int, max_steps: int, max_s: float) -> bool:
         if self.step_first is None:
             return False
+        share = self.first_share
+        if share < 1.0:
+            max_steps, max_s = max(1, math.ceil(max_steps * share)), max_s * share
         return self.steps >= max_steps or (now_ns - self.started_ns) >= max_s * 1e9
 
     def emit(self, now_ns: int) -> dict[str, Any] | None:
@@ -105,6 +111,7 @@ class Window:
             "metrics": {name: s.summary() for name, s in self.metrics.items()},
         }
         self.step_first, self.steps, self.metrics = None, 0, {}
+        self.first_share = 1.0
         return data
 
 

@@ -91,7 +91,9 @@ class Pipeline:
             self.advice = AdviceDesk(self._inbox(advice_ready), open_advice)
         self.dead_letters_sent = 0
         self._next_health = time.monotonic() + config.health_interval_s
-        self.health_cadence = ReportCadence(config.health_report_every_s, health_news, FOLLOW)
+        self.health_cadence = ReportCadence(
+            config.health_report_every_s, health_news, FOLLOW, phase=sender.identity.phase
+        )
         self.thread = threading.Thread(target=self._run, name="steplens-producer", daemon=True)
 
     # ------------------------------------------------------------------ loop
