@@ -160,6 +160,9 @@ def test_compose_config_validates() -> None:
             assert name in services
         assert services["worker"]["command"] == ["steplens", "worker"]
         assert services["sink-s3"]["command"] == ["steplens", "sink", "s3"]
+        # the stores yield the CPU to the workers, whose alerts should not wait
+        for store in ("sink-influx", "sink-s3"):
+            assert services[store]["cpu_shares"] < services["worker"].get("cpu_shares", 1024)
         ports = {p[1] for s in services.values() for p in _published(s)}
         assert {"19092", "18086", "19000"} <= ports, ports
         assert [name for name, svc in services.items() if not svc.get("mem_limit")] == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -88,6 +89,8 @@ def main(argv: list[str], prog: str = "steplens sink") -> int:
     consumer = Consumer(consumer_config(group, s.bootstrap, extra=extra))
     dead = DeadLetters(dl_topic, group, s.bootstrap)
     metrics.serve(s.port(args.which))
+    if args.which in ("influx", "s3"):
+        _yield_cpu(s.nice)
     try:
         if args.which == "influx":
             return _run_influx(args, s, names, consumer, dead, stop=stop)
@@ -98,6 +101,16 @@ def main(argv: list[str], prog: str = "steplens sink") -> int:
     finally:
         consumer.close()
         dead.flush(5)
+
+
+def _yield_cpu(nice: int) -> None:
+    """A store's writes can wait seconds; an alert should not (``--nice``)."""
+    if not nice:
+        return
+    try:
+        os.nice(nice)
+    except OSError as exc:
+        logging.getLogger("steplens.sinks").warning("niceness not raised: %s", exc)
 
 
 def _run_influx(

@@ -196,6 +196,14 @@ class SinkSettings:
         True
     )
     log_level: Annotated[NonEmptyStr, about("log level")] = "INFO"
+    nice: Annotated[
+        NonNegativeInt,
+        about(
+            "influx and s3: added to the process's CPU niceness at start, so that on a host "
+            "shared with the stream jobs their alerts go first and the store catches up in "
+            "the seconds between (0: as started)"
+        ),
+    ] = 10
 
     def port(self, which: str) -> int:
         return DEFAULT_METRICS_PORTS[which] if self.metrics_port is None else self.metrics_port
