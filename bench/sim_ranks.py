@@ -51,7 +51,7 @@ from steplens.producer.delivery.transport import (
 )
 from steplens.producer.identity import Identity
 from steplens.producer.instruments.allocator import merge
-from steplens.producer.instruments.ddp_comm import timed
+from steplens.producer.instruments.ddp_comm import comm_offset, timed
 from steplens.producer.instruments.hardware import HardwareSampler
 from steplens.producer.instruments.report_cadence import allocator_cadence
 from steplens.producer.pipeline.items import StepItem
@@ -249,6 +249,7 @@ class SimRank:
         self.sampler: HardwareSampler | None = None
         # the other ranks' reports
         self.cadence = allocator_cadence(config.hw_allocator_every_s, ident.phase)
+        self.comm_offset = comm_offset(config.comm_every, ident.phase)  # its timed all-reduce
         if ident.local_rank == 0:
             node = ident.rank // GPUS_PER_NODE
             self.sampler = HardwareSampler(
@@ -396,7 +397,7 @@ class Fleet:
         if every := self.config.comm_every:
             tx.label = "comm"
             for sr in self.ranks:
-                if not timed(k + 1, every, sr.ident.phase):
+                if not timed(k + 1, every, sr.comm_offset):
                     continue
                 slow = net is not None and sr.ident.rank in net.ranks
                 lat = (800.0 if slow else 18.0) * (1 + abs(sr.rng.gauss(0, 0.1)))

@@ -24,11 +24,16 @@ from typing import Any
 OP = "ddp_all_reduce"
 
 
-def timed(step: int, every: int, phase: float = 0.0) -> bool:
+def comm_offset(every: int, phase: float) -> int:
+    """The steps a rank's timed all-reduce is shifted by: its phase of ``every``
+    (``Identity.phase``: a wide run's ranks send their records at different steps)."""
+    return round(phase * every)
+
+
+def timed(step: int, every: int, offset: int = 0) -> bool:
     """Whether a rank's ``step``-th all-reduce (from 1) is timed: one in ``every``, shifted by
-    the rank's phase (``Identity.phase``: a wide run's ranks send their records at different
-    steps)."""
-    return (step + round(phase * every)) % every == 0
+    ``offset`` (``comm_offset``)."""
+    return (step + offset) % every == 0
 
 
 def bucket_times(starts: list[float], ends: list[float]) -> list[float]:
@@ -88,7 +93,7 @@ class DdpCommTimer:
         self._allreduce = default_hooks.allreduce_hook
         self._emit = emit
         self.every = max(1, int(every))
-        self.phase = phase
+        self.offset = comm_offset(self.every, phase)  # once: the hook runs in the caller's step
         self.backend = str(dist.get_backend())
         self.model: Any = None
         self.steps = 0  # steps whose gradients were all-reduced
@@ -113,7 +118,7 @@ class DdpCommTimer:
         try:
             if bucket.index() == 0:
                 self.steps += 1
-                due = timed(self.steps, self.every, self.phase)
+                due = timed(self.steps, self.every, self.offset)
                 self._open = _Step(bucket.buffer().is_cuda) if due else None
             step = self._open
             if step is not None:

@@ -153,8 +153,8 @@ def step_times(  # noqa: PLR0917
             continue
         if step in pending and math.isfinite(wait):
             state.waits.setdefault(step, {})[rank] = wait
-    ready, own_only = _ready(state, cfg, last, behind)
-    judged = _judge(state, cfg, ready, row, own_only) if ready else None
+    ready, lone = _ready(state, cfg, last, behind)
+    judged = _judge(state, cfg, ready, row, lone) if ready or lone else None
     _forget_gone(state)
     return judged
 
@@ -236,11 +236,10 @@ def _forget_gone(state: RanksState) -> None:
 
 def _ready(
     state: RanksState, cfg: RanksConfig, step: int, behind: int
-) -> tuple[list[int], set[int]]:
+) -> tuple[list[int], list[int]]:
     """The pending steps, oldest first, that are complete or ``pending_steps`` + ``behind``
-    older than ``step``, up to the first that is neither; and a windowed run's steps that
-    ranks' own times came for, ``lone_step_hold_s`` after the first came: of those that
-    windows end at too, only the own times (the second set)."""
+    older than ``step``, up to the first that is neither; and, apart, a windowed run's other
+    steps that ranks' own times came for, ``lone_step_hold_s`` after the first came."""
     pending = state.pending
     known = ranks_known(state)
     old = step - cfg.pending_steps - behind
@@ -252,10 +251,7 @@ def _ready(
                 ready.append(s)
             else:
                 break
-    lone = _held_long_enough(state, cfg, set(ready))
-    if not lone:
-        return ready, set()
-    return sorted(ready + lone), {s for s in lone if s in state.windows}
+    return ready, _held_long_enough(state, cfg, set(ready))
 
 
 def _held_long_enough(state: RanksState, cfg: RanksConfig, taken: set[int]) -> list[int]:
@@ -292,16 +288,13 @@ def _take(
 
 
 def _judge(
-    state: RanksState,
-    cfg: RanksConfig,
-    ready: list[int],
-    row: int,
-    own_only: set[int] | frozenset[int] = frozenset(),
+    state: RanksState, cfg: RanksConfig, ready: list[int], row: int, lone: list[int]
 ) -> Signals | None:
-    """Each of the ``ready`` steps (taken from pending; of those in ``own_only``, the ranks'
-    own times only) with two ranks or more: each rank's time against the step's median, and
-    its typical ratio (the median of its latest ``straggler_steps``: one slow step, a GC or a
-    checkpoint, is not a straggler)."""
+    """Each of the ``ready`` steps and the ``lone`` ones, oldest first, taken from pending
+    (of a lone step that windows end at too, the ranks' own times only), with two ranks or
+    more: each rank's time against the step's median, and its typical ratio (the median of
+    its latest ``straggler_steps``: one slow step, a GC or a checkpoint, is not a
+    straggler)."""
     steps: list[int] = []
     ranks: list[int] = []
     times: list[float] = []
@@ -310,8 +303,9 @@ def _judge(
     starts = [0]
     refs: list[float] = []  # each group's step time to hold its times against (NaN: its median)
     known = ranks_known(state)
-    for s in ready:
-        got, waited, window, own = _take(state, s, s in own_only)
+    held = set(lone)
+    for s in sorted(ready + lone) if lone else ready:
+        got, waited, window, own = _take(state, s, s in held and s in state.windows)
         # steps' own times and windows' means: never one against the other
         for group, sust, ref in _groups(state, got, own, window, known):
             sustained += [sust] * len(group)
@@ -562,7 +556,7 @@ def on_record(state: RanksState, cfg: RanksConfig, rec: Record, run: Run) -> lis
         out.append(got)
     lone = _held_long_enough(state, cfg, set())
     if lone:
-        judged = _judge(state, cfg, sorted(lone), 0, state.windows.intersection(lone))
+        judged = _judge(state, cfg, [], 0, lone)
         if judged is not None:
             out.append(judged)
     return out
