@@ -21,7 +21,9 @@ processes that send N ranks' records through the producer's own code for ``--ste
   every other firing incident counts as a false alarm. The simulator's senders share the
   machine and can hand a step's records over late (``sim_behind_s_max``): each fault's
   ``sent_late_s`` (its onset step's, the earliest sender's) and ``latency_from_send_s`` (the
-  latency less that, what the stack itself took) are printed beside it;
+  latency less that, what the stack itself took) are printed beside it; and where each
+  fault's latency went (``fault_hops``): its first record's hops from the ranks to the raw
+  topic, through the route stage to the by-run topic, and from there to the alert;
 
 With ``--made-ahead-s S`` the simulator makes every record first (the same code, on a clock
 that starts S seconds after the bench does) and sends each step's at its time: the stack is
@@ -54,6 +56,7 @@ import psutil
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import fault_hops  # noqa: E402
 from scale_out import free_port, metric  # noqa: E402
 
 # the rules that name each fault's cause (the incident's lead rule starts with one of these)
@@ -656,6 +659,12 @@ def main() -> int:
             "repeats": verdict["repeats"],
             "alert_records": len(alerts),
         }
+        try:  # where each fault's latency went, hop by hop
+            result["alerts"]["hops"] = fault_hops.hops(
+                boot, topics.raw, f"{tag}-w-by-run", run_id, faults, onsets, verdict["found"]
+            )
+        except Exception as exc:
+            result["alerts"]["hops"] = {"error": str(exc)}
         try:
             result["rollups"] = rollup_figures(ports["influx"])
         except (OSError, ValueError) as exc:
