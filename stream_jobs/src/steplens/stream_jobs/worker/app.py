@@ -246,10 +246,7 @@ class Worker:
         t0, n0 = self._rate_mark
         self.metrics.rate.set((self.scorer.consumed - n0) / max(now - t0, 1e-6))
         self._rate_mark = (now, self.scorer.consumed)
-        try:
-            self.metrics.lag.set(await asyncio.to_thread(self.router.lag))
-        except Exception:  # lag is best effort; never take the worker down for it
-            log.debug("consumer lag unavailable", exc_info=True)
+        self.metrics.lag.set(self.router.lag())
 
     # ------------------------------------------------------------------ detect
     async def _detect(self, stream: Any) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,7 @@ log = logging.getLogger("steplens.stream_jobs")
 FLUSH_S = 30.0  # longest a batch's by-run writes may wait to be acknowledged
 QUEUE_FULL_S = 10.0  # longest one by-run message waits for room in the producer's queue
 RETRY_S = 1.0  # pause after a batch failed (Kafka away), before the next try
+LAG_EVERY_S = 1.0  # the route thread reads its lag at most this often
 
 # (reason, payload, run, partition, offset) -> the dead letter's key and value
 DeadLetter = Callable[[str, bytes | None, str | None, int, int], bytes]
@@ -81,6 +83,9 @@ class Router:
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
         self.failed: list[str] = []  # a delivery of the batch in flight that failed
+        self.assigned: list[TopicPartition] = []  # the raw partitions the route thread holds
+        self.behind = 0  # raw messages behind their partitions' ends, as last read (``lag``)
+        self._lag_read = -LAG_EVERY_S  # when the route thread last read it (monotonic)
         self._log = LimitedLog(log)
 
     # ------------------------------------------------------------------ lifecycle
@@ -150,6 +155,7 @@ class Router:
         consumer, producer = self.consumer, self.producer
         assert consumer is not None and producer is not None
         msgs = consumer.consume(num_messages=self.s.batch, timeout=self.s.within_s)
+        self._read_lag()
         if not msgs:
             producer.poll(0)
             return 0
@@ -264,9 +270,12 @@ class Router:
 
     # ------------------------------------------------------------------ assignment
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.assigned = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
         self.on_assigned(len(partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.assigned = []
+        self.behind = 0
         self.on_assigned(0)  # an eager rebalance: every partition is revoked, then assigned
 
     def _seed(self) -> None:
@@ -298,13 +307,26 @@ class Router:
 
     # ------------------------------------------------------------------ lag
     def lag(self) -> int:
-        """Raw messages behind the ends of this worker's raw partitions (best effort)."""
-        consumer = self.consumer
-        if consumer is None:
-            return 0
+        """Raw messages behind the ends of this worker's raw partitions, as the route thread
+        last read them (at most ``LAG_EVERY_S`` ago while it runs)."""
+        return self.behind
+
+    def _read_lag(self) -> None:
+        """The lag, read in the route thread between batches from its own consumer's
+        positions and the ends its fetches brought (no broker round trip). Read from another
+        thread, under load, these calls waited on the consumer for tens of seconds, and the
+        gauge was that stale."""
+        now = time.monotonic()
+        if self.consumer is None or now - self._lag_read < LAG_EVERY_S:
+            return
+        self._lag_read = now
         total = 0
-        for tp in consumer.position(consumer.assignment()):
-            _, high = consumer.get_watermark_offsets(tp, cached=True)
-            if high >= 0 and tp.offset >= 0:
-                total += max(0, high - tp.offset)
-        return total
+        try:
+            for tp in self.consumer.position(self.assigned) if self.assigned else []:
+                _, high = self.consumer.get_watermark_offsets(tp, cached=True)
+                if high >= 0 and tp.offset >= 0:
+                    total += max(0, high - tp.offset)
+        except KafkaException as exc:  # best effort: the last reading stands
+            log.debug("route: lag not read: %s", exc)
+            return
+        self.behind = total
