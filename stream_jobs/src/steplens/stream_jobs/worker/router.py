@@ -154,8 +154,8 @@ class Router:
         at the batch's first messages."""
         consumer, producer = self.consumer, self.producer
         assert consumer is not None and producer is not None
+        self._read_lag()  # before the batch: nothing it raises can cost one
         msgs = consumer.consume(num_messages=self.s.batch, timeout=self.s.within_s)
-        self._read_lag()
         if not msgs:
             producer.poll(0)
             return 0
@@ -312,7 +312,7 @@ class Router:
         return self.behind
 
     def _read_lag(self) -> None:
-        """The lag, read in the route thread between batches from its own consumer's
+        """The lag, read in the route thread before a batch from its own consumer's
         positions and the ends its fetches brought (no broker round trip). Read from another
         thread, under load, these calls waited on the consumer for tens of seconds, and the
         gauge was that stale."""
@@ -326,7 +326,7 @@ class Router:
                 _, high = self.consumer.get_watermark_offsets(tp, cached=True)
                 if high >= 0 and tp.offset >= 0:
                     total += max(0, high - tp.offset)
-        except KafkaException as exc:  # best effort: the last reading stands
+        except Exception as exc:  # best effort: the last reading stands
             log.debug("route: lag not read: %s", exc)
             return
         self.behind = total
