@@ -154,7 +154,7 @@ class Router:
         at the batch's first messages."""
         consumer, producer = self.consumer, self.producer
         assert consumer is not None and producer is not None
-        self._read_lag()  # before the batch: nothing it raises can cost one
+        self._read_lag(consumer)  # before the batch: nothing it raises can cost one
         msgs = consumer.consume(num_messages=self.s.batch, timeout=self.s.within_s)
         if not msgs:
             producer.poll(0)
@@ -311,19 +311,19 @@ class Router:
         last read them (at most ``LAG_EVERY_S`` ago while it runs)."""
         return self.behind
 
-    def _read_lag(self) -> None:
+    def _read_lag(self, consumer: Consumer) -> None:
         """The lag, read in the route thread before a batch from its own consumer's
         positions and the ends its fetches brought (no broker round trip). Read from another
         thread, under load, these calls waited on the consumer for tens of seconds, and the
         gauge was that stale."""
         now = time.monotonic()
-        if self.consumer is None or now - self._lag_read < LAG_EVERY_S:
+        if now - self._lag_read < LAG_EVERY_S:
             return
         self._lag_read = now
         total = 0
         try:
-            for tp in self.consumer.position(self.assigned) if self.assigned else []:
-                _, high = self.consumer.get_watermark_offsets(tp, cached=True)
+            for tp in consumer.position(self.assigned) if self.assigned else []:
+                _, high = consumer.get_watermark_offsets(tp, cached=True)
                 if high >= 0 and tp.offset >= 0:
                     total += max(0, high - tp.offset)
         except Exception as exc:  # best effort: the last reading stands

@@ -303,9 +303,9 @@ def _judge(
     starts = [0]
     refs: list[float] = []  # each group's step time to hold its times against (NaN: its median)
     known = ranks_known(state)
-    held = set(lone)
-    for s in sorted(ready + lone) if lone else ready:
-        got, waited, window, own = _take(state, s, s in held and s in state.windows)
+    held = state.windows.intersection(lone)  # lone steps windows end at: own times only
+    for s in sorted(ready + lone):
+        got, waited, window, own = _take(state, s, s in held)
         # steps' own times and windows' means: never one against the other
         for group, sust, ref in _groups(state, got, own, window, known):
             sustained += [sust] * len(group)
