@@ -1,6 +1,10 @@
 """Steps in the worker: enrich (values resolved, step time, throughput, MFU, watch() fields),
 then window, sample and guard, or, in full resolution, batch every step.
 
+A step the guard flags leaves at once (raw, or its batch sent) when a rank the stream jobs
+follow flagged it, or any rank flagged what is judged from every rank (``followed_ranks``); a
+finite spike of a rank past the followed ones stays in its window, or waits for its batch.
+
 Pure of threads and I/O: ``StepStage.add`` takes a resolved ``StepItem`` and hands records to
 the ``Sender``. Bad values are dropped and counted one by one; the step is kept.
 """
@@ -19,6 +23,7 @@ from steplens.producer.pipeline.sender import Sender
 from steplens.producer.pipeline.step_batch import StepBatch
 from steplens.producer.pipeline.window import Guard, Window, is_sampled, sample_period
 from steplens.schema import valid_name
+from steplens.schema.followed_ranks import FOLLOWED_RANKS, sends_at_once
 from steplens.schema.log_limit import LimitedLog
 
 log = logging.getLogger("steplens")
@@ -108,6 +113,7 @@ class StepStage:
             StepBatch(config.batch_steps, config.batch_s) if config.full_resolution else None
         )
         self.guard = Guard(config.guard_sigma, config.guard_warmup)
+        self.followed = sender.identity.rank < FOLLOWED_RANKS
         self.period = sample_period(config.sample_rate)
         self.last: tuple[int, int] | None = None  # (step, monotonic ns) of the previous step
         self.names = Names(config.max_metric_names, sender, counters)
@@ -216,10 +222,10 @@ class StepStage:
         batch = self.batch
         if batch is None:
             self.window.add_step(step, metrics, t_ns)
-        check = self.guard.check
-        flagged = False
+        check, followed = self.guard.check, self.followed
+        flagged = False  # a flag that sends the step at once (every metric is checked)
         for name, x in metrics.items():
-            if check(name, x):
+            if check(name, x) and sends_at_once(followed, name, x):
                 flagged = True
         if flagged:
             data["reason"] = "guard"

@@ -197,7 +197,9 @@ class DetectorOptions:
             "a run's ranks 0 to N-1 keep series of their own metrics (ARIMA, spikes, "
             "volatility, 7-day baselines); the others' metrics are checked for non-finite "
             "values and their step times judged against the other ranks (a step window "
-            "through the series costs about 0.3 ms, past them about 0.1 ms)",
+            "through the series costs about 0.3 ms, past them about 0.1 ms); ranks from 256 "
+            "on send a finite spike in their window only (`followed_ranks`), so a spike of a "
+            "rank past 256 followed here is seen when its window ends",
             default_doc="the engine's (`registry.SERIES_RANKS`, 256)",
         ),
     ] = None

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from steplens.schema.followed_ranks import FOLLOWED_RANKS
 from steplens.stream_jobs.engine.advice import AdviceConfig
 from steplens.stream_jobs.engine.calibration import CalibrationConfig
 from steplens.stream_jobs.engine.columns import FLAGS
@@ -83,12 +84,13 @@ class Records:
 
 
 GRAD_NORMS = frozenset({"grad_norm", "grad_norm_preclip"})
-# ranks of a run whose own metrics keep series, by default: as many as the hot store keeps a
+# ranks of a run whose own metrics keep series, by default: the wire contract's followed ranks
+# (a rank past them sends a finite spike in its window only), as many as the hot store keeps a
 # run's per-rank series for (the InfluxDB sink's ``RankLimits.per_run``). A step window
 # through the series costs about 0.3 ms, against about 0.1 ms past them; all followed ranks
 # sit in a wide run's first shard, so more of them make that shard's worker the slowest
 # (bench/RESULTS.md)
-SERIES_RANKS = 256
+SERIES_RANKS = FOLLOWED_RANKS
 
 SERIES: tuple[Series, ...] = (
     Series(
