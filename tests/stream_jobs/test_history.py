@@ -204,7 +204,7 @@ def test_a_shard_of_a_wide_run_warms_from_its_own_ranks_of_its_run():
     for shard, ranks in ((0, [0, 1]), (1, [2, 3])):
         key = shard_key("r", shard)
         job = WarmJob(key, DetectorConfig(), HistorySettings(), T0 + 10**12)
-        job = replace(job, ranks=shard_ranks_of(key, 2))  # as ``HistoryLoads.begin`` gives it
+        job = replace(job, ranks=shard_ranks_of(key, 2, 2))  # as ``HistoryLoads.begin`` gives it
         result = warm_job(job, store)
         assert sorted(result.points) == ranks
         assert result.runs == ["r"]

@@ -224,6 +224,7 @@ class HistoryLoads:
     ) -> None:
         self.settings = settings
         self.shard_ranks = shard_ranks  # a wide run's shards read their own ranks
+        self.first = run_shards.first_ranks(cfg.series_ranks, shard_ranks)  # shard 0's
         self.cfg = cfg
         self.metrics = HistoryMetrics(registry)
         self.wake = wake  # sends the run an empty message (the agent then installs the load)
@@ -257,7 +258,7 @@ class HistoryLoads:
             sight.until_ns,
             sight.meta,
             sight.cuts,
-            run_shards.shard_ranks_of(run, self.shard_ranks),
+            run_shards.shard_ranks_of(run, self.shard_ranks, self.first),
         )
         asyncio.get_running_loop().create_task(self._run(load, job))
         return load

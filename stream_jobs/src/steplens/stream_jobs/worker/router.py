@@ -80,6 +80,7 @@ class Router:
         self.producer: Producer | None = None
         self.routed = 0  # raw messages routed (dead letters included)
         self.partitions = s.by_run_partitions  # the by-run topic's, once it is read
+        self.first = run_shards.first_ranks(s.detector.series_ranks, s.shard_ranks)
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
         self.failed: list[str] = []  # a delivery of the batch in flight that failed
@@ -253,7 +254,8 @@ class Router:
                 return None
             named = got.run_id, got.rank
         run, rank = named
-        shard = run_shards.shard_of_rank(rank, self.s.shard_ranks, self.s.limits.max_ranks)
+        s = self.s
+        shard = run_shards.shard_of_rank(rank, s.shard_ranks, s.limits.max_ranks, self.first)
         return run, shard, text  # a null value (None) under a run's key: the scorer says why
 
     def _dead(  # noqa: PLR0917

@@ -253,10 +253,11 @@ class WorkerSettings:
     shard_ranks: Annotated[
         NonNegativeInt,
         about(
-            "a wider run's ranks are scored in shards of N ranks, each on a by-run partition "
-            "of its own (the workers share them): a straggler is judged against its shard; "
-            "the followed ranks (`series_ranks`, at most N) are all in shard 0, which makes "
-            "the run-wide loss checks; a multiple of a node's ranks; 0: a run is never split"
+            "a wide run's ranks are scored in shards, each on a by-run partition of its own "
+            "(the workers share them): shard 0 holds the followed ranks (`series_ranks`, in "
+            "whole nodes, at most N) and makes the run-wide checks, each later shard N ranks; "
+            "a straggler is judged against its shard; a multiple of a node's ranks; 0: a run "
+            "is never split"
         ),
     ] = 2048
     signal_every: Annotated[
