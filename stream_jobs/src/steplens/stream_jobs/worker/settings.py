@@ -255,11 +255,12 @@ class WorkerSettings:
         about(
             "a wide run's ranks are scored in shards, each on a by-run partition of its own "
             "(the workers share them): shard 0 holds the followed ranks (`series_ranks`, in "
-            "whole nodes, at most N) and makes the run-wide checks, each later shard N ranks; "
-            "a straggler is judged against its shard; a multiple of a node's ranks; 0: a run "
-            "is never split"
+            "whole nodes, at most N) and makes the run-wide checks, each later shard N ranks "
+            "(by default a run of `max_ranks` fills the 8 by-run partitions: (16,384 - 256) / "
+            "7); a straggler is judged against its shard; a multiple of a node's ranks; 0: a "
+            "run is never split"
         ),
-    ] = 2048
+    ] = 2304
     signal_every: Annotated[
         NonNegativeInt,
         about("publish a quiet signal per rank and rule every N steps (0: breaches only)"),
