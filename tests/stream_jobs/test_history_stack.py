@@ -385,7 +385,6 @@ def test_a_worker_without_state_warms_a_resumed_run_from_its_parents_history(
         if s.data["name"] == "spike" and s.step == RESUME:
             first.setdefault((s.rank, s.data["metric"]), s)
     assert {rank for rank, _ in first} == {0, 1}
-    assert all(
-        s.data.get("detail") == {"baseline": "history", "history_runs": [a], "history_points": 1000}
-        for s in first.values()
-    )
+    details = {key: s.data.get("detail") for key, s in first.items()}
+    expected = {"baseline": "history", "history_runs": [a], "history_points": 1000}
+    assert all(d == expected for d in details.values()), details
