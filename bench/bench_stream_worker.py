@@ -106,12 +106,15 @@ def route_stage(bootstrap: str, topics: Topics, n: int) -> tuple[float, float]:
     (the process's, librdkafka's threads included), from its first batch on."""
     import resource
 
+    from steplens.stream_jobs.engine.signals.registry import SERIES_RANKS
     from steplens.stream_jobs.worker.router import Router
+    from steplens.stream_jobs.worker.run_shards import first_ranks
     from steplens.stream_jobs.worker.settings import ensure_worker_topics
 
     s = WorkerSettings(bootstrap=bootstrap, topics=topics, app_id=f"route-{uuid.uuid4().hex[:8]}")
     ensure_worker_topics(s)
-    router = Router(s, lambda reason, *_: reason.encode())
+    first = first_ranks(SERIES_RANKS, s.shard_ranks)
+    router = Router(s, lambda reason, *_: reason.encode(), first=first)
     router.start()  # its thread routes; this one watches the count
     try:
         deadline = time.monotonic() + 120

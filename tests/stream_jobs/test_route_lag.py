@@ -7,7 +7,9 @@ import uuid
 
 from test_stream_worker import steps
 
+from steplens.stream_jobs.engine.signals.registry import SERIES_RANKS
 from steplens.stream_jobs.worker import router as route
+from steplens.stream_jobs.worker.run_shards import first_ranks
 from steplens.stream_jobs.worker.settings import WorkerSettings, ensure_worker_topics
 
 
@@ -28,7 +30,8 @@ def test_the_lag_counts_the_backlog_and_reaches_zero_once_it_is_routed(kafka, mo
         within_s=0.5,
     )
     ensure_worker_topics(s)
-    router = route.Router(s, lambda *a: b"")
+    first = first_ranks(SERIES_RANKS, s.shard_ranks)
+    router = route.Router(s, lambda *a: b"", first=first)
     router.consumer, router.producer = router._open()
     try:
         routed, readings = 0, []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from steplens.schema import RUN_RANK
 from steplens.stream_jobs.engine.run_keys import run_of, shard_key, split_key
+from steplens.stream_jobs.engine.signals.registry import SERIES_RANKS
 from steplens.stream_jobs.worker.run_shards import (
     first_ranks,
     partition_of,
@@ -12,14 +13,14 @@ from steplens.stream_jobs.worker.run_shards import (
     shard_ranks_of,
 )
 
-FIRST = first_ranks(None, 2048)  # shard 0: the followed ranks
+FIRST = first_ranks(SERIES_RANKS, 2048)  # shard 0: the followed ranks
 
 
 def test_shard_0_holds_the_followed_ranks_in_whole_nodes() -> None:
     assert FIRST == 256
     assert first_ranks(100, 2048) == 104  # up to the node's end
     assert first_ranks(5000, 2048) == 2048  # at most a shard
-    assert first_ranks(None, 2) == 2
+    assert first_ranks(SERIES_RANKS, 2) == 2
     assert first_ranks(0, 2048) == 2048  # none followed: as wide as the others
 
 

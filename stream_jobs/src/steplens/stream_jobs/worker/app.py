@@ -159,8 +159,9 @@ class Worker:
             internal=True,
         )
         table = compat.runs_table(app, "runs", s.by_run_partitions)
+        first = run_shards.first_ranks(detector.series_ranks, s.shard_ranks)  # shard 0's ranks
         self.history = history_loads.for_worker(
-            s.history, detector, metrics, self._wake, s.shard_ranks
+            s.history, detector, metrics, self._wake, s.shard_ranks, first=first
         )
         limits = RunLimits(s.limits, table.keys, metrics.count_limited)
         self.store = RunStore(
@@ -185,7 +186,7 @@ class Worker:
             s.app_id,
         )
         self.scorer = Scorer(limits, reseed, self.out, metrics, s.time_bounds)
-        self.router = Router(s, self.out.dead_letter, metrics.assigned.set)
+        self.router = Router(s, self.out.dead_letter, metrics.assigned.set, first=first)
         app.agent(self.by_run, name="detect")(self._detect)
         app.timer(2.0)(self._report)
         app.timer(max(1.0, s.checkpoint_s))(self._nudge_quiet_runs)

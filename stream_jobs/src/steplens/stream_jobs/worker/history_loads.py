@@ -199,6 +199,8 @@ def for_worker(
     metrics: Any,
     wake: Callable[[str], Coroutine[Any, Any, None]],
     shard_ranks: int = 0,
+    *,
+    first: int = 0,
 ) -> HistoryLoads | None:
     """The worker's history loads; None (runs start cold) when off or without the stores'
     code (``steplens-sinks``)."""
@@ -208,7 +210,7 @@ def for_worker(
     if importlib.util.find_spec("steplens.sinks") is None:
         log.warning("history off: steplens-sinks is not installed (runs start cold)")
         return None
-    return HistoryLoads(settings, cfg, metrics.registry, wake, shard_ranks)
+    return HistoryLoads(settings, cfg, metrics.registry, wake, shard_ranks, first=first)
 
 
 class HistoryLoads:
@@ -221,10 +223,12 @@ class HistoryLoads:
         registry: CollectorRegistry,
         wake: Callable[[str], Coroutine[Any, Any, None]],
         shard_ranks: int = 0,
+        *,
+        first: int = 0,
     ) -> None:
         self.settings = settings
         self.shard_ranks = shard_ranks  # a wide run's shards read their own ranks
-        self.first = run_shards.first_ranks(cfg.series_ranks, shard_ranks)  # shard 0's
+        self.first = first  # and shard 0's (``run_shards.first_ranks``)
         self.cfg = cfg
         self.metrics = HistoryMetrics(registry)
         self.wake = wake  # sends the run an empty message (the agent then installs the load)

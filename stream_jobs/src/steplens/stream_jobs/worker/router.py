@@ -70,6 +70,8 @@ class Router:
         s: WorkerSettings,
         dead_letter: DeadLetter,
         on_assigned: Callable[[int], None] = lambda n: None,
+        *,
+        first: int,
     ) -> None:
         self.s = s
         self.by_run = f"{s.app_id}-by-run"
@@ -80,7 +82,7 @@ class Router:
         self.producer: Producer | None = None
         self.routed = 0  # raw messages routed (dead letters included)
         self.partitions = s.by_run_partitions  # the by-run topic's, once it is read
-        self.first = run_shards.first_ranks(s.detector.series_ranks, s.shard_ranks)
+        self.first = first  # the ranks of a run's shard 0 (``run_shards.first_ranks``)
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
         self.failed: list[str] = []  # a delivery of the batch in flight that failed

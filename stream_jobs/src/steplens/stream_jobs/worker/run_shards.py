@@ -27,7 +27,6 @@ import functools
 from aiokafka.partitioner import DefaultPartitioner
 
 from steplens.schema import RUN_RANK
-from steplens.schema.followed_ranks import FOLLOWED_RANKS
 from steplens.stream_jobs.engine import run_keys
 
 _PARTITIONER = DefaultPartitioner()
@@ -36,12 +35,10 @@ _PARTITIONER = DefaultPartitioner()
 NODE_RANKS = 8  # shard 0 ends on a whole node of this many ranks
 
 
-def first_ranks(followed: int | None, shard_ranks: int) -> int:
-    """The ranks in a run's shard 0: its ``followed`` ranks (the worker's ``series_ranks``;
-    None: the wire contract's ``FOLLOWED_RANKS``) rounded up to whole nodes, at most
-    ``shard_ranks`` (all of them when no rank is followed)."""
-    if followed is None:
-        followed = FOLLOWED_RANKS
+def first_ranks(followed: int, shard_ranks: int) -> int:
+    """The ranks in a run's shard 0: its ``followed`` ranks (the detectors' resolved
+    ``series_ranks``) rounded up to whole nodes, at most ``shard_ranks`` (all of them when no
+    rank is followed)."""
     if followed <= 0:
         return shard_ranks
     return min(shard_ranks, -(-followed // NODE_RANKS) * NODE_RANKS)
